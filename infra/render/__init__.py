@@ -1,0 +1,55 @@
+"""Kubernetes manifests of a stack, as plain objects (pure: no I/O, no cluster).
+
+`llmctl render` writes them as YAML; the Pulumi program applies these same objects.
+Rendering refuses a stack whose capacity plan fails, because the worker-group bounds come
+from that plan and a manifest that cannot schedule is worse than none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from infra.planner import StackPlan, plan_stack
+from infra.render.gateway import gateway_objects
+from infra.render.rayservice import rayservice
+from infra.spec import StackSpec
+
+
+class RenderRefused(Exception):
+    def __init__(self, plan: StackPlan) -> None:
+        self.plan = plan
+        reasons = "; ".join(f"{p.subject}: {p.message}" for p in plan.problems)
+        super().__init__(f"stack {plan.stack} does not pass `llmctl plan`: {reasons}")
+
+
+def render_stack(spec: StackSpec, plan: StackPlan | None = None) -> list[dict[str, Any]]:
+    plan = plan or plan_stack(spec)
+    if not plan.ok:
+        raise RenderRefused(plan)
+    return [rayservice(spec, plan), *gateway_objects(spec)]
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Block style for multi-line strings (serveConfigV2 stays readable); no YAML anchors,
+    which kubectl accepts but reviewers and some tools do not."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _str)
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objects, Dumper=_ManifestDumper, sort_keys=False)
+
+
+def manifest_filename(obj: dict[str, Any]) -> str:
+    return f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"

@@ -1,0 +1,43 @@
+"""Names and labels every rendered object agrees on.
+
+The NetworkPolicy selects pods by these labels and the gateway finds Ray Serve by these
+names, so they live in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAMESPACE = "llmstack"
+RAYSERVICE_NAME = "llmstack"
+GATEWAY_NAME = "llmstack-gateway"
+REDIS_SECRET = "llmstack-redis"  # keys: password, url (created by the Pulumi program)
+HF_TOKEN_SECRET = "llmstack-hf-token"  # key: token (optional: public models need none)
+REDIS_SERVICE = "llmstack-redis"  # in-cluster Redis, or an ExternalName to ElastiCache
+NODE_GROUP_LABEL = "llmstack.dev/node-group"  # set on nodes by the Pulumi node groups
+COMPONENT_LABEL = "llmstack.dev/component"
+KUBERAY_NAMESPACE = "kuberay-operator"
+
+# KubeRay names the Service that fronts Ray Serve "<rayservice>-serve-svc".
+SERVE_SERVICE = f"{RAYSERVICE_NAME}-serve-svc"
+
+
+def labels(component: str, stack: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/part-of": "llmstack",
+        "app.kubernetes.io/managed-by": "llmstack",
+        "llmstack.dev/stack": stack,
+        COMPONENT_LABEL: component,
+    }
+
+
+def metadata(name: str, component: str, stack: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": NAMESPACE, "labels": labels(component, stack), **extra}
+
+
+def secret_env(name: str, secret: str, key: str, *, optional: bool = False) -> dict[str, Any]:
+    """An env var read from a Secret: secrets are referenced by name, never inlined."""
+    ref: dict[str, Any] = {"name": secret, "key": key}
+    if optional:
+        ref["optional"] = True
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}

@@ -1,0 +1,142 @@
+"""The RayService: one Ray cluster on Kubernetes running the Serve config of the stack.
+
+Shape, and why:
+- The head pod gets `num-cpus: "0"` so no model replica or engine lands on it; it runs
+  the GCS, the dashboard and the Serve controller, and a crash of a replica never takes
+  the head with it.
+- One worker group per node group, one Ray worker pod per node, taking all of the node's
+  GPUs. Tensor-parallel ranks then share a pod (NVLink, shared memory) and the Ray
+  autoscaler's pod count is the Cluster Autoscaler's node count.
+- Worker pods advertise a custom resource named after their node group; each model's
+  engine bundles ask for it (see serve_config.py), which pins models to their group.
+- Replica bounds come from the capacity plan: nodes at each model's min and max replicas.
+- GCS fault tolerance on Redis, so a head restart keeps Serve applications running.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from infra.gpu_catalog import load_catalog
+from infra.planner import StackPlan
+from infra.render.common import (
+    HF_TOKEN_SECRET, NAMESPACE, NODE_GROUP_LABEL, RAYSERVICE_NAME, REDIS_SECRET, REDIS_SERVICE, labels,
+    metadata, secret_env,
+)
+from infra.render.serve_config import SERVE_PORT, node_group_resource, serve_config
+from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
+from infra.versions import RAY_VERSION
+
+# Left to the kubelet, system daemonsets and the NVIDIA device plugin on each node.
+NODE_RESERVED_CPUS = 2
+NODE_RESERVED_MEMORY_FRACTION = 0.1
+
+
+def redis_address(spec: StackSpec) -> str:
+    """Where Ray GCS and the gateway reach Redis, as a host:port inside the cluster.
+
+    Managed and in-cluster Redis are both reached through the `llmstack-redis` Service (an
+    ExternalName for ElastiCache), so the rendered objects do not depend on an endpoint that
+    only exists after `pulumi up`.
+    """
+    if isinstance(spec.redis, ExternalRedis):
+        return f"{spec.redis.host}:{spec.redis.port}"
+    return f"{REDIS_SERVICE}.{NAMESPACE}.svc.cluster.local:6379"
+
+
+def rayservice(spec: StackSpec, plan: StackPlan) -> dict[str, Any]:
+    groups = {g.name: g for g in plan.node_groups}
+    workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max)
+               for g in spec.node_groups]
+    blue_green_fits = all(not g.blue_green.startswith("does not fit") for g in plan.node_groups)
+    annotations = {} if blue_green_fits else {
+        "llmstack.dev/upgrade-note": "NewCluster upgrades need a second cluster that the node groups "
+                                     "cannot hold; cluster changes apply in place (see llmctl plan)."}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": metadata(RAYSERVICE_NAME, "ray", spec.name, **({"annotations": annotations} if annotations else {})),
+        "spec": {
+            "upgradeStrategy": {"type": "NewCluster" if blue_green_fits else "None"},
+            "serveConfigV2": yaml.safe_dump(serve_config(spec), sort_keys=False),
+            "rayClusterConfig": {
+                "rayVersion": RAY_VERSION,
+                "enableInTreeAutoscaling": True,
+                "autoscalerOptions": {"upscalingMode": "Default", "idleTimeoutSeconds": 300},
+                "gcsFaultToleranceOptions": {
+                    "redisAddress": redis_address(spec),
+                    "redisPassword": {"valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}},
+                },
+                "headGroupSpec": _head_group(spec),
+                "workerGroupSpecs": workers,
+            },
+        },
+    }
+
+
+def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": spec.versions.ray_image,
+        "resources": {"requests": resources, "limits": resources},
+        "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True)],
+        "ports": ports,
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, str],
+         tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "metadata": {"labels": labels("ray", spec.name)},
+        "spec": {
+            "containers": [container],
+            # vLLM and NCCL use shared memory; the container default of 64 MiB is too small.
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+    if node_selector:
+        pod["spec"]["nodeSelector"] = node_selector
+    if tolerations:
+        pod["spec"]["tolerations"] = tolerations
+    return pod
+
+
+def _head_group(spec: StackSpec) -> dict[str, Any]:
+    ports = [{"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
+             {"containerPort": 10001, "name": "client"}, {"containerPort": SERVE_PORT, "name": "serve"}]
+    container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports)
+    return {
+        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": _pod(spec, container, {}, []),
+    }
+
+
+def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes: int,
+                  max_nodes: int) -> dict[str, Any]:
+    if isinstance(group, GpuNodeGroup):
+        instance = load_catalog()[group.instance_type]
+        cpus, memory_gib, gpus = instance.vcpus, instance.memory_gib, instance.gpus
+        tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    else:
+        cpus, memory_gib, gpus = group.cpus_per_node, group.memory_gib_per_node, 0
+        tolerations = []
+    pod_cpus = max(1, cpus - NODE_RESERVED_CPUS) if gpus else cpus
+    pod_memory = int(memory_gib * (1 - NODE_RESERVED_MEMORY_FRACTION)) if gpus else memory_gib
+    resources: dict[str, Any] = {"cpu": str(pod_cpus), "memory": f"{pod_memory}Gi"}
+    if gpus:
+        resources["nvidia.com/gpu"] = str(gpus)
+    custom = {node_group_resource(group.name): gpus or pod_cpus}
+    container = _container(spec, "ray-worker", resources, [])
+    return {
+        "groupName": group.name,
+        "replicas": min_nodes,
+        "minReplicas": min_nodes,
+        "maxReplicas": max(max_nodes, min_nodes),
+        # `ray start --resources` takes JSON; KubeRay passes the value through a shell.
+        "rayStartParams": {"resources": '"' + json.dumps(custom).replace('"', '\\"') + '"'},
+        "template": _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations),
+    }

@@ -1,0 +1,114 @@
+"""Stack models -> Ray Serve LLM `llm_configs`, and the Serve config that runs them.
+
+The application's `args` are exactly Ray Serve LLM's `LLMServingArgs` (`{"llm_configs":
+[...]}`), so an operator who knows Ray reads them directly and the stock
+`ray.serve.llm:build_openai_app` could run them. We name our own builder
+(`serving.app:build_app`) as the import path only so that the image and `make dev` run one
+code path that we can extend (the builder itself adds nothing to the configs).
+
+On GPU node groups each engine rank asks for one GPU plus one unit of a custom resource
+named after its node group. The Ray worker pods of that group advertise it (see
+`rayservice.py`), so a model lands on the nodes its stack entry names and nowhere else,
+without relying on Ray's accelerator auto-detection (which labels A100-40GB and A100-80GB
+both as "A100").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.model_source import resolve_local_source
+from infra.spec import CpuNodeGroup, Dtype, DraftModelSpeculation, ModelSpec, NgramSpeculation, StackSpec
+
+APP_NAME = "llm"
+APP_IMPORT_PATH = "serving.app:build_app"
+SERVE_PORT = 8000
+
+
+def node_group_resource(group_name: str) -> str:
+    """Ray custom resource that pins engine ranks to a node group's workers."""
+    return f"llmstack-node-group-{group_name}"
+
+
+def llm_config(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
+    """One `ray.serve.llm.LLMConfig`, as the plain dict that goes into `serveConfigV2`."""
+    group = spec.node_group(model.node_group)
+    on_cpu = isinstance(group, CpuNodeGroup)
+    local = spec.cloud.provider == "local"
+    engine: dict[str, Any] = {
+        "tensor_parallel_size": model.tensor_parallel_size,
+        "pipeline_parallel_size": model.pipeline_parallel_size,
+        "max_model_len": model.max_model_len,
+        "dtype": Dtype.FLOAT32.value if on_cpu else model.dtype.value,
+    }
+    if not on_cpu:
+        engine["gpu_memory_utilization"] = model.gpu_memory_utilization
+    if model.quantization is not None:
+        engine["quantization"] = model.quantization.value
+    if model.kv_cache_dtype != "auto":
+        engine["kv_cache_dtype"] = model.kv_cache_dtype
+    if model.speculative_decoding is not None:
+        engine["speculative_config"] = _speculative_config(model, local=local)
+    if on_cpu:
+        engine["enforce_eager"] = True  # no CUDA graphs on CPU; also skips a slow warm-up
+    engine.update(model.engine_args)
+
+    scaling = model.autoscaling
+    config: dict[str, Any] = {
+        "model_loading_config": {
+            "model_id": model.model_name,
+            "model_source": resolve_local_source(model.source) if local else model.source,
+        },
+        "engine_kwargs": engine,
+        "deployment_config": {
+            "max_ongoing_requests": scaling.max_ongoing_requests,
+            "autoscaling_config": {
+                "min_replicas": scaling.min_replicas,
+                "max_replicas": scaling.max_replicas,
+                "target_ongoing_requests": scaling.target_ongoing_requests,
+                "upscale_delay_s": scaling.upscale_delay_s,
+                "downscale_delay_s": scaling.downscale_delay_s,
+            },
+        },
+    }
+    if on_cpu:
+        config["placement_group_config"] = {"bundle_per_worker": {"CPU": 1}, "strategy": "PACK"}
+        config["runtime_env"] = {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": str(model.cpu_kv_cache_gib)}}
+    else:
+        bundle = {"GPU": 1, node_group_resource(group.name): 1}
+        one_node = model.pipeline_parallel_size == 1
+        config["placement_group_config"] = {
+            "bundle_per_worker": bundle,
+            # Tensor-parallel ranks must share a node (NVLink); pipeline stages may span nodes.
+            "strategy": "STRICT_PACK" if one_node else "PACK",
+        }
+    return config
+
+
+def _speculative_config(model: ModelSpec, *, local: bool) -> dict[str, Any]:
+    spec = model.speculative_decoding
+    if isinstance(spec, NgramSpeculation):
+        return {"method": "ngram", "num_speculative_tokens": spec.num_speculative_tokens,
+                "prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min}
+    assert isinstance(spec, DraftModelSpeculation)
+    source = resolve_local_source(spec.model) if local else spec.model
+    return {"method": "draft_model", "model": source, "num_speculative_tokens": spec.num_speculative_tokens}
+
+
+def serving_args(spec: StackSpec) -> dict[str, Any]:
+    """Ray Serve LLM's `LLMServingArgs` for the whole stack."""
+    return {"llm_configs": [llm_config(m, spec) for m in spec.models]}
+
+
+def serve_config(spec: StackSpec) -> dict[str, Any]:
+    """A Serve deploy config (`ServeDeploySchema`): what `serveConfigV2` holds and `make dev` runs."""
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
+        "applications": [{
+            "name": APP_NAME,
+            "route_prefix": "/",
+            "import_path": APP_IMPORT_PATH,
+            "args": serving_args(spec),
+        }],
+    }

@@ -1,0 +1,51 @@
+"""How a capacity plan looks in a terminal. Pure: returns rich tables and strings."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from infra.planner import StackPlan
+
+GIB = 1024**3
+
+
+def _size(n: int) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    if n >= 1024**2:
+        return f"{n / 1024**2:.1f} MiB"
+    return f"{n / 1024:.0f} KiB"
+
+
+def _money(lo: float | None, hi: float | None) -> str:
+    return "-" if lo is None or hi is None else f"${lo:,.2f} - ${hi:,.2f}"
+
+
+def plan_tables(plan: StackPlan) -> list[Table]:
+    models = Table(title=f"stack {plan.stack}: models (per replica: GPUs, weights, KV cache)",
+                   title_justify="left")
+    for column in ("model", "node group", "GPUs", "weights", "KV/token", "KV tokens",
+                   "seqs@max_len", "replicas", "nodes", "$/hour"):
+        models.add_column(column, justify="left" if column in ("model", "node group") else "right")
+    for m in plan.models:
+        models.add_row(
+            m.model_id, m.node_group, str(m.gpus_per_replica or "-"),
+            _size(m.weight_bytes), _size(m.kv_bytes_per_token), f"{m.kv_tokens_per_replica:,}",
+            f"{m.max_concurrent_sequences:,}", f"{m.min_replicas} - {m.max_replicas}",
+            f"{m.nodes_at_min} - {m.nodes_at_max}", _money(m.usd_per_hour_at_min, m.usd_per_hour_at_max))
+    groups = Table(title=f"stack {plan.stack}: node groups (on-demand prices, us-east-1)", title_justify="left")
+    for column in ("node group", "instance", "capacity", "max_size", "nodes", "blue/green upgrade", "$/hour"):
+        groups.add_column(column)
+    for g in plan.node_groups:
+        groups.add_row(g.name, g.instance_type or "cpu", g.capacity_type, str(g.max_size),
+                       f"{g.nodes_at_min} - {g.nodes_at_max}", g.blue_green,
+                       _money(g.usd_per_hour_at_min, g.usd_per_hour_at_max))
+    lows = [g.usd_per_hour_at_min for g in plan.node_groups if g.usd_per_hour_at_min is not None]
+    highs = [g.usd_per_hour_at_max for g in plan.node_groups if g.usd_per_hour_at_max is not None]
+    if lows:
+        groups.caption = f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour (spot groups shown at on-demand price)"
+    return [models, groups]
+
+
+def problem_lines(plan: StackPlan) -> list[str]:
+    return [f"[red]refused[/red] {p.subject}: [bold]{p.reason.value}[/bold]: {p.message}" for p in plan.problems]
