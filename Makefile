@@ -8,10 +8,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
 
-.PHONY: help install test test-fast plan render clean
+.PHONY: help install dev test test-fast bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (arrives with the local-stack change)"
+	@echo "make bench        benchmarks (figures recorded in BENCHMARKS.md)"
 	@echo "make test         install into .venv and run every test"
 	@echo "make plan STACK=  capacity and cost of a stack (llmctl plan)"
 	@echo "make render STACK= Kubernetes manifests of a stack into build/manifests/"
@@ -31,6 +32,15 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+dev:
+	@echo "make dev arrives with the local-stack change (issue: make dev). Today: make plan STACK=local, make render STACK=local."
+	@exit 1
+
+# Benchmarks: figures go to BENCHMARKS.md with the command that produced them.
+bench: $(STAMP)
+	$(PY) -m ops.kv_capacity --stack local
+	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
 
 plan: $(STAMP)
 	$(VENV)/bin/llmctl plan --stack $(STACK)

@@ -32,7 +32,7 @@ def _load(stack: str) -> StackSpec:
     try:
         return load_stack(stack)
     except StackFileError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -51,7 +51,7 @@ def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", hel
         for table in plan_tables(result):
             out.print(table)
         for line in problem_lines(result):
-            err.print(line, highlight=False)
+            err.print(line, highlight=False, soft_wrap=True)
         if result.ok:
             out.print(f"[green]plan ok[/green]: stack {spec.name} fits.")
     if not result.ok:
@@ -69,7 +69,7 @@ def render(
         objects = render_stack(spec)
     except RenderRefused as exc:
         for line in problem_lines(exc.plan):
-            err.print(line, highlight=False)
+            err.print(line, highlight=False, soft_wrap=True)
         err.print("[red]not rendered[/red]: fix the plan first (llmctl plan).")
         raise typer.Exit(1) from None
     if out_dir == "-":

