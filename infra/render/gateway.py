@@ -31,7 +31,7 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def _gateway_settings(spec: StackSpec) -> str:
+def gateway_settings(spec: StackSpec) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
     g = spec.gateway
     return json.dumps({
@@ -53,7 +53,7 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
-            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": _gateway_settings(spec)},
+            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec)},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "http"}},
