@@ -7,11 +7,12 @@ PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
+PORT ?= 8080
 
-.PHONY: help install dev test test-fast bench plan render clean
+.PHONY: help install redis-server dev test test-fast bench plan render clean
 
 help:
-	@echo "make dev          run the whole serving path on this machine (arrives with the local-stack change)"
+	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
 	@echo "make bench        benchmarks (figures recorded in BENCHMARKS.md)"
 	@echo "make test         install into .venv and run every test"
 	@echo "make plan STACK=  capacity and cost of a stack (llmctl plan)"
@@ -21,21 +22,30 @@ $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[serve,test]"
+	$(PIP) install -q -e ".[serve,gateway,test]"
 	bash ops/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 
+# The tests use a real redis-server. As root with apt (CI, our machines) we install it;
+# elsewhere we say how.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "==> installing redis-server (apt-get)"; \
+	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else echo "redis-server is needed by the tests: install it (Debian/Ubuntu: sudo apt-get install -y redis-server)"; exit 1; fi; }
+
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) redis-server
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) redis-server
 	$(PY) -m pytest -q -m "not slow"
 
-dev:
-	@echo "make dev arrives with the local-stack change (issue: make dev). Today: make plan STACK=local, make render STACK=local."
-	@exit 1
+# The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.
+dev: $(STAMP)
+	$(PY) -m ops.dev --stack $(STACK) --port $(PORT)
 
 # Benchmarks: figures go to BENCHMARKS.md with the command that produced them.
 bench: $(STAMP)

@@ -16,8 +16,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
 from infra import versions
+from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
+# The gateway validates these same limits at start; one model keeps the two in step.
+from serving.gateway.settings import KeyLimits
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -266,15 +268,6 @@ class LocalRedis(_Spec):
 
 
 Redis = Annotated[ManagedRedis | InClusterRedis | ExternalRedis | LocalRedis, Field(discriminator="mode")]
-
-
-class KeyLimits(_Spec):
-    """Default per-API-key limits; each key may override them."""
-
-    requests_per_minute: int = Field(default=60, ge=1, description="Request rate (GCRA).")
-    tokens_per_minute: int = Field(default=100_000, ge=1, description="Prompt + output tokens rate.")
-    daily_token_budget: int = Field(default=2_000_000, ge=1, description="Tokens per UTC day.")
-    max_concurrent_requests: int = Field(default=8, ge=1, description="In-flight requests per key.")
 
 
 class Gateway(_Spec):

@@ -35,6 +35,7 @@ def gateway_settings(spec: StackSpec) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
     g = spec.gateway
     return json.dumps({
+        "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
         "port": g.port,
         "default_limits": g.default_limits.model_dump(),
         "max_tokens_ceiling": g.max_tokens_ceiling,

@@ -1,0 +1,336 @@
+"""`make dev`: the whole serving path on this machine, from the `local` stack.
+
+    client ─► gateway (:8080) ─► Ray Serve OpenAI app ─► CPU vLLM replicas
+                 │
+               Redis (a private redis-server, or the gateway's in-memory store)
+
+The Serve application is deployed from the same serve config `llmctl render` puts in the
+RayService's `serveConfigV2` (only the HTTP bind address differs: loopback and a free port
+here). Everything started here is stopped on Ctrl-C or SIGTERM, in reverse order; a second
+`make dev` while one runs says so instead of failing on a busy port.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from infra.render.gateway import gateway_settings
+from infra.render.serve_config import serve_config
+from infra.spec import CpuNodeGroup, StackSpec
+from infra.stack_file import PROJECT_ROOT, load_stack
+from ops.local_redis import LocalRedis, die_with_parent, free_port, redis_server_path, start_redis
+
+# Where the "is one running?" lock lives; tests point it elsewhere so they do not collide
+# with a `make dev` a developer has running in the same checkout.
+STATE_DIR = Path(os.environ.get("LLMSTACK_STATE_DIR") or PROJECT_ROOT / ".cache" / "llmstack")
+DEFAULT_GATEWAY_PORT = 8080
+Say = Callable[[str], None]
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+def _say(message: str) -> None:
+    print(f"[llmstack dev] {message}", file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+class DevLock:
+    """One `make dev` per checkout: an flock on a file that also says who holds it."""
+
+    def __init__(self, folder: Path = STATE_DIR) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "dev.lock"
+        self._file = self.path.open("a+")
+
+    def acquire(self) -> None:
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "{}"
+            info = json.loads(holder) if holder.startswith("{") else {}
+            raise AlreadyRunning(
+                f"llmstack dev is already running (pid {info.get('pid', '?')}, gateway at "
+                f"{info.get('base_url', '?')}); stop it with Ctrl-C in its terminal or `kill {info.get('pid', '<pid>')}`"
+            ) from None
+
+    def record(self, **info: Any) -> None:
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(json.dumps({"pid": os.getpid(), **info}))
+        self._file.flush()
+
+    def release(self) -> None:
+        self._file.seek(0)
+        self._file.truncate()
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+
+
+def ray_cpus(spec: StackSpec) -> int:
+    """Logical CPUs for local Ray: what the stack's CPU node groups offer."""
+    return sum(g.cpus_per_node * g.max_size for g in spec.node_groups if isinstance(g, CpuNodeGroup))
+
+
+def local_serve_config(spec: StackSpec, serve_port: int) -> dict[str, Any]:
+    """The rendered serve config, bound to loopback on a free port instead of 0.0.0.0:8000."""
+    config = serve_config(spec)
+    config["http_options"] = {"host": "127.0.0.1", "port": serve_port}
+    return config
+
+
+def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> None:
+    """Start local Ray and deploy every application of the serve config; show progress."""
+    import ray
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.model_validate(local_serve_config(spec, serve_port))
+    say(f"starting Ray ({ray_cpus(spec)} logical CPUs) ...")
+    for noisy in ("ray", "ray.serve", "ray.llm", "httpx"):  # keep the terminal to our progress lines
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    ray.init(num_cpus=ray_cpus(spec), include_dashboard=False, object_store_memory=512 * 1024**2,
+             logging_level="warning", log_to_driver=False)
+    serve.start(proxy_location=config.proxy_location, http_options=config.http_options.model_dump())
+    failures: list[BaseException] = []
+    for app in config.applications:
+        builder = _import_attr(app.import_path)
+        target = builder(app.args)
+        thread = threading.Thread(
+            target=_deploy, args=(serve, target, app.name, app.route_prefix, failures), daemon=True)
+        thread.start()
+        _show_progress(serve, app.name, thread, say)
+        if failures:
+            raise RuntimeError(f"Serve application {app.name!r} failed to deploy: {failures[0]}")
+
+
+def _import_attr(path: str) -> Any:
+    import importlib
+
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _deploy(serve: Any, target: Any, name: str, route_prefix: str, failures: list[BaseException]) -> None:
+    try:
+        serve.run(target, name=name, route_prefix=route_prefix, blocking=False)
+    except BaseException as exc:  # reported by the main thread
+        failures.append(exc)
+
+
+def _show_progress(serve: Any, name: str, thread: threading.Thread, say: Say) -> None:
+    """Print deployment states as they change while the engines load."""
+    start, last = time.monotonic(), ""
+    while thread.is_alive():
+        thread.join(timeout=2)
+        app = serve.status().applications.get(name)
+        if app is None:
+            continue
+        states = ", ".join(f"{d}: {s.status.value.lower()}" for d, s in sorted(app.deployments.items()))
+        line = f"{app.status.value.lower()} ({states})" if states else app.status.value.lower()
+        if line != last:
+            say(f"[{time.monotonic() - start:5.0f} s] {name}: {line}")
+            last = line
+
+
+def start_gateway(spec: StackSpec, *, port: int, upstream: str, redis_url: str | None,
+                  dev_key_file: Path | None) -> subprocess.Popen[bytes]:
+    """The gateway as its own process, configured as the rendered Deployment configures it,
+    but bound to loopback. With the in-memory store only the gateway itself can make a key,
+    so it writes one to `dev_key_file` (mode 0600)."""
+    env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec),
+           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port)}
+    env.pop("LLMSTACK_REDIS_URL", None)
+    if redis_url:
+        env["LLMSTACK_REDIS_URL"] = redis_url
+    extra = ["--dev-key-file", str(dev_key_file)] if dev_key_file else []
+    return subprocess.Popen([sys.executable, "-m", "serving.gateway", *extra], env=env, preexec_fn=die_with_parent)
+
+
+def wait_http_ok(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {process.returncode} before answering {url}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def stop_process(process: subprocess.Popen[bytes], grace_s: float = 30) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def first_token(base_url: str, api_key: str, model: str) -> None:
+    """One streamed chat completion through the gateway: proves the whole path serves."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=4, stream=True)
+    for _ in stream:
+        break
+    stream.close()
+
+
+def banner(base_url: str, api_key: str, models: list[str], store: str) -> str:
+    model = models[0]
+    return f"""
+llmstack dev is serving {', '.join(models)}  (keys and limits: {store})
+
+  base URL  {base_url}
+  API key   {api_key}    (dev key, shown once; make a new one with every start)
+
+  curl {base_url}/chat/completions \\
+    -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
+
+  python -c 'from openai import OpenAI; c = OpenAI(base_url="{base_url}", api_key="{api_key}"); \\
+print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
+
+Ctrl-C stops everything.
+"""
+
+
+def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say) -> int:
+    from infra.stack_file import StackFileError
+    from serving.gateway.keys import create_key_sync
+
+    started = time.monotonic()
+    try:
+        spec = load_stack(stack)
+    except StackFileError as exc:
+        say(f"error: {exc}")
+        return 2
+    if spec.cloud.provider != "local":
+        say(f"error: stack {spec.name} is a cloud stack (cloud.provider {spec.cloud.provider}); "
+            "make dev runs a local stack, e.g. STACK=local")
+        return 2
+    lock = DevLock()
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        say(str(exc))
+        return 1
+    previous = _trap_signals()
+    try:
+        with ExitStack() as cleanup:
+            cleanup.callback(lock.release)
+            _check_port_free(port)
+            redis: LocalRedis | None = None
+            if redis_server_path():
+                redis = start_redis()
+                cleanup.callback(redis.stop)
+                say(f"redis-server on 127.0.0.1:{redis.port} (private, no persistence)")
+            else:
+                say("WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
+                    "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
+            serve_port = free_port()
+            cleanup.callback(_stop_ray)
+            start_ray_serve(spec, serve_port, say)
+            # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so
+            # SIGTERM stops everything in order, like Ctrl-C.
+            _trap_signals()
+            redis_url = redis.url if redis else None
+            key_file = None if redis_url else STATE_DIR / "dev-key"
+            gateway = start_gateway(spec, port=port, upstream=f"http://127.0.0.1:{serve_port}",
+                                    redis_url=redis_url, dev_key_file=key_file)
+            cleanup.callback(stop_process, gateway)
+            if key_file:
+                cleanup.callback(key_file.unlink, missing_ok=True)
+            base_url = f"http://127.0.0.1:{port}/v1"
+            wait_http_ok(f"http://127.0.0.1:{port}/readyz", gateway)
+            if redis_url:
+                api_key = create_key_sync(redis_url, tenant="dev", name="make-dev")
+            else:
+                api_key = key_file.read_text().strip()
+            models = [m.model_name for m in spec.models]
+            first_token(base_url, api_key, models[0])
+            say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
+            lock.record(base_url=base_url)
+            print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory"), flush=True)
+            if ready_json:
+                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key,
+                                  "serve_url": f"http://127.0.0.1:{serve_port}/v1", "models": models,
+                                  "redis_url": redis_url, "pid": os.getpid()}), flush=True)
+            while gateway.poll() is None:
+                time.sleep(1)
+            say(f"gateway exited with {gateway.returncode}; stopping")
+            return 1
+    except KeyboardInterrupt:
+        say("stopping (Serve stops the engines first; this can take half a minute) ...")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        say("stopped")
+
+
+def _trap_signals() -> dict[int, Any]:
+    return {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _check_port_free(port: int) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise SystemExit(f"[llmstack dev] port {port} is taken by another program; "
+                             f"run `make dev PORT=<free port>`") from None
+
+
+def _stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ops.dev", description="Run a local stack (make dev).")
+    parser.add_argument("--stack", default="local")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT") or DEFAULT_GATEWAY_PORT))
+    parser.add_argument("--ready-json", action="store_true", help="print one JSON line when ready (tests)")
+    args = parser.parse_args()
+    sys.exit(run(args.stack, args.port, args.ready_json))
+
+
+if __name__ == "__main__":
+    main()

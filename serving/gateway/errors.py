@@ -1,0 +1,80 @@
+"""Errors in OpenAI's shape, so every OpenAI SDK raises its usual exception for them.
+
+OpenAI answers `{"error": {"message", "type", "param", "code"}}`: 4xx use type
+`invalid_request_error` (401 wrong key: code `invalid_api_key`; 401 no key: code null),
+5xx use type `server_error`. The SDKs pick the exception class from the status code
+(401 AuthenticationError, 403 PermissionDeniedError, 5xx InternalServerError) and retry 5xx
+honouring `Retry-After`. Messages never echo the presented key, not even masked.
+"""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+def openai_error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
+                 *, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def missing_api_key() -> JSONResponse:
+    return openai_error(
+        401,
+        "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY' or 'X-API-Key: YOUR_KEY'. "
+        "Ask your platform team for a key.",
+        INVALID_REQUEST,
+    )
+
+
+def invalid_api_key() -> JSONResponse:
+    return openai_error(
+        401,
+        "Incorrect API key provided, or the key was revoked or has expired. Ask your platform team for a key.",
+        INVALID_REQUEST, code="invalid_api_key",
+    )
+
+
+def model_not_allowed(model: str | None) -> JSONResponse:
+    message = (f"This API key may not use the model {model!r}." if model is not None
+               else "This API key is limited to certain models: the request body must name one in 'model'.")
+    return openai_error(403, message, INVALID_REQUEST, code="model_not_allowed", param="model")
+
+
+def body_too_large(limit: int) -> JSONResponse:
+    return openai_error(413, f"Request body is larger than this gateway accepts ({limit} bytes).",
+                        INVALID_REQUEST, code="request_too_large")
+
+
+def not_found(path: str) -> JSONResponse:
+    return openai_error(404, f"Unknown path {path!r}: the gateway serves the OpenAI API under /v1/.",
+                        INVALID_REQUEST, code="unknown_url")
+
+
+def method_not_allowed(method: str) -> JSONResponse:
+    return openai_error(405, f"Method {method} is not allowed here.", INVALID_REQUEST, code="method_not_allowed")
+
+
+def upstream_unavailable() -> JSONResponse:
+    # Retry-After: the model servers may be restarting or scaling; the SDKs retry after it.
+    return openai_error(503, "The model servers are not reachable right now. Please retry shortly.",
+                        SERVER_ERROR, code="upstream_unavailable", headers={"Retry-After": "1"})
+
+
+def key_store_unavailable() -> JSONResponse:
+    # Without the key store no key can be checked; refusing beats letting anyone in.
+    return openai_error(503, "The gateway cannot check API keys right now. Please retry shortly.",
+                        SERVER_ERROR, code="key_store_unavailable", headers={"Retry-After": "1"})
+
+
+def upstream_timeout() -> JSONResponse:
+    return openai_error(504, "The model servers did not answer in time. Please retry.", SERVER_ERROR,
+                        code="upstream_timeout")
+
+
+def upstream_failed() -> JSONResponse:
+    return openai_error(502, "The model servers returned an invalid response. Please retry.", SERVER_ERROR,
+                        code="upstream_error")

@@ -1,0 +1,189 @@
+"""API key stores: `RedisKeyStore` for real deployments, `MemoryKeyStore` for one process.
+
+Keys are stored only as hashes (see `serving.gateway.key_format`). Layout, the same in both:
+
+    llmstack:{key:<sha256 hex of the whole key>}  ->  KeyRecord as JSON
+    llmstack:keys:by-id:<key_id>                  ->  <sha256 hex>   (for revoke and list)
+
+The `{key:<hash>}` hash tag puts every Redis key of one API key in one Redis Cluster slot, so
+the later GCRA / token-reservation Lua script can read the record and update that key's
+limiter state (`llmstack:{key:<hash>}:...`) in one atomic call. Revoked keys keep their
+record (`revoked: true`) so listings and audits still see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from fnmatch import fnmatchcase
+
+from serving.gateway.key_format import KeyRecord, hash_key, is_usable, looks_like_key, new_key
+
+__all__ = ["KeyRecord", "KeyStore", "KeyStoreUnavailable", "MemoryKeyStore", "RedisKeyStore", "create_key_sync"]
+
+_REDIS_TIMEOUT_S = 2.0  # a hung Redis must fail admission and /readyz fast, not hang them
+
+
+class KeyStoreUnavailable(RuntimeError):
+    """The store could not answer; admission turns this into a 503, not a 401."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _record_key(key_hash: str) -> str:
+    return f"llmstack:{{key:{key_hash}}}"
+
+
+def _id_index_key(key_id: str) -> str:
+    return f"llmstack:keys:by-id:{key_id}"
+
+
+class KeyStore(ABC):
+    """Key records over a tiny string key-value interface, so both stores share one layout and
+    one implementation of create / verify / revoke / list.
+
+    Lookups go by hash of the presented key, so a wrong key is never compared with a stored
+    secret byte by byte: no comparison exists whose timing could leak how much of a guess was
+    right, hence no constant-time compare."""
+
+    shared_across_processes: bool = True
+
+    @abstractmethod
+    async def _get(self, name: str) -> str | None: ...
+
+    @abstractmethod
+    async def _set(self, name: str, value: str, *, only_if_absent: bool = False) -> bool:
+        """Store `value`; with `only_if_absent`, False (and nothing stored) when `name` exists."""
+
+    @abstractmethod
+    def _names(self, pattern: str) -> AsyncIterator[str]:
+        """Names matching a glob `pattern`."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Raise if the store cannot answer (used by /readyz)."""
+
+    async def aclose(self) -> None:
+        return None
+
+    async def create(self, tenant: str, name: str, *, expires_at: datetime | None = None,
+                     allowed_models: list[str] | None = None) -> tuple[str, KeyRecord]:
+        """Make a key; returns the plaintext (shown once) and its record."""
+        while True:
+            key, key_id = new_key()
+            record = KeyRecord(key_id=key_id, tenant=tenant, name=name, created_at=_utcnow(),
+                               expires_at=expires_at, allowed_models=allowed_models)
+            # Claim the key_id first, so two creators can never share one; a clash draws again.
+            if await self._set(_id_index_key(key_id), hash_key(key), only_if_absent=True):
+                await self._set(_record_key(hash_key(key)), record.model_dump_json())
+                return key, record
+
+    async def verify(self, presented_key: str) -> KeyRecord | None:
+        """The key's record, or None when the key is unknown, revoked or expired."""
+        if not looks_like_key(presented_key):
+            return None
+        record = await self._record(hash_key(presented_key))
+        return record if record is not None and is_usable(record, _utcnow()) else None
+
+    async def revoke(self, key_id: str) -> bool:
+        """Mark the key revoked (its record stays, for audit); False if there is no such key_id."""
+        key_hash = await self._get(_id_index_key(key_id))
+        record = None if key_hash is None else await self._record(key_hash)
+        if record is None:
+            return False
+        await self._set(_record_key(key_hash), record.model_copy(update={"revoked": True}).model_dump_json())
+        return True
+
+    async def list(self) -> list[KeyRecord]:
+        """Every key, oldest first. An admin operation: one read per key is fine (and, unlike a
+        multi-key read, works across Redis Cluster slots)."""
+        records = []
+        async for index_name in self._names(_id_index_key("*")):
+            key_hash = await self._get(index_name)
+            record = None if key_hash is None else await self._record(key_hash)
+            if record is not None:
+                records.append(record)
+        return sorted(records, key=lambda r: r.created_at)
+
+    async def _record(self, key_hash: str) -> KeyRecord | None:
+        raw = await self._get(_record_key(key_hash))
+        return None if raw is None else KeyRecord.model_validate_json(raw)
+
+
+class MemoryKeyStore(KeyStore):
+    """Keys in this process's memory: for a laptop without redis-server, and tests. Each
+    gateway process has its own keys, and they vanish on restart."""
+
+    shared_across_processes = False
+
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}
+
+    async def _get(self, name: str) -> str | None:
+        return self._values.get(name)
+
+    async def _set(self, name: str, value: str, *, only_if_absent: bool = False) -> bool:
+        if only_if_absent and name in self._values:
+            return False
+        self._values[name] = value
+        return True
+
+    async def _names(self, pattern: str) -> AsyncIterator[str]:
+        for name in [n for n in self._values if fnmatchcase(n, pattern)]:
+            yield name
+
+    async def ping(self) -> None:
+        return None
+
+
+class RedisKeyStore(KeyStore):
+    """Keys in Redis, shared by every gateway replica (layout in the module docstring)."""
+
+    def __init__(self, redis_url: str) -> None:
+        import redis.asyncio as redis  # imported here so the memory store needs no redis package
+
+        self._redis = redis.from_url(redis_url, decode_responses=True, socket_timeout=_REDIS_TIMEOUT_S,
+                                     socket_connect_timeout=_REDIS_TIMEOUT_S)
+
+    async def _get(self, name: str) -> str | None:
+        from redis.exceptions import RedisError
+
+        try:
+            return await self._redis.get(name)
+        except (RedisError, OSError) as exc:
+            raise KeyStoreUnavailable(f"Redis did not answer: {type(exc).__name__}") from exc
+
+    async def _set(self, name: str, value: str, *, only_if_absent: bool = False) -> bool:
+        return bool(await self._redis.set(name, value, nx=only_if_absent))
+
+    async def _names(self, pattern: str) -> AsyncIterator[str]:
+        async for name in self._redis.scan_iter(match=pattern, count=500):
+            yield name
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+def create_key_sync(redis_url: str | None, tenant: str, name: str, *, expires_at: datetime | None = None,
+                    allowed_models: list[str] | None = None) -> str:
+    """Create a key from a script or CLI; returns the plaintext key (print it once)."""
+    if not redis_url:
+        raise ValueError("cannot create a key without Redis: the in-memory key store lives inside one "
+                         "gateway process. Set LLMSTACK_REDIS_URL to the Redis the gateway uses.")
+
+    async def create() -> str:
+        store = RedisKeyStore(redis_url)
+        try:
+            key, _ = await store.create(tenant, name, expires_at=expires_at, allowed_models=allowed_models)
+            return key
+        finally:
+            await store.aclose()
+
+    return asyncio.run(create())

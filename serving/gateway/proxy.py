@@ -1,0 +1,131 @@
+"""Forward an admitted request to Ray Serve's OpenAI ingress and stream the answer back.
+
+One pooled `httpx.AsyncClient` per gateway process. Responses are relayed chunk by chunk as
+they arrive (`aiter_raw`, no buffering, no decompression), so server-sent events reach the
+caller token by token. When the caller goes away mid-stream the upstream response is closed,
+which closes its connection and lets Ray Serve cancel the generation instead of finishing
+tokens nobody reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from serving.gateway import errors
+from serving.gateway.settings import GatewaySettings
+
+log = logging.getLogger("llmstack.gateway.proxy")
+
+# Fail fast when the upstream is down: clients get a 503 + Retry-After instead of hanging.
+CONNECT_TIMEOUT_S = 2.0
+# Shorter than uvicorn's default 5 s keep-alive (Ray Serve's proxy runs uvicorn): we drop an
+# idle pooled connection before the upstream does, so we never send a request on a socket
+# the server is closing at that same moment (which surfaces as a spurious connection error).
+KEEPALIVE_EXPIRY_S = 4.0
+# Streams are long-lived: the pool must hold many at once; admission limits load, not this.
+MAX_CONNECTIONS = 1000
+MAX_IDLE_CONNECTIONS = 100
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "transfer-encoding", "upgrade"})
+# The caller's credentials end at the gateway; host and length are set anew for the upstream
+# (the body is already read, so no `expect: 100-continue` either). No accept-encoding: the
+# upstream then answers uncompressed, which keeps SSE flowing chunk by chunk and lets the
+# later usage-settlement step read the stream it relays.
+NOT_FORWARDED_UP = HOP_BY_HOP | {"authorization", "x-api-key", "cookie", "host", "content-length", "expect",
+                                 "accept-encoding"}
+# Length is dropped because the relayed body is streamed (chunked) and may end early.
+NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "set-cookie"}
+
+
+def forwardable(headers: Iterable[tuple[str, str]], dropped: frozenset[str]) -> list[tuple[str, str]]:
+    """Headers minus `dropped` and minus any header the Connection header names (RFC 9110 7.6.1)."""
+    pairs = [(name.lower(), value) for name, value in headers]
+    named = {token.strip().lower() for name, value in pairs if name == "connection" for token in value.split(",")}
+    return [(name, value) for name, value in pairs if name not in dropped and name not in named]
+
+
+def is_safe_api_path(path: str) -> bool:
+    """Only plain /v1/... paths go upstream: no dot segments that could climb out of /v1."""
+    segments = path.split("/")
+    return path.startswith("/v1/") and not any(s in (".", "..") for s in segments) and "\\" not in path
+
+
+class _UpstreamStream(StreamingResponse):
+    """A StreamingResponse that always closes its upstream response, however the relay ends:
+    finished, upstream error, or the client disconnecting (which cancels the relay)."""
+
+    def __init__(self, upstream: httpx.Response) -> None:
+        super().__init__(_relay(upstream), status_code=upstream.status_code)
+        # Set raw, not via a dict, so repeated headers survive.
+        self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
+                            for name, value in forwardable(upstream.headers.multi_items(), NOT_FORWARDED_DOWN)]
+        self._upstream = upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._upstream.aclose()
+
+
+async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        # Headers are already sent; aborting the connection (by raising) tells the client the
+        # body is incomplete, where ending cleanly would pass a truncated answer off as whole.
+        log.warning("upstream stream broke: %s", type(exc).__name__)
+        raise
+    finally:
+        # The client disconnecting cancels us here; shield the close so it still completes.
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+
+
+class UpstreamProxy:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=settings.upstream_url,
+            timeout=httpx.Timeout(settings.upstream_read_timeout_s, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE_CONNECTIONS,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
+            headers={"accept-encoding": "identity"},  # see NOT_FORWARDED_UP
+            follow_redirects=False,
+            trust_env=False,  # HTTP(S)_PROXY in the pod's environment must not reroute model traffic
+        )
+
+    async def forward(self, request: Request, body: bytes) -> Response:
+        """Send `request` (with the already-read `body`) upstream; stream the response back."""
+        path = request.url.path
+        if not is_safe_api_path(path):
+            return errors.not_found(path)
+        upstream_request = self._client.build_request(
+            request.method,
+            httpx.URL(path=path, query=request.url.query.encode() or None),
+            headers=forwardable(request.headers.items(), NOT_FORWARDED_UP),
+            content=body,
+        )
+        try:
+            upstream = await self._client.send(upstream_request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            log.warning("upstream unreachable: %s", type(exc).__name__)
+            return errors.upstream_unavailable()
+        except httpx.TimeoutException:
+            return errors.upstream_timeout()
+        except httpx.HTTPError as exc:
+            log.warning("upstream request failed: %s", type(exc).__name__)
+            return errors.upstream_failed()
+        return _UpstreamStream(upstream)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
