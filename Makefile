@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 STACK ?= local
 PORT ?= 8080
 
-.PHONY: help install redis-server dev test test-fast bench plan render clean
+.PHONY: help install redis-server dev preview deploy destroy cloud-stack test test-fast bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test         install into .venv and run every test"
 	@echo "make plan STACK=  capacity and cost of a stack (llmctl plan)"
 	@echo "make render STACK= Kubernetes manifests of a stack into build/manifests/"
+	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan passes"
 
 $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
@@ -51,6 +52,13 @@ dev: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m ops.kv_capacity --stack local
 	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
+
+# Cloud stacks: checks (not local, Pulumi CLI, AWS credentials, llmctl plan), then Pulumi.
+preview deploy destroy: cloud-stack $(STAMP)
+	$(PY) -m ops.pulumi_cli $@ --stack $(STACK)
+
+cloud-stack:
+	@test "$(STACK)" != local || { echo "STACK=local is the CPU stack for make dev; nothing to provision. Use STACK=dev or STACK=prod."; exit 1; }
 
 plan: $(STAMP)
 	$(VENV)/bin/llmctl plan --stack $(STACK)
