@@ -290,7 +290,10 @@ class Gateway(_Spec):
 
 
 class Versions(_Spec):
-    ray_image: str = Field(default=versions.RAY_LLM_IMAGE, description="Ray LLM image for the cluster.")
+    serving_image: str = Field(
+        default=versions.SERVING_IMAGE,
+        description=f"Ray cluster image: {versions.RAY_LLM_IMAGE} plus llmstack (serving/images/serving.Dockerfile).",
+    )
     gateway_image: str = Field(default=versions.GATEWAY_IMAGE, description="llmstack gateway image.")
     kuberay_operator: str = Field(default=versions.KUBERAY_VERSION, description="KubeRay chart version.")
 

@@ -25,7 +25,7 @@ PYTHON_TAG = "py311"
 CUDA_TAG = "cu128"
 RAY_LLM_IMAGE = f"rayproject/ray-llm:{RAY_VERSION}-{PYTHON_TAG}-{CUDA_TAG}"
 """Cluster image. The tag scheme is `<ray>-<py>-cu<cuda>`; 2.5x releases publish py311-cu128.
-Override per stack with `llmstack:versions.ray_image` (e.g. a mirror in ECR)."""
+The cluster runs SERVING_IMAGE, built FROM this; override per stack with `llmstack:versions.serving_image`."""
 
 KUBERAY_VERSION = "1.7.0"
 """KubeRay operator Helm chart (`kuberay-operator`) and the CRD schemas in shared/schemas."""
@@ -34,4 +34,8 @@ KUBERNETES_VERSION = "1.33"
 """Default EKS control-plane version for new stacks."""
 
 GATEWAY_IMAGE = "llmstack-gateway:0.1.0"
-"""Gateway image built from this repository (`make images`); stacks point it at their registry."""
+"""Gateway image built from serving/images/gateway.Dockerfile; stacks point it at their registry."""
+
+SERVING_IMAGE = "llmstack-serving:0.1.0"
+"""Ray cluster image: RAY_LLM_IMAGE plus this package (serving/images/serving.Dockerfile), so the
+serve config's `serving.app:build_app` imports on every node."""

@@ -34,3 +34,10 @@ def test_image_tag_names_the_pinned_ray_and_python():
 def test_kuberay_chart_matches_the_crd_schemas_we_validate_against():
     assert SCHEMAS.name == f"kuberay-v{versions.KUBERAY_VERSION}"
     assert SCHEMAS.is_dir()
+
+
+def test_serving_image_builds_from_the_pinned_ray_llm_image():
+    from infra.stack_file import PROJECT_ROOT
+
+    text = (PROJECT_ROOT / "serving" / "images" / "serving.Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE={versions.RAY_LLM_IMAGE}" in text

@@ -80,7 +80,7 @@ def rayservice(spec: StackSpec, plan: StackPlan) -> dict[str, Any]:
 def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": name,
-        "image": spec.versions.ray_image,
+        "image": spec.versions.serving_image,
         "resources": {"requests": resources, "limits": resources},
         "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True)],
         "ports": ports,

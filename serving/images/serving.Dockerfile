@@ -1,0 +1,12 @@
+# The Ray cluster image: the pinned Ray LLM image (Ray, Ray Serve LLM, vLLM, CUDA) plus this
+# package, so `serveConfigV2`'s `import_path: serving.app:build_app` resolves on every node.
+# Build from the repository root (the base tag is infra/versions.py's RAY_LLM_IMAGE):
+#   docker build -f serving/images/serving.Dockerfile -t llmstack-serving:0.1.0 .
+ARG BASE_IMAGE=rayproject/ray-llm:2.60.0-py311-cu128
+FROM ${BASE_IMAGE}
+COPY --chown=ray:users pyproject.toml README.md /home/ray/llmstack/
+COPY --chown=ray:users serving /home/ray/llmstack/serving
+COPY --chown=ray:users infra /home/ray/llmstack/infra
+COPY --chown=ray:users ops /home/ray/llmstack/ops
+# --no-deps: Ray, vLLM and pydantic come from the base image and must stay the pinned ones.
+RUN pip install --no-cache-dir --no-deps /home/ray/llmstack
