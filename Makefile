@@ -52,6 +52,7 @@ dev: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m ops.kv_capacity --stack local
 	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
+	$(PY) -m ops.bench_serving --out build/bench/serving.json
 
 # Cloud stacks: checks (not local, Pulumi CLI, AWS credentials, llmctl plan), then Pulumi.
 preview deploy destroy: cloud-stack $(STAMP)

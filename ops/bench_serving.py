@@ -156,10 +156,20 @@ def stop_tree(process: subprocess.Popen, grace_s: float) -> None:
         except subprocess.TimeoutExpired:  # leader still alive: its pid is still our group's id
             say(f"pid {process.pid} ignored SIGTERM for {grace_s:.0f} s; killing its process group")
             os.killpg(process.pid, signal.SIGKILL)
-    for child in tree:  # descendants that moved to sessions of their own
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
     process.wait()
+    # Leftovers by id: descendants seen at the start, and members of the session's group that
+    # an early exit of the leader had already orphaned (reparented, so not in `tree`).
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == process.pid]
+    for leftover in {*tree, *group}:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leftover.kill()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def start_bare_vllm(port: int, log: Path) -> subprocess.Popen:
@@ -236,20 +246,18 @@ def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concu
           prompts: int, work: Path) -> dict[str, Any]:
     """One `vllm bench serve` run; its saved JSON is kept whole under `raw`."""
     name = f"{target}-c{concurrency}.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    env.pop("OPENAI_API_KEY", None)
-    if api_key:
-        env["OPENAI_API_KEY"] = api_key
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"HF_HUB_OFFLINE": "1"}
+    env |= {"OPENAI_API_KEY": api_key} if api_key else {}
     say(f"{LABELS[target]}: concurrency {concurrency}, {prompts} prompts ...")
     started = time.monotonic()
     client = subprocess.run([sys.executable, "-c", VLLM_BENCH_CLIENT,
                              *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name)],
                             env=env, capture_output=True, text=True, timeout=1800)
-    (work / f"{target}-c{concurrency}.log").write_text(client.stdout + client.stderr)
     result: dict[str, Any] = {"target": target, "concurrency": concurrency, "num_prompts": prompts}
     if client.returncode != 0 or not (work / name).exists():
-        say(f"  client failed (exit {client.returncode}):\n{(client.stdout + client.stderr)[-2000:]}")
-        return {**result, "completed": 0, "failed": prompts, "error": (client.stdout + client.stderr)[-2000:]}
+        error = (client.stdout + client.stderr)[-2000:]
+        say(f"  client failed (exit {client.returncode}):\n{error}")
+        return {**result, "completed": 0, "failed": prompts, "error": error}
     raw = json.loads((work / name).read_text())
     result.update(parse_result(raw), raw=raw)
     say(f"  {result['output_throughput']:,.0f} output tok/s, TTFT p50 {result['p50_ttft_ms']:.1f} ms, "
