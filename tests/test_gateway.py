@@ -413,12 +413,24 @@ def test_readyz_follows_redis(upstream):
         own_redis.stop()
 
 
-def test_access_log_has_key_id_never_key_or_prompt(gateway, api_key, caplog):
+def test_access_log_has_key_id_never_key_or_prompt(gateway, api_key, caplog, monkeypatch):
+    # Other tests in this session import vLLM, whose logging dictConfig disables loggers that
+    # already exist; the gateway process never imports it, so undo that here.
+    access = logging.getLogger("llmstack.gateway.access")
+    monkeypatch.setattr(access, "disabled", False)
+    monkeypatch.setattr(access, "propagate", True)
     caplog.set_level(logging.INFO, logger="llmstack.gateway.access")
     client(gateway, api_key).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "secret prompt text"}])
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "llmstack.gateway.access"]
-    mine = [line for line in lines if line["key_id"] == key_id_of(api_key)]
+    # The access line is written after the last body byte is sent, so the client can finish
+    # first: wait for it (bounded), rather than racing the server thread.
+    mine: list[dict] = []
+    for _ in range(100):
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "llmstack.gateway.access"]
+        mine = [line for line in lines if line["key_id"] == key_id_of(api_key)]
+        if mine:
+            break
+        time.sleep(0.05)
     assert mine and mine[-1]["tenant"] == "acme" and mine[-1]["status"] == 200
     assert mine[-1]["path"] == "/v1/chat/completions" and mine[-1]["latency_ms"] >= 0
     assert api_key not in caplog.text and "secret prompt text" not in caplog.text
