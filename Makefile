@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[serve,gateway,test]"
+	$(PIP) install -q -e ".[serve,gateway,infra,test]"
 	bash ops/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 

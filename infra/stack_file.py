@@ -20,6 +20,9 @@ from pydantic import BaseModel, ValidationError
 from infra.spec import StackSpec
 
 NAMESPACE = "llmstack"
+# Secret config values (`pulumi config set --secret llmstack:<key>`), stored encrypted as
+# `{secure: ...}`: only the Pulumi program reads them, through Pulumi's config API.
+SECRET_KEYS = frozenset({"hf_token", "redis_password"})
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -57,7 +60,7 @@ def spec_from_document(document: Any, *, name: str, file_label: str) -> StackSpe
     raw: dict[str, Any] = {"name": name}
     for key, value in config.items():
         namespace, _, field = str(key).partition(":")
-        if namespace == NAMESPACE:
+        if namespace == NAMESPACE and field not in SECRET_KEYS:
             raw[field] = value
     cloud = raw.get("cloud")
     if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud:

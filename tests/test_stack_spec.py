@@ -115,3 +115,10 @@ def test_not_a_stack_file():
 def test_missing_stack_file_lists_stacks():
     with pytest.raises(StackFileError, match="stacks here: dev, local, prod"):
         load_stack("nope")
+
+
+def test_secret_config_values_are_left_to_pulumi():
+    doc = stack_document()
+    doc["config"]["llmstack:hf_token"] = {"secure": "v1:abc"}
+    doc["config"]["llmstack:redis_password"] = {"secure": "v1:def"}
+    assert load(doc).models

@@ -1,0 +1,143 @@
+"""IAM shared by the components: trust policies, IRSA roles, and the controller policies.
+
+Least privilege, stated as rules the policy tests check:
+- no wildcard actions (`*`, `service:*`); every action is named;
+- `"Resource": "*"` only for read-only actions (Describe/Get/List), or with a condition that
+  scopes it to this cluster's tagged resources or this stack's VPC.
+
+The two controller policies are written for what llmstack runs: the Cluster Autoscaler on
+managed node groups, and the AWS Load Balancer Controller for one NLB `Service` (no ALB
+Ingress, WAF or Shield, so none of those permissions).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+CLUSTER_TAG = "elbv2.k8s.aws/cluster"  # the LB controller tags what it creates with the cluster name
+
+
+def assume_role_policy(service: str) -> str:
+    """Trust policy letting an AWS service (eks.amazonaws.com, ec2.amazonaws.com) assume a role."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+
+
+def irsa_role(name: str, *, oidc_provider_arn: pulumi.Input[str], oidc_issuer: pulumi.Input[str],
+              namespace: str, service_account: str, policy: pulumi.Input[str] | None = None,
+              managed_policy_arn: str | None = None, opts: pulumi.ResourceOptions) -> aws.iam.Role:
+    """A role only one Kubernetes service account can assume (IAM Roles for Service Accounts).
+
+    `oidc_issuer` is the issuer URL without `https://`, as IAM condition keys spell it.
+    """
+    trust = pulumi.Output.all(oidc_provider_arn, oidc_issuer).apply(lambda a: json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Federated": a[0]},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {"StringEquals": {
+                f"{a[1]}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                f"{a[1]}:aud": "sts.amazonaws.com",
+            }},
+        }],
+    }))
+    role = aws.iam.Role(name, assume_role_policy=trust, opts=opts)
+    child = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(parent=role))
+    if policy is not None:
+        aws.iam.RolePolicy(name, role=role.id, policy=policy, opts=child)
+    if managed_policy_arn is not None:
+        aws.iam.RolePolicyAttachment(name, role=role.name, policy_arn=managed_policy_arn, opts=child)
+    return role
+
+
+def _statement(sid: str, actions: list[str], resource: str | list[str] = "*",
+               condition: dict[str, Any] | None = None) -> dict[str, Any]:
+    statement: dict[str, Any] = {"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": resource}
+    if condition:
+        statement["Condition"] = condition
+    return statement
+
+
+def cluster_autoscaler_policy(cluster_name: str) -> str:
+    """Describe anything (the autoscaler must see every group to pick one); scale and terminate
+    only groups tagged as owned by this cluster, which EKS and `gpu_node_groups.py` tag."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        _statement("Describe", [
+            "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+            "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
+            "autoscaling:DescribeTags", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
+            "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements",
+            "eks:DescribeNodegroup"]),
+        _statement("ScaleOwnedGroups",
+                   ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"],
+                   condition={"StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}}),
+    ]})
+
+
+def load_balancer_controller_policy(cluster_name: str, vpc_id: pulumi.Input[str]) -> pulumi.Output[str]:
+    """What the AWS Load Balancer Controller needs to run one NLB with IP targets.
+
+    It creates a load balancer, target groups and a frontend security group tagged with the
+    cluster name, and may change only what carries that tag; it adds rules for NLB traffic
+    to the node security group, which is allowed only on security groups in this VPC.
+    """
+    owned = {"StringEquals": {f"aws:ResourceTag/{CLUSTER_TAG}": cluster_name}}
+    creating = {"StringEquals": {f"aws:RequestTag/{CLUSTER_TAG}": cluster_name}}
+    nlb = ["arn:aws:elasticloadbalancing:*:*:loadbalancer/net/*/*",
+           "arn:aws:elasticloadbalancing:*:*:listener/net/*/*/*"]
+    tagged_elb = [*nlb, "arn:aws:elasticloadbalancing:*:*:targetgroup/*/*"]
+
+    def document(vpc: str) -> str:
+        in_vpc = {"ArnLike": {"ec2:Vpc": f"arn:aws:ec2:*:*:vpc/{vpc}"}}
+        return json.dumps({"Version": "2012-10-17", "Statement": [
+            _statement("Read", [
+                "ec2:DescribeAccountAttributes", "ec2:DescribeAddresses", "ec2:DescribeAvailabilityZones",
+                "ec2:DescribeInternetGateways", "ec2:DescribeVpcs", "ec2:DescribeSubnets",
+                "ec2:DescribeSecurityGroups", "ec2:DescribeInstances", "ec2:DescribeNetworkInterfaces",
+                "ec2:DescribeTags", "ec2:GetSecurityGroupsForVpc",
+                "elasticloadbalancing:DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancerAttributes",
+                "elasticloadbalancing:DescribeListeners", "elasticloadbalancing:DescribeListenerAttributes",
+                "elasticloadbalancing:DescribeListenerCertificates", "elasticloadbalancing:DescribeSSLPolicies",
+                "elasticloadbalancing:DescribeRules", "elasticloadbalancing:DescribeTargetGroups",
+                "elasticloadbalancing:DescribeTargetGroupAttributes", "elasticloadbalancing:DescribeTargetHealth",
+                "elasticloadbalancing:DescribeTags", "elasticloadbalancing:DescribeCapacityReservation",
+                "acm:ListCertificates", "acm:DescribeCertificate"]),
+            _statement("ServiceLinkedRole", ["iam:CreateServiceLinkedRole"], condition={
+                "StringEquals": {"iam:AWSServiceName": "elasticloadbalancing.amazonaws.com"}}),
+            _statement("SecurityGroupInVpc", ["ec2:CreateSecurityGroup"], f"arn:aws:ec2:*:*:vpc/{vpc}"),
+            _statement("CreateTaggedSecurityGroup", ["ec2:CreateSecurityGroup"],
+                       "arn:aws:ec2:*:*:security-group/*", creating),
+            _statement("TagOnCreate", ["ec2:CreateTags"], "arn:aws:ec2:*:*:security-group/*",
+                       {"StringEquals": {"ec2:CreateAction": "CreateSecurityGroup"}}),
+            _statement("OwnedSecurityGroups", ["ec2:AuthorizeSecurityGroupIngress",
+                                               "ec2:RevokeSecurityGroupIngress", "ec2:DeleteSecurityGroup",
+                                               "ec2:CreateTags", "ec2:DeleteTags"],
+                       "arn:aws:ec2:*:*:security-group/*", owned),
+            _statement("NodeSecurityGroupRules", ["ec2:AuthorizeSecurityGroupIngress",
+                                                  "ec2:RevokeSecurityGroupIngress"],
+                       "arn:aws:ec2:*:*:security-group/*", in_vpc),
+            _statement("CreateTaggedLoadBalancing", ["elasticloadbalancing:CreateLoadBalancer",
+                                                     "elasticloadbalancing:CreateTargetGroup"], "*", creating),
+            _statement("TagLoadBalancingOnCreate", ["elasticloadbalancing:AddTags"], tagged_elb, {
+                "StringEquals": {"elasticloadbalancing:CreateAction": [
+                    "CreateLoadBalancer", "CreateTargetGroup", "CreateListener"]}}),
+            _statement("Listeners", ["elasticloadbalancing:CreateListener", "elasticloadbalancing:DeleteListener",
+                                     "elasticloadbalancing:ModifyListener",
+                                     "elasticloadbalancing:ModifyListenerAttributes",
+                                     "elasticloadbalancing:AddListenerCertificates",
+                                     "elasticloadbalancing:RemoveListenerCertificates"], nlb),
+            _statement("OwnedLoadBalancing", [
+                "elasticloadbalancing:ModifyLoadBalancerAttributes", "elasticloadbalancing:SetIpAddressType",
+                "elasticloadbalancing:SetSecurityGroups", "elasticloadbalancing:SetSubnets",
+                "elasticloadbalancing:DeleteLoadBalancer", "elasticloadbalancing:ModifyTargetGroup",
+                "elasticloadbalancing:ModifyTargetGroupAttributes", "elasticloadbalancing:RegisterTargets",
+                "elasticloadbalancing:DeregisterTargets", "elasticloadbalancing:DeleteTargetGroup",
+                "elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"], "*", owned),
+        ]})
+
+    return pulumi.Output.from_input(vpc_id).apply(document)

@@ -1,0 +1,125 @@
+"""What `pulumi up` builds for one stack, in the order it builds it.
+
+`infra/__main__.py` calls `main()`; the tests call the same function under Pulumi's mocks.
+The stack file is read once (`infra.stack_file`) and must pass `llmctl plan` before any
+resource is declared; the Kubernetes objects come from `infra.render.render_stack`, so
+`pulumi up` applies exactly what `llmctl render` prints.
+
+Secret config (never in the stack spec, always `pulumi config set --secret`):
+- `llmstack:hf_token`: Hugging Face token for gated models (optional).
+- `llmstack:redis_password`: password of an `external` Redis (required for that mode).
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.aws.addons import CLUSTER_AUTOSCALER_IMAGE_TAGS, STORAGE_CLASS, Addons, AddonsArgs
+from infra.aws.cluster import SYSTEM_GROUP, Cluster, ClusterArgs
+from infra.aws.gpu_node_groups import GpuNodeGroups, GpuNodeGroupsArgs
+from infra.aws.network import Network, NetworkArgs
+from infra.aws.redis import Redis, RedisArgs
+from infra.aws.workloads import Workloads, WorkloadsArgs, app_namespace
+from infra.planner import StackPlan, plan_stack
+from infra.render import render_stack
+from infra.spec import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
+from infra.stack_file import StackFileError, load_stack
+
+
+class StackRefused(pulumi.RunError):
+    """A stack `pulumi up` will not deploy. Pulumi prints the message without a traceback."""
+
+
+def cluster_name(spec: StackSpec) -> str:
+    return f"llmstack-{spec.name}"
+
+
+def checked_stack(stack: str) -> tuple[StackSpec, StackPlan]:
+    """The stack's spec and plan, or StackRefused saying what to change in which file."""
+    try:
+        spec = load_stack(stack)
+    except StackFileError as exc:
+        raise StackRefused(str(exc)) from None
+    where = f"Pulumi.{spec.name}.yaml"
+    if not isinstance(spec.cloud, AwsCloud):
+        raise StackRefused(
+            f"stack {spec.name} runs on this machine ({where}: llmstack:cloud.provider is "
+            f"{spec.cloud.provider!r}): there is nothing to provision. Run it with `make dev`; "
+            "deploy a cloud stack (provider: aws) such as dev or prod")
+    if spec.cloud.kubernetes_version not in CLUSTER_AUTOSCALER_IMAGE_TAGS:
+        raise StackRefused(
+            f"{where}: llmstack:cloud.kubernetes_version {spec.cloud.kubernetes_version} has no Cluster Autoscaler "
+            f"release pinned in infra/aws/addons.py; use one of {', '.join(CLUSTER_AUTOSCALER_IMAGE_TAGS)}")
+    for i, group in enumerate(spec.node_groups):
+        if isinstance(group, CpuNodeGroup):
+            raise StackRefused(f"{where}: llmstack:node_groups[{i}] ({group.name}) is kind: cpu; "
+                               "AWS stacks provision GPU node groups only, use kind: gpu")
+        if group.name == SYSTEM_GROUP:
+            raise StackRefused(f"{where}: llmstack:node_groups[{i}].name {SYSTEM_GROUP!r} is reserved for the "
+                               "cluster's system node group; choose another name")
+    plan = plan_stack(spec)
+    if not plan.ok:
+        reasons = "; ".join(f"{p.subject}: {p.message}" for p in plan.problems)
+        raise StackRefused(f"stack {spec.name} does not pass `llmctl plan` ({where}): {reasons}")
+    return spec, plan
+
+
+def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
+    """Declare every resource of the stack; return the stack outputs."""
+    assert isinstance(spec.cloud, AwsCloud)
+    cloud, name = spec.cloud, cluster_name(spec)
+    secrets = pulumi.Config("llmstack")
+    profile = pulumi.Config("aws").get("profile")
+    # The stack spec's region wins over ambient AWS settings: one source of truth.
+    aws_provider = aws.Provider("aws", region=cloud.region, profile=profile, default_tags=aws.ProviderDefaultTagsArgs(
+        tags={"llmstack.dev/stack": spec.name, "llmstack.dev/managed-by": "pulumi"}))
+    on_aws = pulumi.ResourceOptions(providers={"aws": aws_provider})
+
+    network = Network("network", NetworkArgs(cluster_name=name, availability_zones=cloud.availability_zones),
+                      opts=on_aws)
+    cluster = Cluster("eks", ClusterArgs(name=name, kubernetes_version=cloud.kubernetes_version, region=cloud.region,
+                                         private_subnet_ids=network.private_subnet_ids, aws_profile=profile),
+                      opts=on_aws)
+    # Node groups and add-ons name the cluster by its (known) name, so they wait for it explicitly.
+    after_cluster = pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[cluster]))
+    gpu = GpuNodeGroups("gpu", GpuNodeGroupsArgs(
+        cluster_name=name, node_role_arn=cluster.node_role_arn, subnet_ids=network.private_subnet_ids,
+        groups=[g for g in spec.node_groups if isinstance(g, GpuNodeGroup)]), opts=after_cluster)
+    # Every Kubernetes object goes through this provider, once the system nodes are up.
+    kube = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, opts=pulumi.ResourceOptions(depends_on=[cluster]))
+
+    addons = Addons("addons", AddonsArgs(
+        cluster_name=name, kubernetes_version=cloud.kubernetes_version, region=cloud.region,
+        vpc_id=network.vpc_id, oidc_provider_arn=cluster.oidc_provider_arn, oidc_issuer=cluster.oidc_issuer,
+        k8s_provider=kube), opts=after_cluster)
+    # Our Kubernetes objects all live in this namespace, so creating it after the add-ons means
+    # none of them meets a half-installed webhook, CRD or StorageClass. AWS resources
+    # (ElastiCache) do not wait for it.
+    namespace = app_namespace(spec.name, kube, pulumi.ResourceOptions(depends_on=[addons]))
+    redis = Redis("redis", RedisArgs(
+        stack=spec.name, redis=spec.redis, k8s_provider=kube, namespace=namespace, vpc_id=network.vpc_id,
+        subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.node_security_group_id,
+        storage_class=STORAGE_CLASS,
+        external_password=secrets.require_secret("redis_password") if isinstance(spec.redis, ExternalRedis) else None),
+        opts=on_aws)
+    app = Workloads("app", WorkloadsArgs(
+        stack=spec.name, objects=render_stack(spec, plan), tls=spec.gateway.certificate_arn is not None,
+        namespace=namespace, k8s_provider=kube, hf_token=secrets.get_secret("hf_token")),
+        opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu]))
+
+    return {
+        "endpoint_url": app.endpoint_url,
+        "cluster_name": cluster.name,
+        "kubeconfig": cluster.kubeconfig,
+        "redis_endpoint": redis.endpoint,
+    }
+
+
+def main() -> dict[str, pulumi.Output]:
+    spec, plan = checked_stack(pulumi.get_stack())
+    outputs = build(spec, plan)
+    for key, value in outputs.items():
+        pulumi.export(key, value)
+    return outputs
