@@ -34,6 +34,8 @@ from infra.stack_file import PROJECT_ROOT, load_stack
 from infra.versions import KUBERAY_VERSION
 from tests.conftest import stack_document, write_stack
 
+ELASTICACHE_HOST = "master.llmstack.abc123.use1.cache.amazonaws.com"
+
 CLOUD_STACKS = ("dev", "prod")
 REDACTED = "<secret>"
 NODE_SECURITY_GROUP = "sg-eks-cluster"
@@ -134,7 +136,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "random:index/randomPassword:RandomPassword":
             state["result"] = MOCK_PASSWORD
         elif args.typ == "aws:elasticache/replicationGroup:ReplicationGroup":
-            state["primaryEndpointAddress"] = "master.llmstack.abc123.use1.cache.amazonaws.com"
+            state["primaryEndpointAddress"] = ELASTICACHE_HOST
         elif args.typ == "kubernetes:core/v1:Service" and args.inputs.get("spec", {}).get("type") == "LoadBalancer":
             state["status"] = {"loadBalancer": {"ingress": [{"hostname": "gw-123.elb.us-east-1.amazonaws.com"}]}}
         return id_, state
@@ -407,7 +409,10 @@ def test_applied_objects_equal_render_stack(stack: str) -> None:
     applied = [{key: r.inputs[key] for key in ("apiVersion", "kind", "metadata", "spec")}
                for r in run.resources
                if r.within("llmstack:aws:Workloads") and r.type.startswith("kubernetes:")]
-    rendered = render_stack(load_stack(stack))
+    spec = load_stack(stack)
+    # Managed Redis: GCS must use ElastiCache's own TLS host name, known only to the program.
+    gcs = f"rediss://{ELASTICACHE_HOST}:6379" if spec.redis.mode == "managed" else None
+    rendered = render_stack(spec, gcs_redis_address=gcs)
     assert len(applied) == len(rendered)
     def key(obj: dict) -> tuple[str, str]:
         return obj["kind"], obj["metadata"]["name"]

@@ -150,3 +150,13 @@ def test_render_refuses_a_stack_that_fails_its_plan():
                                   "max_model_len": 4096}])
     with pytest.raises(RenderRefused, match="weights"):
         render_stack(spec_from_document(doc, name="t", file_label="t"))
+
+
+def test_tls_redis_is_addressed_by_its_own_host_name():
+    from infra.render.rayservice import redis_address
+
+    external = stack_document(redis={"mode": "external", "host": "redis.example.internal", "port": 6380})
+    assert redis_address(spec_from_document(external, name="t", file_label="t")) == "rediss://redis.example.internal:6380"
+    managed = spec_from_document(stack_document(redis={"mode": "managed"}), name="t", file_label="t")
+    [rayservice, *_] = render_stack(managed, gcs_redis_address="rediss://master.example:6379")
+    assert rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] == "rediss://master.example:6379"

@@ -106,7 +106,8 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
         opts=on_aws)
     app = Workloads("app", WorkloadsArgs(
         stack=spec.name, objects=render_stack(spec, plan), tls=spec.gateway.certificate_arn is not None,
-        namespace=namespace, k8s_provider=kube, hf_token=secrets.get_secret("hf_token")),
+        namespace=namespace, k8s_provider=kube, hf_token=secrets.get_secret("hf_token"),
+        gcs_redis_address=redis.gcs_address),
         opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu]))
 
     return {

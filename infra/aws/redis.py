@@ -71,6 +71,9 @@ class Redis(pulumi.ComponentResource):
                 host, scheme, port = pulumi.Output.from_input(IN_CLUSTER_HOST), "redis", PORT
         self.url = pulumi.Output.secret(pulumi.Output.concat(scheme, "://:", password, "@", host, f":{port}/0"))
         self.endpoint = pulumi.Output.concat(host, f":{port}")
+        # Ray GCS speaks TLS to ElastiCache only by its real host name (the certificate's).
+        self.gcs_address: pulumi.Output[str] | None = (
+            pulumi.Output.concat("rediss://", host, f":{port}") if isinstance(spec, ManagedRedis) else None)
         self.secret = k8s.core.v1.Secret(REDIS_SECRET, metadata=self._metadata(REDIS_SECRET),
                                          string_data={"password": password, "url": self.url}, opts=self._k8s)
         if isinstance(spec, InClusterRedis):

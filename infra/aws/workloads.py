@@ -17,6 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.render.common import GATEWAY_NAME, HF_TOKEN_SECRET, NAMESPACE, labels
+from infra.render.rayservice import with_gcs_redis_address
 
 # (apiVersion, kind) of every rendered object -> the typed resource that applies it.
 TYPED = {
@@ -45,6 +46,8 @@ class WorkloadsArgs:
     namespace: k8s.core.v1.Namespace
     k8s_provider: k8s.Provider
     hf_token: pulumi.Input[str] | None = None
+    gcs_redis_address: pulumi.Input[str] | None = None
+    """Set for managed Redis: replaces the rendered GCS address once the endpoint exists."""
 
 
 class Workloads(pulumi.ComponentResource):
@@ -63,6 +66,10 @@ class Workloads(pulumi.ComponentResource):
 
         gateway = None
         for obj in args.objects:
+            if obj["kind"] == "RayService" and args.gcs_redis_address is not None:
+                spec = pulumi.Output.from_input(args.gcs_redis_address).apply(
+                    lambda address, base=obj["spec"]: with_gcs_redis_address(base, address))
+                obj = {**obj, "spec": spec}
             resource = apply_object(obj, opts_after)
             if obj["kind"] == "Service" and obj["metadata"]["name"] == GATEWAY_NAME:
                 gateway = resource

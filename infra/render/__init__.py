@@ -24,11 +24,14 @@ class RenderRefused(Exception):
         super().__init__(f"stack {plan.stack} does not pass `llmctl plan`: {reasons}")
 
 
-def render_stack(spec: StackSpec, plan: StackPlan | None = None) -> list[dict[str, Any]]:
+def render_stack(spec: StackSpec, plan: StackPlan | None = None, *,
+                 gcs_redis_address: str | None = None) -> list[dict[str, Any]]:
+    """`gcs_redis_address`: the Redis Ray GCS uses, when only the Pulumi program knows it
+    (ElastiCache's TLS endpoint); see `rayservice.redis_address`."""
     plan = plan or plan_stack(spec)
     if not plan.ok:
         raise RenderRefused(plan)
-    return [rayservice(spec, plan), *gateway_objects(spec)]
+    return [rayservice(spec, plan, gcs_redis_address), *gateway_objects(spec)]
 
 
 class _ManifestDumper(yaml.SafeDumper):

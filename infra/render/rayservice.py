@@ -15,6 +15,7 @@ Shape, and why:
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -36,18 +37,27 @@ NODE_RESERVED_MEMORY_FRACTION = 0.1
 
 
 def redis_address(spec: StackSpec) -> str:
-    """Where Ray GCS and the gateway reach Redis, as a host:port inside the cluster.
+    """Where Ray GCS reaches Redis (`host:port`, or `rediss://host:port` for TLS).
 
-    Managed and in-cluster Redis are both reached through the `llmstack-redis` Service (an
-    ExternalName for ElastiCache), so the rendered objects do not depend on an endpoint that
-    only exists after `pulumi up`.
+    In-cluster Redis is the `llmstack-redis` Service. TLS Redis must be addressed by its own
+    host name, which the server certificate names; for ElastiCache that name exists only
+    after `pulumi up`, so the program passes it in (`gcs_redis_address`) and offline
+    renders show the in-cluster alias instead.
     """
     if isinstance(spec.redis, ExternalRedis):
-        return f"{spec.redis.host}:{spec.redis.port}"
+        scheme = "rediss://" if spec.redis.tls else ""
+        return f"{scheme}{spec.redis.host}:{spec.redis.port}"
     return f"{REDIS_SERVICE}.{NAMESPACE}.svc.cluster.local:6379"
 
 
-def rayservice(spec: StackSpec, plan: StackPlan) -> dict[str, Any]:
+def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dict[str, Any]:
+    """A copy of a rendered RayService spec whose GCS fault tolerance uses `address`."""
+    spec = copy.deepcopy(rayservice_spec)
+    spec["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] = address
+    return spec
+
+
+def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
     workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max)
                for g in spec.node_groups]
@@ -67,7 +77,7 @@ def rayservice(spec: StackSpec, plan: StackPlan) -> dict[str, Any]:
                 "enableInTreeAutoscaling": True,
                 "autoscalerOptions": {"upscalingMode": "Default", "idleTimeoutSeconds": 300},
                 "gcsFaultToleranceOptions": {
-                    "redisAddress": redis_address(spec),
+                    "redisAddress": gcs_redis_address or redis_address(spec),
                     "redisPassword": {"valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}},
                 },
                 "headGroupSpec": _head_group(spec),
