@@ -109,6 +109,9 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     ray.init(num_cpus=ray_cpus(spec), include_dashboard=False, object_store_memory=512 * 1024**2,
              logging_level="warning", log_to_driver=False)
+    # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so SIGTERM
+    # stops everything in order, like Ctrl-C, even while the engines are still loading.
+    _trap_signals()
     serve.start(proxy_location=config.proxy_location, http_options=config.http_options.model_dump())
     failures: list[BaseException] = []
     for app in config.applications:
@@ -256,9 +259,6 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             serve_port = free_port()
             cleanup.callback(_stop_ray)
             start_ray_serve(spec, serve_port, say)
-            # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so
-            # SIGTERM stops everything in order, like Ctrl-C.
-            _trap_signals()
             redis_url = redis.url if redis else None
             key_file = None if redis_url else STATE_DIR / "dev-key"
             gateway = start_gateway(spec, port=port, upstream=f"http://127.0.0.1:{serve_port}",

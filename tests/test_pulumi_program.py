@@ -12,6 +12,7 @@ settings each time, and the config map is replaced before each run.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from dataclasses import dataclass, field
@@ -172,6 +173,9 @@ def asg_name(node_group: str) -> str:
 def run_program(stack: str, *, root: Path = PROJECT_ROOT, config: dict[str, str] | None = None,
                 secret_keys: tuple[str, ...] = ()) -> ProgramRun:
     """Run `infra.aws.program.main` (what `infra/__main__.py` runs) for a stack, under mocks."""
+    # Pulumi's runtime uses the thread's current event loop; earlier tests that used
+    # asyncio.run() leave none set, so give each run a fresh one.
+    asyncio.set_event_loop(asyncio.new_event_loop())
     mocks = RecordingMocks()
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="llmstack", stack=stack, preview=False, monitor=monitor)
