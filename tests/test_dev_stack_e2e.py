@@ -90,6 +90,14 @@ def test_chat_completion(client):
     assert reply.usage.completion_tokens == 8 and reply.usage.prompt_tokens > 0
 
 
+def test_rate_limit_headers_come_with_every_answer(client):
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert raw.headers["x-ratelimit-limit-requests"] == "6000"  # Pulumi.local.yaml's default_limits
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) < 10_000_000
+    assert raw.parse().usage.completion_tokens <= 4
+
+
 def test_two_models_side_by_side_including_speculative(client):
     for model in ("tiny-chat", "tiny-chat-ngram"):
         reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi hi hi"}],

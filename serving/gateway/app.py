@@ -3,7 +3,8 @@
     GET  /healthz       liveness: the process answers (never checks dependencies, so a Redis
                         outage does not make Kubernetes restart every gateway pod)
     GET  /readyz        readiness: the key store answers, else 503 with the reason
-    GET|POST /v1/...    admission (serving.gateway.admission), then the proxy
+    GET|POST /v1/...    admission (serving.gateway.admission: key, body, limits), then the
+                        proxy, then settlement of the key's tokens and concurrency slot
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from serving.gateway import errors
 from serving.gateway.access_log import AccessLogMiddleware, note_caller
 from serving.gateway.admission import admit
 from serving.gateway.keys import KeyStore
-from serving.gateway.proxy import UpstreamProxy
+from serving.gateway.limits import Limiter
+from serving.gateway.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway")
@@ -51,6 +53,7 @@ async def key_store_problem(key_store: KeyStore) -> str | None:
 def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
     """The app owns `key_store` from here on: it closes it (and its upstream pool) at shutdown."""
     proxy = UpstreamProxy(settings)
+    limiter = Limiter(settings.redis_url, settings.limiter_fail_mode)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -62,11 +65,21 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
         return JSONResponse({"status": "ready"})
 
     async def openai_api(request: Request) -> Response:
-        admission = await admit(request, key_store, max_body_bytes=settings.max_body_bytes)
+        admission = await admit(request, key_store, limiter, settings)
         if isinstance(admission, Response):
             return admission
         note_caller(request.scope, admission.key)
-        return await proxy.forward(request, admission.body)
+        ticket = admission.ticket
+        try:
+            response = await proxy.forward(request, admission.body, meter=admission.meter, settle=ticket.settle,
+                                           extra_headers=admission.headers)
+        except BaseException:
+            await ticket.settle(0)  # frees the concurrency slot; nothing was generated
+            raise
+        if not isinstance(response, UpstreamStream):  # an error before any upstream answer
+            await ticket.settle(0)
+            response.headers.update(admission.headers)
+        return response
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
         return errors.not_found(request.url.path)
@@ -85,6 +98,7 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
             yield
         finally:
             await proxy.aclose()
+            await limiter.aclose()
             await key_store.aclose()
 
     return Starlette(

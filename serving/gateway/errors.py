@@ -78,3 +78,32 @@ def upstream_timeout() -> JSONResponse:
 def upstream_failed() -> JSONResponse:
     return openai_error(502, "The model servers returned an invalid response. Please retry.", SERVER_ERROR,
                         code="upstream_error")
+
+
+_REFUSAL_TEXT = {
+    "requests": "requests per minute (RPM)",
+    "tokens": "tokens per minute (TPM)",
+    "concurrency": "concurrent requests",
+    "daily_tokens": "daily token budget",
+}
+
+
+def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers: dict[str, str]) -> JSONResponse:
+    """429 as OpenAI sends it: type `requests` or `tokens`, code `rate_limit_exceeded` (the
+    daily budget gets its own code, so clients can tell a quota from a rate)."""
+    what = _REFUSAL_TEXT[refused]
+    if retry_after_s is None:
+        message = (f"Request too large for this API key's {what} limit of {limit}: it reserves more tokens than "
+                   "the limit allows. Lower max_tokens (or the prompt), or ask your platform team for a higher limit.")
+    else:
+        message = (f"Rate limit reached for this API key on {what}: limit {limit}. "
+                   f"Please try again in {retry_after_s:.3f}s.")
+    type_ = "requests" if refused in ("requests", "concurrency") else "tokens"
+    code = "daily_token_budget_exceeded" if refused == "daily_tokens" else "rate_limit_exceeded"
+    return openai_error(429, message, type_, code=code, headers=headers)
+
+
+def limiter_unavailable() -> JSONResponse:
+    # Fail mode `closed`: without the limiter nothing is admitted.
+    return openai_error(503, "The gateway cannot check rate limits right now. Please retry shortly.",
+                        SERVER_ERROR, code="limiter_unavailable", headers={"Retry-After": "1"})

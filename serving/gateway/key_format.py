@@ -32,6 +32,11 @@ class KeyRecord(BaseModel):
         default=None, description="Models this key may call; None means every served model."
     )
     revoked: bool = Field(default=False, description="Revoked keys are refused but kept for audit.")
+    # Per-key limit overrides; None means the gateway's `default_limits` (older records have none).
+    requests_per_minute: int | None = Field(default=None, ge=1, description="Request rate (GCRA) override.")
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate (GCRA) override.")
+    daily_token_budget: int | None = Field(default=None, ge=1, description="Tokens per UTC day override.")
+    max_concurrent_requests: int | None = Field(default=None, ge=1, description="In-flight requests override.")
 
 
 def new_key() -> tuple[str, str]:

@@ -5,17 +5,17 @@ Keys are stored only as hashes (see `serving.gateway.key_format`). Layout, the s
     llmstack:{key:<sha256 hex of the whole key>}  ->  KeyRecord as JSON
     llmstack:keys:by-id:<key_id>                  ->  <sha256 hex>   (for revoke and list)
 
-The `{key:<hash>}` hash tag puts every Redis key of one API key in one Redis Cluster slot, so
-the later GCRA / token-reservation Lua script can read the record and update that key's
-limiter state (`llmstack:{key:<hash>}:...`) in one atomic call. Revoked keys keep their
-record (`revoked: true`) so listings and audits still see them.
+The `{key:<hash>}` hash tag keeps the record in a Redis Cluster slot of its own. Limiter state
+lives under `llmstack:{key:<key_id>}:...` (see serving.gateway.limits), one slot per key, so
+each limiter script touches one slot. Revoked keys keep their record (`revoked: true`) so
+listings and audits still see them.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
@@ -71,12 +71,14 @@ class KeyStore(ABC):
         return None
 
     async def create(self, tenant: str, name: str, *, expires_at: datetime | None = None,
-                     allowed_models: list[str] | None = None) -> tuple[str, KeyRecord]:
-        """Make a key; returns the plaintext (shown once) and its record."""
+                     allowed_models: list[str] | None = None,
+                     limits: Mapping[str, int] | None = None) -> tuple[str, KeyRecord]:
+        """Make a key; returns the plaintext (shown once) and its record. `limits` overrides the
+        gateway's default limits for this key (requests_per_minute, tokens_per_minute, ...)."""
         while True:
             key, key_id = new_key()
             record = KeyRecord(key_id=key_id, tenant=tenant, name=name, created_at=_utcnow(),
-                               expires_at=expires_at, allowed_models=allowed_models)
+                               expires_at=expires_at, allowed_models=allowed_models, **(limits or {}))
             # Claim the key_id first, so two creators can never share one; a clash draws again.
             if await self._set(_id_index_key(key_id), hash_key(key), only_if_absent=True):
                 await self._set(_record_key(hash_key(key)), record.model_dump_json())
@@ -172,7 +174,7 @@ class RedisKeyStore(KeyStore):
 
 
 def create_key_sync(redis_url: str | None, tenant: str, name: str, *, expires_at: datetime | None = None,
-                    allowed_models: list[str] | None = None) -> str:
+                    allowed_models: list[str] | None = None, limits: Mapping[str, int] | None = None) -> str:
     """Create a key from a script or CLI; returns the plaintext key (print it once)."""
     if not redis_url:
         raise ValueError("cannot create a key without Redis: the in-memory key store lives inside one "
@@ -181,7 +183,8 @@ def create_key_sync(redis_url: str | None, tenant: str, name: str, *, expires_at
     async def create() -> str:
         store = RedisKeyStore(redis_url)
         try:
-            key, _ = await store.create(tenant, name, expires_at=expires_at, allowed_models=allowed_models)
+            key, _ = await store.create(tenant, name, expires_at=expires_at, allowed_models=allowed_models,
+                                        limits=limits)
             return key
         finally:
             await store.aclose()

@@ -10,7 +10,7 @@ tokens nobody reads.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import anyio
 import httpx
@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from serving.gateway import errors
+from serving.gateway.metering import UsageMeter
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway.proxy")
@@ -58,16 +59,28 @@ def is_safe_api_path(path: str) -> bool:
     return path.startswith("/v1/") and not any(s in (".", "..") for s in segments) and "\\" not in path
 
 
-class _UpstreamStream(StreamingResponse):
-    """A StreamingResponse that always closes its upstream response, however the relay ends:
-    finished, upstream error, or the client disconnecting (which cancels the relay)."""
+Settle = Callable[[int], Awaitable[None]]
 
-    def __init__(self, upstream: httpx.Response) -> None:
-        super().__init__(_relay(upstream), status_code=upstream.status_code)
+
+async def _no_settlement(billed: int) -> None:
+    return None
+
+
+class UpstreamStream(StreamingResponse):
+    """A StreamingResponse that always closes its upstream response and settles its usage,
+    however the relay ends: finished, upstream error, or the client disconnecting (which
+    cancels the relay). `extra_headers` (the x-ratelimit-* set) go out before the first byte."""
+
+    def __init__(self, upstream: httpx.Response, meter: UsageMeter, settle: Settle,
+                 extra_headers: dict[str, str]) -> None:
+        meter.status = upstream.status_code
+        super().__init__(_relay(upstream, meter, settle), status_code=upstream.status_code)
         # Set raw, not via a dict, so repeated headers survive.
         self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
-                            for name, value in forwardable(upstream.headers.multi_items(), NOT_FORWARDED_DOWN)]
-        self._upstream = upstream
+                            for name, value in forwardable(upstream.headers.multi_items(), NOT_FORWARDED_DOWN)
+                            if name not in extra_headers]
+        self.raw_headers += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in extra_headers.items()]
+        self._upstream, self._meter, self._settle = upstream, meter, settle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -75,12 +88,22 @@ class _UpstreamStream(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._upstream.aclose()
+                # A stream cut short is billed what the meter saw; a no-op if the relay settled.
+                await self._settle(self._meter.billed())
 
 
-async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def _relay(upstream: httpx.Response, meter: UsageMeter, settle: Settle) -> AsyncIterator[bytes]:
     try:
         async for chunk in upstream.aiter_raw():
-            yield chunk
+            out = meter.feed(chunk)
+            if out:
+                yield out
+        held_back = meter.finish()
+        # Settle before the client gets the last bytes: once it has the whole answer, its
+        # refund and its freed concurrency slot are already visible to its next request.
+        await settle(meter.billed())
+        if held_back:
+            yield held_back
     except httpx.HTTPError as exc:
         # Headers are already sent; aborting the connection (by raising) tells the client the
         # body is incomplete, where ending cleanly would pass a truncated answer off as whole.
@@ -104,8 +127,11 @@ class UpstreamProxy:
             trust_env=False,  # HTTP(S)_PROXY in the pod's environment must not reroute model traffic
         )
 
-    async def forward(self, request: Request, body: bytes) -> Response:
-        """Send `request` (with the already-read `body`) upstream; stream the response back."""
+    async def forward(self, request: Request, body: bytes, *, meter: UsageMeter | None = None,
+                      settle: Settle = _no_settlement, extra_headers: dict[str, str] | None = None) -> Response:
+        """Send `request` (with the already-read `body`) upstream; stream the response back.
+        `settle(billed_tokens)` is called once the response ends; the caller settles itself
+        when this returns an error response instead of an `UpstreamStream`."""
         path = request.url.path
         if not is_safe_api_path(path):
             return errors.not_found(path)
@@ -125,7 +151,8 @@ class UpstreamProxy:
         except httpx.HTTPError as exc:
             log.warning("upstream request failed: %s", type(exc).__name__)
             return errors.upstream_failed()
-        return _UpstreamStream(upstream)
+        meter = meter or UsageMeter(stream=False, strip_usage=False, prompt_estimate=0, reserved=0)
+        return UpstreamStream(upstream, meter, settle, extra_headers or {})
 
     async def aclose(self) -> None:
         await self._client.aclose()

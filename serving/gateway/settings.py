@@ -9,7 +9,7 @@ The Kubernetes Deployment (rendered by `infra/render/gateway.py`) sets three var
 
 `LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_PORT` override the bind address (local dev, tests).
 The limit fields mirror `infra.spec.KeyLimits` / `Gateway` (this package may not import
-`infra`); they are typed here so a bad render fails at start, and enforced by a later issue.
+`infra`); they are typed here so a bad render fails at start, and enforced by `serving.gateway.limits`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class _Strict(BaseModel):
 
 
 class KeyLimits(_Strict):
-    """Default per-key limits (not yet enforced: the rate-limit issue adds that)."""
+    """Default per-key limits; a key's own overrides (KeyRecord) win (see serving.gateway.limits)."""
 
     requests_per_minute: int = Field(default=60, ge=1, description="Request rate (GCRA).")
     tokens_per_minute: int = Field(default=100_000, ge=1, description="Prompt + output tokens rate.")
@@ -50,16 +50,20 @@ class GatewaySettings(_Strict):
     upstream_url: str = Field(description="Base URL of Ray Serve's OpenAI ingress, e.g. http://host:8000.")
     redis_url: str | None = Field(
         default=None,
-        description="Redis for keys (and later limits). None: in-memory store, single process only.",
+        description="Redis for keys and limits. None: in-memory keys and limits, single process only.",
     )
     host: str = Field(default="127.0.0.1", description="Address to bind; 0.0.0.0 in a container.")
     port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
     max_body_bytes: int = Field(default=1_000_000, ge=1, description="Largest request body; larger gets 413.")
     default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
-    max_tokens_ceiling: int = Field(default=4096, ge=1, description="Largest max_tokens accepted (later).")
+    max_tokens_ceiling: int = Field(
+        default=4096, ge=1,
+        description="Largest max_tokens accepted (enforced later); also the output reserved when a request sets none.",
+    )
     limiter_fail_mode: Literal["local", "closed"] = Field(
-        default="local", description="When Redis is down: per-replica limits, or refuse (later)."
+        default="local",
+        description="When the limiter's Redis fails: per-replica in-memory limits (local), or 503 (closed)."
     )
     upstream_read_timeout_s: float = Field(
         default=300.0, gt=0,
