@@ -275,7 +275,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             models = [m.model_name for m in spec.models]
             first_token(base_url, api_key, models[0])
             say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
-            lock.record(base_url=base_url)
+            lock.record(base_url=base_url, redis_url=redis_url)  # `llmctl keys --stack local` reads it
             print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory"), flush=True)
             if ready_json:
                 print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key,

@@ -100,6 +100,11 @@ class KeyStore(ABC):
         await self._set(_record_key(key_hash), record.model_copy(update={"revoked": True}).model_dump_json())
         return True
 
+    async def get(self, key_id: str) -> KeyRecord | None:
+        """The record of a key by its public id (revoked and expired ones too)."""
+        key_hash = await self._get(_id_index_key(key_id))
+        return None if key_hash is None else await self._record(key_hash)
+
     async def list(self) -> list[KeyRecord]:
         """Every key, oldest first. An admin operation: one read per key is fine (and, unlike a
         multi-key read, works across Redis Cluster slots)."""
