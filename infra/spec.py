@@ -276,6 +276,9 @@ class Gateway(_Spec):
     port: int = Field(default=8080, ge=1024, le=65535, description="Port the gateway listens on.")
     default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
     max_tokens_ceiling: int = Field(default=4096, ge=1, description="Largest max_tokens accepted.")
+    max_n: int = Field(default=4, ge=1, description="Largest n (and best_of) accepted.")
+    max_top_logprobs: int = Field(default=5, ge=0, description="Largest top_logprobs accepted.")
+    allow_logit_bias: bool = Field(default=False, description="logit_bias helps extract a model; off by default.")
     max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body.")
     limiter_fail_mode: Literal["local", "closed"] = Field(
         default="local", description="When Redis is down: per-replica limits, or refuse."

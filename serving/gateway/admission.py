@@ -1,6 +1,7 @@
 """Admission: the one place that decides whether a request may reach the model servers.
 
-Steps: authenticate the key, cap the body size, check the key's model allow-list, then ask
+Steps: authenticate the key, cap the body size, check the key's model allow-list and the
+request policy (serving.gateway.request_policy: max_tokens/n/logprobs/logit_bias), then ask
 the limiter (serving.gateway.limits: request and token GCRA, concurrency, daily budget) with
 the tokens this request reserves (serving.gateway.metering). The rest of the gateway sees one
 `Admission` (with a `Ticket` to settle when the response ends) or one error response.
@@ -30,6 +31,7 @@ from serving.gateway.metering import (
     reserve_tokens,
     wants_stream,
 )
+from serving.gateway.request_policy import check_request
 from serving.gateway.settings import GatewaySettings
 
 
@@ -124,6 +126,9 @@ async def admit(request: Request, key_store: KeyStore, limiter: Limiter, setting
         return errors.model_not_allowed(model)
 
     document, path = json_object(body), request.url.path
+    violation = check_request(document, path, settings)  # before the limiter: a refusal costs no quota
+    if violation is not None:
+        return errors.invalid_request(violation.param, violation.message, violation.code)
     limits = effective_limits(record, settings.default_limits)
     reserved = reserve_tokens(document, path, settings.max_tokens_ceiling)
     try:

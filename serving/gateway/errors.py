@@ -49,6 +49,11 @@ def body_too_large(limit: int) -> JSONResponse:
                         INVALID_REQUEST, code="request_too_large")
 
 
+def invalid_request(param: str | None, message: str, code: str) -> JSONResponse:
+    """400 for a request the gateway's policy refuses (serving.gateway.request_policy)."""
+    return openai_error(400, message, INVALID_REQUEST, code=code, param=param)
+
+
 def not_found(path: str) -> JSONResponse:
     return openai_error(404, f"Unknown path {path!r}: the gateway serves the OpenAI API under /v1/.",
                         INVALID_REQUEST, code="unknown_url")

@@ -59,7 +59,17 @@ class GatewaySettings(_Strict):
     default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
     max_tokens_ceiling: int = Field(
         default=4096, ge=1,
-        description="Largest max_tokens accepted (enforced later); also the output reserved when a request sets none.",
+        description="Largest max_tokens accepted (serving.gateway.request_policy); also the output reserved "
+                    "when a request sets none.",
+    )
+    max_n: int = Field(default=4, ge=1, description="Largest n (and best_of) accepted: choices per request.")
+    max_top_logprobs: int = Field(
+        default=5, ge=0,
+        description="Largest top_logprobs (and legacy integer logprobs on /v1/completions) accepted.",
+    )
+    allow_logit_bias: bool = Field(
+        default=False,
+        description="Accept a non-empty logit_bias. Off by default: with logprobs it is a model-extraction lever.",
     )
     limiter_fail_mode: Literal["local", "closed"] = Field(
         default="local",
