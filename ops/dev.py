@@ -257,7 +257,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                 say("WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
                     "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
             serve_port = free_port()
-            cleanup.callback(_stop_ray)
+            cleanup.callback(_stop_ray, lambda: {redis.process.pid} if redis else set())
             start_ray_serve(spec, serve_port, say)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else STATE_DIR / "dev-key"
@@ -309,16 +309,34 @@ def _check_port_free(port: int) -> None:
                              f"run `make dev PORT=<free port>`") from None
 
 
-def _stop_ray() -> None:
+def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
+    """Stop Serve and Ray, then wait for every process Ray started to be gone.
+
+    `ray.shutdown()` returns while its workers (and their vLLM engine processes) are still
+    exiting, some already re-parented away from us; so take the list of our descendants
+    first (less `keep()`, e.g. redis-server, which is stopped next), and wait for exactly
+    those, killing any that outlive a grace period.
+    """
+    import psutil
     import ray
 
-    if ray.is_initialized():
-        from ray import serve
+    if not ray.is_initialized():
+        return
+    spared = keep()
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in spared]
+    from ray import serve
 
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        _, alive = psutil.wait_procs(started, timeout=20)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
 
 
 def main() -> None:
