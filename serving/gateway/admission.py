@@ -61,13 +61,8 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 def requested_model(body: bytes) -> str | None:
     """The `model` field of a JSON body; None when there is no JSON object with a string model.
     Malformed bodies are the upstream's to reject, with its own (OpenAI-shaped) message."""
-    if not body.lstrip().startswith(b"{"):
-        return None
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    model = document.get("model") if isinstance(document, dict) else None
+    document = json_object(body)
+    model = document.get("model") if document is not None else None
     return model if isinstance(model, str) else None
 
 
