@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from infra.planner import StackPlan, plan_stack
+from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_file import StackFileError, load_stack
@@ -38,15 +38,11 @@ def _load(stack: str) -> StackSpec:
         raise typer.Exit(2) from None
 
 
-def _plan(spec: StackSpec) -> StackPlan:
-    return plan_stack(spec)
-
-
 @app.command()
 def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Capacity and cost per model; refuses configs that cannot fit (exit 1)."""
     spec = _load(stack)
-    result = _plan(spec)
+    result = plan_stack(spec)
     if as_json:
         print(json.dumps({"ok": result.ok, **result.model_dump(mode="json")}, indent=2))
     else:

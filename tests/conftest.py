@@ -13,6 +13,15 @@ EXAMPLE_STACKS = ("local", "dev", "prod")
 SCHEMAS = PROJECT_ROOT.parent / "shared" / "schemas" / "kuberay-v1.7.0"
 
 
+@pytest.fixture(scope="module")
+def redis_server():
+    """A private, real redis-server for one test module (stopped afterwards, pass or fail)."""
+    from ops.local_redis import running_redis
+
+    with running_redis() as server:
+        yield server
+
+
 @pytest.fixture(scope="session", params=EXAMPLE_STACKS)
 def example_stack(request: pytest.FixtureRequest) -> StackSpec:
     return load_stack(request.param)

@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from infra.render.gateway import gateway_objects
-from ops.local_redis import free_port, redis_server_path, running_redis, start_redis
+from ops.local_redis import free_port, redis_server_path, start_redis
 from serving.gateway.admission import presented_key, requested_model
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KEY_PREFIX, hash_key
@@ -152,12 +152,6 @@ def serving(app, port: int | None = None) -> Iterator[str]:
 def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> GatewaySettings:
     return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, models=["tiny", "other"],
                            max_body_bytes=4096, upstream_read_timeout_s=30, **overrides)
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    with running_redis() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

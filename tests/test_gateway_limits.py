@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ops.local_redis import free_port, redis_server_path, running_redis, start_redis
+from ops.local_redis import free_port, redis_server_path, start_redis
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
@@ -89,12 +89,6 @@ class RecordingUpstream:
                 await asyncio.sleep(0.05)
         finally:
             self.slow_ended.set()
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    with running_redis() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

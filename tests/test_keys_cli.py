@@ -13,16 +13,14 @@ import redis
 import typer
 
 from ops.keys_cli import resolve_redis_url
-from ops.local_redis import running_redis
 from serving.gateway.keys import RedisKeyStore
 
 LLMCTL = str(Path(sys.executable).parent / "llmctl")
 
 
 @pytest.fixture(scope="module")
-def redis_url():
-    with running_redis() as server:
-        yield server.url
+def redis_url(redis_server):
+    return redis_server.url
 
 
 def llmctl(*args: str) -> subprocess.CompletedProcess[str]:
