@@ -1,0 +1,93 @@
+"""Prometheus metrics of one gateway process, served at GET /metrics.
+
+Each app gets its own `CollectorRegistry` (not prometheus_client's global one), so several
+gateways in one test process do not collide, and /metrics shows gateway metrics only.
+
+Label values are bounded on purpose. `model` comes from request bodies, which anyone with a
+key can fill with junk: a name the stack does not serve is counted as `other`, so a caller
+cannot grow the series count. `tenant` comes from key records the platform team creates.
+`status` is the HTTP status code. Unauthenticated requests have tenant "".
+
+The names below are a contract: the Grafana dashboard and the alert rules in `ops/` use them,
+and a test checks that they reference nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+OTHER_MODEL = "other"
+# From 5 ms (a refused request) to 10 min (a long stream); TTFT buckets stop at 1 min.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics", "OTHER_MODEL"]
+
+
+class GatewayMetrics:
+    def __init__(self, served_models: Iterable[str]) -> None:
+        self.served_models = frozenset(served_models)
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "llmstack_gateway_requests", "Requests answered, by HTTP status, model and tenant.",
+            ["status", "model", "tenant"], registry=r)
+        self.duration = Histogram(
+            "llmstack_gateway_request_duration_seconds",
+            "Time from request to the last byte of the response (whole stream), by model.",
+            ["model"], buckets=DURATION_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "llmstack_gateway_time_to_first_token_seconds",
+            "Streams only: time from request to the first chunk carrying generated text, by model.",
+            ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.tokens = Counter(
+            "llmstack_gateway_tokens", "Tokens billed, by kind (prompt|completion), model and tenant.",
+            ["kind", "model", "tenant"], registry=r)
+        self.rate_limited = Counter(
+            "llmstack_gateway_rate_limited",
+            "Admissions over a limit, by limit (requests|tokens|concurrency|daily_tokens) and mode "
+            "(enforced: refused with 429; shadow: the key is in shadow mode, so only counted and logged).",
+            ["limit", "mode"], registry=r)
+        self.redis_errors = Counter(
+            "llmstack_gateway_redis_errors", "Redis calls that failed, by component (keys|limiter).",
+            ["component"], registry=r)
+        self.upstream_errors = Counter(
+            "llmstack_gateway_upstream_errors",
+            "Upstream failures, by kind (unavailable|timeout|failed|stream_broken|idle_timeout|total_timeout).",
+            ["kind"], registry=r)
+        self.in_flight = Gauge(
+            "llmstack_gateway_in_flight_requests", "Requests being answered now (streams included).", registry=r)
+        self.degraded = Gauge(
+            "llmstack_gateway_degraded",
+            "1 while Redis is unreachable and keys come from the local cache and limits are per replica.",
+            registry=r)
+
+    def model_label(self, model: str | None) -> str:
+        return model if model in self.served_models else OTHER_MODEL
+
+    def observe_request(self, *, status: int | None, model: str | None, tenant: str | None,
+                        duration_s: float) -> None:
+        label = self.model_label(model)
+        self.requests.labels(status=str(status or 0), model=label, tenant=tenant or "").inc()
+        self.duration.labels(model=label).observe(duration_s)
+
+    def observe_tokens(self, *, model: str | None, tenant: str | None, prompt: int, completion: int) -> None:
+        label = self.model_label(model)
+        if prompt:
+            self.tokens.labels(kind="prompt", model=label, tenant=tenant or "").inc(prompt)
+        if completion:
+            self.tokens.labels(kind="completion", model=label, tenant=tenant or "").inc(completion)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def names(self) -> set[str]:
+        """Every series name this registry exposes (counters with _total, histograms with
+        _bucket/_sum/_count), for checking dashboards and alert rules against."""
+        return {sample.name for family in self.registry.collect() for sample in family.samples} | {
+            family.name + suffix for family in self.registry.collect()
+            for suffix in (("_total",) if family.type == "counter" else
+                           ("_bucket", "_sum", "_count") if family.type == "histogram" else ("",))}
