@@ -283,6 +283,12 @@ class Gateway(_Spec):
     limiter_fail_mode: Literal["local", "closed"] = Field(
         default="local", description="When Redis is down: per-replica limits, or refuse."
     )
+    upstream_idle_timeout_s: float = Field(
+        default=120.0, gt=0, description="Longest upstream silence (queue wait or between stream chunks).")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Longest whole request, stream included.")
+    key_cache_ttl_s: float = Field(
+        default=60.0, ge=0, description="During a Redis outage, keys verified this recently still work.")
+    log_prompts: bool = Field(default=False, description="Put prompts in access logs (tenants' data: off).")
     certificate_arn: str | None = Field(default=None, description="ACM certificate for TLS on the NLB.")
 
     @model_validator(mode="after")

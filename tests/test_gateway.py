@@ -151,7 +151,7 @@ def serving(app, port: int | None = None) -> Iterator[str]:
 
 def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> GatewaySettings:
     return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, models=["tiny", "other"],
-                           max_body_bytes=4096, upstream_read_timeout_s=30, **overrides)
+                           max_body_bytes=4096, upstream_idle_timeout_s=30, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -390,19 +390,34 @@ def test_upstream_down_is_503_with_retry_after(redis_server, api_key):
 # --- probes and logs ---------------------------------------------------------------------------
 
 
-def test_readyz_follows_redis(upstream):
+@pytest.mark.parametrize("fail_mode", ["closed", "local"])
+def test_redis_outage_readyz_and_key_cache(upstream, fail_mode):
     own_redis = start_redis()
     try:
-        key = create_key_sync(own_redis.url, "acme", "ready")
-        with serving(create_app(settings_for(upstream.url, own_redis.url), RedisKeyStore(own_redis.url))) as gw:
-            assert httpx.get(f"{gw}/readyz").status_code == 200
+        used, unused = (create_key_sync(own_redis.url, "acme", name) for name in ("used", "unused"))
+        settings = settings_for(upstream.url, own_redis.url, limiter_fail_mode=fail_mode)
+        with serving(create_app(settings, RedisKeyStore(own_redis.url))) as gw:
+            assert httpx.get(f"{gw}/readyz").json() == {"status": "ready"}
+            client(gw, used).models.list()  # verified in Redis: remembered for key_cache_ttl_s
+            port = own_redis.port
             own_redis.stop()
-            not_ready = httpx.get(f"{gw}/readyz")
-            assert not_ready.status_code == 503 and not_ready.json()["reason"]
+            ready = httpx.get(f"{gw}/readyz")
             assert httpx.get(f"{gw}/healthz").json() == {"status": "ok"}  # liveness ignores Redis
-            with pytest.raises(openai.InternalServerError) as caught:  # no key check: refuse, 503
-                client(gw, key).models.list()
+            with pytest.raises(openai.InternalServerError) as caught:  # never verified: 503, not 401
+                client(gw, unused).models.list()
             assert caught.value.code == "key_store_unavailable"
+            if fail_mode == "closed":
+                assert ready.status_code == 503 and ready.json()["reason"]
+                with pytest.raises(openai.InternalServerError):
+                    chat(client(gw, used))
+            else:  # degraded, still in the Service: recently verified keys under local limits
+                assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+                assert chat(client(gw, used)).choices[0].message.content
+                assert "llmstack_gateway_degraded 1.0" in httpx.get(f"{gw}/metrics").text
+            own_redis = start_redis(port)  # back (empty, like a failed-over replica): recovery needs no restart
+            assert httpx.get(f"{gw}/readyz").json() == {"status": "ready"}
+            with pytest.raises(openai.AuthenticationError):  # the new Redis does not know the key: Redis wins
+                client(gw, used).models.list()
     finally:
         own_redis.stop()
 

@@ -159,7 +159,7 @@ def test_reset_format_and_headers():
 
 def test_usage_meter_strips_usage_chunk_unless_asked():
     body, asked = request_usage_upstream({"model": "tiny", "stream": True})
-    assert json.loads(body)["stream_options"] == {"include_usage": True} and not asked
+    assert body["stream_options"] == {"include_usage": True} and not asked
     events = [_sse(_chunk("tiny", {"content": "a"})), _sse(_chunk("tiny", usage=USAGE)), _sse("[DONE]")]
     raw = b"".join(events)
     for strip in (True, False):

@@ -18,6 +18,7 @@ from infra.render.common import (
 from infra.render.serve_config import SERVE_PORT
 from infra.spec import StackSpec
 
+PRESTOP_SLEEP_S = 10
 RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
@@ -44,7 +45,12 @@ def gateway_settings(spec: StackSpec) -> str:
         "allow_logit_bias": g.allow_logit_bias,
         "max_body_bytes": g.max_body_bytes,
         "limiter_fail_mode": g.limiter_fail_mode,
+        "upstream_idle_timeout_s": g.upstream_idle_timeout_s,
+        "request_timeout_s": g.request_timeout_s,
+        "key_cache_ttl_s": g.key_cache_ttl_s,
+        "log_prompts": g.log_prompts,
         "models": [m.model_name for m in spec.models],
+        "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
     }, sort_keys=True)
 
 
@@ -60,6 +66,10 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
             {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec)},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
+        # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few
+        # seconds so the load balancer stops sending here first, then uvicorn drains in-flight
+        # streams (shutdown_grace_s, 90 s); both fit in the pod's 120 s grace period.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
         "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "http"}},
         "livenessProbe": probe,
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},

@@ -5,8 +5,10 @@ but adds a task per request): it sees the response status as it starts, and logs
 response ends - for a stream, when the last chunk is sent or the client leaves - so latency
 covers the whole answer. Handlers tell it who called through `caller_of(scope)`.
 
-Logged: request id, key_id, tenant, method, path, status, latency. Never the key, headers,
-query string or body: prompts are the tenants' data.
+Logged: request id, key_id, tenant, model, method, path, status, latency, tokens billed and
+time to first token. Never the key, headers or query string; the prompt only when the stack
+sets `log_prompts` (prompts are the tenants' data). The same end-of-response point feeds the
+Prometheus metrics (serving.gateway.metrics).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.gateway.key_format import KeyRecord
+from serving.gateway.metering import Usage, UsageMeter
+from serving.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.access")
 
@@ -31,8 +35,13 @@ _PROBES = ("/healthz", "/readyz")  # polled every few seconds: log them only whe
 
 @dataclass
 class Caller:
+    """What handlers learn about a request, for its log line and metrics."""
+
     key_id: str | None = None
     tenant: str | None = None
+    model: str | None = None
+    meter: UsageMeter | None = None  # set once admitted: tokens billed and time to first token
+    prompt: str | None = None  # only when the stack turns log_prompts on
 
 
 def caller_of(scope: Scope) -> Caller:
@@ -57,19 +66,28 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
 
 
 def access_line(*, request_id: str, caller: Caller, method: str, path: str, status: int | None,
-                latency_ms: float) -> str:
-    return json.dumps({
+                latency_ms: float, usage: Usage | None = None, ttft_ms: float | None = None) -> str:
+    line = {
         "event": "access", "request_id": request_id, "key_id": caller.key_id, "tenant": caller.tenant,
-        "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
-    })
+        "model": caller.model, "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
+    }
+    if usage is not None:
+        line.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion)
+    if ttft_ms is not None:
+        line["ttft_ms"] = round(ttft_ms, 1)
+    if caller.prompt is not None:
+        line["prompt"] = caller.prompt
+    return json.dumps(line)
 
 
 class AccessLogMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    """Request ids, then one access line and the request's metrics when the response ends."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] == "/metrics":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -79,6 +97,7 @@ class AccessLogMiddleware:
         scope["headers"].append((REQUEST_ID_HEADER.encode(), request_id.encode()))
         caller = caller_of(scope)
         status: int | None = None
+        probe = scope["path"] in _PROBES
 
         async def send_with_request_id(message: Message) -> None:
             nonlocal status
@@ -88,10 +107,35 @@ class AccessLogMiddleware:
                 message = {**message, "headers": [*headers, (REQUEST_ID_HEADER.encode(), request_id.encode())]}
             await send(message)
 
+        if not probe:
+            self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_request_id)
         finally:
-            if not (status == 200 and scope["path"] in _PROBES):
+            if not probe:
+                self.metrics.in_flight.dec()
+                self._observe(caller, status, started)
+            if not (probe and status == 200):
+                usage, ttft_ms = _usage_and_ttft(caller, started)
                 log.info(access_line(request_id=request_id, caller=caller, method=scope["method"],
                                      path=scope["path"], status=status,
-                                     latency_ms=(time.perf_counter() - started) * 1000))
+                                     latency_ms=(time.perf_counter() - started) * 1000, usage=usage, ttft_ms=ttft_ms))
+
+    def _observe(self, caller: Caller, status: int | None, started: float) -> None:
+        m = self.metrics
+        m.observe_request(status=status, model=caller.model, tenant=caller.tenant,
+                          duration_s=time.perf_counter() - started)
+        if caller.meter is not None:
+            usage = caller.meter.billed_usage()
+            m.observe_tokens(model=caller.model, tenant=caller.tenant, prompt=usage.prompt,
+                             completion=usage.completion)
+            if caller.meter.first_token_at is not None:
+                m.ttft.labels(model=m.model_label(caller.model)).observe(caller.meter.first_token_at - started)
+
+
+def _usage_and_ttft(caller: Caller, started: float) -> tuple[Usage | None, float | None]:
+    meter = caller.meter
+    if meter is None:
+        return None, None
+    ttft = None if meter.first_token_at is None else (meter.first_token_at - started) * 1000
+    return meter.billed_usage(), ttft

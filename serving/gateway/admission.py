@@ -8,11 +8,16 @@ the tokens this request reserves (serving.gateway.metering). The rest of the gat
 
 Order matters: the key is checked before the body is read, so unauthenticated callers cannot
 make the gateway read (or buffer) anything.
+
+Redis outages: a key verified in the last `key_cache_ttl_s` is still accepted (keys.RecentlyVerifiedKeys)
+and the limiter falls back as its fail mode says; either sets the `degraded` gauge. Keys in
+shadow mode are served when over a limit, and the would-be refusal is logged and counted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,19 +25,27 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.gateway import errors
+from serving.gateway.access_log import caller_of, note_caller
 from serving.gateway.key_format import KeyRecord
-from serving.gateway.keys import KeyStore, KeyStoreUnavailable
+from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterUnavailable, Ticket, effective_limits
 from serving.gateway.metering import (
+    COMPLETION_PATHS,
     UsageMeter,
     estimate_prompt_tokens,
+    output_allowance,
     rate_limit_headers,
     request_usage_upstream,
+    requested_output,
     reserve_tokens,
     wants_stream,
 )
+from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.request_policy import check_request
 from serving.gateway.settings import GatewaySettings
+
+log = logging.getLogger("llmstack.gateway.admission")
+PROMPT_LOG_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -102,44 +115,98 @@ async def read_body_within(request: Request, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-async def admit(request: Request, key_store: KeyStore, limiter: Limiter, settings: GatewaySettings
-                ) -> Admission | Response:
-    key = presented_key(request.headers)
-    if key is None:
-        return errors.missing_api_key()
-    try:
-        record = await key_store.verify(key)
-    except KeyStoreUnavailable:
-        return errors.key_store_unavailable()
-    if record is None:
-        return errors.invalid_api_key()
-    body = await read_body_within(request, settings.max_body_bytes)
-    if body is None:
-        return errors.body_too_large(settings.max_body_bytes)
-    model = requested_model(body)
-    if not model_allowed(record, model, has_body=bool(body.strip())):
-        return errors.model_not_allowed(model)
+class Admitter:
+    """Admission with what it needs: the key store (and its outage cache), the limiter, the
+    settings and the metrics. `degraded` is what the last admission saw of Redis."""
 
-    document, path = json_object(body), request.url.path
-    violation = check_request(document, path, settings)  # before the limiter: a refusal costs no quota
-    if violation is not None:
-        return errors.invalid_request(violation.param, violation.message, violation.code)
-    limits = effective_limits(record, settings.default_limits)
-    reserved = reserve_tokens(document, path, settings.max_tokens_ceiling)
-    try:
-        ticket = await limiter.admit(record.key_id, limits, reserved)
-    except LimiterUnavailable:
-        return errors.limiter_unavailable()
-    decision = ticket.decision
-    headers = rate_limit_headers(decision)
-    if not decision.allowed:
-        limit = {"requests": limits.requests_per_minute, "tokens": limits.tokens_per_minute,
-                 "concurrency": limits.max_concurrent_requests, "daily_tokens": limits.daily_token_budget}
-        return errors.rate_limited(decision.refused, limit[decision.refused], decision.retry_after_s, headers)
-    stream, strip_usage = wants_stream(document, path), False
+    def __init__(self, settings: GatewaySettings, key_store: KeyStore, limiter: Limiter,
+                 metrics: GatewayMetrics) -> None:
+        self.settings, self.key_store, self.limiter, self.metrics = settings, key_store, limiter, metrics
+        self.recent_keys = RecentlyVerifiedKeys(settings.key_cache_ttl_s)
+
+    async def _verify(self, key: str) -> tuple[KeyRecord | None, bool]:
+        """(record, came from the outage cache)."""
+        try:
+            record = await self.key_store.verify(key)
+        except KeyStoreUnavailable:
+            self.metrics.redis_errors.labels(component="keys").inc()
+            return self.recent_keys.recall(key), True
+        self.recent_keys.remember(key, record)
+        return record, False
+
+    async def admit(self, request: Request) -> Admission | Response:
+        settings = self.settings
+        key = presented_key(request.headers)
+        if key is None:
+            return errors.missing_api_key()
+        record, from_cache = await self._verify(key)
+        if record is None:
+            return errors.key_store_unavailable() if from_cache else errors.invalid_api_key()
+        note_caller(request.scope, record)
+        body = await read_body_within(request, settings.max_body_bytes)
+        if body is None:
+            return errors.body_too_large(settings.max_body_bytes)
+        model = requested_model(body)
+        caller_of(request.scope).model = model
+        if not model_allowed(record, model, has_body=bool(body.strip())):
+            return errors.model_not_allowed(model)
+
+        document, path = json_object(body), request.url.path
+        violation = check_request(document, path, settings)  # before the limiter: a refusal costs no quota
+        if violation is not None:
+            return errors.invalid_request(violation.param, violation.message, violation.code)
+        if settings.log_prompts and document is not None:
+            caller_of(request.scope).prompt = prompt_text(document)
+        allowance, added_max_tokens = output_allowance(settings.max_tokens_ceiling,
+                                                       settings.model_context_lengths.get(model or ""))
+        reserved = reserve_tokens(document, path, allowance)
+        limits = effective_limits(record, settings.default_limits)
+        try:
+            ticket = await self.limiter.admit(record.key_id, limits, reserved)
+        except LimiterUnavailable:
+            return errors.limiter_unavailable()
+        self.metrics.degraded.set(1 if from_cache or ticket.local_fallback else 0)
+        decision = ticket.decision
+        headers = rate_limit_headers(decision)
+        if not decision.allowed:
+            mode = "shadow" if record.shadow else "enforced"
+            self.metrics.rate_limited.labels(limit=decision.refused, mode=mode).inc()
+            if not record.shadow:
+                limit = {"requests": limits.requests_per_minute, "tokens": limits.tokens_per_minute,
+                         "concurrency": limits.max_concurrent_requests, "daily_tokens": limits.daily_token_budget}
+                return errors.rate_limited(decision.refused, limit[decision.refused], decision.retry_after_s,
+                                           headers)
+            # Served anyway, uncharged: exactly what enforcement would have left in the limiter.
+            log.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
+                                    "tenant": record.tenant, "limit": decision.refused, "reserved": reserved}))
+            headers = {name: value for name, value in headers.items() if name != "retry-after"}
+        stream = wants_stream(document, path)
+        upstream_document, strip_usage = upstream_request(document, path, stream=stream,
+                                                          added_max_tokens=added_max_tokens)
+        if upstream_document is not document:
+            body = json.dumps(upstream_document).encode()
+        meter = UsageMeter(stream=stream, strip_usage=strip_usage, reserved=reserved,
+                           prompt_estimate=estimate_prompt_tokens(document) if document is not None else 0)
+        return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter)
+
+
+def upstream_request(document: dict | None, path: str, *, stream: bool, added_max_tokens: int | None
+                     ) -> tuple[dict | None, bool]:
+    """The body to send upstream (the same object when unchanged) and whether to strip the
+    usage chunk from the stream: streams always ask for usage (so they can be billed), and a
+    completion without max_tokens gets the ceiling when the model's context would not bound it."""
+    strip_usage = False
+    if document is None or path not in COMPLETION_PATHS:
+        return document, strip_usage
     if stream:
-        body, client_asked = request_usage_upstream(document)
+        document, client_asked = request_usage_upstream(document)
         strip_usage = not client_asked
-    meter = UsageMeter(stream=stream, strip_usage=strip_usage, reserved=reserved,
-                       prompt_estimate=estimate_prompt_tokens(document) if document is not None else 0)
-    return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter)
+    if added_max_tokens is not None and requested_output(document) is None:
+        document = {**document, "max_tokens": added_max_tokens}
+    return document, strip_usage
+
+
+def prompt_text(document: dict) -> str:
+    """The prompt part of a body, for access logs of stacks that turn `log_prompts` on."""
+    prompt = {k: document[k] for k in ("messages", "prompt", "input") if k in document}
+    return json.dumps(prompt)[:PROMPT_LOG_CHARS]

@@ -2,7 +2,9 @@
 
     GET  /healthz       liveness: the process answers (never checks dependencies, so a Redis
                         outage does not make Kubernetes restart every gateway pod)
-    GET  /readyz        readiness: the key store answers, else 503 with the reason
+    GET  /readyz        readiness: 200 "ready" when Redis answers; when it does not, 200 "degraded"
+                        if this replica can still serve (fail mode local), else 503 with the reason
+    GET  /metrics       Prometheus metrics (serving.gateway.metrics)
     GET|POST /v1/...    admission (serving.gateway.admission: key, body, limits), then the
                         proxy, then settlement of the key's tokens and concurrency slot
 """
@@ -22,10 +24,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.gateway import errors
-from serving.gateway.access_log import AccessLogMiddleware, note_caller
-from serving.gateway.admission import admit
+from serving.gateway.access_log import AccessLogMiddleware, caller_of
+from serving.gateway.admission import Admitter
 from serving.gateway.keys import KeyStore
 from serving.gateway.limits import Limiter
+from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.settings import GatewaySettings
 
@@ -52,23 +55,37 @@ async def key_store_problem(key_store: KeyStore) -> str | None:
 
 def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
     """The app owns `key_store` from here on: it closes it (and its upstream pool) at shutdown."""
-    proxy = UpstreamProxy(settings)
-    limiter = Limiter(settings.redis_url, settings.limiter_fail_mode)
+    metrics = GatewayMetrics(settings.models)
+    proxy = UpstreamProxy(settings, metrics)
+    limiter = Limiter(settings.redis_url, settings.limiter_fail_mode, request_timeout_s=settings.request_timeout_s,
+                      on_redis_error=metrics.redis_errors.labels(component="limiter").inc)
+    admitter = Admitter(settings, key_store, limiter, metrics)
+    # While Redis is down, a replica can still serve (recently verified keys, local limits)
+    # unless the stack chose fail mode `closed`. Reporting "not ready" then would make
+    # Kubernetes pull every replica out of the Service at once: a full outage instead of a degraded one.
+    serves_without_redis = settings.limiter_fail_mode == "local" and settings.key_cache_ttl_s > 0
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
         problem = await key_store_problem(key_store)
-        if problem is not None:
-            return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
-        return JSONResponse({"status": "ready"})
+        if problem is None:
+            return JSONResponse({"status": "ready"})
+        metrics.degraded.set(1)
+        if serves_without_redis and key_store.shared_across_processes:
+            return JSONResponse({"status": "degraded", "reason": problem,
+                                 "serving": "recently verified keys, per-replica limits"})
+        return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def openai_api(request: Request) -> Response:
-        admission = await admit(request, key_store, limiter, settings)
+        admission = await admitter.admit(request)
         if isinstance(admission, Response):
             return admission
-        note_caller(request.scope, admission.key)
+        caller_of(request.scope).meter = admission.meter
         ticket = admission.ticket
         try:
             response = await proxy.forward(request, admission.body, meter=admission.meter, settle=ticket.settle,
@@ -77,6 +94,7 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
             await ticket.settle(0)  # frees the concurrency slot; nothing was generated
             raise
         if not isinstance(response, UpstreamStream):  # an error before any upstream answer
+            admission.meter.status = response.status_code  # bills nothing
             await ticket.settle(0)
             response.headers.update(admission.headers)
         return response
@@ -105,9 +123,10 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
             Route("/v1/{path:path}", openai_api, methods=["GET", "POST"]),
         ],
-        middleware=[Middleware(AccessLogMiddleware)],
+        middleware=[Middleware(AccessLogMiddleware, metrics=metrics)],
         exception_handlers={404: not_found, 405: method_not_allowed},
         lifespan=lifespan,
     )

@@ -32,6 +32,11 @@ class KeyRecord(BaseModel):
         default=None, description="Models this key may call; None means every served model."
     )
     revoked: bool = Field(default=False, description="Revoked keys are refused but kept for audit.")
+    shadow: bool = Field(
+        default=False,
+        description="Shadow mode: requests over a limit are logged and counted as if refused, but served. "
+                    "For trying new limits on live traffic before enforcing them.",
+    )
     # Per-key limit overrides; None means the gateway's `default_limits` (older records have none).
     requests_per_minute: int | None = Field(default=None, ge=1, description="Request rate (GCRA) override.")
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate (GCRA) override.")

@@ -14,6 +14,8 @@ listings and audits still see them.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timezone
@@ -21,7 +23,8 @@ from fnmatch import fnmatchcase
 
 from serving.gateway.key_format import KeyRecord, hash_key, is_usable, looks_like_key, new_key
 
-__all__ = ["KeyRecord", "KeyStore", "KeyStoreUnavailable", "MemoryKeyStore", "RedisKeyStore", "create_key_sync"]
+__all__ = ["KeyRecord", "KeyStore", "KeyStoreUnavailable", "MemoryKeyStore", "RecentlyVerifiedKeys", "RedisKeyStore",
+           "create_key_sync"]
 
 _REDIS_TIMEOUT_S = 2.0  # a hung Redis must fail admission and /readyz fast, not hang them
 
@@ -93,12 +96,18 @@ class KeyStore(ABC):
 
     async def revoke(self, key_id: str) -> bool:
         """Mark the key revoked (its record stays, for audit); False if there is no such key_id."""
+        return await self.update(key_id, revoked=True) is not None
+
+    async def update(self, key_id: str, **changes: object) -> KeyRecord | None:
+        """Change fields of a key's record (e.g. shadow=True); None if there is no such key_id.
+        Every replica reads the record on each request, so a change applies on the next one."""
         key_hash = await self._get(_id_index_key(key_id))
         record = None if key_hash is None else await self._record(key_hash)
         if record is None:
-            return False
-        await self._set(_record_key(key_hash), record.model_copy(update={"revoked": True}).model_dump_json())
-        return True
+            return None
+        updated = KeyRecord.model_validate({**record.model_dump(), **changes})
+        await self._set(_record_key(key_hash), updated.model_dump_json())
+        return updated
 
     async def get(self, key_id: str) -> KeyRecord | None:
         """The record of a key by its public id (revoked and expired ones too)."""
@@ -119,6 +128,33 @@ class KeyStore(ABC):
     async def _record(self, key_hash: str) -> KeyRecord | None:
         raw = await self._get(_record_key(key_hash))
         return None if raw is None else KeyRecord.model_validate_json(raw)
+
+
+class RecentlyVerifiedKeys:
+    """Records of keys this process verified lately, used only while the store is unreachable.
+
+    With Redis up, every request is checked in Redis, so a revocation applies on the next
+    request. During an outage, a key verified less than `ttl_s` ago keeps working (a key
+    revoked during the outage too, for at most `ttl_s`); unknown keys get 503, never 401."""
+
+    def __init__(self, ttl_s: float, max_keys: int = 10_000) -> None:
+        self.ttl_s, self.max_keys = ttl_s, max_keys
+        self._records: OrderedDict[str, tuple[float, KeyRecord]] = OrderedDict()
+
+    def remember(self, presented_key: str, record: KeyRecord | None) -> None:
+        key_hash = hash_key(presented_key)
+        self._records.pop(key_hash, None)
+        if record is None or self.ttl_s <= 0:
+            return  # a key Redis refused is forgotten at once
+        self._records[key_hash] = (time.monotonic(), record)
+        while len(self._records) > self.max_keys:
+            self._records.popitem(last=False)  # oldest first
+
+    def recall(self, presented_key: str) -> KeyRecord | None:
+        entry = self._records.get(hash_key(presented_key))
+        if entry is None or time.monotonic() - entry[0] > self.ttl_s:
+            return None
+        return entry[1] if is_usable(entry[1], _utcnow()) else None
 
 
 class MemoryKeyStore(KeyStore):

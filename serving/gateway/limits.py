@@ -5,8 +5,8 @@ Four limits per API key, checked together and charged together (all or nothing):
 - requests per minute: GCRA, weight 1, burst = one minute of capacity (a fresh key may send
   `requests_per_minute` requests at once, then one every 60/rpm seconds);
 - tokens per minute: GCRA, weight = the tokens reserved at admission (see `metering`);
-- max concurrent requests: a sorted set of in-flight slots, each with an expiry (`SLOT_TTL_S`)
-  so a gateway that crashes mid-request cannot leak a slot forever;
+- max concurrent requests: a sorted set of in-flight slots, each with an expiry (the request's
+  total timeout plus `SLOT_TTL_MARGIN_S`) so a gateway that crashes mid-request cannot leak a slot;
 - daily token budget: a counter for the current UTC day (expires after two days).
 
 Redis commands per admitted request: exactly 2 besides the key lookup - `EVALSHA admit` at
@@ -29,6 +29,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -39,7 +40,9 @@ from serving.gateway.settings import KeyLimits
 
 log = logging.getLogger("llmstack.gateway.limits")
 
-SLOT_TTL_S = 900  # longest a request may hold a concurrency slot if its gateway dies (item 3 adds total timeouts)
+# A request's slot expires this long after its total timeout (settings.request_timeout_s),
+# so a gateway that dies mid-request cannot hold a slot for longer than that.
+SLOT_TTL_MARGIN_S = 30
 # Concurrency has no exact wait: a slot frees when some in-flight response ends, which nobody
 # can predict. One second is a short, honest "try again soon".
 CONCURRENCY_RETRY_S = 1.0
@@ -146,6 +149,12 @@ class Ticket:
     slot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     backend: RedisLimiter | LocalLimiter | None = None
     settled: bool = False
+    on_error: Callable[[], None] | None = None  # told when settling in Redis fails
+
+    @property
+    def local_fallback(self) -> bool:
+        """Admitted by this process's own limits because Redis failed."""
+        return isinstance(self.backend, LocalLimiter) and self.on_error is not None
 
     async def settle(self, billed: int) -> None:
         if self.settled or not self.decision.allowed or self.backend is None:
@@ -154,8 +163,10 @@ class Ticket:
         with anyio.CancelScope(shield=True):  # runs on disconnect too, when our task is being cancelled
             try:
                 await self.backend.settle(self, billed)
-            except Exception as exc:  # the slot then frees itself after SLOT_TTL_S
+            except Exception as exc:  # the slot then frees itself when its expiry passes
                 log.warning("could not settle usage for key %s: %s", self.key_id, type(exc).__name__)
+                if self.on_error is not None:
+                    self.on_error()
 
 
 def _decision(limits: KeyLimits, reply: list) -> LimitDecision:
@@ -171,7 +182,7 @@ def _decision(limits: KeyLimits, reply: list) -> LimitDecision:
 
 
 class RedisLimiter:
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, slot_ttl_s: int) -> None:
         import redis.asyncio as redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -179,6 +190,7 @@ class RedisLimiter:
         # No automatic retries: a retried EVALSHA after a timeout could charge twice.
         self._redis = redis.from_url(redis_url, socket_timeout=_REDIS_TIMEOUT_S,
                                      socket_connect_timeout=_REDIS_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
+        self._slot_ttl_s = slot_ttl_s
         self._admit = self._redis.register_script(ADMIT_LUA)
         self._settle = self._redis.register_script(SETTLE_LUA)
 
@@ -186,7 +198,7 @@ class RedisLimiter:
         limits = ticket.limits
         reply = await self._admit(keys=redis_keys(ticket.key_id), args=[
             limits.requests_per_minute, limits.tokens_per_minute, limits.daily_token_budget,
-            limits.max_concurrent_requests, ticket.reserved, ticket.slot_id, SLOT_TTL_S,
+            limits.max_concurrent_requests, ticket.reserved, ticket.slot_id, self._slot_ttl_s,
             int(CONCURRENCY_RETRY_S * 1e6)])
         return _decision(limits, reply)
 
@@ -254,25 +266,29 @@ class LocalLimiter:
 class Limiter:
     """Redis when configured, with the fail mode deciding what happens when it errors."""
 
-    def __init__(self, redis_url: str | None, fail_mode: str) -> None:
-        self._redis = RedisLimiter(redis_url) if redis_url else None
+    def __init__(self, redis_url: str | None, fail_mode: str, *, request_timeout_s: float = 600,
+                 on_redis_error: Callable[[], None] = lambda: None) -> None:
+        slot_ttl_s = math.ceil(request_timeout_s) + SLOT_TTL_MARGIN_S
+        self._redis = RedisLimiter(redis_url, slot_ttl_s) if redis_url else None
         self._local = LocalLimiter()
         self._fail_mode = fail_mode
+        self._on_redis_error = on_redis_error
 
     async def admit(self, key_id: str, limits: KeyLimits, reserved: int) -> Ticket:
         ticket = Ticket(decision=None, key_id=key_id, limits=limits, reserved=reserved)  # type: ignore[arg-type]
-        backend: RedisLimiter | LocalLimiter = self._local
         if self._redis is not None:
             from redis.exceptions import RedisError
 
+            ticket.on_error = self._on_redis_error
             try:
                 ticket.decision, ticket.backend = await self._redis.admit(ticket), self._redis
                 return ticket
             except (RedisError, OSError, TimeoutError) as exc:
+                self._on_redis_error()
                 log.warning("limiter Redis failed (%s); fail mode %s", type(exc).__name__, self._fail_mode)
                 if self._fail_mode == "closed":
                     raise LimiterUnavailable(type(exc).__name__) from exc
-        ticket.decision, ticket.backend = await backend.admit(ticket), backend
+        ticket.decision, ticket.backend = await self._local.admit(ticket), self._local
         return ticket
 
     async def aclose(self) -> None:

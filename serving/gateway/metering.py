@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,31 +74,49 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def output_allowance(ceiling: int, context_length: int | None) -> tuple[int, int | None]:
+    """For a completion that sets no max_tokens: (tokens to reserve for its output, the
+    max_tokens to add to the upstream request, or None to add nothing).
+
+    The upstream (vLLM) lets such a request run to the model's context length. When that is
+    within the ceiling it already bounds the output, and adding max_tokens could only make
+    vLLM refuse long prompts (it checks prompt + max_tokens <= context). When the context is
+    longer, the ceiling must be sent, or the reservation would not bound the output."""
+    if context_length is not None and context_length <= ceiling:
+        return context_length, None
+    return ceiling, ceiling
+
+
+def requested_output(document: dict[str, Any]) -> int | None:
+    return _positive_int(document.get("max_tokens")) or _positive_int(document.get("max_completion_tokens"))
+
+
 def reserve_tokens(document: dict[str, Any] | None, path: str, default_max_tokens: int) -> int:
-    """Tokens to reserve at admission: prompt estimate + output allowance x n for completions,
+    """Tokens to reserve at admission: prompt estimate + output allowance x choices for
+    completions (choices: n, or best_of when larger, since vLLM generates best_of sequences),
     the prompt estimate alone for other bodies (embeddings), 0 without a body (GET)."""
     if document is None:
         return 0
     estimate = estimate_prompt_tokens(document)
     if path not in COMPLETION_PATHS:
         return estimate
-    output = (_positive_int(document.get("max_tokens")) or _positive_int(document.get("max_completion_tokens"))
-              or default_max_tokens)
-    return estimate + output * (_positive_int(document.get("n")) or 1)
+    output = requested_output(document) or default_max_tokens
+    choices = max(_positive_int(document.get("n")) or 1, _positive_int(document.get("best_of")) or 1)
+    return estimate + output * choices
 
 
 def wants_stream(document: dict[str, Any] | None, path: str) -> bool:
     return document is not None and path in COMPLETION_PATHS and document.get("stream") is True
 
 
-def request_usage_upstream(document: dict[str, Any]) -> tuple[bytes, bool]:
+def request_usage_upstream(document: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """The body to send upstream with `stream_options.include_usage` on, and whether the
     client asked for usage itself (if not, the usage chunk is stripped on the way back)."""
     options = document.get("stream_options")
     options = dict(options) if isinstance(options, dict) else {}
     client_asked = options.get("include_usage") is True
     options["include_usage"] = True
-    return json.dumps({**document, "stream_options": options}).encode(), client_asked
+    return {**document, "stream_options": options}, client_asked
 
 
 def format_reset(seconds: float) -> str:
@@ -132,14 +151,27 @@ def rate_limit_headers(decision: LimitDecision) -> dict[str, str]:
     return headers
 
 
-def _usage_total(usage: Any) -> int | None:
+@dataclass(frozen=True)
+class Usage:
+    prompt: int
+    completion: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+def _usage(usage: Any) -> Usage | None:
+    """OpenAI's `usage` object as numbers; None when it carries none. A total without parts
+    (seen from some servers) is counted as prompt."""
     if not isinstance(usage, dict):
         return None
-    total = usage.get("total_tokens")
-    if isinstance(total, int):
-        return total
-    parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-    return sum(p for p in parts if isinstance(p, int)) if any(isinstance(p, int) for p in parts) else None
+    prompt, completion, total = (usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    prompt = prompt if isinstance(prompt, int) else None
+    completion = completion if isinstance(completion, int) else None
+    if prompt is None and completion is None:
+        return Usage(total, 0) if isinstance(total, int) else None
+    return Usage(prompt or 0, completion or 0)
 
 
 class UsageMeter:
@@ -154,8 +186,9 @@ class UsageMeter:
         self.stream, self.strip_usage = stream, strip_usage
         self.prompt_estimate, self.reserved = prompt_estimate, reserved
         self.status = 200
-        self.usage_total: int | None = None
+        self.usage: Usage | None = None  # as the upstream reported it
         self.content_chunks = 0
+        self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
         self._pending = b""
         self._done = b""  # a stream's `data: [DONE]`, held back until settlement
         self._copy: list[bytes] | None = []
@@ -179,7 +212,7 @@ class UsageMeter:
         if not self.stream:
             if self._copy is not None:
                 try:
-                    self.usage_total = _usage_total(json.loads(b"".join(self._copy)).get("usage"))
+                    self.usage = _usage(json.loads(b"".join(self._copy)).get("usage"))
                 except (ValueError, AttributeError):
                     pass
             out, self._pending = self._pending, b""
@@ -189,13 +222,17 @@ class UsageMeter:
         return tail + self._done
 
     def billed(self) -> int:
+        return self.billed_usage().total
+
+    def billed_usage(self) -> Usage:
+        """What this response is billed: the reported usage, else the estimate (see module doc)."""
         if self.status >= 400:
-            return 0  # the upstream refused: nothing was generated
-        if self.usage_total is not None:
-            return self.usage_total
+            return Usage(0, 0)  # the upstream refused: nothing was generated
+        if self.usage is not None:
+            return self.usage
         if self.stream:
-            return self.prompt_estimate + self.content_chunks if self.content_chunks else 0
-        return self.reserved  # a JSON answer without usage: bill what was reserved
+            return Usage(self.prompt_estimate, self.content_chunks) if self.content_chunks else Usage(0, 0)
+        return Usage(self.prompt_estimate, max(0, self.reserved - self.prompt_estimate))  # no usage: the reservation
 
     def _event(self, event: bytes, end: bytes) -> bytes:
         data = event.strip()
@@ -210,9 +247,11 @@ class UsageMeter:
             choices = chunk.get("choices") if isinstance(chunk, dict) else None
             if isinstance(choices, list) and any(_has_content(c) for c in choices):
                 self.content_chunks += 1
-            total = _usage_total(chunk.get("usage")) if isinstance(chunk, dict) else None
-            if total is not None:
-                self.usage_total = total
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+            usage = _usage(chunk.get("usage")) if isinstance(chunk, dict) else None
+            if usage is not None:
+                self.usage = usage
                 if self.strip_usage:
                     if not choices:
                         return b""  # the usage-only chunk the client did not ask for

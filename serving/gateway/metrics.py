@@ -5,7 +5,7 @@ gateways in one test process do not collide, and /metrics shows gateway metrics 
 
 Label values are bounded on purpose. `model` comes from request bodies, which anyone with a
 key can fill with junk: a name the stack does not serve is counted as `other`, so a caller
-cannot grow the series count. `tenant` comes from key records the platform team creates.
+cannot grow the series count; "" means the request named no model. `tenant` comes from key records the platform team creates.
 `status` is the HTTP status code. Unauthenticated requests have tenant "".
 
 The names below are a contract: the Grafana dashboard and the alert rules in `ops/` use them,
@@ -66,6 +66,9 @@ class GatewayMetrics:
             registry=r)
 
     def model_label(self, model: str | None) -> str:
+        """The model as a label value: "" when the request names none (GET /v1/models)."""
+        if model is None:
+            return ""
         return model if model in self.served_models else OTHER_MODEL
 
     def observe_request(self, *, status: int | None, model: str | None, tenant: str | None,

@@ -10,6 +10,7 @@ tokens nobody reads.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import anyio
@@ -20,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from serving.gateway import errors
 from serving.gateway.metering import UsageMeter
+from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway.proxy")
@@ -32,6 +34,7 @@ CONNECT_TIMEOUT_S = 2.0
 KEEPALIVE_EXPIRY_S = 4.0
 # Streams are long-lived: the pool must hold many at once; admission limits load, not this.
 MAX_CONNECTIONS = 1000
+CONNECT_RETRIES = 2
 MAX_IDLE_CONNECTIONS = 100
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -68,13 +71,16 @@ async def _no_settlement(billed: int) -> None:
 
 class UpstreamStream(StreamingResponse):
     """A StreamingResponse that always closes its upstream response and settles its usage,
-    however the relay ends: finished, upstream error, or the client disconnecting (which
-    cancels the relay). `extra_headers` (the x-ratelimit-* set) go out before the first byte."""
+    however the relay ends: finished, upstream error, the client disconnecting (which cancels
+    the relay), or the request's total time running out (`deadline`, time.monotonic(): the
+    response is then cut, which the client sees as a broken stream, not a whole answer).
+    `extra_headers` (the x-ratelimit-* set) go out before the first byte."""
 
     def __init__(self, upstream: httpx.Response, meter: UsageMeter, settle: Settle,
-                 extra_headers: dict[str, str]) -> None:
+                 extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics) -> None:
         meter.status = upstream.status_code
-        super().__init__(_relay(upstream, meter, settle), status_code=upstream.status_code)
+        super().__init__(_relay(upstream, meter, settle, metrics), status_code=upstream.status_code)
+        self._deadline, self._metrics = deadline, metrics
         # Set raw, not via a dict, so repeated headers survive.
         self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
                             for name, value in forwardable(upstream.headers.multi_items(), NOT_FORWARDED_DOWN)
@@ -84,7 +90,11 @@ class UpstreamStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            with anyio.move_on_after(self._deadline - time.monotonic()) as timer:
+                await super().__call__(scope, receive, send)
+            if timer.cancelled_caught:
+                self._metrics.upstream_errors.labels(kind="total_timeout").inc()
+                log.warning("request ran past its total timeout: response cut")
         finally:
             with anyio.CancelScope(shield=True):
                 await self._upstream.aclose()
@@ -92,7 +102,8 @@ class UpstreamStream(StreamingResponse):
                 await self._settle(self._meter.billed())
 
 
-async def _relay(upstream: httpx.Response, meter: UsageMeter, settle: Settle) -> AsyncIterator[bytes]:
+async def _relay(upstream: httpx.Response, meter: UsageMeter, settle: Settle,
+                 metrics: GatewayMetrics) -> AsyncIterator[bytes]:
     try:
         async for chunk in upstream.aiter_raw():
             out = meter.feed(chunk)
@@ -107,6 +118,8 @@ async def _relay(upstream: httpx.Response, meter: UsageMeter, settle: Settle) ->
     except httpx.HTTPError as exc:
         # Headers are already sent; aborting the connection (by raising) tells the client the
         # body is incomplete, where ending cleanly would pass a truncated answer off as whole.
+        kind = "idle_timeout" if isinstance(exc, httpx.ReadTimeout) else "stream_broken"
+        metrics.upstream_errors.labels(kind=kind).inc()
         log.warning("upstream stream broke: %s", type(exc).__name__)
         raise
     finally:
@@ -116,12 +129,20 @@ async def _relay(upstream: httpx.Response, meter: UsageMeter, settle: Settle) ->
 
 
 class UpstreamProxy:
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+        self._total_timeout_s = settings.request_timeout_s
         self._client = httpx.AsyncClient(
             base_url=settings.upstream_url,
-            timeout=httpx.Timeout(settings.upstream_read_timeout_s, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE_CONNECTIONS,
-                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
+            # `read` is the idle timeout: the longest wait for the next bytes, first ones included.
+            timeout=httpx.Timeout(settings.upstream_idle_timeout_s, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S),
+            # Retries only failed connects: the request never reached the upstream, so sending it
+            # again cannot run a generation twice. Nothing is retried once the upstream has it.
+            # (The pool limits go to the transport: a client given a transport ignores its own.)
+            transport=httpx.AsyncHTTPTransport(
+                retries=CONNECT_RETRIES,
+                limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE_CONNECTIONS,
+                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)),
             headers={"accept-encoding": "identity"},  # see NOT_FORWARDED_UP
             follow_redirects=False,
             trust_env=False,  # HTTP(S)_PROXY in the pod's environment must not reroute model traffic
@@ -132,6 +153,7 @@ class UpstreamProxy:
         """Send `request` (with the already-read `body`) upstream; stream the response back.
         `settle(billed_tokens)` is called once the response ends; the caller settles itself
         when this returns an error response instead of an `UpstreamStream`."""
+        deadline = time.monotonic() + self._total_timeout_s
         path = request.url.path
         if not is_safe_api_path(path):
             return errors.not_found(path)
@@ -142,17 +164,22 @@ class UpstreamProxy:
             content=body,
         )
         try:
-            upstream = await self._client.send(upstream_request, stream=True)
+            with anyio.fail_after(self._total_timeout_s):
+                upstream = await self._client.send(upstream_request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            log.warning("upstream unreachable: %s", type(exc).__name__)
-            return errors.upstream_unavailable()
-        except httpx.TimeoutException:
-            return errors.upstream_timeout()
+            return self._failed("unavailable", exc, errors.upstream_unavailable())
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            kind = "idle_timeout" if isinstance(exc, httpx.TimeoutException) else "total_timeout"
+            return self._failed(kind, exc, errors.upstream_timeout())
         except httpx.HTTPError as exc:
-            log.warning("upstream request failed: %s", type(exc).__name__)
-            return errors.upstream_failed()
+            return self._failed("failed", exc, errors.upstream_failed())
         meter = meter or UsageMeter(stream=False, strip_usage=False, prompt_estimate=0, reserved=0)
-        return UpstreamStream(upstream, meter, settle, extra_headers or {})
+        return UpstreamStream(upstream, meter, settle, extra_headers or {}, deadline=deadline, metrics=self._metrics)
+
+    def _failed(self, kind: str, exc: Exception, response: Response) -> Response:
+        self._metrics.upstream_errors.labels(kind=kind).inc()
+        log.warning("upstream request failed (%s): %s", kind, type(exc).__name__)
+        return response
 
     async def aclose(self) -> None:
         await self._client.aclose()

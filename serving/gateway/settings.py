@@ -55,6 +55,10 @@ class GatewaySettings(_Strict):
     host: str = Field(default="127.0.0.1", description="Address to bind; 0.0.0.0 in a container.")
     port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
+    model_context_lengths: dict[str, int] = Field(
+        default_factory=dict,
+        description="max_model_len per served model: how much output a request without max_tokens can get.",
+    )
     max_body_bytes: int = Field(default=1_000_000, ge=1, description="Largest request body; larger gets 413.")
     default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
     max_tokens_ceiling: int = Field(
@@ -75,9 +79,24 @@ class GatewaySettings(_Strict):
         default="local",
         description="When the limiter's Redis fails: per-replica in-memory limits (local), or 503 (closed)."
     )
-    upstream_read_timeout_s: float = Field(
-        default=300.0, gt=0,
-        description="Longest wait for upstream bytes (first token under load, or between chunks).",
+    upstream_idle_timeout_s: float = Field(
+        default=120.0, gt=0,
+        description="Longest silence from the upstream: before its first byte (a long queue) or between two "
+                    "chunks of a stream. Past it the request fails (504 before the first byte; cut stream after).",
+    )
+    request_timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="Longest a whole request may take, stream included; a stream still running is cut. "
+                    "Also bounds how long a crashed gateway's concurrency slot stays taken.",
+    )
+    key_cache_ttl_s: float = Field(
+        default=60.0, ge=0,
+        description="While Redis is unreachable, keys verified this recently are still accepted (0: never). "
+                    "With Redis up every request is checked there, so revocation is immediate.",
+    )
+    log_prompts: bool = Field(
+        default=False,
+        description="Add the request's messages/prompt to its access-log line. Off: prompts are tenants' data.",
     )
     shutdown_grace_s: float = Field(
         default=90.0, ge=0,
