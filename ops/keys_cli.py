@@ -1,4 +1,4 @@
-"""`llmctl keys create|list|show|revoke|rotate`: API keys in the gateway's Redis.
+"""`llmctl keys create|list|show|set|revoke|rotate`: API keys in the gateway's Redis.
 
 Which Redis: `--redis-url`, else `LLMSTACK_REDIS_URL`, else (for the local stack) the Redis
 of the `make dev` running in this checkout. For a cloud stack, reach its Redis first (for
@@ -23,7 +23,7 @@ from rich.table import Table
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import RedisKeyStore
 
-app = typer.Typer(help="Create, list, show, revoke and rotate API keys.", no_args_is_help=True)
+app = typer.Typer(help="Create, list, show, change, revoke and rotate API keys.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
@@ -94,13 +94,14 @@ def create(
     tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
     daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
     max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
+    shadow: Annotated[bool, typer.Option(help="Shadow mode: over-limit requests are logged, not refused.")] = False,
 ) -> None:
     """Make a key. The key is printed once, on stdout; only its hash is stored."""
     expires = datetime.now(timezone.utc) + timedelta(days=expires_in_days) if expires_in_days else None
     limits = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
                      daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests)
     key, record = _run(_store_url(redis_url, stack), lambda s: s.create(
-        tenant, name, expires_at=expires, allowed_models=model or None, limits=limits))
+        tenant, name, expires_at=expires, allowed_models=model or None, limits=limits, shadow=shadow))
     err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
     print(key)
 
@@ -113,13 +114,13 @@ def list_keys(stack: StackOption = "local", redis_url: RedisOption = None,
     if as_json:
         print(json.dumps([_describe(r) for r in records], indent=2))
         return
-    table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides")
+    table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides", "mode")
     now = datetime.now(timezone.utc)
     for r in records:
         state = "revoked" if r.revoked else "expired" if r.expires_at and r.expires_at <= now else "active"
         overrides = ", ".join(f"{f}={getattr(r, f)}" for f in LIMIT_FIELDS if getattr(r, f) is not None)
         table.add_row(r.key_id, r.tenant, r.name, r.created_at.strftime("%Y-%m-%d %H:%M"), state,
-                      ", ".join(r.allowed_models or ["all"]), overrides or "-")
+                      ", ".join(r.allowed_models or ["all"]), overrides or "-", "shadow" if r.shadow else "enforced")
     out.print(table)
 
 
@@ -142,6 +143,34 @@ def revoke(key_id: str, stack: StackOption = "local", redis_url: RedisOption = N
     err.print(f"revoked {key_id}")
 
 
+@app.command("set")
+def set_key(
+    key_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    requests_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
+    max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
+    shadow: Annotated[bool | None, typer.Option("--shadow/--enforce", help="Log over-limit requests / refuse them.")
+                      ] = None,
+) -> None:
+    """Change a key's limits or mode; every gateway replica applies it from the next request."""
+    changes: dict[str, Any] = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
+                                      daily_token_budget=daily_token_budget,
+                                      max_concurrent_requests=max_concurrent_requests)
+    if shadow is not None:
+        changes["shadow"] = shadow
+    if not changes:
+        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 30) or --shadow/--enforce")
+        raise typer.Exit(2)
+    record = _run(_store_url(redis_url, stack), lambda s: s.update(key_id, **changes))
+    if record is None:
+        err.print(f"no key with id {key_id!r} (llmctl keys list shows them)")
+        raise typer.Exit(1)
+    err.print(f"updated {key_id}: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+
+
 @app.command()
 def rotate(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None) -> None:
     """A new key with the same tenant, name, models, expiry and limits; the old one is revoked."""
@@ -151,7 +180,7 @@ def rotate(key_id: str, stack: StackOption = "local", redis_url: RedisOption = N
             return None
         limits = {f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None}
         made = await store.create(old.tenant, old.name, expires_at=old.expires_at,
-                                  allowed_models=old.allowed_models, limits=limits)
+                                  allowed_models=old.allowed_models, limits=limits, shadow=old.shadow)
         await store.revoke(key_id)
         return made
 

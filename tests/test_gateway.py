@@ -150,8 +150,8 @@ def serving(app, port: int | None = None) -> Iterator[str]:
 
 
 def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> GatewaySettings:
-    return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, models=["tiny", "other"],
-                           max_body_bytes=4096, upstream_idle_timeout_s=30, **overrides)
+    values = {"models": ["tiny", "other"], "max_body_bytes": 4096, "upstream_idle_timeout_s": 30, **overrides}
+    return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, **values)
 
 
 @pytest.fixture(scope="module")

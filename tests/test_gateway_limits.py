@@ -67,8 +67,11 @@ class RecordingUpstream:
                                  "choices": [{"index": 0, "finish_reason": "stop",
                                               "message": {"role": "assistant", "content": "".join(WORDS)}}]})
         include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-        slow = request.headers.get("x-test-scenario") == "slow"
-        return StreamingResponse(self._slow(model) if slow else self._words(model, include_usage),
+        scenario = request.headers.get("x-test-scenario")
+        if scenario == "silent":  # never answers: headers never come
+            await asyncio.sleep(3600)
+        stream = {"slow": self._slow, "stall": self._stall}.get(scenario)
+        return StreamingResponse(stream(model) if stream else self._words(model, include_usage),
                                  media_type="text/event-stream")
 
     async def _words(self, model: str, include_usage: bool):
@@ -79,6 +82,10 @@ class RecordingUpstream:
         if include_usage:
             yield _sse(_chunk(model, usage=USAGE))
         yield _sse("[DONE]")
+
+    async def _stall(self, model: str):
+        yield _sse(_chunk(model, {"role": "assistant", "content": "one"}))
+        await asyncio.sleep(3600)  # then silence
 
     async def _slow(self, model: str):
         try:

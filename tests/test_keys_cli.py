@@ -92,3 +92,19 @@ def test_redis_url_resolution():
 def test_unreachable_redis_is_one_clear_line():
     result = llmctl("list", "--redis-url", "redis://127.0.0.1:1/0")
     assert result.returncode == 1 and "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_set_changes_limits_and_mode_and_rotate_keeps_shadow(redis_url):
+    key = llmctl("create", "--tenant", "acme", "--name", "tuning", "--shadow", "--redis-url", redis_url).stdout.strip()
+    record = verify(redis_url, key)
+    assert record.shadow
+    changed = llmctl("set", record.key_id, "--enforce", "--requests-per-minute", "7", "--redis-url", redis_url)
+    assert changed.returncode == 0, changed.stderr
+    record = verify(redis_url, key)
+    assert not record.shadow and record.requests_per_minute == 7
+    nothing = llmctl("set", record.key_id, "--redis-url", redis_url)
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+    llmctl("set", record.key_id, "--shadow", "--redis-url", redis_url)
+    rotated = llmctl("rotate", record.key_id, "--redis-url", redis_url).stdout.strip()
+    new = verify(redis_url, rotated)
+    assert new.shadow and new.requests_per_minute == 7 and verify(redis_url, key) is None

@@ -105,6 +105,10 @@ def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers:
                    f"Please try again in {retry_after_s:.3f}s.")
     type_ = "requests" if refused in ("requests", "concurrency") else "tokens"
     code = "daily_token_budget_exceeded" if refused == "daily_tokens" else "rate_limit_exceeded"
+    if retry_after_s is None:
+        # 429 like OpenAI's "Request too large", but waiting cannot help: tell the OpenAI SDKs
+        # (which honour x-should-retry) not to retry what can never be admitted.
+        headers = {**headers, "x-should-retry": "false"}
     return openai_error(429, message, type_, code=code, headers=headers)
 
 

@@ -75,13 +75,14 @@ class KeyStore(ABC):
 
     async def create(self, tenant: str, name: str, *, expires_at: datetime | None = None,
                      allowed_models: list[str] | None = None,
-                     limits: Mapping[str, int] | None = None) -> tuple[str, KeyRecord]:
+                     limits: Mapping[str, int] | None = None, shadow: bool = False) -> tuple[str, KeyRecord]:
         """Make a key; returns the plaintext (shown once) and its record. `limits` overrides the
         gateway's default limits for this key (requests_per_minute, tokens_per_minute, ...)."""
         while True:
             key, key_id = new_key()
             record = KeyRecord(key_id=key_id, tenant=tenant, name=name, created_at=_utcnow(),
-                               expires_at=expires_at, allowed_models=allowed_models, **(limits or {}))
+                               expires_at=expires_at, allowed_models=allowed_models, shadow=shadow,
+                               **(limits or {}))
             # Claim the key_id first, so two creators can never share one; a clash draws again.
             if await self._set(_id_index_key(key_id), hash_key(key), only_if_absent=True):
                 await self._set(_record_key(hash_key(key)), record.model_dump_json())
