@@ -58,13 +58,16 @@ class LocalRedis:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start_redis(port: int | None = None, *, timeout_s: float = 10) -> LocalRedis:
-    """Start redis-server and wait until it accepts connections."""
+def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | None = None) -> LocalRedis:
+    """Start redis-server and wait until it accepts connections. `load`: an RDB snapshot
+    (from SAVE) to start with, as a restarted or failed-over Redis would have its data."""
     binary = redis_server_path()
     if binary is None:
         raise FileNotFoundError("redis-server is not installed (Debian/Ubuntu: apt-get install -y redis-server)")
     port = port or free_port()
     folder = Path(tempfile.mkdtemp(prefix="llmstack-redis-"))
+    if load is not None:
+        shutil.copyfile(load, folder / "dump.rdb")  # read at start; `--save ""` never writes it back
     process = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", str(folder), "--protected-mode", "yes"],

@@ -22,11 +22,11 @@ from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
 from serving.gateway.key_format import KeyRecord, hash_key, is_usable, looks_like_key, new_key
+from serving.gateway.redis_client import redis_client
 
 __all__ = ["KeyRecord", "KeyStore", "KeyStoreUnavailable", "MemoryKeyStore", "RecentlyVerifiedKeys", "RedisKeyStore",
            "create_key_sync"]
 
-_REDIS_TIMEOUT_S = 2.0  # a hung Redis must fail admission and /readyz fast, not hang them
 
 
 class KeyStoreUnavailable(RuntimeError):
@@ -188,10 +188,7 @@ class RedisKeyStore(KeyStore):
     """Keys in Redis, shared by every gateway replica (layout in the module docstring)."""
 
     def __init__(self, redis_url: str) -> None:
-        import redis.asyncio as redis  # imported here so the memory store needs no redis package
-
-        self._redis = redis.from_url(redis_url, decode_responses=True, socket_timeout=_REDIS_TIMEOUT_S,
-                                     socket_connect_timeout=_REDIS_TIMEOUT_S)
+        self._redis = redis_client(redis_url, decode_responses=True)
 
     async def _get(self, name: str) -> str | None:
         from redis.exceptions import RedisError

@@ -46,7 +46,6 @@ SLOT_TTL_MARGIN_S = 30
 # Concurrency has no exact wait: a slot frees when some in-flight response ends, which nobody
 # can predict. One second is a short, honest "try again soon".
 CONCURRENCY_RETRY_S = 1.0
-_REDIS_TIMEOUT_S = 2.0
 _MINUTE_US = 60_000_000
 _DAY_S = 86_400
 
@@ -183,13 +182,9 @@ def _decision(limits: KeyLimits, reply: list) -> LimitDecision:
 
 class RedisLimiter:
     def __init__(self, redis_url: str, slot_ttl_s: int) -> None:
-        import redis.asyncio as redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from serving.gateway.redis_client import redis_client
 
-        # No automatic retries: a retried EVALSHA after a timeout could charge twice.
-        self._redis = redis.from_url(redis_url, socket_timeout=_REDIS_TIMEOUT_S,
-                                     socket_connect_timeout=_REDIS_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
+        self._redis = redis_client(redis_url)  # no retries: a retried EVALSHA could charge twice
         self._slot_ttl_s = slot_ttl_s
         self._admit = self._redis.register_script(ADMIT_LUA)
         self._settle = self._redis.register_script(SETTLE_LUA)
