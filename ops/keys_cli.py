@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, Awaitable, Callable, TypeVar
 
@@ -24,8 +25,9 @@ from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import RedisKeyStore
 
 app = typer.Typer(help="Create, list, show, change, revoke and rotate API keys.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, README examples) gets a fixed width instead of 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 150)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 T = TypeVar("T")
 
 RedisOption = Annotated[str | None, typer.Option("--redis-url", help="Redis the gateway uses.")]

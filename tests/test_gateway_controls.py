@@ -77,8 +77,8 @@ def test_max_tokens_is_added_only_when_needed(gateway, upstream, redis_server): 
 
 
 def test_shadow_key_is_served_over_its_limit_and_the_refusal_is_logged(gateway, redis_server, caplog):
-    caplog.set_level(logging.WARNING, logger="llmstack.gateway.admission")
-    logging.getLogger("llmstack.gateway.admission").disabled = False  # vLLM's dictConfig may disable it
+    caplog.set_level(logging.WARNING, logger="llmstack.gateway.access")
+    logging.getLogger("llmstack.gateway.access").disabled = False  # vLLM's dictConfig may disable it
     shadow = new_key(redis_server, requests_per_minute=2)
     enforced = new_key(redis_server, requests_per_minute=2)
     key_id = shadow.split("_")[0].removeprefix("sk-llm-")

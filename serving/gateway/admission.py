@@ -44,7 +44,8 @@ from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.request_policy import check_request
 from serving.gateway.settings import GatewaySettings
 
-log = logging.getLogger("llmstack.gateway.admission")
+# Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.
+events = logging.getLogger("llmstack.gateway.access")
 PROMPT_LOG_CHARS = 2000
 
 
@@ -177,7 +178,7 @@ class Admitter:
                 return errors.rate_limited(decision.refused, limit[decision.refused], decision.retry_after_s,
                                            headers)
             # Served anyway, uncharged: exactly what enforcement would have left in the limiter.
-            log.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
+            events.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
                                     "tenant": record.tenant, "limit": decision.refused, "reserved": reserved}))
             headers = {name: value for name, value in headers.items() if name != "retry-after"}
         stream = wants_stream(document, path)

@@ -45,8 +45,9 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 # later usage-settlement step read the stream it relays.
 NOT_FORWARDED_UP = HOP_BY_HOP | {"authorization", "x-api-key", "cookie", "host", "content-length", "expect",
                                  "accept-encoding"}
-# Length is dropped because the relayed body is streamed (chunked) and may end early.
-NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "set-cookie"}
+# Length is dropped because the relayed body is streamed (chunked) and may end early; `server`
+# because what runs behind the gateway is nobody else's business.
+NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "set-cookie", "server"}
 
 
 def forwardable(headers: Iterable[tuple[str, str]], dropped: frozenset[str]) -> list[tuple[str, str]]:

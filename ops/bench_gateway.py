@@ -1,0 +1,201 @@
+"""Gateway overhead benchmark: the same upstream stub reached directly, through the llmstack
+gateway, and (when it is installed) through LiteLLM proxy, in one run, driven by `wrk`.
+
+    python -m ops.bench_gateway [--duration 15] [--litellm PATH_TO_litellm] [--out build/bench/gateway.json]
+
+Two measurements per target, both with 100 concurrent connections (clients):
+- paced: every client waits `--pace-ms` between requests, so the offered load stays below
+  saturation and latency is service time, not queueing. Added latency = gateway - direct,
+  at p50 and p99 (targets: <= 1 ms and <= 5 ms).
+- saturated: clients send back to back; requests/s is the most each target serves here.
+Plus Redis commands per request, from `INFO commandstats` around the gateway's runs.
+
+Everything runs on this machine: wrk, the stub (`ops.stub_upstream`), redis-server and the
+gateway share its cores, so absolute numbers are this machine's; the ratios are the result.
+`wrk` comes from Debian (`apt-get install wrk`); Python load generators saturate first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import redis
+
+from ops.local_redis import free_port, start_redis
+from serving.gateway.keys import create_key_sync
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONNECTIONS = 100
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "What is a KV cache?"}], "max_tokens": 16}
+GENEROUS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000, "daily_token_budget": 10**12,
+            "max_concurrent_requests": 10_000}
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def parse_wrk(output: str) -> dict[str, float]:
+    """Requests/s, latency percentiles (ms) and non-2xx/socket error counts from `wrk --latency`."""
+    result: dict[str, float] = {}
+    for pct, number, unit in re.findall(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s|m)\s*$", output, re.M):
+        result[f"p{pct}_ms"] = float(number) * _UNITS[unit]
+    match = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    result["requests_per_s"] = float(match.group(1)) if match else 0.0
+    match = re.search(r"(\d+) requests in", output)
+    result["requests"] = float(match.group(1)) if match else 0.0
+    match = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    result["non_2xx"] = float(match.group(1)) if match else 0.0
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    result["socket_errors"] = float(sum(int(n) for n in errors.groups())) if errors else 0.0
+    return result
+
+
+def wrk_script(key: str, pace_ms: int) -> str:
+    """wrk's Lua: the POST, the key, and (when pacing) a fixed wait between a client's requests."""
+    lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(json.dumps(BODY))}",
+             'wrk.headers["Content-Type"] = "application/json"', f'wrk.headers["Authorization"] = "Bearer {key}"']
+    if pace_ms:
+        lines.append(f"function delay() return {pace_ms} end")
+    return "\n".join(lines) + "\n"
+
+
+def run_wrk(url: str, key: str, *, duration_s: int, pace_ms: int, folder: Path) -> dict[str, float]:
+    script = folder / f"wrk-{pace_ms}.lua"
+    script.write_text(wrk_script(key, pace_ms))
+    command = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{duration_s}s", "--latency", "-s", str(script),
+               f"{url}/v1/chat/completions"]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return parse_wrk(output)
+
+
+@contextmanager
+def background(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    with log.open("w") as out:
+        process = subprocess.Popen(args, cwd=REPO_ROOT, env={**os.environ, **(env or {})}, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:3]} exited with {process.returncode} before answering")
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def redis_calls(url: str) -> int:
+    stats = redis.Redis.from_url(url).info("commandstats")
+    # Our own INFO calls are not the gateway's.
+    return sum(v["calls"] for name, v in stats.items() if name not in ("cmdstat_info",))
+
+
+def litellm_config(upstream: str) -> str:
+    return json.dumps({
+        "model_list": [{"model_name": "tiny", "litellm_params": {
+            "model": "openai/tiny", "api_base": f"{upstream}/v1", "api_key": "unused"}}],
+        "general_settings": {"master_key": "sk-bench-master"}})
+
+
+def run(duration_s: int, pace_ms: int, litellm: str | None, out: Path) -> dict:
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed: apt-get install -y wrk")
+    folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-gateway-"))
+    results: dict = {"connections": CONNECTIONS, "duration_s": duration_s, "pace_ms": pace_ms, "targets": {}}
+    with ExitStack() as stack:
+        own_redis = start_redis()
+        stack.callback(own_redis.stop)
+        stub_port, gateway_port = free_port(), free_port()
+        stub = f"http://127.0.0.1:{stub_port}"
+        stack.enter_context(background([sys.executable, "-m", "ops.stub_upstream", "--port", str(stub_port)],
+                                       folder / "stub.log"))
+        gateway_env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": own_redis.url,
+                       "LLMSTACK_GATEWAY_PORT": str(gateway_port),
+                       "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
+        gateway = stack.enter_context(background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log",
+                                                 gateway_env))
+        key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
+        targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key)}
+        wait_for(f"{stub}/v1/models", gateway)
+        wait_for(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
+        if litellm:
+            litellm_port = free_port()
+            config = folder / "litellm.yaml"
+            config.write_text(litellm_config(stub))  # JSON is YAML
+            process = stack.enter_context(background(
+                [litellm, "--config", str(config), "--port", str(litellm_port), "--num_workers", "1"],
+                folder / "litellm.log"))
+            wait_for(f"http://127.0.0.1:{litellm_port}/health/liveliness", process, timeout_s=300)
+            targets["litellm"] = (f"http://127.0.0.1:{litellm_port}", "sk-bench-master")
+        for name, (url, target_key) in targets.items():
+            print(f"==> {name}: warm-up, paced ({pace_ms} ms between a client's requests), saturated", flush=True)
+            run_wrk(url, target_key, duration_s=3, pace_ms=0, folder=folder)  # warm pools and caches
+            before = redis_calls(own_redis.url)
+            paced = run_wrk(url, target_key, duration_s=duration_s, pace_ms=pace_ms, folder=folder)
+            saturated = run_wrk(url, target_key, duration_s=duration_s, pace_ms=0, folder=folder)
+            served = paced["requests"] + saturated["requests"]
+            calls = redis_calls(own_redis.url) - before
+            results["targets"][name] = {"paced": paced, "saturated": saturated,
+                                        "redis_commands_per_request": round(calls / served, 3) if served else None}
+            print(f"    paced p50 {paced.get('p50_ms', 0):.2f} ms p99 {paced.get('p99_ms', 0):.2f} ms "
+                  f"({paced['requests_per_s']:.0f} req/s); saturated {saturated['requests_per_s']:.0f} req/s; "
+                  f"non-2xx {paced['non_2xx'] + saturated['non_2xx']:.0f}", flush=True)
+    results["summary"] = summary(results["targets"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results["summary"], indent=2))
+    shutil.rmtree(folder, ignore_errors=True)
+    return results
+
+
+def summary(targets: dict) -> dict:
+    direct, gateway = targets["direct"], targets["gateway"]
+    result = {
+        "added_p50_ms": round(gateway["paced"]["p50_ms"] - direct["paced"]["p50_ms"], 3),
+        "added_p99_ms": round(gateway["paced"]["p99_ms"] - direct["paced"]["p99_ms"], 3),
+        "gateway_saturated_over_direct": round(gateway["saturated"]["requests_per_s"]
+                                               / direct["saturated"]["requests_per_s"], 3),
+        "redis_commands_per_request": gateway["redis_commands_per_request"],
+    }
+    if "litellm" in targets:
+        result["gateway_over_litellm_saturated"] = round(
+            gateway["saturated"]["requests_per_s"] / max(targets["litellm"]["saturated"]["requests_per_s"], 1e-9), 2)
+        result["litellm_added_p50_ms"] = round(targets["litellm"]["paced"]["p50_ms"] - direct["paced"]["p50_ms"], 3)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Gateway overhead vs direct (and LiteLLM proxy) with wrk.")
+    parser.add_argument("--duration", type=int, default=15, help="seconds per wrk run")
+    parser.add_argument("--pace-ms", type=int, default=200, help="wait between one client's requests (paced runs)")
+    parser.add_argument("--litellm", help="path to a `litellm` executable (installed in its own venv)")
+    parser.add_argument("--out", type=Path, default=Path("build/bench/gateway.json"))
+    args = parser.parse_args()
+    run(args.duration, args.pace_ms, args.litellm, args.out)
+
+
+if __name__ == "__main__":
+    main()
