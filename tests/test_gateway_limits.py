@@ -8,7 +8,6 @@ answer (a client that disconnects), tests poll with a deadline that only bounds 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 import time

@@ -42,7 +42,7 @@ from serving.gateway.metering import (
 )
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.request_policy import check_request
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.settings import GatewaySettings, KeyLimits
 
 # Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.
 events = logging.getLogger("llmstack.gateway.access")
@@ -118,7 +118,7 @@ async def read_body_within(request: Request, limit: int) -> bytes | None:
 
 class Admitter:
     """Admission with what it needs: the key store (and its outage cache), the limiter, the
-    settings and the metrics. `degraded` is what the last admission saw of Redis."""
+    settings and the metrics (each admission sets the `degraded` gauge from what it saw of Redis)."""
 
     def __init__(self, settings: GatewaySettings, key_store: KeyStore, limiter: Limiter,
                  metrics: GatewayMetrics) -> None:
@@ -167,19 +167,11 @@ class Admitter:
         except LimiterUnavailable:
             return errors.limiter_unavailable()
         self.metrics.degraded.set(1 if from_cache or ticket.local_fallback else 0)
-        decision = ticket.decision
-        headers = rate_limit_headers(decision)
-        if not decision.allowed:
-            mode = "shadow" if record.shadow else "enforced"
-            self.metrics.rate_limited.labels(limit=decision.refused, mode=mode).inc()
-            if not record.shadow:
-                limit = {"requests": limits.requests_per_minute, "tokens": limits.tokens_per_minute,
-                         "concurrency": limits.max_concurrent_requests, "daily_tokens": limits.daily_token_budget}
-                return errors.rate_limited(decision.refused, limit[decision.refused], decision.retry_after_s,
-                                           headers)
-            # Served anyway, uncharged: exactly what enforcement would have left in the limiter.
-            events.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
-                                    "tenant": record.tenant, "limit": decision.refused, "reserved": reserved}))
+        headers = rate_limit_headers(ticket.decision)
+        if not ticket.decision.allowed:
+            refusal = self._over_limit(record, limits, ticket, headers)
+            if refusal is not None:
+                return refusal
             headers = {name: value for name, value in headers.items() if name != "retry-after"}
         stream = wants_stream(document, path)
         upstream_document, strip_usage = upstream_request(document, path, stream=stream,
@@ -189,6 +181,21 @@ class Admitter:
         meter = UsageMeter(stream=stream, strip_usage=strip_usage, reserved=reserved,
                            prompt_estimate=estimate_prompt_tokens(document) if document is not None else 0)
         return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter)
+
+
+    def _over_limit(self, record: KeyRecord, limits: KeyLimits, ticket: Ticket, headers: dict[str, str]
+                    ) -> Response | None:
+        """The 429 for a request over a limit; None when the key is in shadow mode, which serves
+        it anyway, uncharged (exactly what enforcement would have left in the limiter), and logs it."""
+        refused = ticket.decision.refused
+        self.metrics.rate_limited.labels(limit=refused, mode="shadow" if record.shadow else "enforced").inc()
+        if record.shadow:
+            events.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
+                                       "tenant": record.tenant, "limit": refused, "reserved": ticket.reserved}))
+            return None
+        limit = {"requests": limits.requests_per_minute, "tokens": limits.tokens_per_minute,
+                 "concurrency": limits.max_concurrent_requests, "daily_tokens": limits.daily_token_budget}
+        return errors.rate_limited(refused, limit[refused], ticket.decision.retry_after_s, headers)
 
 
 def upstream_request(document: dict | None, path: str, *, stream: bool, added_max_tokens: int | None
