@@ -83,6 +83,30 @@ def render(
         out.print(f"wrote {path}", highlight=False)
 
 
+@app.command()
+def doctor(
+    stack: StackOption,
+    offline: Annotated[bool, typer.Option("--offline", help="Only the checks that need no network.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="A check that could not run fails (make deploy).")]
+    = False,
+) -> None:
+    """Preflight: plan, tools, AWS identity, zones, GPU quotas, instance offerings (exit 1 on a failure)."""
+    from ops.doctor import doctor_table, run_doctor
+    from ops.doctor_checks import Status, exit_code
+
+    spec = _load(stack)
+    checks = run_doctor(spec, offline=offline)
+    out.print(doctor_table(spec.name, checks))
+    code = exit_code(checks, strict=strict)
+    not_run = [c.name for c in checks if c.status is Status.NOT_RUN]
+    if not_run:
+        err.print(f"could not run: {', '.join(not_run)}", highlight=False, soft_wrap=True)
+    if code:
+        err.print("[red]doctor: not ready to deploy[/red]; fix the failures above")
+        raise typer.Exit(code)
+    out.print(f"[green]doctor ok[/green]: stack {spec.name}")
+
+
 def main() -> None:
     app()
 
