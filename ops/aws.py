@@ -76,6 +76,9 @@ def describe_aws_error(exc: BaseException, *, doing: str = "") -> str:
         if code in DENIED:
             permission = PERMISSIONS.get(operation, operation)
             return f"access denied{where} ({operation}): the identity needs the IAM permission {permission}"
+        if code == "NoSuchBucket":
+            return (f"the model cache bucket does not exist{where}: `make deploy` creates it "
+                    "(or check llmstack:model_cache.bucket in the stack file)")
         if code in THROTTLED:
             return f"AWS throttled {operation}{where} even after retries ({code}): wait a minute and retry"
         return f"AWS error{where}: {operation} failed with {code}: {message}".rstrip(": ")

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from infra.model_cache import bucket_name, needs_bucket_name
 from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
@@ -30,6 +31,24 @@ out = Console(width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 StackOption = Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")]
+
+
+def _cache_bucket(spec: StackSpec) -> str | None:
+    """The cache bucket, when a cached model needs it in the serve config. Named after the AWS
+    account unless the stack names it (`infra.model_cache`), so this may ask STS."""
+    if not needs_bucket_name(spec) or spec.cloud.provider != "aws":
+        return None
+    if spec.model_cache.bucket:
+        return spec.model_cache.bucket
+    from ops import aws
+
+    try:
+        return bucket_name(spec, aws.account_id(aws.session(spec.cloud.region)))
+    except aws.AwsProblem as exc:
+        err.print(f"[red]error:[/red] the stack has cached models, so its bucket name is needed and it comes from the "
+                  f"AWS account: {exc}; or set llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 def _load(stack: str) -> StackSpec:
@@ -66,7 +85,7 @@ def render(
     """Kubernetes manifests (RayService, gateway) as YAML, the objects `pulumi up` applies."""
     spec = _load(stack)
     try:
-        objects = render_stack(spec)
+        objects = render_stack(spec, model_cache_bucket=_cache_bucket(spec))
     except RenderRefused as exc:
         for line in problem_lines(exc.plan):
             err.print(line, highlight=False, soft_wrap=True)
