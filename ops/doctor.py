@@ -138,4 +138,8 @@ def run_doctor(spec: StackSpec, *, offline: bool = False, clients: AwsClients | 
                                detail=f"stack {spec.name} runs on this machine: nothing in AWS to check")]
     if offline:
         return checks + [_not_run("AWS checks", "--offline")]
-    return checks + aws_checks(spec, plan, clients or AwsClients.for_region(spec.cloud.region))
+    try:
+        clients = clients or AwsClients.for_region(spec.cloud.region)
+    except ImportError:
+        return checks + [_not_run("AWS checks", "boto3 is not installed: pip install -e '.[infra]'")]
+    return checks + aws_checks(spec, plan, clients)

@@ -23,7 +23,8 @@ def test_composite_checksum_is_the_sha256_of_part_digests(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(data)
     sha, single = digest_file(path, part_size=10_000, multipart_threshold=1 << 30)
-    assert sha == hashlib.sha256(data).hexdigest() and single == base64.b64encode(hashlib.sha256(data).digest()).decode()
+    assert sha == hashlib.sha256(data).hexdigest()
+    assert single == base64.b64encode(hashlib.sha256(data).digest()).decode()
     _, composite = digest_file(path, part_size=10_000, multipart_threshold=10_000)
     parts = b"".join(hashlib.sha256(data[i:i + 10_000]).digest() for i in range(0, len(data), 10_000))
     assert composite == base64.b64encode(hashlib.sha256(parts).digest()).decode() + "-3"
