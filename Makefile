@@ -17,7 +17,7 @@ help:
 	@echo "make test         install into .venv and run every test"
 	@echo "make plan STACK=  capacity and cost of a stack (llmctl plan)"
 	@echo "make render STACK= Kubernetes manifests of a stack into build/manifests/"
-	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan passes"
+	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan (deploy: llmctl doctor) passes"
 
 $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(PY) -m ops.kv_capacity --stack local
 	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
 	$(PY) -m ops.bench_serving --out build/bench/serving.json
+	$(PY) -m ops.bench_model_sync --out build/bench/model_sync.json
 
 # Cloud stacks: checks (not local, Pulumi CLI, AWS credentials, llmctl plan), then Pulumi.
 preview deploy destroy: cloud-stack $(STAMP)

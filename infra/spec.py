@@ -221,6 +221,11 @@ class ModelSpec(_Spec):
     speculative_decoding: Speculation | None = Field(default=None, description="Optional speculation.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="Replica autoscaling.")
     architecture: Architecture | None = Field(default=None, description="Explicit shape if not known.")
+    cached: bool = Field(
+        default=False,
+        description="Load the weights from the stack's S3 model cache (`llmctl models sync`) instead of "
+                    "downloading `source` on every new node. AWS stacks only.",
+    )
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args.")
 
     @model_validator(mode="after")
@@ -307,6 +312,16 @@ class Versions(_Spec):
     kuberay_operator: str = Field(default=versions.KUBERAY_VERSION, description="KubeRay chart version.")
 
 
+class ModelCache(_Spec):
+    """The stack's S3 model cache. Naming rule and layout: `infra.model_cache`."""
+
+    bucket: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        description="Bucket name; default `llmstack-<stack>-models-<account id>` (unique per account).",
+    )
+
+
 # --- the stack ---------------------------------------------------------------------------
 
 
@@ -320,6 +335,7 @@ class StackSpec(_Spec):
     redis: Redis = Field(description="Redis for keys, limits, usage and Ray GCS fault tolerance.")
     gateway: Gateway = Field(default_factory=Gateway, description="The API gateway.")
     versions: Versions = Field(default_factory=Versions, description="Pinned versions.")
+    model_cache: ModelCache = Field(default_factory=ModelCache, description="S3 cache of model weights.")
 
     @model_validator(mode="after")
     def _references(self) -> StackSpec:
@@ -341,6 +357,10 @@ class StackSpec(_Spec):
         local = isinstance(self.cloud, LocalCloud)
         if local and any(isinstance(g, GpuNodeGroup) for g in self.node_groups):
             raise ValueError("cloud.provider local runs on this machine: use kind: cpu node groups only")
+        cached = [m.id for m in self.models if m.cached]
+        if local and cached:
+            raise ValueError(f"models {cached} set cached: true, but the model cache is an S3 bucket of an AWS "
+                             "stack; a local stack loads each model from its source folder: remove cached")
         if local != isinstance(self.redis, LocalRedis):
             raise ValueError("redis.mode local goes with cloud.provider local, and only with it")
         return self

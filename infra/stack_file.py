@@ -131,7 +131,7 @@ def _model_at(path: str) -> type[BaseModel] | None:
     from infra import spec
 
     tops = {"cloud": None, "node_groups": None, "models": spec.ModelSpec, "redis": None,
-            "gateway": spec.Gateway, "versions": spec.Versions}
+            "gateway": spec.Gateway, "versions": spec.Versions, "model_cache": spec.ModelCache}
     head, *rest = path.removeprefix(f"{NAMESPACE}:").replace("[", ".[").split(".")
     keys = [k for k in rest if not k.startswith("[")][:-1]
     model = tops.get(head.split("[")[0])

@@ -13,21 +13,42 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from infra.model_cache import bucket_name, needs_bucket_name
 from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_file import StackFileError, load_stack
 from ops.keys_cli import app as keys_app
+from ops.models_cli import app as models_app
 from ops.plan_view import plan_tables, problem_lines
 
 app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 # Piped output (CI logs, README examples) gets a fixed width instead of 80 columns.
 app.add_typer(keys_app, name="keys")
+app.add_typer(models_app, name="models")
 out = Console(width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
 StackOption = Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")]
+
+
+def _cache_bucket(spec: StackSpec) -> str | None:
+    """The cache bucket, when a cached model needs it in the serve config. Named after the AWS
+    account unless the stack names it (`infra.model_cache`), so this may ask STS."""
+    if not needs_bucket_name(spec) or spec.cloud.provider != "aws":
+        return None
+    if spec.model_cache.bucket:
+        return spec.model_cache.bucket
+    from ops import aws
+
+    try:
+        return bucket_name(spec, aws.account_id(aws.session(spec.cloud.region)))
+    except aws.AwsProblem as exc:
+        err.print(f"[red]error:[/red] the stack has cached models, so its bucket name is needed and it comes from the "
+                  f"AWS account: {exc}; or set llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 def _load(stack: str) -> StackSpec:
@@ -64,7 +85,7 @@ def render(
     """Kubernetes manifests (RayService, gateway) as YAML, the objects `pulumi up` applies."""
     spec = _load(stack)
     try:
-        objects = render_stack(spec)
+        objects = render_stack(spec, model_cache_bucket=_cache_bucket(spec))
     except RenderRefused as exc:
         for line in problem_lines(exc.plan):
             err.print(line, highlight=False, soft_wrap=True)
@@ -79,6 +100,30 @@ def render(
         path = folder / manifest_filename(obj)
         path.write_text(to_yaml([obj]))
         out.print(f"wrote {path}", highlight=False)
+
+
+@app.command()
+def doctor(
+    stack: StackOption,
+    offline: Annotated[bool, typer.Option("--offline", help="Only the checks that need no network.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="A check that could not run fails (make deploy).")]
+    = False,
+) -> None:
+    """Preflight: plan, tools, AWS identity, zones, GPU quotas, instance offerings (exit 1 on a failure)."""
+    from ops.doctor import doctor_table, run_doctor
+    from ops.doctor_checks import Status, exit_code
+
+    spec = _load(stack)
+    checks = run_doctor(spec, offline=offline)
+    out.print(doctor_table(spec.name, checks))
+    code = exit_code(checks, strict=strict)
+    not_run = [c.name for c in checks if c.status is Status.NOT_RUN]
+    if not_run:
+        err.print(f"could not run: {', '.join(not_run)}", highlight=False, soft_wrap=True)
+    if code:
+        err.print("[red]doctor: not ready to deploy[/red]; fix the failures above")
+        raise typer.Exit(code)
+    out.print(f"[green]doctor ok[/green]: stack {spec.name}")
 
 
 def main() -> None:

@@ -2,7 +2,9 @@
 
 Before Pulumi touches an account: the stack must be a cloud stack, the Pulumi CLI and AWS
 credentials must be there (one line each saying what to install or set), and `llmctl plan`
-must pass (destroy skips the plan: a broken stack file must still be removable).
+must pass (destroy skips the plan: a broken stack file must still be removable). `deploy`
+then runs `llmctl doctor --strict` (AWS identity, zones, GPU quotas, instance offerings) and
+stops on any failure or any check it could not run, before anything is created.
 """
 
 from __future__ import annotations
@@ -72,8 +74,14 @@ def main(action: str = typer.Argument(..., help="preview, deploy or destroy"),
     if problem:
         typer.echo(f"make {action}: {problem}", err=True)
         raise typer.Exit(1)
-    if action != "destroy":
+    if action == "preview":
         subprocess.run([sys.executable, "-m", "ops.cli", "plan", "--stack", stack], check=True, cwd=PROJECT_ROOT)
+    if action == "deploy":
+        doctor = subprocess.run([sys.executable, "-m", "ops.cli", "doctor", "--stack", stack, "--strict"],
+                                cwd=PROJECT_ROOT)
+        if doctor.returncode:
+            typer.echo("make deploy: stopped by llmctl doctor (see above); nothing was created", err=True)
+            raise typer.Exit(1)
     # `pulumi stack select --create` makes the stack on first use and keeps Pulumi.<stack>.yaml.
     subprocess.run(["pulumi", "stack", "select", "--create", stack], check=True, cwd=PROJECT_ROOT)
     result = subprocess.run(["pulumi", *ACTIONS[action], "--stack", stack], cwd=PROJECT_ROOT)

@@ -41,6 +41,7 @@ CLOUD_STACKS = ("dev", "prod")
 REDACTED = "<secret>"
 NODE_SECURITY_GROUP = "sg-eks-cluster"
 MOCK_PASSWORD = "mock-random-password-a1b2c3"
+MOCK_ACCOUNT = "111122223333"
 
 
 # --- the harness -------------------------------------------------------------------------
@@ -143,6 +144,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return id_, state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/deployer",
+                    "userId": "AIDAMOCK", "id": MOCK_ACCOUNT}, []
         raise AssertionError(f"the program made an unexpected provider call: {args.token}")
 
 

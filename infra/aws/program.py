@@ -8,6 +8,10 @@ resource is declared; the Kubernetes objects come from `infra.render.render_stac
 Secret config (never in the stack spec, always `pulumi config set --secret`):
 - `llmstack:hf_token`: Hugging Face token for gated models (optional).
 - `llmstack:redis_password`: password of an `external` Redis (required for that mode).
+
+The model cache bucket is named by `infra.model_cache.bucket_name`: the stack file's
+`llmstack:model_cache.bucket`, or a name made from the stack and the AWS account the
+program runs in (so `llmctl models sync` can find it without Pulumi).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import pulumi_kubernetes as k8s
 from infra.aws.addons import CLUSTER_AUTOSCALER_IMAGE_TAGS, STORAGE_CLASS, Addons, AddonsArgs
 from infra.aws.cluster import SYSTEM_GROUP, Cluster, ClusterArgs
 from infra.aws.gpu_node_groups import GpuNodeGroups, GpuNodeGroupsArgs
+from infra.aws.model_cache import ModelCache, ModelCacheArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.redis import Redis, RedisArgs
 from infra.aws.workloads import Workloads, WorkloadsArgs, app_namespace
+from infra.model_cache import bucket_name
 from infra.planner import StackPlan, plan_stack
 from infra.render import render_stack
 from infra.spec import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
@@ -104,17 +110,26 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
         storage_class=STORAGE_CLASS,
         external_password=secrets.require_secret("redis_password") if isinstance(spec.redis, ExternalRedis) else None),
         opts=on_aws)
+    account_id = None if spec.model_cache.bucket else aws.get_caller_identity(
+        opts=pulumi.InvokeOptions(provider=aws_provider)).account_id
+    cache_bucket = bucket_name(spec, account_id)
+    cache = ModelCache("model-cache", ModelCacheArgs(
+        stack=spec.name, bucket=cache_bucket, oidc_provider_arn=cluster.oidc_provider_arn,
+        oidc_issuer=cluster.oidc_issuer, k8s_provider=kube, namespace=namespace), opts=on_aws)
     app = Workloads("app", WorkloadsArgs(
-        stack=spec.name, objects=render_stack(spec, plan), tls=spec.gateway.certificate_arn is not None,
+        stack=spec.name, objects=render_stack(spec, plan, model_cache_bucket=cache_bucket),
+        tls=spec.gateway.certificate_arn is not None,
         namespace=namespace, k8s_provider=kube, hf_token=secrets.get_secret("hf_token"),
         gcs_redis_address=redis.gcs_address),
-        opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu]))
+        # Ray pods run as the cache's service account, so it must exist before them.
+        opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu, cache]))
 
     return {
         "endpoint_url": app.endpoint_url,
         "cluster_name": cluster.name,
         "kubeconfig": cluster.kubeconfig,
         "redis_endpoint": redis.endpoint,
+        "model_cache_bucket": cache.bucket,
     }
 
 

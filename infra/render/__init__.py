@@ -24,14 +24,15 @@ class RenderRefused(Exception):
         super().__init__(f"stack {plan.stack} does not pass `llmctl plan`: {reasons}")
 
 
-def render_stack(spec: StackSpec, plan: StackPlan | None = None, *,
-                 gcs_redis_address: str | None = None) -> list[dict[str, Any]]:
+def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_address: str | None = None,
+                 model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
     """`gcs_redis_address`: the Redis Ray GCS uses, when only the Pulumi program knows it
-    (ElastiCache's TLS endpoint); see `rayservice.redis_address`."""
+    (ElastiCache's TLS endpoint); see `rayservice.redis_address`. `model_cache_bucket`: the
+    stack's S3 model cache (`infra.model_cache.bucket_name`), needed when a model is cached."""
     plan = plan or plan_stack(spec)
     if not plan.ok:
         raise RenderRefused(plan)
-    return [rayservice(spec, plan, gcs_redis_address), *gateway_objects(spec)]
+    return [rayservice(spec, plan, gcs_redis_address, model_cache_bucket), *gateway_objects(spec)]
 
 
 class _ManifestDumper(yaml.SafeDumper):

@@ -14,6 +14,7 @@ GATEWAY_NAME = "llmstack-gateway"
 REDIS_SECRET = "llmstack-redis"  # keys: password, url (created by the Pulumi program)
 HF_TOKEN_SECRET = "llmstack-hf-token"  # key: token (optional: public models need none)
 REDIS_SERVICE = "llmstack-redis"  # in-cluster Redis, or an ExternalName to ElastiCache
+RAY_SERVICE_ACCOUNT = "llmstack-ray"  # IRSA: read-only access to the stack's model cache (AWS)
 NODE_GROUP_LABEL = "llmstack.dev/node-group"  # set on nodes by the Pulumi node groups
 COMPONENT_LABEL = "llmstack.dev/component"
 KUBERAY_NAMESPACE = "kuberay-operator"

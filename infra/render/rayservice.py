@@ -11,6 +11,8 @@ Shape, and why:
   engine bundles ask for it (see serve_config.py), which pins models to their group.
 - Replica bounds come from the capacity plan: nodes at each model's min and max replicas.
 - GCS fault tolerance on Redis, so a head restart keeps Serve applications running.
+- On AWS every Ray pod runs as the `llmstack-ray` service account, which the Pulumi program
+  binds (IRSA) to a role that may only read the stack's model cache bucket.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import yaml
 from infra.gpu_catalog import load_catalog
 from infra.planner import StackPlan
 from infra.render.common import (
-    HF_TOKEN_SECRET, NAMESPACE, NODE_GROUP_LABEL, RAYSERVICE_NAME, REDIS_SECRET, REDIS_SERVICE, labels,
-    metadata, secret_env,
+    HF_TOKEN_SECRET, NAMESPACE, NODE_GROUP_LABEL, RAY_SERVICE_ACCOUNT, RAYSERVICE_NAME, REDIS_SECRET,
+    REDIS_SERVICE, labels, metadata, secret_env,
 )
 from infra.render.serve_config import SERVE_PORT, node_group_resource, serve_config
 from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
@@ -57,7 +59,8 @@ def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dic
     return spec
 
 
-def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None) -> dict[str, Any]:
+def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None,
+               model_cache_bucket: str | None = None) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
     workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max)
                for g in spec.node_groups]
@@ -71,7 +74,7 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
         "metadata": metadata(RAYSERVICE_NAME, "ray", spec.name, **({"annotations": annotations} if annotations else {})),
         "spec": {
             "upgradeStrategy": {"type": "NewCluster" if blue_green_fits else "None"},
-            "serveConfigV2": yaml.safe_dump(serve_config(spec), sort_keys=False),
+            "serveConfigV2": yaml.safe_dump(serve_config(spec, model_cache_bucket), sort_keys=False),
             "rayClusterConfig": {
                 "rayVersion": RAY_VERSION,
                 "enableInTreeAutoscaling": True,
@@ -108,6 +111,8 @@ def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, st
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         },
     }
+    if spec.cloud.provider == "aws":
+        pod["spec"]["serviceAccountName"] = RAY_SERVICE_ACCOUNT
     if node_selector:
         pod["spec"]["nodeSelector"] = node_selector
     if tolerations:

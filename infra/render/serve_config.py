@@ -11,12 +11,18 @@ named after its node group. The Ray worker pods of that group advertise it (see
 `rayservice.py`), so a model lands on the nodes its stack entry names and nowhere else,
 without relying on Ray's accelerator auto-detection (which labels A100-40GB and A100-80GB
 both as "A100").
+
+A model with `cached: true` loads from the stack's S3 model cache: its `model_source` is Ray
+Serve LLM's cloud mirror config (`{"bucket_uri": "s3://..."}`, `CloudMirrorConfig`), which
+Ray downloads with boto3 on the replica's node, using the pod's IRSA role. Its
+`model_loading_config.model_id` stays the served name, so clients see no difference.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from infra.model_cache import model_uri
 from infra.model_source import resolve_local_source
 from infra.spec import CpuNodeGroup, Dtype, DraftModelSpeculation, ModelSpec, NgramSpeculation, StackSpec
 
@@ -30,8 +36,11 @@ def node_group_resource(group_name: str) -> str:
     return f"llmstack-node-group-{group_name}"
 
 
-def llm_config(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
-    """One `ray.serve.llm.LLMConfig`, as the plain dict that goes into `serveConfigV2`."""
+def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None = None) -> dict[str, Any]:
+    """One `ray.serve.llm.LLMConfig`, as the plain dict that goes into `serveConfigV2`.
+
+    `model_cache_bucket`: the stack's cache bucket (`infra.model_cache.bucket_name`), needed
+    when the model is `cached`."""
     group = spec.node_group(model.node_group)
     on_cpu = isinstance(group, CpuNodeGroup)
     local = spec.cloud.provider == "local"
@@ -55,10 +64,8 @@ def llm_config(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
 
     scaling = model.autoscaling
     config: dict[str, Any] = {
-        "model_loading_config": {
-            "model_id": model.model_name,
-            "model_source": resolve_local_source(model.source) if local else model.source,
-        },
+        "model_loading_config": {"model_id": model.model_name, "model_source": _model_source(
+            model, local=local, model_cache_bucket=model_cache_bucket)},
         "engine_kwargs": engine,
         "deployment_config": {
             "max_ongoing_requests": scaling.max_ongoing_requests,
@@ -85,6 +92,14 @@ def llm_config(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
     return config
 
 
+def _model_source(model: ModelSpec, *, local: bool, model_cache_bucket: str | None) -> str | dict[str, str]:
+    if model.cached:
+        if not model_cache_bucket:
+            raise ValueError(f"model {model.id!r} is cached: rendering it needs the stack's model cache bucket")
+        return {"bucket_uri": model_uri(model_cache_bucket, model)}
+    return resolve_local_source(model.source) if local else model.source
+
+
 def _speculative_config(model: ModelSpec, *, local: bool) -> dict[str, Any]:
     spec = model.speculative_decoding
     if isinstance(spec, NgramSpeculation):
@@ -95,12 +110,12 @@ def _speculative_config(model: ModelSpec, *, local: bool) -> dict[str, Any]:
     return {"method": "draft_model", "model": source, "num_speculative_tokens": spec.num_speculative_tokens}
 
 
-def serving_args(spec: StackSpec) -> dict[str, Any]:
+def serving_args(spec: StackSpec, model_cache_bucket: str | None = None) -> dict[str, Any]:
     """Ray Serve LLM's `LLMServingArgs` for the whole stack."""
-    return {"llm_configs": [llm_config(m, spec) for m in spec.models]}
+    return {"llm_configs": [llm_config(m, spec, model_cache_bucket) for m in spec.models]}
 
 
-def serve_config(spec: StackSpec) -> dict[str, Any]:
+def serve_config(spec: StackSpec, model_cache_bucket: str | None = None) -> dict[str, Any]:
     """A Serve deploy config (`ServeDeploySchema`): what `serveConfigV2` holds and `make dev` runs."""
     return {
         "proxy_location": "EveryNode",
@@ -109,6 +124,6 @@ def serve_config(spec: StackSpec) -> dict[str, Any]:
             "name": APP_NAME,
             "route_prefix": "/",
             "import_path": APP_IMPORT_PATH,
-            "args": serving_args(spec),
+            "args": serving_args(spec, model_cache_bucket),
         }],
     }
