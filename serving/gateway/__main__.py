@@ -29,8 +29,6 @@ def _configure_logging() -> None:
     handler.setFormatter(logging.Formatter("%(message)s"))
     access.addHandler(handler)
     access.propagate = False
-    # httpx logs every upstream request at INFO (URL included): our access line already covers it.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _write_dev_key(store: KeyStore, path: Path) -> None:
