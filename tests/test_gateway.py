@@ -559,3 +559,20 @@ def test_cli_in_memory_mode_warns_and_writes_a_dev_key(upstream, tmp_path):
         assert chat(client(f"http://127.0.0.1:{port}", key_file.read_text().strip())).choices
     assert "KEYS ARE IN MEMORY" in (tmp_path / "gateway.log").read_text()
     assert key_file.stat().st_mode & 0o077 == 0
+
+
+def test_client_leaving_while_sending_its_body_is_logged_as_499(gateway, api_key, caplog):
+    import socket
+
+    logging.getLogger("llmstack.gateway.access").disabled = False
+    caplog.set_level(logging.INFO, logger="llmstack.gateway.access")
+    host, port = gateway.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:  # promises 1000 bytes, sends 10, leaves
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":".encode())
+        time.sleep(0.2)
+    deadline = time.monotonic() + HANG_BOUND_S
+    while time.monotonic() < deadline and not any('"status": 499' in r.getMessage() for r in caplog.records):
+        time.sleep(0.05)
+    assert any('"status": 499' in r.getMessage() for r in caplog.records)
+    assert not any("Exception in ASGI" in r.getMessage() for r in caplog.records)

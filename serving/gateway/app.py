@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -35,6 +35,7 @@ from serving.gateway.settings import GatewaySettings
 log = logging.getLogger("llmstack.gateway")
 
 READY_CHECK_TIMEOUT_S = 2.0
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first": shows up as such in access logs
 IN_MEMORY_WARNING = (
     "KEYS ARE IN MEMORY: no LLMSTACK_REDIS_URL is set, so this gateway uses its embedded key store. "
     "It works for ONE process only: keys are not shared with other replicas and vanish on restart. "
@@ -82,7 +83,10 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def openai_api(request: Request) -> Response:
-        admission = await admitter.admit(request)
+        try:
+            admission = await admitter.admit(request)
+        except ClientDisconnect:  # gone while sending its body: nobody to answer, nothing charged
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         if isinstance(admission, Response):
             return admission
         caller_of(request.scope).meter = admission.meter
