@@ -8,7 +8,7 @@ Two measurements per target, both with 100 concurrent connections (clients):
   saturation and latency is service time, not queueing. Added latency = gateway - direct,
   at p50 and p99 (targets: <= 1 ms and <= 5 ms).
 - saturated: clients send back to back; requests/s is the most each target serves here.
-Plus Redis commands per request, from `INFO commandstats` around the gateway's runs.
+Plus Redis commands per request: what clients send (MONITOR), not what scripts run inside Redis.
 
 Everything runs on this machine: wrk, the stub (`ops.stub_upstream`), redis-server and the
 gateway share its cores, so absolute numbers are this machine's; the ratios are the result.
@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -107,10 +108,34 @@ def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120) -> Non
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
-def redis_calls(url: str) -> int:
-    stats = redis.Redis.from_url(url).info("commandstats")
-    # Our own INFO calls are not the gateway's.
-    return sum(v["calls"] for name, v in stats.items() if name not in ("cmdstat_info",))
+class RedisRoundTrips:
+    """Counts the commands clients send to Redis (MONITOR), leaving out the ones scripts run
+    inside Redis: those cost no round trip. Used around a separate short run, since MONITOR
+    itself slows Redis down."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.count, self._stop = url, 0, threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        with redis.Redis.from_url(self.url).monitor() as monitor:
+            self._ready.set()
+            for event in monitor.listen():
+                if self._stop.is_set():
+                    return
+                if event.get("client_type") != "lua":
+                    self.count += 1
+
+    def __enter__(self) -> RedisRoundTrips:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        redis.Redis.from_url(self.url).ping()  # wakes the watcher so it sees the stop (not counted)
+        self._thread.join(10)
 
 
 def litellm_config(upstream: str) -> str:
@@ -153,13 +178,13 @@ def run(duration_s: int, pace_ms: int, litellm: str | None, out: Path) -> dict:
         for name, (url, target_key) in targets.items():
             print(f"==> {name}: warm-up, paced ({pace_ms} ms between a client's requests), saturated", flush=True)
             run_wrk(url, target_key, duration_s=3, pace_ms=0, folder=folder)  # warm pools and caches
-            before = redis_calls(own_redis.url)
             paced = run_wrk(url, target_key, duration_s=duration_s, pace_ms=pace_ms, folder=folder)
             saturated = run_wrk(url, target_key, duration_s=duration_s, pace_ms=0, folder=folder)
-            served = paced["requests"] + saturated["requests"]
-            calls = redis_calls(own_redis.url) - before
-            results["targets"][name] = {"paced": paced, "saturated": saturated,
-                                        "redis_commands_per_request": round(calls / served, 3) if served else None}
+            with RedisRoundTrips(own_redis.url) as trips:
+                counted = run_wrk(url, target_key, duration_s=3, pace_ms=pace_ms, folder=folder)
+            results["targets"][name] = {
+                "paced": paced, "saturated": saturated,
+                "redis_commands_per_request": round(trips.count / counted["requests"], 3) if counted["requests"] else None}
             print(f"    paced p50 {paced.get('p50_ms', 0):.2f} ms p99 {paced.get('p99_ms', 0):.2f} ms "
                   f"({paced['requests_per_s']:.0f} req/s); saturated {saturated['requests_per_s']:.0f} req/s; "
                   f"non-2xx {paced['non_2xx'] + saturated['non_2xx']:.0f}", flush=True)
