@@ -8,8 +8,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STACK ?= local
 PORT ?= 8080
+LITELLM := .cache/llmstack/litellm-venv/bin/litellm
 
-.PHONY: help install redis-server dev preview deploy destroy cloud-stack test test-fast bench plan render clean
+.PHONY: help install redis-server wrk dev preview deploy destroy cloud-stack test test-fast bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
@@ -49,11 +50,25 @@ dev: $(STAMP)
 	$(PY) -m ops.dev --stack $(STACK) --port $(PORT)
 
 # Benchmarks: figures go to BENCHMARKS.md with the command that produced them.
-bench: $(STAMP)
+bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.kv_capacity --stack local
 	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
+	$(PY) -m ops.bench_gateway --litellm $(LITELLM) --out build/bench/gateway.json
 	$(PY) -m ops.bench_serving --out build/bench/serving.json
 	$(PY) -m ops.bench_model_sync --out build/bench/model_sync.json
+
+# The gateway benchmark drives load with Debian's wrk, and compares with LiteLLM proxy, which
+# gets its own venv: it is a comparison point, never a dependency of llmstack.
+$(LITELLM):
+	$(PYTHON) -m venv .cache/llmstack/litellm-venv
+	.cache/llmstack/litellm-venv/bin/pip install -q "litellm[proxy]==1.108.7"
+
+wrk:
+	@command -v wrk >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "==> installing wrk (apt-get)"; \
+	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
+	  else echo "make bench needs wrk (Debian/Ubuntu: sudo apt-get install -y wrk)"; exit 1; fi; }
 
 # Cloud stacks: checks (not local, Pulumi CLI, AWS credentials, llmctl plan), then Pulumi.
 preview deploy destroy: cloud-stack $(STAMP)
