@@ -53,6 +53,7 @@ dev: $(STAMP)
 bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.kv_capacity --stack local
 	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
+	$(PY) -m ops.bench_http_clients
 	$(PY) -m ops.bench_gateway --litellm $(LITELLM) --out build/bench/gateway.json
 	$(PY) -m ops.bench_serving --out build/bench/serving.json
 	$(PY) -m ops.bench_model_sync --out build/bench/model_sync.json
