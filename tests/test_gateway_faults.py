@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from ops.local_redis import free_port, redis_server_path, start_redis
-from serving.gateway.keys import create_key_sync
+from serving.gateway.keys import RedisKeyStore, create_key_sync
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
@@ -120,6 +120,20 @@ def test_two_gateway_processes_200_clients_never_exceed_the_gcra_allowance(redis
             # answers come back; the stub uses 8 of the 20 reserved output tokens.)
             refill = per_second * elapsed if key is by_requests else (tpm / 60 * elapsed + 200 * 12) / reserved
             assert burst <= statuses[200] <= burst + int(refill), (statuses, elapsed)
+        # Revocation holds on every replica from the very next request: both read Redis each time.
+        for key in (by_requests, by_tokens):
+            assert asyncio.run(revoke(redis_server.url, key))
+            for gw in (gw1, gw2):
+                answer = httpx.post(f"{gw}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+                assert answer.status_code == 401, answer.text
+
+
+async def revoke(redis_url: str, key: str) -> bool:
+    store = RedisKeyStore(redis_url)
+    try:
+        return await store.revoke(key.removeprefix("sk-llm-").split("_")[0])
+    finally:
+        await store.aclose()
 
 
 def test_redis_killed_and_restarted_mid_load(tmp_path):
