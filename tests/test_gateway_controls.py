@@ -139,7 +139,7 @@ def test_metrics_count_requests_tokens_and_ttft(gateway, redis_server):
 
 
 def test_idle_and_total_timeouts(redis_server, upstream):  # noqa: F811
-    key = new_key(redis_server)
+    key = new_key(redis_server, max_concurrent_requests=1)  # a slot leaked by a timeout would 429 the next
     idle = settings_for(upstream.url, redis_server.url, upstream_idle_timeout_s=0.5)
     with serving(create_app(idle, RedisKeyStore(redis_server.url))) as gw:
         silent = httpx.post(
