@@ -29,16 +29,17 @@ def test_parse_wrk_reads_percentiles_in_every_unit_and_the_errors():
 
 
 def test_wrk_script_paces_only_when_asked_and_quotes_the_body_for_lua():
-    assert "function delay() return 200 end" in wrk_script("sk-llm-x", 200)
+    assert "function delay() return math.floor(-math.log(1 - math.random()) * 200) end" in wrk_script("x", 200)
     assert "delay" not in wrk_script("sk-llm-x", 0)
     assert 'wrk.body = "{\\"model\\": \\"tiny\\"' in wrk_script("sk-llm-x", 0)
 
 
-def test_summary_is_gateway_minus_direct():
-    run = {"paced": {"p50_ms": 1.0, "p99_ms": 4.0}, "saturated": {"requests_per_s": 1000.0}}
-    gateway = {"paced": {"p50_ms": 1.5, "p99_ms": 6.0}, "saturated": {"requests_per_s": 400.0},
+def test_summary_is_gateway_minus_direct_per_pace():
+    direct = {"paced": {"1000": {"p50_ms": 1.0, "p99_ms": 4.0}}, "saturated": {"requests_per_s": 1000.0}}
+    gateway = {"paced": {"1000": {"p50_ms": 1.5, "p99_ms": 6.0}}, "saturated": {"requests_per_s": 400.0},
                "redis_commands_per_request": 3.0}
-    litellm = {"paced": {"p50_ms": 30.0, "p99_ms": 90.0}, "saturated": {"requests_per_s": 100.0}}
-    assert summary({"direct": run, "gateway": gateway, "litellm": litellm}) == {
-        "added_p50_ms": 0.5, "added_p99_ms": 2.0, "gateway_saturated_over_direct": 0.4,
-        "redis_commands_per_request": 3.0, "gateway_over_litellm_saturated": 4.0, "litellm_added_p50_ms": 29.0}
+    litellm = {"paced": {"1000": {"p50_ms": 30.0, "p99_ms": 90.0}}, "saturated": {"requests_per_s": 100.0}}
+    assert summary({"direct": direct, "gateway": gateway, "litellm": litellm}) == {
+        "gateway_added_ms_by_pace": {"1000": {"p50": 0.5, "p99": 2.0}}, "gateway_saturated_over_direct": 0.4,
+        "redis_commands_per_request": 3.0, "gateway_over_litellm_saturated": 4.0,
+        "litellm_added_ms_by_pace": {"1000": {"p50": 29.0, "p99": 86.0}}}
