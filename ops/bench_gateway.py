@@ -80,8 +80,8 @@ def run_wrk(url: str, key: str, *, duration_s: int, pace_ms: int, folder: Path) 
     script = folder / f"wrk-{pace_ms}.lua"
     script.write_text(wrk_script(key, pace_ms))
     # --timeout: a slow target (LiteLLM answers in seconds at this load) is measured, not dropped.
-    command = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{duration_s}s", "--timeout", "30s", "--latency", "-s", str(script),
-               f"{url}/v1/chat/completions"]
+    command = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{duration_s}s", "--timeout", "30s", "--latency",
+               "-s", str(script), f"{url}/v1/chat/completions"]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return parse_wrk(output)
 
