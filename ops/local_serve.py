@@ -32,12 +32,12 @@ def connect(address: str, auth_mode: str | None) -> None:
     """Join the running local Ray as a driver (a few seconds; nothing is started)."""
     import logging
 
-    import ray
-
     if auth_mode:
         # A cluster started by ray.init() uses token auth with the token in ~/.ray; a client
-        # must be in the same mode to present it.
+        # must be in the same mode to present it, set before Ray reads its config at import.
         os.environ["RAY_AUTH_MODE"] = auth_mode
+    import ray
+
     for noisy in ("ray", "ray.serve"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
@@ -58,9 +58,14 @@ def details() -> dict[str, Any]:
     """Serve's own report: applications, deployments, their configs and every replica
     (`ray.serve.schema.ServeInstanceDetails` as a dict)."""
     from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeInstanceDetails
 
     client = _get_global_client(raise_if_no_controller_running=False)
-    return client.get_serve_details() if client else {"applications": {}}
+    if client is None:
+        return {"applications": {}}
+    # Validated and dumped as JSON types: enums become their plain values ("RUNNING").
+    return ServeInstanceDetails.model_validate(client.get_serve_details()).model_dump(
+        mode="json", exclude_unset=True, warnings=False)
 
 
 def wait_running(app: str, *, timeout_s: float, on_change: Callable[[str], None],

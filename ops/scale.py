@@ -162,7 +162,7 @@ def _apply_local(spec: StackSpec, model_id: str, *, err: Console, out: Console) 
 
 
 def applied(app: dict[str, Any], deployment: str, model: ModelSpec) -> bool:
-    """Serve reports the model's new bounds and at least min_replicas replicas running. Pure."""
+    """Serve reports the model's new bounds and its running replicas are within them. Pure."""
     details = app.get("deployments", {}).get(deployment)
     if details is None:
         return False
@@ -171,4 +171,4 @@ def applied(app: dict[str, Any], deployment: str, model: ModelSpec) -> bool:
     running = sum(1 for r in details.get("replicas", []) if r.get("state") == "RUNNING")
     return (config.get("min_replicas") == wanted.min_replicas and config.get("max_replicas") == wanted.max_replicas
             and float(config.get("target_ongoing_requests", -1)) == float(wanted.target_ongoing_requests)
-            and running >= wanted.min_replicas)
+            and wanted.min_replicas <= running <= wanted.max_replicas)

@@ -1,0 +1,44 @@
+"""Replica autoscaling lives in the Serve config's `deployments:` overrides, so changing it
+does not change the application's code version (no rebuild, no engine restart)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.render.serve_config import serve_config
+from infra.stack_file import load_stack, spec_from_document
+from tests.conftest import EXAMPLE_STACKS, stack_document
+
+
+@pytest.mark.parametrize("stack", EXAMPLE_STACKS)
+def test_override_names_are_the_deployments_ray_builds(stack):
+    from ray.serve._private.build_app import build_app as build_serve_app
+
+    from serving.app import build_app
+
+    app = serve_config(load_stack(stack))["applications"][0]
+    built = build_serve_app(build_app(app["args"]), name=app["name"])
+    llm_deployments = {d.name for d in built.deployments if d.name.startswith("LLMServer:")}
+    assert {d["name"] for d in app["deployments"]} == llm_deployments
+    assert all("deployment_config" not in c for c in app["args"]["llm_configs"])
+
+
+def test_changing_replica_bounds_keeps_the_code_version():
+    from ray.serve._private.deploy_utils import get_app_code_version
+    from ray.serve.schema import ServeApplicationSchema
+
+    def version(autoscaling: dict) -> str:
+        doc = stack_document(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct",
+                                      "node_group": "l4", "max_model_len": 8192, "autoscaling": autoscaling}])
+        spec = spec_from_document(doc, name="t", file_label="t")
+        return get_app_code_version(ServeApplicationSchema.model_validate(serve_config(spec)["applications"][0]))
+
+    assert version({"min_replicas": 1, "max_replicas": 2}) == version(
+        {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 8})
+
+    # ...while what the engines load is part of it: a changed model is a rebuild, as it must be.
+    doc = stack_document(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
+                                  "max_model_len": 4096, "autoscaling": {"min_replicas": 1, "max_replicas": 2}}])
+    other = serve_config(spec_from_document(doc, name="t", file_label="t"))["applications"][0]
+    assert get_app_code_version(ServeApplicationSchema.model_validate(other)) != version(
+        {"min_replicas": 1, "max_replicas": 2})
