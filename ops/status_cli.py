@@ -93,10 +93,22 @@ def _gateway_check(root: str) -> sm.Check:
         response = httpx.get(f"{root}/readyz", timeout=HTTP_TIMEOUT_S)
     except httpx.HTTPError as exc:
         return sm.Check(component="gateway", health=sm.Health.DOWN, detail=f"{root} does not answer: {exc}")
+    body = _json_or_empty(response)
+    if response.status_code == 200 and body.get("status") == "degraded":  # serving without Redis
+        return sm.Check(component="gateway", health=sm.Health.DEGRADED, runbook=sm.runbook("redis-outage"),
+                        detail=f"{root}/readyz: degraded ({body.get('reason', 'no reason given')})")
     if response.status_code == 200:
         return sm.Check(component="gateway", health=sm.Health.OK, detail=f"{root}/readyz: ready")
     return sm.Check(component="gateway", health=sm.Health.DOWN, runbook=sm.runbook("redis-outage"),
                     detail=f"{root}/readyz: {response.status_code} {response.text[:200]}")
+
+
+def _json_or_empty(response: Any) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def _redis_check(url: str | None) -> sm.Check:
