@@ -64,6 +64,14 @@ def cost_line(before: StackPlan, after: StackPlan) -> str | None:
             f"${new[0]:,.2f} - ${new[1]:,.2f} after")
 
 
+def blue_green_changes(before: StackPlan, after: StackPlan) -> list[str]:
+    """Node groups whose room for a blue/green (NewCluster) upgrade changes. Pure."""
+    old = {g.name: g.blue_green for g in before.node_groups}
+    return [f"blue/green upgrade in node group {g.name}: {old[g.name]} -> {g.blue_green} "
+            "(see ops/runbooks/roll-out-a-model.md)"
+            for g in after.node_groups if g.name in old and old[g.name] != g.blue_green]
+
+
 def scale(
     stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Model id (llmstack:models[].id).")],
@@ -101,6 +109,8 @@ def scale(
     for table in plan_tables(new_plan):
         out.print(table)
     if line := cost_line(old_plan, new_plan):
+        out.print(line, highlight=False)
+    for line in blue_green_changes(old_plan, new_plan):
         out.print(line, highlight=False)
     if not new_plan.ok:
         for problem in problem_lines(new_plan):

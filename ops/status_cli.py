@@ -140,7 +140,11 @@ def _redact(url: str) -> str:
 
 def cloud_report(spec: StackSpec, context: str | None) -> sm.StatusReport:
     """Read the stack's objects with the official Kubernetes client and interpret them."""
-    from kubernetes import client, config
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise Unreachable("llmctl status on a cloud stack needs the Kubernetes client: "
+                          "pip install -e '.[ops]'", label="missing dependency") from None
     from kubernetes.client.rest import ApiException
     from kubernetes.config.config_exception import ConfigException
     from urllib3.exceptions import HTTPError
