@@ -108,3 +108,13 @@ def test_applied_waits_for_bounds_and_replicas():
     assert not applied(app(2, 1), name, model)  # Serve still has the old bounds
     assert not applied(app(1, 0), name, model)  # bounds applied, replica not up yet
     assert not applied(app(1, 2), name, model)  # scale-down not finished
+
+
+def test_local_plan_counts_the_ingress_cpu(copy_of, tmp_path):
+    """6 logical CPUs: two tiny models (2 each) and the OpenAI ingress (1) fit; a second
+    tiny-chat replica would not, so the plan refuses it instead of leaving it pending."""
+    path = copy_of("local")
+    result = llmctl("scale", "--stack", str(path), "--model", "tiny-chat", "--max", "2", state_dir=tmp_path)
+    assert result.returncode == 1
+    assert "node_group_too_small" in result.stderr and "OpenAI ingress: 1" in result.stderr
+    assert "cpus_per_node" in result.stderr

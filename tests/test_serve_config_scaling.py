@@ -42,3 +42,28 @@ def test_changing_replica_bounds_keeps_the_code_version():
     other = serve_config(spec_from_document(doc, name="t", file_label="t"))["applications"][0]
     assert get_app_code_version(ServeApplicationSchema.model_validate(other)) != version(
         {"min_replicas": 1, "max_replicas": 2})
+
+
+def test_ingress_scales_to_zero_with_the_models_as_ray_would_make_it():
+    """When every model has min_replicas 0, Ray's builder gives the ingress min_replicas 0 (so
+    GPU nodes can drain); our override states the same, and nothing otherwise."""
+    from ray.serve._private.build_app import build_app as build_serve_app
+
+    from serving.app import build_app
+
+    def spec(min_replicas: int):
+        doc = stack_document(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
+                                      "max_model_len": 8192, "autoscaling": {"min_replicas": min_replicas}}])
+        return spec_from_document(doc, name="t", file_label="t")
+
+    app = serve_config(spec(0))["applications"][0]
+    [ingress] = [d for d in app["deployments"] if d["name"] == "OpenAiIngress"]
+    # What Ray derives when the models' autoscaling is in their LLMConfig (its own input form).
+    args = {"llm_configs": [{**c, "deployment_config": {"autoscaling_config": {"min_replicas": 0}}}
+                            for c in app["args"]["llm_configs"]]}
+    built = build_serve_app(build_app(args), name="llm")
+    ray_ingress = next(d for d in built.deployments if d.name == "OpenAiIngress")._deployment_config.autoscaling_config
+    assert (ray_ingress.min_replicas, ray_ingress.max_replicas, ray_ingress.target_ongoing_requests) == (
+        ingress["autoscaling_config"]["min_replicas"], ingress["autoscaling_config"]["max_replicas"],
+        ingress["autoscaling_config"]["target_ongoing_requests"])
+    assert all(d["name"] != "OpenAiIngress" for d in serve_config(spec(1))["applications"][0]["deployments"])

@@ -113,6 +113,21 @@ def deployment_overrides(model: ModelSpec) -> dict[str, Any]:
     }
 
 
+# Ray Serve LLM's OpenAI ingress and the autoscaling it gives itself (ray.llm's ingress
+# DEFAULT_INGRESS_OPTIONS: one replica, never scaled on load). It derives min_replicas 0 from
+# the models' own autoscaling when every model scales to zero; ours is not in `args`, so that
+# case is stated here (a test compares it with what Ray's builder derives).
+INGRESS_DEPLOYMENT = "OpenAiIngress"
+INGRESS_AUTOSCALING = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 1_000_000_000}
+
+
+def ingress_overrides(spec: StackSpec) -> list[dict[str, Any]]:
+    """An ingress that scales to zero with the models, so idle GPU nodes can be released."""
+    if not all(m.autoscaling.min_replicas == 0 for m in spec.models):
+        return []
+    return [{"name": INGRESS_DEPLOYMENT, "autoscaling_config": {**INGRESS_AUTOSCALING, "min_replicas": 0}}]
+
+
 def serving_args(spec: StackSpec) -> dict[str, Any]:
     """Ray Serve LLM's `LLMServingArgs` for the whole stack."""
     return {"llm_configs": [llm_config(m, spec) for m in spec.models]}
@@ -128,6 +143,6 @@ def serve_config(spec: StackSpec) -> dict[str, Any]:
             "route_prefix": "/",
             "import_path": APP_IMPORT_PATH,
             "args": serving_args(spec),
-            "deployments": [deployment_overrides(m) for m in spec.models],
+            "deployments": [*(deployment_overrides(m) for m in spec.models), *ingress_overrides(spec)],
         }],
     }
