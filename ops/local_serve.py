@@ -74,7 +74,7 @@ def wait_running(app: str, *, timeout_s: float, on_change: Callable[[str], None]
 
     Raises RuntimeError on DEPLOY_FAILED / UNHEALTHY and TimeoutError past `timeout_s`.
     """
-    start, last = time.monotonic(), ""
+    start, last, said = time.monotonic(), "", set()
     while True:
         current = details().get("applications", {}).get(app)
         if current is not None:
@@ -82,6 +82,9 @@ def wait_running(app: str, *, timeout_s: float, on_change: Callable[[str], None]
             if line != last:
                 on_change(f"[{time.monotonic() - start:5.0f} s] {app}: {line}")
                 last = line
+            for message in deployment_messages(current) - said:  # e.g. a replica waiting for CPUs
+                on_change(f"        {message}")
+                said.add(message)
             if current["status"] in TERMINAL_FAILURES:
                 raise RuntimeError(f"Serve application {app!r} {current['status'].lower()}: {current['message']}")
             if current["status"] == "RUNNING" and settled(current):
@@ -96,3 +99,17 @@ def app_line(app: dict[str, Any]) -> str:
     states = ", ".join(f"{name}: {d['status'].lower()}" for name, d in sorted(app.get("deployments", {}).items()))
     status = app["status"].lower()
     return f"{status} ({states})" if states else status
+
+
+ROUTINE_STATES = {"HEALTHY", "UPDATING", "UPSCALING", "DOWNSCALING"}
+
+
+def deployment_messages(app: dict[str, Any]) -> set[str]:
+    """Serve's explanations worth showing (first line of each): failures, and replicas that
+    wait for resources ("... taken more than 30s to be scheduled ..."), not routine updates."""
+    shown = set()
+    for name, d in app.get("deployments", {}).items():
+        message = (d.get("message") or "").strip()
+        if message and (d.get("status") not in ROUTINE_STATES or "to be scheduled" in message):
+            shown.add(f"{name}: {message.splitlines()[0][:300]}")
+    return shown

@@ -250,3 +250,19 @@ def test_local_status_without_make_dev_says_so(tmp_path):
     result = subprocess.run([str(Path(sys.executable).parent / "llmctl"), "status", "--stack", "local"],
                             capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=60)
     assert result.returncode == 3 and result.stderr.startswith("not running: make dev is not running")
+
+
+def test_deploy_progress_shows_failures_and_scheduling_waits_not_routine_updates():
+    from ops.local_serve import app_line, deployment_messages
+
+    app = {"status": "DEPLOYING", "deployments": {
+        "LLMServer:a": {"status": "UPDATING", "message": "Deploying new version."},
+        "LLMServer:b": {"status": "UPSCALING", "message": "Deployment 'b' has 1 replicas that have taken more than "
+                                                          "30s to be scheduled.\nResources required: {CPU: 2}"},
+        "LLMServer:c": {"status": "DEPLOY_FAILED", "message": "The deployment failed to start 3 times in a row."},
+        "OpenAiIngress": {"status": "HEALTHY", "message": ""}}}
+    assert deployment_messages(app) == {
+        "LLMServer:b: Deployment 'b' has 1 replicas that have taken more than 30s to be scheduled.",
+        "LLMServer:c: The deployment failed to start 3 times in a row."}
+    assert app_line(app) == ("deploying (LLMServer:a: updating, LLMServer:b: upscaling, LLMServer:c: deploy_failed, "
+                             "OpenAiIngress: healthy)")
