@@ -6,8 +6,9 @@
 
 The Serve application is deployed from the same serve config `llmctl render` puts in the
 RayService's `serveConfigV2` (only the HTTP bind address differs: loopback and a free port
-here), declaratively as KubeRay deploys it (see `ops.local_serve`). Everything started here is stopped on Ctrl-C or SIGTERM, in reverse order; a second
-`make dev` while one runs says so instead of failing on a busy port.
+here), declaratively as KubeRay deploys it (see `ops.local_serve`). Everything started here
+is stopped on Ctrl-C or SIGTERM, in reverse order; a second `make dev` while one runs says so
+instead of failing on a busy port.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ cannot hold is refused with the plan's reason, not discovered later as pending p
 Then:
 - a cloud stack: `make deploy STACK=<stack>` applies it. Replica bounds are Serve
   `deployments:` overrides in the RayService's `serveConfigV2`, which KubeRay hands to Serve;
-  Serve applies them to the running replicas in place (no engine restart), and KubeRay
-  leaves worker-group bounds out of its cluster hash, so no second cluster is started.
+  Serve applies them to the running replicas in place (no engine restart). KubeRay leaves
+  worker-group bounds out of its cluster hash, so no second cluster is started, but for the
+  same reason does not copy changed bounds to the running RayCluster: when the plan's pod
+  bounds change, the command says so and `llmctl status` shows the patch.
 - the local stack with `make dev` running: the new serve config is applied to it now, the
   same declarative way, and the command waits until Serve reports the new bounds.
 
@@ -72,6 +74,16 @@ def blue_green_changes(before: StackPlan, after: StackPlan) -> list[str]:
             for g in after.node_groups if g.name in old and old[g.name] != g.blue_green]
 
 
+def worker_group_changes(before: StackPlan, after: StackPlan) -> list[str]:
+    """Worker groups whose pod bounds change: KubeRay does not copy those to a running
+    RayCluster (kuberay#2331), so say how to finish the change. Pure."""
+    old = {g.name: (g.nodes_at_min, g.nodes_at_max) for g in before.node_groups}
+    return [f"worker group {g.name}: pods {old[g.name][0]}-{old[g.name][1]} -> {g.nodes_at_min}-{g.nodes_at_max}; "
+            "KubeRay does not copy worker-group bounds to the running RayCluster: after make deploy, "
+            "`llmctl status` prints the patch to apply (ops/runbooks/scale-a-model.md)"
+            for g in after.node_groups if g.name in old and old[g.name] != (g.nodes_at_min, g.nodes_at_max)]
+
+
 def scale(
     stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Model id (llmstack:models[].id).")],
@@ -126,6 +138,8 @@ def scale(
     if after.cloud.provider != "local":
         out.print(f"next: [bold]make deploy STACK={name}[/bold] (replica bounds are applied in place, "
                   f"no engine restart), then [bold]llmctl status --stack {name}[/bold]")
+        for line in worker_group_changes(old_plan, new_plan):
+            out.print(line, highlight=False)
         return
     if no_apply:
         out.print("not applied (--no-apply): the next `make dev` uses the new values")

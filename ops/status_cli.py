@@ -178,17 +178,21 @@ def cloud_report(spec: StackSpec, context: str | None) -> sm.StatusReport:
 
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     rayservice = read(custom.get_namespaced_custom_object, "ray.io", "v1", NAMESPACE, "rayservices", RAYSERVICE_NAME)
+    active = ((rayservice or {}).get("status") or {}).get("activeServiceStatus", {}).get("rayClusterName")
+    raycluster = read(custom.get_namespaced_custom_object, "ray.io", "v1", NAMESPACE, "rayclusters", active) \
+        if active else None
     pods = plain(read(core.list_namespaced_pod, NAMESPACE).items)
     nodes = plain(read(core.list_node, label_selector=NODE_GROUP_LABEL).items)
     events = plain(read(core.list_namespaced_event, NAMESPACE, field_selector="reason=NotTriggerScaleUp").items)
     gateway = read(apps.read_namespaced_deployment, GATEWAY_NAME, NAMESPACE)
     return interpret_cloud(spec, where=f"context {context or 'current'}, {host}", rayservice=rayservice, pods=pods,
-                           nodes=nodes, events=events, gateway=plain(gateway) if gateway is not None else None)
+                           nodes=nodes, events=events, gateway=plain(gateway) if gateway is not None else None,
+                           raycluster=raycluster)
 
 
 def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] | None, pods: list[dict[str, Any]],
                     nodes: list[dict[str, Any]], events: list[dict[str, Any]],
-                    gateway: dict[str, Any] | None) -> sm.StatusReport:
+                    gateway: dict[str, Any] | None, raycluster: dict[str, Any] | None = None) -> sm.StatusReport:
     """The cloud report from plain objects (what the API returned). Pure."""
     report = sm.StatusReport(stack=spec.name, where=where)
     if rayservice is None:
@@ -199,6 +203,7 @@ def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] |
         report.checks += sm.rayservice_checks(rayservice)
         report.deployments = sm.rayservice_rows(rayservice)
         report.worker_groups = sm.worker_group_rows(rayservice, pods)
+        report.checks += sm.worker_bound_checks(rayservice, raycluster)
     report.gpu_nodes = sm.node_rows(nodes, NODE_GROUP_LABEL)
     gpu_groups = {g.name for g in spec.node_groups if isinstance(g, GpuNodeGroup)}
     report.checks += sm.node_checks(report.gpu_nodes, gpu_groups)

@@ -10,6 +10,7 @@ Each finding says how healthy something is, why, and which runbook to open.
 
 from __future__ import annotations
 
+import json
 import re
 from enum import Enum
 from typing import Any
@@ -191,6 +192,37 @@ def worker_group_rows(rayservice: dict[str, Any], pods: list[dict[str, Any]]) ->
             running=sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Running"),
             pending=sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Pending")))
     return rows
+
+
+def worker_bound_checks(rayservice: dict[str, Any], raycluster: dict[str, Any] | None) -> list[Check]:
+    """Worker-group bounds the RayService asks for but the running RayCluster does not have.
+
+    KubeRay leaves min/max replicas out of its cluster hash and, on purpose, does not copy
+    changed bounds to a running RayCluster (the Ray autoscaler also edits it; kuberay#2331,
+    #4568). So after a scale that changes them, the live cluster keeps its old bounds until
+    patched; the detail carries the patch.
+    """
+    if raycluster is None:
+        return []
+    name = raycluster["metadata"]["name"]
+    live = {g["groupName"]: (i, g) for i, g in enumerate(raycluster["spec"].get("workerGroupSpecs", []))}
+    checks = []
+    for wanted in rayservice["spec"]["rayClusterConfig"].get("workerGroupSpecs", []):
+        index, group = live.get(wanted["groupName"], (None, None))
+        if group is None:
+            continue
+        want = (wanted.get("minReplicas", 0), wanted.get("maxReplicas", 0))
+        have = (group.get("minReplicas", 0), group.get("maxReplicas", 0))
+        if want != have:
+            ops = [{"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/{key}", "value": value}
+                   for key, value in zip(("minReplicas", "maxReplicas"), want)]
+            patch = json.dumps(ops, separators=(",", ":"))
+            checks.append(Check(
+                component=f"worker group {wanted['groupName']}", health=Health.DEGRADED, runbook=runbook("scale-a-model"),
+                detail=f"RayCluster {name} allows {have[0]}-{have[1]} pods, the RayService asks {want[0]}-{want[1]} "
+                       f"(KubeRay does not copy bounds to a running cluster): kubectl -n {raycluster['metadata'].get('namespace', 'llmstack')} "
+                       f"patch raycluster {name} --type=json -p '{patch}'"))
+    return checks
 
 
 def node_rows(nodes: list[dict[str, Any]], group_label: str) -> list[NodeRow]:

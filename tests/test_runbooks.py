@@ -159,13 +159,13 @@ KINDS = {
     **dict.fromkeys(["secret", "secrets"], "Secret"), **dict.fromkeys(["event", "events", "ev"], "Event"),
     **dict.fromkeys(["daemonset", "daemonsets", "ds"], "DaemonSet"),
 }
-VERBS_WITH_RESOURCES = {"get", "describe", "logs", "delete", "edit", "top", "exec"}
-VERBS = VERBS_WITH_RESOURCES | {"rollout", "cordon", "uncordon", "drain", "port-forward", "cluster-info"}
+VERBS_WITH_RESOURCES = {"get", "describe", "logs", "delete", "edit", "top", "exec", "patch"}
+VERBS = VERBS_WITH_RESOURCES | {"rollout", "cordon", "uncordon", "drain", "port-forward", "cluster-info", "patch"}
 NAMESPACES = {names.NAMESPACE, names.KUBERAY_NAMESPACE, "kube-system"}
 LABEL_KEYS = {"ray.io/node-type", "ray.io/group", "ray.io/cluster", names.NODE_GROUP_LABEL, names.COMPONENT_LABEL,
               "app.kubernetes.io/instance", "app.kubernetes.io/name"}
 FLAGS_WITH_VALUE = {"-n", "--namespace", "-l", "--selector", "-o", "--output", "-c", "--container", "--context",
-                    "--sort-by", "--tail", "--since", "--field-selector"}
+                    "--sort-by", "--tail", "--since", "--field-selector", "-p", "--patch", "--type"}
 
 
 def known_objects() -> dict[str, set[str]]:

@@ -40,6 +40,7 @@ def test_cloud_stack_written_with_cost_and_follow_up(copy_of, tmp_path):
     assert "$0.98 - $1.96 before, $0.98 - $2.93 after" in result.stdout  # one more g6.2xlarge at peak
     assert "make deploy STACK=dev" in result.stdout
     assert "blue/green upgrade in node group l4: fits -> fits only below peak load" in result.stdout
+    assert "worker group l4: pods 1-2 -> 1-3; KubeRay does not copy" in result.stdout
     after = path.read_text()
     assert after == before.replace("max_replicas: 2\n", "max_replicas: 3\n", 1)
     assert load_stack(path).model("llama-3-1-8b").autoscaling.max_replicas == 3

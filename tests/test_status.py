@@ -73,6 +73,30 @@ def gateway(ready: int) -> dict:
     return obj
 
 
+def live_cluster(rayservice: dict, **bounds: tuple[int, int]) -> dict:
+    """The RayCluster KubeRay made from the RayService (name from its status), with the
+    worker-group bounds it has now."""
+    spec = copy.deepcopy(rayservice["spec"]["rayClusterConfig"])
+    for group in spec["workerGroupSpecs"]:
+        if group["groupName"] in bounds:
+            group["minReplicas"], group["maxReplicas"] = bounds[group["groupName"]]
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": spec,
+            "metadata": {"name": rayservice["status"]["activeServiceStatus"]["rayClusterName"], "namespace": "llmstack"}}
+
+
+def test_worker_bounds_kuberay_did_not_copy_are_shown_with_the_patch():
+    rs = ready_rayservice("prod")  # l40s is the second group: index 1
+    wanted = next(g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "l40s")
+    checks = sm.worker_bound_checks(rs, live_cluster(rs, l40s=(1, 2)))
+    [check] = checks
+    assert check.component == "worker group l40s" and check.health is sm.Health.DEGRADED
+    patch = json.loads(check.detail.split("-p '")[1].rstrip("'"))
+    assert patch == [{"op": "replace", "path": "/spec/workerGroupSpecs/1/minReplicas", "value": wanted["minReplicas"]},
+                     {"op": "replace", "path": "/spec/workerGroupSpecs/1/maxReplicas", "value": wanted["maxReplicas"]}]
+    assert "kubectl -n llmstack patch raycluster llmstack-abcde --type=json" in check.detail
+    assert sm.worker_bound_checks(rs, live_cluster(rs)) == []
+
+
 def test_healthy_cloud_stack_is_ok():
     rs = ready_rayservice()
     report = interpret_cloud(load_stack("dev"), where="t", rayservice=rs, nodes=[gpu_node("ip-1", "l4", 1)],
@@ -220,6 +244,7 @@ def test_cloud_status_through_the_kubernetes_client(tmp_path):
         "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [gpu_node("ip-1", "l4", 1)]},
         "/api/v1/namespaces/llmstack/events": {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": []},
         "/apis/apps/v1/namespaces/llmstack/deployments/llmstack-gateway": gateway(1),
+        "/apis/ray.io/v1/namespaces/llmstack/rayclusters/llmstack-abcde": live_cluster(rs, l4=(1, 1)),
     })
     result = llmctl_status("dev", kubeconfig(tmp_path, server.url))
     assert result.returncode == 1, result.stderr  # degraded: one pod pending
@@ -228,6 +253,8 @@ def test_cloud_status_through_the_kubernetes_client(tmp_path):
     assert report["worker_groups"] == [{"group": "l4", "min_pods": 1, "max_pods": 2, "running": 1, "pending": 1}]
     assert "Insufficient nvidia.com/gpu" in report["pending_pods"][0]["reason"]
     assert report["gpu_nodes"][0]["gpus"] == 1
+    [drift] = [c for c in report["checks"] if c["component"] == "worker group l4"]
+    assert "allows 1-1 pods, the RayService asks 1-2" in drift["detail"]
     server.server.shutdown()
 
 
