@@ -92,7 +92,8 @@ def scale(
     target_ongoing: Annotated[float | None, typer.Option(
         "--target-ongoing", min=0.001, help="autoscaling.target_ongoing_requests (per replica)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; change nothing.")] = False,
-    no_apply: Annotated[bool, typer.Option("--no-apply", help="Local stack: do not apply to the running make dev.")] = False,
+    no_apply: Annotated[bool, typer.Option(
+        "--no-apply", help="Local stack: do not apply to the running make dev.")] = False,
 ) -> None:
     """Change a model's min/max replicas or target load: stack file, plan and cost, live on make dev.
 

@@ -210,7 +210,8 @@ def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] |
     report.pending_pods = sm.pending_pods(pods, events)
     if report.pending_pods:
         report.checks.append(sm.Check(component="pods", health=sm.Health.DEGRADED,
-                                      detail=f"{len(report.pending_pods)} pending", runbook=sm.runbook("pods-pending-on-gpus")))
+                                      detail=f"{len(report.pending_pods)} pending",
+                                      runbook=sm.runbook("pods-pending-on-gpus")))
     report.checks += sm.crash_loop_checks(pods)
     report.checks.append(sm.deployment_check(gateway, f"gateway {GATEWAY_NAME}"))
     return report
@@ -220,7 +221,8 @@ def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] |
 
 
 def tables(report: sm.StatusReport) -> list[Table]:
-    checks = Table("component", "health", "detail", "runbook", title=f"stack {report.stack}: checks", title_justify="left")
+    checks = Table("component", "health", "detail", "runbook", title=f"stack {report.stack}: checks",
+                   title_justify="left")
     for c in report.checks:
         colour = {"ok": "green", "degraded": "yellow", "down": "red"}[c.health.value]
         checks.add_row(c.component, f"[{colour}]{c.health.value}[/{colour}]", c.detail, c.runbook or "")

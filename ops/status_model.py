@@ -217,10 +217,12 @@ def worker_bound_checks(rayservice: dict[str, Any], raycluster: dict[str, Any] |
             ops = [{"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/{key}", "value": value}
                    for key, value in zip(("minReplicas", "maxReplicas"), want)]
             patch = json.dumps(ops, separators=(",", ":"))
+            namespace = raycluster["metadata"].get("namespace", "llmstack")
             checks.append(Check(
-                component=f"worker group {wanted['groupName']}", health=Health.DEGRADED, runbook=runbook("scale-a-model"),
+                component=f"worker group {wanted['groupName']}", health=Health.DEGRADED,
+                runbook=runbook("scale-a-model"),
                 detail=f"RayCluster {name} allows {have[0]}-{have[1]} pods, the RayService asks {want[0]}-{want[1]} "
-                       f"(KubeRay does not copy bounds to a running cluster): kubectl -n {raycluster['metadata'].get('namespace', 'llmstack')} "
+                       f"(KubeRay does not copy bounds to a running cluster): kubectl -n {namespace} "
                        f"patch raycluster {name} --type=json -p '{patch}'"))
     return checks
 

@@ -88,7 +88,8 @@ def test_alert_rule(rule: dict):
 def test_alerts_cover_the_issue_list():
     exprs = {r["alert"]: r["expr"] for r in alert_rules()}
     wanted = {  # what the issue asks to alert on -> a metric that shows it
-        "error rate": "llmstack_gateway_requests_total", "TTFT p99": "llmstack_gateway_time_to_first_token_seconds_bucket",
+        "error rate": "llmstack_gateway_requests_total",
+        "TTFT p99": "llmstack_gateway_time_to_first_token_seconds_bucket",
         "queue depth": "ray_vllm_num_requests_waiting", "rate-limit rejections": "llmstack_gateway_rate_limited_total",
         "Redis errors": "llmstack_gateway_redis_errors_total", "GPU pending": "kube_pod_status_unschedulable"}
     for concern, metric in wanted.items():
@@ -151,7 +152,8 @@ FIRING = {
                              ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+10x40")],
                             "30m", {"model": "m"}),
     "LLMStackRateLimitRejections": ([('llmstack_gateway_requests_total{status="429",model="m",tenant="t"}', "0+100x30"),
-                                     ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+50x30")],
+                                     ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}',
+                                      "0+50x30")],
                                     "20m", {}),
     "LLMStackRedisErrors": ([("llmstack_gateway_degraded", "1x10")], "5m", {}),
     "LLMStackEngineQueueDeep": ([('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "40x20")],

@@ -10,7 +10,6 @@ running (same replica id), and comments in the stack file survive.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

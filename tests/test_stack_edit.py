@@ -51,10 +51,12 @@ def test_creates_the_autoscaling_block_in_the_files_indentation(tmp_path):
                                                            if line.strip() == "autoscaling:")):][:3]
     key_indent = len(block[0]) - len(block[0].lstrip())
     assert [len(line) - len(line.lstrip()) for line in block[1:]] == [key_indent + 2, key_indent + 2]
-    assert spec_from_text(after, name="draft", file_label="x").model(model_id).autoscaling.target_ongoing_requests == 4.5
+    scaling = spec_from_text(after, name="draft", file_label="x").model(model_id).autoscaling
+    assert scaling.target_ongoing_requests == 4.5
 
 
 def test_unknown_model_names_the_file_and_the_models():
     text = (PROJECT_ROOT / "Pulumi.dev.yaml").read_text()
-    with pytest.raises(StackFileError, match=r"Pulumi.dev.yaml: llmstack:models has no model with id 'nope' \(models: llama-3-1-8b\)"):
+    expected = r"Pulumi.dev.yaml: llmstack:models has no model with id 'nope' \(models: llama-3-1-8b\)"
+    with pytest.raises(StackFileError, match=expected):
         set_model_autoscaling(text, file_label="Pulumi.dev.yaml", model_id="nope", changes={"max_replicas": 2})

@@ -36,7 +36,8 @@ def ready_rayservice(stack: str = "dev") -> dict:
             {"type": "Ready", "status": "True", "reason": "NonZeroServeEndpoints",
              "message": "Number of serve endpoints is greater than 0", "lastTransitionTime": "2026-11-30T08:00:00Z"},
             {"type": "UpgradeInProgress", "status": "False", "reason": "NoPendingCluster",
-             "message": "Active Ray cluster exists and no pending Ray cluster", "lastTransitionTime": "2026-11-30T08:00:00Z"}],
+             "message": "Active Ray cluster exists and no pending Ray cluster",
+             "lastTransitionTime": "2026-11-30T08:00:00Z"}],
         "numServeEndpoints": 1,
         "activeServiceStatus": {"rayClusterName": "llmstack-abcde", "applicationStatuses": {"llm": {
             "status": "RUNNING", "serveDeploymentStatuses": {
@@ -62,7 +63,8 @@ def unschedulable(message: str) -> dict:
 
 def gpu_node(name: str, group: str, gpus: int) -> dict:
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {NODE_GROUP_LABEL: group, "node.kubernetes.io/instance-type": "g6.2xlarge"}},
+            "metadata": {"name": name, "labels": {NODE_GROUP_LABEL: group,
+                                                  "node.kubernetes.io/instance-type": "g6.2xlarge"}},
             "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(gpus)},
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 
@@ -81,7 +83,8 @@ def live_cluster(rayservice: dict, **bounds: tuple[int, int]) -> dict:
         if group["groupName"] in bounds:
             group["minReplicas"], group["maxReplicas"] = bounds[group["groupName"]]
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": spec,
-            "metadata": {"name": rayservice["status"]["activeServiceStatus"]["rayClusterName"], "namespace": "llmstack"}}
+            "metadata": {"name": rayservice["status"]["activeServiceStatus"]["rayClusterName"],
+                         "namespace": "llmstack"}}
 
 
 def test_worker_bounds_kuberay_did_not_copy_are_shown_with_the_patch():
@@ -102,7 +105,8 @@ def test_healthy_cloud_stack_is_ok():
     report = interpret_cloud(load_stack("dev"), where="t", rayservice=rs, nodes=[gpu_node("ip-1", "l4", 1)],
                              pods=[worker_pod(rs, "l4", "Running")], events=[], gateway=gateway(1))
     assert report.health is sm.Health.OK, report.checks
-    assert [(g.group, g.min_pods, g.max_pods, g.running, g.pending) for g in report.worker_groups] == [("l4", 1, 2, 1, 0)]
+    rows = [(g.group, g.min_pods, g.max_pods, g.running, g.pending) for g in report.worker_groups]
+    assert rows == [("l4", 1, 2, 1, 0)]
     assert {d.deployment for d in report.deployments} == {"LLMServer:llama-3_1-8b-instruct", "OpenAiIngress"}
 
 
@@ -236,7 +240,8 @@ def llmctl_status(stack: str, kube: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cloud_status_through_the_kubernetes_client(tmp_path):
     rs = ready_rayservice()
-    pending = worker_pod(rs, "l4", "Pending", **unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."))
+    pending = worker_pod(rs, "l4", "Pending",
+                         **unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."))
     server = FakeApiServer({
         "/apis/ray.io/v1/namespaces/llmstack/rayservices/llmstack": rs,
         "/api/v1/namespaces/llmstack/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {},
