@@ -10,7 +10,7 @@ STACK ?= local
 PORT ?= 8080
 LITELLM := .cache/llmstack/litellm-venv/bin/litellm
 
-.PHONY: help install redis-server wrk dev preview deploy destroy cloud-stack test test-fast bench plan render clean
+.PHONY: help install redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[serve,gateway,infra,test]"
+	$(PIP) install -q -e ".[serve,gateway,infra,ops,test]"
 	bash ops/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 
@@ -37,12 +37,22 @@ redis-server:
 	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	  else echo "redis-server is needed by the tests: install it (Debian/Ubuntu: sudo apt-get install -y redis-server)"; exit 1; fi; }
 
+# The alert-rule tests also run Prometheus's own promtool (Debian's prometheus package ships
+# it; the daemon is not started). Without it they still parse every rule with promql-parser.
+promtool:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "==> installing promtool (apt-get install prometheus)"; \
+	    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+	      || echo "could not install promtool: alert rules are checked with promql-parser only"; \
+	  else echo "promtool not found: alert rules are checked with promql-parser only (Debian/Ubuntu: sudo apt-get install prometheus)"; fi; }
+
 install: $(STAMP)
 
-test: $(STAMP) redis-server
+test: $(STAMP) redis-server promtool
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP) redis-server
+test-fast: $(STAMP) redis-server promtool
 	$(PY) -m pytest -q -m "not slow"
 
 # The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.

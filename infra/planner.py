@@ -36,6 +36,10 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's largest default prefill chunk on
 DEFAULT_MAX_NUM_SEQS = 256
 CPU_BLOCK_SIZE = 128  # vLLM's default KV block on CPU; GPU blocks are 16 tokens
 GPU_BLOCK_SIZE = 16
+# Ray Serve LLM's OpenAI ingress replica holds one logical CPU (Serve's default). On a cloud
+# stack it takes a worker pod's spare CPUs, not a GPU; on the local stack it competes with the
+# model replicas for the machine's logical CPUs, so it counts there.
+INGRESS_CPUS = 1
 
 
 class Reason(str, Enum):
@@ -178,8 +182,11 @@ def plan_stack(spec: StackSpec) -> StackPlan:
         if plan is not None:
             model_plans.append(plan)
     group_plans = []
+    first_cpu_group = next((g.name for g in spec.node_groups if isinstance(g, CpuNodeGroup)), None)
     for group in spec.node_groups:
-        plan, found = plan_node_group(group, [p for p in model_plans if p.node_group == group.name])
+        reserved = INGRESS_CPUS if spec.cloud.provider == "local" and group.name == first_cpu_group else 0
+        plan, found = plan_node_group(group, [p for p in model_plans if p.node_group == group.name],
+                                      reserved_slots=reserved)
         if spec.cloud.provider == "local":
             plan = plan.model_copy(update={"blue_green": "n/a (local stack)"})
         group_plans.append(plan)
@@ -297,8 +304,10 @@ def _finish(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, instance: Inst
         usd_per_hour_at_min=cost(lo), usd_per_hour_at_max=cost(hi))
 
 
-def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan]) -> tuple[NodeGroupPlan, list[Problem]]:
-    """Nodes a group needs for its models, and whether its max_size holds them.
+def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan], *,
+                    reserved_slots: int = 0) -> tuple[NodeGroupPlan, list[Problem]]:
+    """Nodes a group needs for its models (plus `reserved_slots` taken by other actors, e.g.
+    the ingress on the local stack), and whether its max_size holds them.
 
     Models share nodes: a worker pod offers all of its node's GPUs (or CPUs) and Ray places
     replicas of any model into them. When every replica's size divides the node's capacity
@@ -310,19 +319,23 @@ def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan])
 
     def nodes(at_max: bool) -> int:
         if packable:
-            slots = sum(m.slots_per_replica * (m.max_replicas if at_max else m.min_replicas) for m in models)
+            slots = reserved_slots + sum(m.slots_per_replica * (m.max_replicas if at_max else m.min_replicas)
+                                         for m in models)
             return math.ceil(slots / capacity)
         return sum(m.nodes_at_max if at_max else m.nodes_at_min for m in models)
 
     lo, hi = nodes(False), nodes(True)
     problems = []
     if hi > group.max_size:
-        needs = ", ".join(f"{m.model_id}: {m.max_replicas} x {m.slots_per_replica}" for m in models)
+        needs = ", ".join([f"{m.model_id}: {m.max_replicas} x {m.slots_per_replica}" for m in models]
+                          + ([f"OpenAI ingress: {reserved_slots}"] if reserved_slots else []))
         unit = "GPUs" if isinstance(group, GpuNodeGroup) else "CPUs"
+        alternative = "" if isinstance(group, GpuNodeGroup) else " (or its cpus_per_node)"
         problems.append(Problem(
             reason=Reason.NODE_GROUP_TOO_SMALL, subject=group.name,
             message=f"max_replicas need {hi} nodes of {capacity} {unit} ({needs}) but max_size is "
-                    f"{group.max_size}; raise max_size of node group {group.name!r} to {hi} or lower max_replicas"))
+                    f"{group.max_size}; raise max_size of node group {group.name!r} to {hi}{alternative} "
+                    "or lower max_replicas"))
     # A NewCluster upgrade starts a whole second cluster at min replicas beside the old one.
     if hi + lo <= group.max_size:
         blue_green = "fits"

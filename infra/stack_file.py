@@ -38,18 +38,31 @@ def available_stacks(root: Path = PROJECT_ROOT) -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
 
 
-def load_stack(stack: str | Path, root: Path = PROJECT_ROOT) -> StackSpec:
-    """Load a stack by name (`prod`) or by path (`path/Pulumi.prod.yaml`)."""
+def resolve_stack(stack: str | Path, root: Path = PROJECT_ROOT) -> Path:
+    """The file of a stack given by name (`prod`) or by path (`path/Pulumi.prod.yaml`)."""
     path = Path(stack) if str(stack).endswith((".yaml", ".yml")) else stack_path(str(stack), root)
     if not path.is_file():
         known = ", ".join(available_stacks(root)) or "none"
         raise StackFileError(f"{path}: no such stack file (stacks here: {known})")
+    return path
+
+
+def stack_name(path: Path) -> str:
+    return path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+
+
+def load_stack(stack: str | Path, root: Path = PROJECT_ROOT) -> StackSpec:
+    """Load a stack by name (`prod`) or by path (`path/Pulumi.prod.yaml`)."""
+    path = resolve_stack(stack, root)
+    return spec_from_text(path.read_text(), name=stack_name(path), file_label=path.name)
+
+
+def spec_from_text(text: str, *, name: str, file_label: str) -> StackSpec:
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise StackFileError(f"{path.name}: not valid YAML: {exc}") from None
-    name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
-    return spec_from_document(document, name=name, file_label=path.name)
+        raise StackFileError(f"{file_label}: not valid YAML: {exc}") from None
+    return spec_from_document(document, name=name, file_label=file_label)
 
 
 def spec_from_document(document: Any, *, name: str, file_label: str) -> StackSpec:

@@ -21,12 +21,16 @@ from infra.stack_file import StackFileError, load_stack
 from ops.keys_cli import app as keys_app
 from ops.models_cli import app as models_app
 from ops.plan_view import plan_tables, problem_lines
+from ops.scale import scale
+from ops.status_cli import status
 
 app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 # Piped output (CI logs, README examples) gets a fixed width instead of 80 columns.
 app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
+app.command()(status)
+app.command()(scale)
 out = Console(width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 

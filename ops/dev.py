@@ -6,8 +6,9 @@
 
 The Serve application is deployed from the same serve config `llmctl render` puts in the
 RayService's `serveConfigV2` (only the HTTP bind address differs: loopback and a free port
-here). Everything started here is stopped on Ctrl-C or SIGTERM, in reverse order; a second
-`make dev` while one runs says so instead of failing on a busy port.
+here), declaratively as KubeRay deploys it (see `ops.local_serve`). Everything started here
+is stopped on Ctrl-C or SIGTERM, in reverse order; a second `make dev` while one runs says so
+instead of failing on a busy port.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -37,6 +37,7 @@ from ops.local_redis import LocalRedis, die_with_parent, free_port, redis_server
 # with a `make dev` a developer has running in the same checkout.
 STATE_DIR = Path(os.environ.get("LLMSTACK_STATE_DIR") or PROJECT_ROOT / ".cache" / "llmstack")
 DEFAULT_GATEWAY_PORT = 8080
+DEPLOY_TIMEOUT_S = 900  # engines load in about a minute here; a stuck deploy must still end
 Say = Callable[[str], None]
 
 
@@ -97,13 +98,17 @@ def local_serve_config(spec: StackSpec, serve_port: int) -> dict[str, Any]:
     return config
 
 
-def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> None:
-    """Start local Ray and deploy every application of the serve config; show progress."""
+def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> dict[str, Any]:
+    """Start local Ray and deploy the serve config declaratively, as KubeRay does; show
+    progress. Returns how another process reaches this Ray (`llmctl status|scale`)."""
     import ray
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
-    config = ServeDeploySchema.model_validate(local_serve_config(spec, serve_port))
+    from ops import local_serve
+
+    config = local_serve_config(spec, serve_port)
+    ServeDeploySchema.model_validate(config)  # fail before starting Ray on a bad config
     say(f"starting Ray ({ray_cpus(spec)} logical CPUs) ...")
     for noisy in ("ray", "ray.serve", "ray.llm", "httpx"):  # keep the terminal to our progress lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -112,46 +117,12 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> None:
     # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so SIGTERM
     # stops everything in order, like Ctrl-C, even while the engines are still loading.
     _trap_signals()
-    serve.start(proxy_location=config.proxy_location, http_options=config.http_options.model_dump())
-    failures: list[BaseException] = []
-    for app in config.applications:
-        builder = _import_attr(app.import_path)
-        target = builder(app.args)
-        thread = threading.Thread(
-            target=_deploy, args=(serve, target, app.name, app.route_prefix, failures), daemon=True)
-        thread.start()
-        _show_progress(serve, app.name, thread, say)
-        if failures:
-            raise RuntimeError(f"Serve application {app.name!r} failed to deploy: {failures[0]}")
-
-
-def _import_attr(path: str) -> Any:
-    import importlib
-
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def _deploy(serve: Any, target: Any, name: str, route_prefix: str, failures: list[BaseException]) -> None:
-    try:
-        serve.run(target, name=name, route_prefix=route_prefix, blocking=False)
-    except BaseException as exc:  # reported by the main thread
-        failures.append(exc)
-
-
-def _show_progress(serve: Any, name: str, thread: threading.Thread, say: Say) -> None:
-    """Print deployment states as they change while the engines load."""
-    start, last = time.monotonic(), ""
-    while thread.is_alive():
-        thread.join(timeout=2)
-        app = serve.status().applications.get(name)
-        if app is None:
-            continue
-        states = ", ".join(f"{d}: {s.status.value.lower()}" for d, s in sorted(app.deployments.items()))
-        line = f"{app.status.value.lower()} ({states})" if states else app.status.value.lower()
-        if line != last:
-            say(f"[{time.monotonic() - start:5.0f} s] {name}: {line}")
-            last = line
+    serve.start(proxy_location=config["proxy_location"], http_options=config["http_options"])
+    local_serve.deploy(config)
+    for app in config["applications"]:
+        local_serve.wait_running(app["name"], timeout_s=DEPLOY_TIMEOUT_S, on_change=say)
+    return {"ray_address": ray.get_runtime_context().gcs_address,
+            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port}
 
 
 def start_gateway(spec: StackSpec, *, port: int, upstream: str, redis_url: str | None,
@@ -258,7 +229,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                     "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
             serve_port = free_port()
             cleanup.callback(_stop_ray, lambda: {redis.process.pid} if redis else set())
-            start_ray_serve(spec, serve_port, say)
+            ray_info = start_ray_serve(spec, serve_port, say)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else STATE_DIR / "dev-key"
             gateway = start_gateway(spec, port=port, upstream=f"http://127.0.0.1:{serve_port}",
@@ -275,7 +246,8 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             models = [m.model_name for m in spec.models]
             first_token(base_url, api_key, models[0])
             say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
-            lock.record(base_url=base_url, redis_url=redis_url)  # `llmctl keys --stack local` reads it
+            # `llmctl keys|status|scale --stack local` read it
+            lock.record(base_url=base_url, redis_url=redis_url, stack=spec.name, **ray_info)
             print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory"), flush=True)
             if ready_json:
                 print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key,

@@ -28,12 +28,12 @@ pytestmark = pytest.mark.slow
 
 
 class DevStack:
-    def __init__(self) -> None:
+    def __init__(self, stack: str = "local") -> None:
         self.state_dir = tempfile.mkdtemp(prefix="llmstack-dev-state-")
         self.env = {**os.environ, "LLMSTACK_STATE_DIR": self.state_dir}
         self.port = free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ops.dev", "--stack", "local", "--port", str(self.port), "--ready-json"],
+            [sys.executable, "-m", "ops.dev", "--stack", stack, "--port", str(self.port), "--ready-json"],
             cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
         self.stderr: list[str] = []

@@ -6,6 +6,13 @@ The application's `args` are exactly Ray Serve LLM's `LLMServingArgs` (`{"llm_co
 (`serving.app:build_app`) as the import path only so that the image and `make dev` run one
 code path that we can extend (the builder itself adds nothing to the configs).
 
+Replica autoscaling (`autoscaling_config`, `max_ongoing_requests`) is not in `args` but in
+the application's `deployments:` overrides, one per model's `LLMServer` deployment. Serve
+hashes `import_path`, `runtime_env` and `args` into the application's code version: a change
+there rebuilds the application and restarts every replica of every model (each reloading its
+weights), while a change confined to `deployments:` is applied in place to running replicas.
+So `llmctl scale` (and an updated `serveConfigV2`) changes replica bounds without a restart.
+
 On GPU node groups each engine rank asks for one GPU plus one unit of a custom resource
 named after its node group. The Ray worker pods of that group advertise it (see
 `rayservice.py`), so a model lands on the nodes its stack entry names and nowhere else,
@@ -62,21 +69,10 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
         engine["enforce_eager"] = True  # no CUDA graphs on CPU; also skips a slow warm-up
     engine.update(model.engine_args)
 
-    scaling = model.autoscaling
     config: dict[str, Any] = {
         "model_loading_config": {"model_id": model.model_name, "model_source": _model_source(
             model, local=local, model_cache_bucket=model_cache_bucket)},
         "engine_kwargs": engine,
-        "deployment_config": {
-            "max_ongoing_requests": scaling.max_ongoing_requests,
-            "autoscaling_config": {
-                "min_replicas": scaling.min_replicas,
-                "max_replicas": scaling.max_replicas,
-                "target_ongoing_requests": scaling.target_ongoing_requests,
-                "upscale_delay_s": scaling.upscale_delay_s,
-                "downscale_delay_s": scaling.downscale_delay_s,
-            },
-        },
     }
     if on_cpu:
         config["placement_group_config"] = {"bundle_per_worker": {"CPU": 1}, "strategy": "PACK"}
@@ -110,6 +106,43 @@ def _speculative_config(model: ModelSpec, *, local: bool) -> dict[str, Any]:
     return {"method": "draft_model", "model": source, "num_speculative_tokens": spec.num_speculative_tokens}
 
 
+def llm_deployment_name(model: ModelSpec) -> str:
+    """The Serve deployment Ray Serve LLM makes for a model: `LLMServer:` + the served name
+    with `/` as `--` and `.` as `_` (ray.llm's builder; a test builds the app and compares)."""
+    return "LLMServer:" + model.model_name.replace("/", "--").replace(".", "_")
+
+
+def deployment_overrides(model: ModelSpec) -> dict[str, Any]:
+    """One model's replica scaling, as a Serve `deployments:` entry (applied in place)."""
+    scaling = model.autoscaling
+    return {
+        "name": llm_deployment_name(model),
+        "max_ongoing_requests": scaling.max_ongoing_requests,
+        "autoscaling_config": {
+            "min_replicas": scaling.min_replicas,
+            "max_replicas": scaling.max_replicas,
+            "target_ongoing_requests": scaling.target_ongoing_requests,
+            "upscale_delay_s": scaling.upscale_delay_s,
+            "downscale_delay_s": scaling.downscale_delay_s,
+        },
+    }
+
+
+# Ray Serve LLM's OpenAI ingress and the autoscaling it gives itself (ray.llm's ingress
+# DEFAULT_INGRESS_OPTIONS: one replica, never scaled on load). It derives min_replicas 0 from
+# the models' own autoscaling when every model scales to zero; ours is not in `args`, so that
+# case is stated here (a test compares it with what Ray's builder derives).
+INGRESS_DEPLOYMENT = "OpenAiIngress"
+INGRESS_AUTOSCALING = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 1_000_000_000}
+
+
+def ingress_overrides(spec: StackSpec) -> list[dict[str, Any]]:
+    """An ingress that scales to zero with the models, so idle GPU nodes can be released."""
+    if not all(m.autoscaling.min_replicas == 0 for m in spec.models):
+        return []
+    return [{"name": INGRESS_DEPLOYMENT, "autoscaling_config": {**INGRESS_AUTOSCALING, "min_replicas": 0}}]
+
+
 def serving_args(spec: StackSpec, model_cache_bucket: str | None = None) -> dict[str, Any]:
     """Ray Serve LLM's `LLMServingArgs` for the whole stack."""
     return {"llm_configs": [llm_config(m, spec, model_cache_bucket) for m in spec.models]}
@@ -125,5 +158,6 @@ def serve_config(spec: StackSpec, model_cache_bucket: str | None = None) -> dict
             "route_prefix": "/",
             "import_path": APP_IMPORT_PATH,
             "args": serving_args(spec, model_cache_bucket),
+            "deployments": [*(deployment_overrides(m) for m in spec.models), *ingress_overrides(spec)],
         }],
     }

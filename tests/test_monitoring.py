@@ -1,0 +1,202 @@
+"""Alert rules and the Grafana dashboard use only metrics the code (or a documented component)
+exports, parse as PromQL, link existing runbooks, and each alert fires on synthetic series that
+show its condition and stays quiet on healthy ones (`promtool test rules`).
+
+PromQL is parsed with `promql-parser` (the Prometheus parser's Rust port) always, and with
+Prometheus's own `promtool` when it is installed (`make test` installs Debian's prometheus).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import promql_parser
+import pytest
+import yaml
+
+from infra.stack_file import PROJECT_ROOT
+from ops.monitoring import serving_metrics
+from serving.gateway.metrics import GatewayMetrics
+
+MONITORING = PROJECT_ROOT / "ops" / "monitoring"
+ALERTS = MONITORING / "alerts.yaml"
+DASHBOARD = MONITORING / "grafana-dashboard.json"
+# Grafana's variables, replaced by values PromQL accepts before parsing.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$model": ".*"}
+
+
+def known_series() -> set[str]:
+    return GatewayMetrics(["m"]).names() | serving_metrics.names()
+
+
+def metric_names(expr: str) -> set[str]:
+    """Every metric a PromQL expression selects, from its syntax tree."""
+    found: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.add(node.name)
+        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            if isinstance(child, promql_parser.Expr):
+                visit(child)
+        for arg in getattr(node, "args", None) or []:
+            visit(arg)
+
+    visit(promql_parser.parse(expr))
+    return found
+
+
+def alert_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def dashboard_targets() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] if panel["type"] != "row"
+            for target in panel["targets"]]
+
+
+def grafana_free(expr: str) -> str:
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, value)
+    return expr
+
+
+def test_metric_names_are_read_from_the_tree():
+    assert metric_names('sum(rate(a_total{x="1"}[5m])) / clamp_min(sum(rate(b_total[5m])), 1) > 0 or max(c)') == {
+        "a_total", "b_total", "c"}
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_alert_rule(rule: dict):
+    names = metric_names(rule["expr"])
+    assert names and names <= known_series(), f"unknown metrics {names - known_series()}"
+    promql_parser.parse_duration(rule["for"])
+    assert rule["labels"]["severity"] in ("page", "ticket")
+    annotations = rule["annotations"]
+    assert annotations["summary"] and annotations["description"]
+    runbook = PROJECT_ROOT / annotations["runbook_url"]
+    assert annotations["runbook_url"].startswith("ops/runbooks/") and runbook.is_file(), annotations["runbook_url"]
+    assert rule["alert"] in runbook.read_text(), f"{runbook.name} should name the alert that sends people there"
+
+
+def test_alerts_cover_the_issue_list():
+    exprs = {r["alert"]: r["expr"] for r in alert_rules()}
+    wanted = {  # what the issue asks to alert on -> a metric that shows it
+        "error rate": "llmstack_gateway_requests_total",
+        "TTFT p99": "llmstack_gateway_time_to_first_token_seconds_bucket",
+        "queue depth": "ray_vllm_num_requests_waiting", "rate-limit rejections": "llmstack_gateway_rate_limited_total",
+        "Redis errors": "llmstack_gateway_redis_errors_total", "GPU pending": "kube_pod_status_unschedulable"}
+    for concern, metric in wanted.items():
+        assert any(metric in metric_names(e) for e in exprs.values()), f"no alert on {concern}"
+
+
+def test_dashboard_is_valid_and_uses_known_metrics():
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    assert {v["name"] for v in dashboard["templating"]["list"]} >= {"datasource", "model"}
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24 and grid["h"] > 0
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"]
+            assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+    used: set[str] = set()
+    for title, expr in dashboard_targets():
+        names = metric_names(grafana_free(expr))
+        assert names <= known_series(), f"panel {title!r}: unknown metrics {names - known_series()}"
+        used |= names
+    gateway_families = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in GatewayMetrics(["m"]).names()}
+    shown = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in used}
+    assert gateway_families <= shown, f"gateway metrics missing from the dashboard: {gateway_families - shown}"
+
+
+def test_ray_metric_names_are_the_ones_ray_documents():
+    """Each ray_* name appears in the Grafana dashboards Ray ships (its documented queries), and
+    each ray_vllm_* name is a vLLM metric (`vllm:<name>`) in the installed vLLM."""
+    import ray
+
+    ray_root = Path(ray.__file__).parent.parent
+    dashboards = "".join(p.read_text() for p in (ray_root / serving_metrics.RAY_DASHBOARDS).glob("*.py"))
+    vllm_loggers = (ray_root / "vllm" / "v1" / "metrics" / "loggers.py")
+    vllm_names = set(re.findall(r'name="vllm:(\w+)"', vllm_loggers.read_text())) if vllm_loggers.is_file() else None
+    for metric in serving_metrics.SERVING_METRICS:
+        if not metric.name.startswith("ray_"):
+            continue
+        assert metric.name in dashboards, f"{metric.name} is not in Ray's bundled dashboards"
+        assert (ray_root / metric.source).is_file(), metric.source
+        if metric.name.startswith("ray_vllm_") and vllm_names is not None:
+            assert re.sub(r"_total$", "", metric.name.removeprefix("ray_vllm_")) in vllm_names, metric.name
+
+
+# --- promtool ------------------------------------------------------------------------------------
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus; "
+                                    "`make test` does); the PromQL checks above ran with promql-parser")
+
+# alert -> (series that show the condition, when to evaluate, labels the alert carries)
+FIRING = {
+    "LLMStackHighErrorRate": ([('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+90x30"),
+                               ('llmstack_gateway_requests_total{status="503",model="m",tenant="t"}', "0+10x30")],
+                              "15m", {}),
+    "LLMStackTTFTP99High": ([('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="5"}', "0+0x40"),
+                             ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="30"}', "0+10x40"),
+                             ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+10x40")],
+                            "30m", {"model": "m"}),
+    "LLMStackRateLimitRejections": ([('llmstack_gateway_requests_total{status="429",model="m",tenant="t"}', "0+100x30"),
+                                     ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}',
+                                      "0+50x30")],
+                                    "20m", {}),
+    "LLMStackRedisErrors": ([("llmstack_gateway_degraded", "1x10")], "5m", {}),
+    "LLMStackEngineQueueDeep": ([('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "40x20")],
+                                "15m", {"model_name": "m"}),
+    "LLMStackServeQueueDeep": ([('ray_serve_deployment_queued_queries{application="llm",deployment="d",handle="h"}',
+                                 "100x20")], "15m", {"application": "llm", "deployment": "d"}),
+    "LLMStackGPUPodsPending": ([('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "1x30")],
+                               "20m", {"pod": "p"}),
+    "LLMStackReplicaCrashLoop": ([('kube_pod_container_status_waiting_reason{namespace="llmstack",pod="p",'
+                                   'container="c",reason="CrashLoopBackOff"}', "1x20")], "10m", {"pod": "p"}),
+}
+# Healthy traffic: nothing fires.
+QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x40"),
+         ('llmstack_gateway_requests_total{status="503",model="m",tenant="t"}', "0+1x40"),
+         ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="0.5"}', "0+100x40"),
+         ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+100x40"),
+         ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+1x40"),
+         ("llmstack_gateway_degraded", "0x40"),
+         ('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "3x40"),
+         ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40")]
+
+
+def test_every_alert_has_a_firing_scenario():
+    assert set(FIRING) == {r["alert"] for r in alert_rules()}
+
+
+@needs_promtool
+def test_promtool_accepts_the_rules():
+    result = subprocess.run([PROMTOOL, "check", "rules", str(ALERTS)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_each_alert_fires_on_its_condition_and_not_on_healthy_traffic(tmp_path):
+    rules = {r["alert"]: r for r in alert_rules()}
+    tests = []
+    for alert, (series, at, labels) in FIRING.items():
+        expected = {"exp_labels": {**labels, **rules[alert]["labels"]}, "exp_annotations": rules[alert]["annotations"]}
+        tests.append({"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                      "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": [expected]}]})
+    tests.append({"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in QUIET],
+                  "alert_rule_test": [{"eval_time": "35m", "alertname": a, "exp_alerts": []} for a in FIRING]})
+    test_file = tmp_path / "alerts-test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests}))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
