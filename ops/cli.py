@@ -17,6 +17,7 @@ from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_file import StackFileError, load_stack
+from ops.bench_cli import bench
 from ops.keys_cli import app as keys_app
 from ops.plan_view import plan_tables, problem_lines
 
@@ -24,6 +25,7 @@ app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_h
                   pretty_exceptions_enable=False, add_completion=False)
 # Piped output (CI logs, README examples) gets a fixed width instead of 80 columns.
 app.add_typer(keys_app, name="keys")
+app.command("bench")(bench)
 out = Console(width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 
