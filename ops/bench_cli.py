@@ -76,8 +76,14 @@ def _distribution(option: str, text: str) -> LengthDistribution:
 async def _pick_model(spec: LoadSpec) -> str:
     from ops.loadgen import make_client
 
-    async with make_client(spec) as client:
-        models = [m.id async for m in client.models.list()]
+    from ops.bench_stats import error_type
+
+    try:
+        async with make_client(spec) as client:
+            models = [m.id async for m in client.models.list()]
+    except Exception as exc:
+        kind = error_type(exc)
+        raise BenchError(f"listing models at {spec.base_url} failed: {kind}: {exc}; {_hint(kind)}") from None
     if not models:
         raise BenchError(f"{spec.base_url}/models lists no model; pass --model")
     return models[0]
@@ -90,14 +96,22 @@ async def _warm_up(spec: LoadSpec) -> None:
 
     async with make_client(spec) as client:
         result = await one_request(client, spec, "hello", 4)
-    if result.error is None:
-        return
-    hints = {"AuthenticationError": "pass the endpoint's key with --api-key or OPENAI_API_KEY",
-             "NotFoundError": "check --model (see GET /v1/models) and that --url ends in the API's /v1",
-             "APIConnectionError": "is the server running there? (`make dev` prints its base URL)",
-             "BadRequestError": "the server refused the request; try --no-ignore-eos or --api completions"}
-    hint = next((h for name, h in hints.items() if result.error.startswith(name)), "see the server's log")
-    raise BenchError(f"warm-up request to {spec.base_url} failed: {result.error}: {result.error_message}; {hint}")
+    if result.error is not None:
+        raise BenchError(f"warm-up request to {spec.base_url} failed: {result.error}: {result.error_message}; "
+                         f"{_hint(result.error)}")
+
+
+_HINTS = {"AuthenticationError": "pass the endpoint's key with --api-key or OPENAI_API_KEY",
+          "PermissionDeniedError": "this key may not use that model; check --model and the key's models",
+          "NotFoundError": "check --model (see GET /v1/models) and that --url ends in the API's /v1",
+          "APIConnectionError": "is the server running there? (`make dev` prints its base URL)",
+          "APITimeoutError": "the server did not answer in --timeout seconds; is it overloaded?",
+          "BadRequestError": "the server refused the request; try --no-ignore-eos or --api completions",
+          "RateLimitError": "the key's limits are exhausted; wait, or use a key with higher limits"}
+
+
+def _hint(kind: str) -> str:
+    return next((hint for name, hint in _HINTS.items() if kind.startswith(name)), "see the server's log")
 
 
 async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels: list[float],
@@ -146,14 +160,17 @@ def results_table(report: BenchReport) -> Table:
         return "-" if value is None else f"{value:,.0f}"
 
     table = Table(title=f"llmctl bench: {report.model} at {report.base_url}", title_justify="left")
-    for name in (report.mode, "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "TPOT p50",
-                 "E2E p50", "E2E p90", "E2E p99"):
+    def ms1(value: float | None) -> str:  # per-token gaps are a few ms: keep a decimal
+        return "-" if value is None else f"{value:,.1f}"
+
+    for name in (report.mode, "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
+                 "TPOT p50", "E2E p50", "E2E p90", "E2E p99"):
         table.add_column(name, justify="right")
     table.add_column("errors")
     for s in report.levels:
         table.add_row(f"{s.level:g}", str(s.ok), str(s.requests - s.ok), f"{s.request_throughput:.2f}",
-                      f"{s.output_throughput:,.0f}", ms(s.ttft_ms.p50), ms(s.ttft_ms.p99), ms(s.itl_ms.p50),
-                      ms(s.tpot_ms.p50), ms(s.e2e_ms.p50), ms(s.e2e_ms.p90), ms(s.e2e_ms.p99),
+                      f"{s.output_throughput:,.0f}", ms(s.ttft_ms.p50), ms(s.ttft_ms.p99), ms1(s.itl_ms.p50),
+                      ms1(s.itl_ms.p99), ms1(s.tpot_ms.p50), ms(s.e2e_ms.p50), ms(s.e2e_ms.p90), ms(s.e2e_ms.p99),
                       ", ".join(f"{k}: {v}" for k, v in s.errors.items()))
     return table
 
