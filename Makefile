@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[serve,gateway,infra,test]"
+	$(PIP) install -q -e ".[serve,gateway,infra,bench,test]"
 	bash ops/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 
@@ -53,6 +53,8 @@ bench: $(STAMP)
 	$(PY) -m ops.kv_capacity --stack local
 	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
 	$(PY) -m ops.bench_serving --out build/bench/serving.json
+	$(PY) -m ops.bench_serving --client llmctl --out build/bench/serving-llmctl.json
+	$(PY) -m ops.autoscale_demo --out build/bench/autoscale.json
 
 # Cloud stacks: checks (not local, Pulumi CLI, AWS credentials, llmctl plan), then Pulumi.
 preview deploy destroy: cloud-stack $(STAMP)

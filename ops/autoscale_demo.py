@@ -39,7 +39,7 @@ from infra.stack_file import PROJECT_ROOT, load_stack
 from ops.autoscale_timeline import Sample, findings
 from ops.bench_serving import stop_tree
 from ops.bench_stats import LengthDistribution, RequestResult, summarise
-from ops.dev import local_serve_config
+from ops.dev import _deploy, _show_progress, local_serve_config  # one deploy path with make dev
 from ops.local_redis import free_port
 from ops.loadgen import LoadSpec, run_level
 
@@ -104,19 +104,14 @@ def deploy(spec: StackSpec, serve_port: int) -> tuple[str, str]:
     config = ServeDeploySchema.model_validate(local_serve_config(spec, serve_port) | {"proxy_location": "HeadOnly"})
     app = config.applications[0]
     serve.start(proxy_location=config.proxy_location, http_options=config.http_options.model_dump())
-    serve.run(build_app(app.args), name=app.name, route_prefix=app.route_prefix, blocking=False)
-    started, last = time.monotonic(), ""
-    while True:
-        status = serve.status().applications.get(app.name)
-        line = status.status.value if status else "?"
-        if line != last:
-            say(f"[{time.monotonic() - started:4.0f} s] application {app.name}: {line.lower()}")
-            last = line
-        if line == "RUNNING":
-            break
-        if line == "DEPLOY_FAILED" or time.monotonic() - started > 900:
-            raise RuntimeError(f"application {app.name} did not deploy: {status.message if status else ''}")
-        time.sleep(2)
+    failures: list[BaseException] = []
+    thread = threading.Thread(target=_deploy, args=(serve, build_app(app.args), app.name, app.route_prefix, failures),
+                              daemon=True)
+    thread.start()
+    _show_progress(serve, app.name, thread, say)  # `make dev`'s progress lines, while the engines load
+    status = serve.status().applications.get(app.name)
+    if failures or status is None or status.status.value != "RUNNING":
+        raise RuntimeError(f"application {app.name} did not deploy: {failures[0] if failures else status}")
     model = next(name for name in status.deployments if name.startswith("LLMServer:"))
     return app.name, model
 
