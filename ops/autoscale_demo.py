@@ -6,8 +6,11 @@ scales up under `llmctl bench` load, survives a killed replica, and scales back 
 1. Starts a Ray cluster of `max_size` nodes of the stack's CPU node group (`ray start --head`,
    then `ray start --address`, each on its own free ports and temp dir, with a private
    auth token), and deploys the stack's serve config (Ray Serve LLM, CPU vLLM) on it.
-2. Drives closed-loop load with the bench library (`ops.loadgen`, the `llmctl bench` engine)
-   straight at Ray Serve, and samples the model's replicas by state every second.
+2. Drives open-loop load (Poisson arrivals, `--rate`) with the bench library (`ops.loadgen`,
+   the `llmctl bench` engine) straight at Ray Serve, and samples the model's replicas by
+   state every second. Open loop at a moderate rate, not a saturating closed loop: on 2 cores
+   an engine serving flat out starves the second replica's engine of the CPU it needs to
+   start (a first run at 8 concurrent streams had not started it after 10 minutes).
 3. Once two replicas run, SIGKILLs the process of one of them (its vLLM engine goes with it)
    while load continues, and waits for Serve to replace it.
 4. Stops the load and waits for the scale-down to one replica.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import re
 import secrets
@@ -30,7 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import psutil
 
@@ -78,6 +82,8 @@ def start_cluster(group: CpuNodeGroup, work: Path, env: dict[str, str]) -> tuple
             _wait(lambda: "Ray runtime started" in (work / "ray-node-0.log").read_text(), 120, "the head node",
                    nodes[0])
     ray.init(address=f"127.0.0.1:{head_port}", logging_level="warning", log_to_driver=False)
+    for noisy in ("ray", "ray.serve", "httpx"):  # Ray's logging setup shows every request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == group.max_size, 120, "every node to join", nodes[-1])
     say(f"Ray cluster up: {group.max_size} nodes x {group.cpus_per_node} logical CPUs")
     return head_port, nodes
@@ -140,19 +146,20 @@ def replica_processes(nodes: list[subprocess.Popen], deployment: str) -> list[tu
 
 
 class LoadThread(threading.Thread):
-    """Closed-loop load from `ops.loadgen` until `stop` is set; results kept in order."""
+    """Load from `ops.loadgen` until `stop` is set; results kept in order of completion."""
 
-    def __init__(self, spec: LoadSpec, concurrency: int) -> None:
+    def __init__(self, spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float) -> None:
         super().__init__(daemon=True)
-        self.spec, self.concurrency = spec, concurrency
+        self.spec, self.mode, self.level = spec, mode, level
         self.stop, self.results = threading.Event(), []
 
     def run(self) -> None:
-        asyncio.run(run_level(self.spec, "concurrency", self.concurrency, stop=self.stop.is_set,
-                              on_result=self.results.append))
+        asyncio.run(run_level(self.spec, self.mode, self.level, stop=self.stop.is_set, on_result=self.results.append))
 
 
-def run_demo(stack: str, concurrency: int, hold_s: float, work: Path) -> dict[str, Any]:
+def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, output_tokens: str, hold_s: float,
+             work: Path, record: dict[str, Any]) -> None:
+    """Runs the demo, filling `record` as it goes (so a failed stage keeps what was measured)."""
     spec = load_stack(stack)
     model = spec.models[0]
     group = spec.node_group(model.node_group)
@@ -160,10 +167,14 @@ def run_demo(stack: str, concurrency: int, hold_s: float, work: Path) -> dict[st
     # A private token: our cluster neither trusts nor is reachable with another cluster's.
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-    record: dict[str, Any] = {"stack": stack, "model": model.id, "autoscaling": model.autoscaling.model_dump(),
-                              "nodes": group.max_size, "cpus_per_node": group.cpus_per_node,
-                              "load_concurrency": concurrency, "hold_s": hold_s}
+    record.update(stack=stack, model=model.id, autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
+                  cpus_per_node=group.cpus_per_node, load_mode=mode, load_level=level, hold_s=hold_s,
+                  loadavg_at_start=os.getloadavg())
     nodes: list[subprocess.Popen] = []
+    samples: list[Sample] = []
+    sampling = threading.Event()
+    loader: LoadThread | None = None
+    load_start = time.monotonic()
     try:
         _, nodes = start_cluster(group, work, env)
         serve_port = free_port()
@@ -172,10 +183,8 @@ def run_demo(stack: str, concurrency: int, hold_s: float, work: Path) -> dict[st
         record["deploy_s"] = round(time.monotonic() - t0, 1)
         load = LoadSpec(base_url=f"http://127.0.0.1:{serve_port}/v1", model=model.model_name,
                         prompt_tokens=LengthDistribution.parse("fixed:64"),
-                        output_tokens=LengthDistribution.parse("fixed:64"), timeout_s=120)
+                        output_tokens=LengthDistribution.parse(output_tokens), timeout_s=120)
         record["load"] = load.model_dump(mode="json", exclude={"api_key"})
-        samples: list[Sample] = []
-        sampling = threading.Event()
 
         def sample_every_second() -> None:
             while not sampling.is_set():
@@ -186,10 +195,11 @@ def run_demo(stack: str, concurrency: int, hold_s: float, work: Path) -> dict[st
         running = lambda: samples[-1].running if samples else 0  # noqa: E731
         _wait(lambda: running() == 1, 60, "one running replica before load")
 
-        loader = LoadThread(load, concurrency)
+        loader = LoadThread(load, mode, level)
         load_start = time.monotonic()
         loader.start()
-        say(f"load: {concurrency} concurrent streams (64 in / 64 out tokens) at {load.base_url}")
+        say(f"load: {level:g} {'requests/s (Poisson)' if mode == 'rate' else 'concurrent streams'}, "
+            f"64 in / {output_tokens} out tokens, at {load.base_url}")
         _wait(lambda: running() >= 2, 600, "the second replica")
         say(f"scaled up: 2 replicas running {time.monotonic() - load_start:.0f} s after load started")
         time.sleep(hold_s)
@@ -201,7 +211,8 @@ def run_demo(stack: str, concurrency: int, hold_s: float, work: Path) -> dict[st
         victim.send_signal(signal.SIGKILL)
         say(f"killed replica pid {victim.pid} on node {node_index + 1} (engine pids {engines}) under load")
         record["kill"] = {"pid": victim.pid, "node": node_index + 1, "engine_pids": engines,
-                          "replicas_found": [(i + 1, p.pid) for i, p in victims]}
+                          "replicas_found": [(i + 1, p.pid) for i, p in victims],
+                          "node_pids": [n.pid for n in nodes]}
         try:
             _wait(lambda: any(s.t > kill_at and s.running < 2 for s in samples), 120, "Serve to notice the kill")
         except TimeoutError:  # replaced between two samples: the findings say so (kill_detected_s None)
@@ -223,12 +234,15 @@ def run_demo(stack: str, concurrency: int, hold_s: float, work: Path) -> dict[st
         record["events_s"] = {"load_start": 0.0, "kill": round(kill_at - load_start, 1),
                               "load_stop": round(load_stop - load_start, 1)}
         record["findings"] = findings(samples, results, load_start, kill_at, load_stop).model_dump()
-        record["load_summary"] = summarise(results, "concurrency", concurrency).model_dump()
-        record["samples"] = [(round(s.t - load_start, 1), s.states) for s in samples]
+        record["load_summary"] = summarise(results, mode, level).model_dump()
         record["requests"] = [{"start": round(r.start - load_start, 3), "end": round(r.end - load_start, 3),
                                "error": r.error} for r in results]
-        return record
     finally:
+        sampling.set()
+        if loader is not None:
+            loader.stop.set()
+        record["samples"] = [(round(s.t - load_start, 1), s.states) for s in samples]
+        record["loadavg_at_end"] = os.getloadavg()
         _teardown(nodes)
 
 
@@ -260,19 +274,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.autoscale_demo", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", default=DEFAULT_STACK, help="stack with one model, min 1 / max 2 replicas")
     parser.add_argument("--out", type=Path, default=Path("build/bench/autoscale.json"))
-    parser.add_argument("--concurrency", type=int, default=8, help="concurrent streams during the load")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=3.0, help="requests/s during the load (open loop; default 3)")
+    load.add_argument("--concurrency", type=int, help="closed loop instead: this many requests in flight")
+    parser.add_argument("--output-tokens", default="fixed:128", help="max_tokens per request (llmctl bench form)")
     parser.add_argument("--hold", type=float, default=20, help="seconds of load kept after each scale event")
     args = parser.parse_args(argv)
     started = time.monotonic()
     import tempfile
 
     # A short path: Ray's socket paths under it must stay within the 107-byte Unix limit.
-    with tempfile.TemporaryDirectory(prefix="llmas-") as folder:
-        record = run_demo(args.stack, args.concurrency, args.hold, Path(folder))
-    record["command"] = "python -m ops.autoscale_demo" + (" " + " ".join(argv or sys.argv[1:])).rstrip()
-    record["wall_time_s"] = round(time.monotonic() - started, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+    mode, level = ("concurrency", args.concurrency) if args.concurrency else ("rate", args.rate)
+    record: dict[str, Any] = {"command": "python -m ops.autoscale_demo " + " ".join(argv or sys.argv[1:])}
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmas-") as folder:
+            run_demo(args.stack, mode, level, args.output_tokens, args.hold, Path(folder), record)
+    except (RuntimeError, TimeoutError) as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"error: {exc}")
+    finally:  # whatever was measured is written, also when a stage failed
+        record["wall_time_s"] = round(time.monotonic() - started, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2))
+    if "findings" not in record:
+        return 1
     f = record["findings"]
     say(f"scale-up {f['scaled_up_s']} s, kill detected {f['kill_detected_s']} s, recovered {f['recovered_s']} s "
         f"({f['failed_after_kill']} requests failed: {f['failed_after_kill_by_type']}), "

@@ -41,6 +41,9 @@ class Findings(BaseModel):
     failed_after_kill_by_type: dict[str, int] = Field(description="Those failures by error type.")
     last_failure_after_kill_s: float | None = Field(description="Kill -> the last failed request's end.")
     ok_during_recovery: int = Field(description="Requests that succeeded between kill and recovery.")
+    in_flight_at_kill: int = Field(description="Requests sent before the kill that had not finished.")
+    in_flight_at_kill_failed: int = Field(description="How many of those failed.")
+    in_flight_at_kill_max_e2e_s: float | None = Field(description="Slowest of those, end to end.")
     failed_before_kill: int = Field(description="Failures under load before the kill (should be 0).")
     failed_after_recovery: int = Field(description="Failures after recovery, until load stopped.")
     scaled_down_s: float | None = Field(description="Load stop -> one replica left (RUNNING, nothing else).")
@@ -79,6 +82,7 @@ def findings(samples: list[Sample], results: list[RequestResult], load_start: fl
         window_end = kill_at = load_stop
     in_window = [r for r in results if r.end >= kill_at and r.start <= window_end]
     failed = [r for r in in_window if r.error]
+    in_flight = [r for r in results if r.start <= kill_at <= r.end]
     down = _first(samples, load_stop, lambda s: s.running == 1 and s.total == 1)
     return Findings(
         peak_running=max((s.running for s in samples), default=0),
@@ -87,7 +91,9 @@ def findings(samples: list[Sample], results: list[RequestResult], load_start: fl
         recovered_s=_since(recovered, kill_at) if recovered else None,
         failed_after_kill=len(failed), failed_after_kill_by_type=dict(Counter(r.error for r in failed)),
         last_failure_after_kill_s=round(max(r.end for r in failed) - kill_at, 1) if failed else None,
-        ok_during_recovery=len(in_window) - len(failed),
+        ok_during_recovery=len(in_window) - len(failed), in_flight_at_kill=len(in_flight),
+        in_flight_at_kill_failed=sum(1 for r in in_flight if r.error),
+        in_flight_at_kill_max_e2e_s=round(max(r.end - r.start for r in in_flight), 1) if in_flight else None,
         failed_before_kill=sum(1 for r in results if r.error and r.end < kill_at),
         failed_after_recovery=sum(1 for r in results if r.error and r.start > window_end),
         scaled_down_s=_since(down, load_stop), replica_changes=changes(samples, load_start))

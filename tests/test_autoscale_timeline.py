@@ -41,6 +41,7 @@ def test_findings():
     assert (f.kill_detected_s, f.recovered_s) == (2.0, 50.0)
     assert f.failed_after_kill == 3 and f.failed_after_kill_by_type == {"APIError": 2, "InternalServerError (500)": 1}
     assert f.last_failure_after_kill_s == 4.0
+    assert (f.in_flight_at_kill, f.in_flight_at_kill_failed, f.in_flight_at_kill_max_e2e_s) == (4, 2, 1.2)
     assert f.ok_during_recovery == 52  # ended after the kill, started before recovery: 79..130
     assert (f.failed_before_kill, f.failed_after_recovery) == (0, 0)
     assert f.scaled_down_s == 20.0  # a STOPPING replica takes no traffic: down to one at 170 s
