@@ -84,9 +84,16 @@ def start_cluster(group: CpuNodeGroup, work: Path, env: dict[str, str]) -> tuple
     ray.init(address=f"127.0.0.1:{head_port}", logging_level="warning", log_to_driver=False)
     for noisy in ("ray", "ray.serve", "httpx"):  # Ray's logging setup shows every request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The Ray driver swallowed a SIGINT in one run; ours stop the demo, and tear down, on both.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == group.max_size, 120, "every node to join", nodes[-1])
     say(f"Ray cluster up: {group.max_size} nodes x {group.cpus_per_node} logical CPUs")
     return head_port, nodes
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float, what: str, process: subprocess.Popen | None = None) -> None:
@@ -289,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="llmas-") as folder:
             run_demo(args.stack, mode, level, args.output_tokens, args.hold, Path(folder), record)
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError, KeyboardInterrupt) as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
-        say(f"error: {exc}")
+        say(f"error: {record['error']}")
     finally:  # whatever was measured is written, also when a stage failed
         record["wall_time_s"] = round(time.monotonic() - started, 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
