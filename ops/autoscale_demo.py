@@ -48,6 +48,12 @@ from ops.local_redis import free_port
 from ops.loadgen import LoadSpec, run_level
 
 DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
+# vLLM CPU pins each engine's worker to core 0 by default (VLLM_CPU_OMP_THREADS_BIND=auto
+# binds rank 0 to the first core of its NUMA node and reserves the rest). Right for one
+# engine per pod; on this one host both replicas' engines landed on core 0, and the second
+# engine took 8 minutes to start beside the first serving on the same core (two runs; taskset
+# showed affinity 0 for both). Unpinned, the OS spreads them over both cores.
+ENGINE_ENV_ON_SHARED_HOST = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 RAY_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                   "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
 
@@ -108,13 +114,17 @@ def _wait(condition: Callable[[], bool], timeout_s: float, what: str, process: s
 
 def deploy(spec: StackSpec, serve_port: int) -> tuple[str, str]:
     """The stack's serve config on the cluster; proxy on the head only (every node's proxy
-    would bind the same loopback port). Returns (application, model deployment) names."""
+    would bind the same loopback port) and engines unpinned (see ENGINE_ENV_ON_SHARED_HOST).
+    Returns (application, model deployment) names."""
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
     from serving.app import build_app
 
-    config = ServeDeploySchema.model_validate(local_serve_config(spec, serve_port) | {"proxy_location": "HeadOnly"})
+    raw = local_serve_config(spec, serve_port) | {"proxy_location": "HeadOnly"}
+    for llm in raw["applications"][0]["args"]["llm_configs"]:
+        llm["runtime_env"]["env_vars"].update(ENGINE_ENV_ON_SHARED_HOST)
+    config = ServeDeploySchema.model_validate(raw)
     app = config.applications[0]
     serve.start(proxy_location=config.proxy_location, http_options=config.http_options.model_dump())
     failures: list[BaseException] = []
@@ -161,6 +171,8 @@ class LoadThread(threading.Thread):
         self.stop, self.results = threading.Event(), []
 
     def run(self) -> None:
+        # Serve's start re-applies Ray's logging setup, which shows every request at INFO.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         asyncio.run(run_level(self.spec, self.mode, self.level, stop=self.stop.is_set, on_result=self.results.append))
 
 
@@ -174,7 +186,7 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
     # A private token: our cluster neither trusts nor is reachable with another cluster's.
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-    record.update(stack=stack, model=model.id, autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
+    record.update(engine_env_override=ENGINE_ENV_ON_SHARED_HOST, stack=stack, model=model.id, autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
                   cpus_per_node=group.cpus_per_node, load_mode=mode, load_level=level, hold_s=hold_s,
                   loadavg_at_start=os.getloadavg())
     nodes: list[subprocess.Popen] = []
