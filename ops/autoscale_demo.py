@@ -150,16 +150,24 @@ def replica_states(app: str, deployment: str) -> dict[str, int]:
 def replica_processes(nodes: list[subprocess.Popen], deployment: str) -> list[tuple[int, psutil.Process]]:
     """(node index, process) of each replica actor of `deployment` in OUR cluster: found among
     the descendants of our own `ray start` processes by Ray's process title."""
-    title = re.compile(rf"^ray::ServeReplica:[^:]+:{re.escape(deployment)}(\.|$)")
     found = []
     for index, node in enumerate(nodes):
         for process in psutil.Process(node.pid).children(recursive=True):
             try:
-                if title.match(" ".join(process.cmdline())):
+                if is_replica_title(process.cmdline(), deployment):
                     found.append((index, process))
             except psutil.NoSuchProcess:
                 continue
     return found
+
+
+def is_replica_title(cmdline: list[str], deployment: str) -> bool:
+    """Ray retitles a replica's worker `ray::ServeReplica:<app>:<deployment>[.<method>]`, or
+    while it is created `ray::SERVE_REPLICA::<app>#<deployment>#<id>:ServeReplica:...`; the
+    title may be padded with blanks, so look at the first word."""
+    words = " ".join(cmdline).split()
+    pattern = rf"ServeReplica:[^:#]+:{re.escape(deployment)}(\.\w+)?$"
+    return bool(words) and words[0].startswith("ray::") and re.search(pattern, words[0]) is not None
 
 
 class LoadThread(threading.Thread):

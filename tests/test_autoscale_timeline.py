@@ -4,7 +4,7 @@ runs two again at 130 s; load stops at 150 s, one replica stops at 170 s and is 
 
 from __future__ import annotations
 
-from ops.autoscale_demo import ray_start_command
+from ops.autoscale_demo import is_replica_title, ray_start_command
 from ops.autoscale_timeline import Sample, changes, findings
 from ops.bench_stats import RequestResult
 
@@ -70,3 +70,16 @@ def test_ray_start_commands_use_private_ports_and_temp_dir(tmp_path):
         assert "--block" in command and command[command.index("--num-cpus") + 1] == "4"
         ports = [command[i + 1] for i, arg in enumerate(command) if arg.endswith("-port") and arg != "--port"]
         assert len(ports) == len(set(ports)) >= 6  # nothing on Ray's fixed defaults
+
+
+def test_replica_titles():
+    deployment = "LLMServer:tiny-chat"
+    assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat"], deployment)
+    assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat.handle_request_with_rejection", "", "  "],
+                            deployment)
+    assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat" + " " * 300], deployment)
+    assert is_replica_title(["ray::SERVE_REPLICA::llm#LLMServer:tiny-chat#w8kz8qmf:ServeReplica:llm:"
+                             "LLMServer:tiny-chat.__init__"], deployment)
+    assert not is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat-ngram"], deployment)
+    assert not is_replica_title(["ray::ServeReplica:llm:OpenAiIngress"], deployment)
+    assert not is_replica_title(["VLLM::EngineCore"], deployment) and not is_replica_title([], deployment)
