@@ -51,7 +51,7 @@ DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
 # vLLM CPU pins each engine's worker to core 0 by default (VLLM_CPU_OMP_THREADS_BIND=auto
 # binds rank 0 to the first core of its NUMA node and reserves the rest). Right for one
 # engine per pod; on this one host both replicas' engines landed on core 0, and the second
-# engine took 8 minutes to start beside the first serving on the same core (two runs; taskset
+# engine took 8-10 minutes to start beside the first serving on the same core (two runs; taskset
 # showed affinity 0 for both). Unpinned, the OS spreads them over both cores.
 ENGINE_ENV_ON_SHARED_HOST = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 RAY_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",

@@ -159,10 +159,10 @@ def results_table(report: BenchReport) -> Table:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:,.0f}"
 
-    table = Table(title=f"llmctl bench: {report.model} at {report.base_url}", title_justify="left")
     def ms1(value: float | None) -> str:  # per-token gaps are a few ms: keep a decimal
         return "-" if value is None else f"{value:,.1f}"
 
+    table = Table(title=f"llmctl bench: {report.model} at {report.base_url}", title_justify="left")
     for name in (report.mode, "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
                  "TPOT p50", "E2E p50", "E2E p90", "E2E p99"):
         table.add_column(name, justify="right")
