@@ -9,8 +9,7 @@ scales up under `llmctl bench` load, survives a killed replica, and scales back 
 2. Drives open-loop load (Poisson arrivals, `--rate`) with the bench library (`ops.loadgen`,
    the `llmctl bench` engine) straight at Ray Serve, and samples the model's replicas by
    state every second. Open loop at a moderate rate, not a saturating closed loop: on 2 cores
-   an engine serving flat out starves the second replica's engine of the CPU it needs to
-   start (a first run at 8 concurrent streams had not started it after 10 minutes).
+   an engine serving flat out leaves little CPU for the second replica's engine to start.
 3. Once two replicas run, SIGKILLs the process of one of them (its vLLM engine goes with it)
    while load continues, and waits for Serve to replace it.
 4. Stops the load and waits for the scale-down to one replica.
