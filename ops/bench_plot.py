@@ -22,9 +22,9 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     xlabel = "concurrent requests" if report.mode == "concurrency" else "requests per second (offered)"
     fig, (latency, throughput) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, attr, color in (("TTFT", "ttft_ms", "tab:blue"), ("end-to-end", "e2e_ms", "tab:orange")):
-        for pct, style in (("p50", "-"), ("p99", "--")):
+        for pct, style, marker in (("p50", "-", "o"), ("p99", "--", "^")):
             values = [getattr(getattr(s, attr), pct) for s in report.levels]
-            latency.plot(levels, _nan(values), style, marker="o", color=color, label=f"{name} {pct}")
+            latency.plot(levels, _nan(values), style, marker=marker, color=color, label=f"{name} {pct}")
     latency.set(xlabel=xlabel, ylabel="latency (ms)", title="Latency")
     latency.legend(fontsize=8)
 
@@ -41,6 +41,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
         axis.grid(alpha=0.3)
         if len(levels) > 2 and max(levels) / min(levels) >= 8:  # 1,4,16,64 read better on a log axis
             axis.set_xscale("log", base=2)
+        axis.set_xticks(levels, [f"{level:g}" for level in levels])  # the levels run, not powers of 2
 
     errors = sum(sum(s.errors.values()) for s in report.levels)
     fig.suptitle(f"{report.model} at {report.base_url} ({report.api}; prompt {report.prompt_tokens}, "
