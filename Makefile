@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml ops/install_cpu_engine.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e ".[serve,gateway,infra,ops,test]"
+	$(PIP) install -q -e ".[serve,gateway,infra,bench,test]"
 	bash ops/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 

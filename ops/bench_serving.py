@@ -1,6 +1,6 @@
 """Serving benchmark: one model, three front doors, one run.
 
-    python -m ops.bench_serving [--out build/bench/serving.json] [--quick]
+    python -m ops.bench_serving [--out build/bench/serving.json] [--quick] [--client vllm|llmctl]
 
 Output tokens/s and TTFT of `tiny-chat` at concurrency 1 and 32 through
   vllm     vLLM's own OpenAI server on the same model folder, with the engine settings the
@@ -15,6 +15,11 @@ The client is vLLM's own benchmark (`vllm bench serve`), not ours: an httpx clie
 distribution (its `main` asks package metadata for "vllm"), so we call the same
 `vllm.benchmarks.serve` entry point that subcommand calls. Targets run one at a time
 because client, gateway, Ray proxy, ingress and engine share the machine's 2 cores.
+
+`--client llmctl` runs the same loads with `llmctl bench` instead (the official `openai`
+client, streaming `/v1/completions` with usage; prompts of 64 words rather than 64 random
+token ids). It is what operators run against their own endpoints; comparing the two
+clients' figures in one machine's runs shows what the Python client itself costs here.
 """
 
 from __future__ import annotations
@@ -95,6 +100,28 @@ def parse_result(raw: dict[str, Any]) -> dict[str, Any]:
         for stat in ("mean", "median", "p50", "p90", "p99"):
             figures[f"{stat}_{metric}_ms"] = raw.get(f"{stat}_{metric}_ms")
     return figures
+
+
+def figures_from_llmctl(report: dict[str, Any]) -> dict[str, Any]:
+    """The `parse_result` figures from an `llmctl bench --out` report of one level."""
+    level = report["levels"][0]
+    figures = {"completed": level["ok"], "failed": level["requests"] - level["ok"], "num_prompts": level["requests"],
+               "max_concurrency": int(level["level"]), "duration": level["duration_s"],
+               "total_output_tokens": level["output_tokens"], "request_throughput": level["request_throughput"],
+               "output_throughput": level["output_throughput"],
+               "total_token_throughput": level["total_token_throughput"]}
+    for metric, ours in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2el", "e2e_ms")):
+        stats = level[ours]
+        figures |= {f"mean_{metric}_ms": stats["mean"], f"median_{metric}_ms": stats["p50"]}
+        figures |= {f"{p}_{metric}_ms": stats[p] for p in ("p50", "p90", "p99")}
+    return figures
+
+
+def llmctl_bench_args(root_url: str, concurrency: int, prompts: int, out: str) -> list[str]:
+    """`llmctl bench` with the same load as `bench_client_args` (warm-up is done by us)."""
+    return ["--url", f"{root_url}/v1", "--model", MODEL, "--api", "completions", "--concurrency", str(concurrency),
+            "--requests", str(prompts), "--prompt-tokens", f"fixed:{INPUT_LEN}", "--output-tokens",
+            f"fixed:{OUTPUT_LEN}", "--no-warm-up", "--no-plot", "--out", out]
 
 
 def _tok_s(results: list[dict[str, Any]], target: str, concurrency: int) -> float | None:
@@ -243,30 +270,33 @@ def warm_up(root_url: str, api_key: str | None) -> None:
 
 
 def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concurrency: int,
-          prompts: int, work: Path) -> dict[str, Any]:
-    """One `vllm bench serve` run; its saved JSON is kept whole under `raw`."""
-    name = f"{target}-c{concurrency}.json"
+          prompts: int, work: Path, client_name: str = "vllm") -> dict[str, Any]:
+    """One `vllm bench serve` (or `llmctl bench`) run; its saved JSON is kept whole under `raw`."""
+    name = f"{target}-c{concurrency}-{client_name}.json"
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"HF_HUB_OFFLINE": "1"}
     env |= {"OPENAI_API_KEY": api_key} if api_key else {}
-    say(f"{LABELS[target]}: concurrency {concurrency}, {prompts} prompts ...")
+    say(f"{LABELS[target]}: concurrency {concurrency}, {prompts} prompts, {client_name} client ...")
     started = time.monotonic()
-    client = subprocess.run([sys.executable, "-c", VLLM_BENCH_CLIENT,
-                             *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name)],
-                            env=env, capture_output=True, text=True, timeout=1800)
+    command = ([sys.executable, "-m", "ops.cli", "bench", *llmctl_bench_args(root_url, concurrency, prompts,
+                                                                             str(work / name))]
+               if client_name == "llmctl" else
+               [sys.executable, "-c", VLLM_BENCH_CLIENT,
+                *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name)])
+    client = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     result: dict[str, Any] = {"target": target, "concurrency": concurrency, "num_prompts": prompts}
     if client.returncode != 0 or not (work / name).exists():
         error = (client.stdout + client.stderr)[-2000:]
         say(f"  client failed (exit {client.returncode}):\n{error}")
         return {**result, "completed": 0, "failed": prompts, "error": error}
     raw = json.loads((work / name).read_text())
-    result.update(parse_result(raw), raw=raw)
+    result.update(figures_from_llmctl(raw) if client_name == "llmctl" else parse_result(raw), raw=raw)
     say(f"  {result['output_throughput']:,.0f} output tok/s, TTFT p50 {result['p50_ttft_ms']:.1f} ms, "
         f"{result['completed']} ok / {result['failed']} failed ({time.monotonic() - started:.0f} s)")
     return result
 
 
 def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str,
-                 prompts: dict[int, int], work: Path) -> list[dict[str, Any]]:
+                 prompts: dict[int, int], work: Path, client_name: str = "vllm") -> list[dict[str, Any]]:
     """Warm up, then every concurrency; a target that cannot serve is recorded, not fatal."""
     try:
         warm_up(root_url, api_key)
@@ -274,10 +304,10 @@ def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str
         say(f"{LABELS[target]}: warm-up failed: {exc}")
         return [{"target": target, "concurrency": c, "num_prompts": n, "completed": 0, "failed": n,
                  "error": str(exc)} for c, n in prompts.items()]
-    return [bench(target, root_url, api_key, tokenizer, c, n, work) for c, n in prompts.items()]
+    return [bench(target, root_url, api_key, tokenizer, c, n, work, client_name) for c, n in prompts.items()]
 
 
-def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]]) -> None:
+def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]], client_name: str = "vllm") -> None:
     """Bare vLLM first, then the dev stack (Serve, then gateway); each stopped before the next.
     Appends to `results` as it goes, so a later failure keeps the earlier figures."""
     from infra.model_source import resolve_local_source
@@ -288,7 +318,7 @@ def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]]) -> N
     try:
         root = f"http://127.0.0.1:{port}"
         wait_models(root, vllm, work / "vllm-server.log")
-        results += bench_target("vllm", root, None, tokenizer, prompts, work)
+        results += bench_target("vllm", root, None, tokenizer, prompts, work, client_name)
     finally:
         say("stopping bare vLLM ...")
         stop_tree(vllm, 60)
@@ -296,7 +326,7 @@ def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]]) -> N
     dev, ready = start_dev_stack(free_port(), str(work / "dev-state"))
     try:
         for target, url, key in (("serve", ready["serve_url"], None), ("gateway", ready["base_url"], ready["api_key"])):
-            results += bench_target(target, url.removesuffix("/v1"), key, tokenizer, prompts, work)
+            results += bench_target(target, url.removesuffix("/v1"), key, tokenizer, prompts, work, client_name)
     finally:
         say("stopping ops.dev ...")
         stop_tree(dev, 180)
@@ -306,18 +336,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.bench_serving", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench/serving.json"))
     parser.add_argument("--quick", action="store_true", help="16 prompts at c=32, 4 at c=1 (smoke run)")
+    parser.add_argument("--client", choices=("vllm", "llmctl"), default="vllm",
+                        help="load generator: vLLM's own (default, the figures in BENCHMARKS.md) or llmctl bench")
     args = parser.parse_args(argv)
     prompts = QUICK_PROMPTS if args.quick else PROMPTS
     started, results = time.monotonic(), []
     try:
         with tempfile.TemporaryDirectory(prefix="llmstack-bench-") as folder:
-            run(prompts, Path(folder), results)
+            run(prompts, Path(folder), results, args.client)
     finally:  # whatever was measured is written, also when a stage failed
         ratio_values = ratios(results)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "command": "python -m ops.bench_serving" + (" --quick" if args.quick else ""),
-            "model": MODEL, "backend": BACKEND, "endpoint": ENDPOINT, "input_len": INPUT_LEN,
+            "command": "python -m ops.bench_serving" + (" --quick" if args.quick else "")
+                       + (f" --client {args.client}" if args.client != "vllm" else ""),
+            "client": args.client, "model": MODEL, "backend": BACKEND, "endpoint": ENDPOINT, "input_len": INPUT_LEN,
             "output_len": OUTPUT_LEN, "prompts_by_concurrency": prompts,
             "wall_time_s": round(time.monotonic() - started, 1), "results": results, "ratios": ratio_values,
         }, indent=2))

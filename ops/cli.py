@@ -18,6 +18,7 @@ from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_file import StackFileError, load_stack
+from ops.bench_cli import bench
 from ops.keys_cli import app as keys_app
 from ops.models_cli import app as models_app
 from ops.plan_view import plan_tables, problem_lines
@@ -31,6 +32,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
 app.command()(status)
 app.command()(scale)
+app.command("bench")(bench)
 out = Console(width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 

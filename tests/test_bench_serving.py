@@ -89,3 +89,35 @@ def test_report_marks_missed_targets():
     assert "- gateway_vs_vllm_c32: 0.800  (target >= 0.9) MISSED" in report
     assert "- gateway_c32_vs_c1: 10.000  (target >= 8) met" in report
     assert "- serve_vs_vllm_c32: n/a" in report
+
+
+def test_llmctl_client_figures_match_the_vllm_names():
+    from ops.bench_serving import figures_from_llmctl
+    from ops.bench_stats import RequestResult, summarise
+
+    results = [RequestResult(start=0, end=1.0, first_token=0.2, chunk_times=[0.2, 0.6, 1.0], prompt_tokens=64,
+                             output_tokens=64, requested_output_tokens=64) for _ in range(4)]
+    results.append(RequestResult(start=0, end=0.5, error="APIConnectionError"))
+    report = {"levels": [summarise(results, "concurrency", 32).model_dump()]}
+    figures = figures_from_llmctl(report)
+    assert set(parse_result({})) <= set(figures)  # every figure the report table and ratios read
+    assert (figures["completed"], figures["failed"], figures["max_concurrency"]) == (4, 1, 32)
+    assert figures["output_throughput"] == 256.0 and figures["total_output_tokens"] == 256
+    assert figures["p50_ttft_ms"] == figures["median_ttft_ms"] == pytest.approx(200)
+    assert figures["p99_itl_ms"] == pytest.approx(400)
+
+
+def test_llmctl_bench_args_parse_with_the_real_cli(tmp_path):
+    """The arguments reach `llmctl bench`: typer parses them and, with no server there, every
+    request is reported as a connection error (exit 1: nothing succeeded)."""
+    from typer.testing import CliRunner
+
+    from ops.bench_serving import llmctl_bench_args
+    from ops.cli import app
+    from ops.local_redis import free_port
+
+    args = llmctl_bench_args(f"http://127.0.0.1:{free_port()}", 32, 64, str(tmp_path / "r.json"))
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 1, result.output
+    level = json.loads((tmp_path / "r.json").read_text())["levels"][0]
+    assert (level["level"], level["requests"], level["errors"]) == (32, 64, {"APIConnectionError": 64})
