@@ -11,7 +11,8 @@ Measurements per target, all with 100 concurrent connections (clients):
   <= 1 ms and <= 5 ms). Real LLM clients wait seconds per answer, so 100 of them offer far
   less than the stub-driven 500/s; the sweep shows where the target holds and where not.
 - saturated: clients send back to back; requests/s is the most each target serves here.
-Plus Redis commands per request: what clients send (MONITOR), not what scripts run inside Redis.
+Plus Redis commands per request: what clients send (MONITOR), not what scripts run inside Redis;
+and CPU milliseconds per request of the gateway's and LiteLLM's processes in the saturated run.
 
 Everything runs on this machine: wrk, the stub (`ops.stub_upstream`), redis-server and the
 gateway share its cores, so absolute numbers are this machine's; the ratios are the result.
@@ -115,6 +116,16 @@ def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120) -> Non
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
+def tree_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process and its children (LiteLLM forks a worker)."""
+    if pid is None:
+        return 0.0
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(p.cpu_times().user + p.cpu_times().system for p in [root, *root.children(recursive=True)])
+
+
 class RedisRoundTrips:
     """Counts the commands clients send to Redis (MONITOR), leaving out the ones scripts run
     inside Redis: those cost no round trip. Used around a separate short run, since MONITOR
@@ -171,6 +182,7 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                                                  gateway_env))
         key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
         targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key)}
+        pids = {"gateway": gateway.pid}
         wait_for(f"{stub}/v1/models", gateway)
         wait_for(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
         if litellm:
@@ -182,6 +194,7 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                 folder / "litellm.log"))
             wait_for(f"http://127.0.0.1:{litellm_port}/health/liveliness", process, timeout_s=300)
             targets["litellm"] = (f"http://127.0.0.1:{litellm_port}", "sk-bench-master")
+            pids["litellm"] = process.pid
         for name, (url, target_key) in targets.items():
             print(f"==> {name}: warm-up, paced at {paces_ms} ms between a client's requests, saturated", flush=True)
             run_wrk(url, target_key, duration_s=3, pace_ms=0, folder=folder)  # warm pools and caches
@@ -190,7 +203,11 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                 paced[str(pace)] = run = run_wrk(url, target_key, duration_s=duration_s, pace_ms=pace, folder=folder)
                 print(f"    paced {pace} ms: p50 {run.get('p50_ms', 0):.2f} ms, p99 {run.get('p99_ms', 0):.2f} ms, "
                       f"{run['requests_per_s']:.0f} req/s, non-2xx {run['non_2xx']:.0f}", flush=True)
+            cpu_before = tree_cpu_s(pids.get(name))
             saturated = run_wrk(url, target_key, duration_s=duration_s, pace_ms=0, folder=folder)
+            if name in pids:  # CPU of the server's processes per request it served, saturated
+                saturated["cpu_ms_per_request"] = round(
+                    (tree_cpu_s(pids[name]) - cpu_before) * 1000 / max(saturated["requests"], 1), 3)
             print(f"    saturated: {saturated['requests_per_s']:.0f} req/s, non-2xx {saturated['non_2xx']:.0f}",
                   flush=True)
             with RedisRoundTrips(own_redis.url) as trips:
