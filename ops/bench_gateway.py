@@ -23,25 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import redis
 
+from ops.background import background, wait_for
 from ops.local_redis import free_port, start_redis
 from serving.gateway.keys import create_key_sync
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONNECTIONS = 100
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "What is a KV cache?"}], "max_tokens": 16}
 GENEROUS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000, "daily_token_budget": 10**12,
@@ -85,35 +81,6 @@ def run_wrk(url: str, key: str, *, duration_s: int, pace_ms: int, folder: Path) 
                "-s", str(script), f"{url}/v1/chat/completions"]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return parse_wrk(output)
-
-
-@contextmanager
-def background(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    with log.open("w") as out:
-        process = subprocess.Popen(args, cwd=REPO_ROOT, env={**os.environ, **(env or {})}, stdout=out,
-                                   stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[:3]} exited with {process.returncode} before answering")
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
 def tree_cpu_s(pid: int | None) -> float:

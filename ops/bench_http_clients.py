@@ -20,7 +20,8 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from ops.bench_gateway import BODY, background, wait_for
+from ops.background import background, wait_for
+from ops.bench_gateway import BODY
 from ops.local_redis import free_port
 
 Request = Callable[[], Awaitable[None]]

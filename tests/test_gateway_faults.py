@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -28,46 +27,23 @@ import openai
 import pytest
 import redis
 
+from ops.background import background, wait_for
 from ops.local_redis import free_port, redis_server_path, start_redis
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HANG_BOUND_S = 60
 PROMPT = [{"role": "user", "content": "What is a KV cache?"}]  # estimate: 5 tokens
 
 
 @contextmanager
-def process(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env={**os.environ, **(env or {})},
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def wait_answering(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + HANG_BOUND_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} did not answer (exit code {proc.poll()})")
-
-
-@contextmanager
 def stub_upstream(tmp_path: Path, port: int | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     port = port or free_port()
-    with process(["-m", "ops.stub_upstream", "--port", str(port)], tmp_path / f"upstream-{port}.log") as proc:
+    with background([sys.executable, "-m", "ops.stub_upstream", "--port", str(port)],
+                    tmp_path / f"upstream-{port}.log") as proc:
         url = f"http://127.0.0.1:{port}"
-        wait_answering(f"{url}/v1/models", proc)
+        wait_for(f"{url}/v1/models", proc, HANG_BOUND_S)
         yield url, proc
 
 
@@ -76,9 +52,9 @@ def gateway(tmp_path: Path, upstream: str, redis_url: str, **settings) -> Iterat
     port = free_port()
     env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], **settings})}
-    with process(["-m", "serving.gateway"], tmp_path / f"gateway-{port}.log", env) as proc:
+    with background([sys.executable, "-m", "serving.gateway"], tmp_path / f"gateway-{port}.log", env) as proc:
         url = f"http://127.0.0.1:{port}"
-        wait_answering(f"{url}/healthz", proc)
+        wait_for(f"{url}/healthz", proc, HANG_BOUND_S)
         yield url, proc
 
 
