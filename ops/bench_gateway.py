@@ -11,7 +11,9 @@ Measurements per target, all with 100 concurrent connections (clients):
   <= 1 ms and <= 5 ms). Real LLM clients wait seconds per answer, so 100 of them offer far
   less than the stub-driven 500/s; the sweep shows where the target holds and where not.
 - saturated: clients send back to back; requests/s is the most each target serves here.
-Plus Redis commands per request: what clients send (MONITOR), not what scripts run inside Redis;
+Plus one client sending one request at a time to direct, the gateway and a gateway without
+Redis, which splits the added latency into the proxy hop and the Redis round trips; and Redis
+commands per request: what clients send (MONITOR), not what scripts run inside Redis;
 and CPU milliseconds per request of the gateway's and LiteLLM's processes in the saturated run.
 
 Everything runs on this machine: wrk, the stub (`ops.stub_upstream`), redis-server and the
@@ -29,9 +31,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import redis
 
 from ops.background import background, wait_for
@@ -152,6 +156,7 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
         pids = {"gateway": gateway.pid}
         wait_for(f"{stub}/v1/models", gateway)
         wait_for(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
+        results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"])
         if litellm:
             litellm_port = free_port()
             config = folder / "litellm.yaml"
@@ -183,11 +188,49 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                 "paced": paced, "saturated": saturated,
                 "redis_commands_per_request": round(trips.count / counted["requests"], 3) if counted["requests"] else None}
     results["summary"] = summary(results["targets"])
+    direct_p50 = results["sequential"]["direct"]["p50_ms"]
+    results["summary"]["one_client_added_p50_ms"] = {
+        name: round(r["p50_ms"] - direct_p50, 3) for name, r in results["sequential"].items() if name != "direct"}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results["summary"], indent=2))
     shutil.rmtree(folder, ignore_errors=True)
     return results
+
+
+def sequential_breakdown(stack: ExitStack, folder: Path, stub: str, gateway: tuple[str, str]) -> dict:
+    """One client, one request at a time (no queueing): direct, the gateway, and a second
+    gateway without Redis (in-memory keys and limits), so the latency the gateway adds splits
+    into its proxy hop and its Redis round trips. 1,000 requests each, interleaved twice."""
+    port = free_port()
+    env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
+           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "default_limits": GENEROUS})}
+    key_file = folder / "memory-gateway.key"
+    memory = stack.enter_context(background([sys.executable, "-m", "serving.gateway", "--dev-key-file", str(key_file)],
+                                            folder / "memory-gateway.log", env))
+    wait_for(f"http://127.0.0.1:{port}/healthz", memory)
+    targets = {"direct": (stub, "unused"), "gateway": gateway,
+               "gateway_without_redis": (f"http://127.0.0.1:{port}", key_file.read_text().strip())}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+    for _ in range(2):
+        for name, (url, key) in targets.items():
+            runs[name].append(one_at_a_time(url, key, 1000))
+    result = {name: min(values, key=lambda r: r["p50_ms"]) for name, values in runs.items()}
+    print("==> one client, one request at a time: " + ", ".join(
+        f"{name} p50 {r['p50_ms']:.2f} ms" for name, r in result.items()), flush=True)
+    return result
+
+
+def one_at_a_time(url: str, key: str, count: int) -> dict[str, float]:
+    latencies = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(count):
+            started = time.perf_counter()
+            client.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                        ).raise_for_status()
+            latencies.append((time.perf_counter() - started) * 1000)
+    latencies.sort()
+    return {"p50_ms": round(latencies[count // 2], 3), "p99_ms": round(latencies[int(count * 0.99)], 3)}
 
 
 def added(target: dict, direct: dict) -> dict[str, dict[str, float]]:
