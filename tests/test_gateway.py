@@ -469,6 +469,7 @@ def test_the_rendered_deployment_env_loads(example_stack):
      "LLMSTACK_REDIS_URL"),
     ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_PORT": "eighty"}, "LLMSTACK_GATEWAY_PORT"),
     ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_REDIS_URL": "http://not-redis"}, "LLMSTACK_REDIS_URL"),
+    ({"LLMSTACK_UPSTREAM_URL": "http://serve:8000/v1"}, "LLMSTACK_UPSTREAM_URL"),
 ])
 def test_bad_settings_name_the_variable(env, named):
     with pytest.raises(SettingsError, match=re.escape(named)) as caught:

@@ -108,7 +108,11 @@ class GatewaySettings(_Strict):
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https://, got {value!r}")
-        return value.rstrip("/")
+        value = value.rstrip("/")
+        if "/" in value.split("://", 1)[1] or "?" in value:
+            # The gateway forwards /v1/... as is: a path here would be silently replaced.
+            raise ValueError(f"must be scheme://host[:port] with no path (the gateway appends /v1/...), got {value!r}")
+        return value
 
     @field_validator("redis_url")
     @classmethod
