@@ -443,6 +443,16 @@ def test_access_log_has_key_id_never_key_or_prompt(gateway, api_key, caplog, mon
     assert mine and mine[-1]["tenant"] == "acme" and mine[-1]["status"] == 200
     assert mine[-1]["path"] == "/v1/chat/completions" and mine[-1]["latency_ms"] >= 0
     assert api_key not in caplog.text and "secret prompt text" not in caplog.text
+    caplog.clear()
+    huge = "m" * 3000  # a model name is body data: the log keeps 200 characters of it
+    httpx.post(f"{gateway}/v1/chat/completions", json={"model": huge, "messages": []},
+               headers={"Authorization": f"Bearer {api_key}"})
+    for _ in range(100):
+        logged = [json.loads(r.getMessage())["model"] for r in caplog.records if r.name == "llmstack.gateway.access"]
+        if logged:
+            break
+        time.sleep(0.05)
+    assert logged == ["m" * 200]
 
 
 # --- settings and packaging --------------------------------------------------------------------

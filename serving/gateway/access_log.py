@@ -30,6 +30,7 @@ log = logging.getLogger("llmstack.gateway.access")
 REQUEST_ID_HEADER = "x-request-id"
 _SCOPE_KEY = "llmstack.caller"
 _MAX_REQUEST_ID_LENGTH = 128
+MAX_MODEL_CHARS = 200
 _PROBES = ("/healthz", "/readyz")  # polled every few seconds: log them only when they fail
 
 
@@ -69,7 +70,8 @@ def access_line(*, request_id: str, caller: Caller, method: str, path: str, stat
                 latency_ms: float, usage: Usage | None = None, ttft_ms: float | None = None) -> str:
     line = {
         "event": "access", "request_id": request_id, "key_id": caller.key_id, "tenant": caller.tenant,
-        "model": caller.model, "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
+        # The model name comes from the body: cut, so a megabyte "model" cannot flood the log.
+        "model": caller.model[:MAX_MODEL_CHARS] if caller.model else None, "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
     }
     if usage is not None:
         line.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion)
