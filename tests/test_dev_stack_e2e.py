@@ -28,9 +28,9 @@ pytestmark = pytest.mark.slow
 
 
 class DevStack:
-    def __init__(self, stack: str = "local") -> None:
+    def __init__(self, stack: str = "local", env: dict[str, str] | None = None) -> None:
         self.state_dir = tempfile.mkdtemp(prefix="llmstack-dev-state-")
-        self.env = {**os.environ, "LLMSTACK_STATE_DIR": self.state_dir}
+        self.env = {**os.environ, **(env or {}), "LLMSTACK_STATE_DIR": self.state_dir}
         self.port = free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ops.dev", "--stack", stack, "--port", str(self.port), "--ready-json"],
