@@ -114,30 +114,31 @@ class AccessLogMiddleware:
         try:
             await self.app(scope, receive, send_with_request_id)
         finally:
+            elapsed_s = time.perf_counter() - started
+            usage, ttft_s = _usage_and_ttft(caller, started)  # once, for both the metrics and the line
             if not probe:
                 self.metrics.in_flight.dec()
-                self._observe(caller, status, started)
+                self._observe(caller, status, elapsed_s, usage, ttft_s)
             if not (probe and status == 200):
-                usage, ttft_ms = _usage_and_ttft(caller, started)
                 log.info(access_line(request_id=request_id, caller=caller, method=scope["method"],
-                                     path=scope["path"], status=status,
-                                     latency_ms=(time.perf_counter() - started) * 1000, usage=usage, ttft_ms=ttft_ms))
+                                     path=scope["path"], status=status, latency_ms=elapsed_s * 1000, usage=usage,
+                                     ttft_ms=None if ttft_s is None else ttft_s * 1000))
 
-    def _observe(self, caller: Caller, status: int | None, started: float) -> None:
+    def _observe(self, caller: Caller, status: int | None, elapsed_s: float, usage: Usage | None,
+                 ttft_s: float | None) -> None:
         m = self.metrics
-        m.observe_request(status=status, model=caller.model, tenant=caller.tenant,
-                          duration_s=time.perf_counter() - started)
-        if caller.meter is not None:
-            usage = caller.meter.billed_usage()
+        m.observe_request(status=status, model=caller.model, tenant=caller.tenant, duration_s=elapsed_s)
+        if usage is not None:
             m.observe_tokens(model=caller.model, tenant=caller.tenant, prompt=usage.prompt,
                              completion=usage.completion)
-            if caller.meter.first_token_at is not None:
-                m.ttft.labels(model=m.model_label(caller.model)).observe(caller.meter.first_token_at - started)
+        if ttft_s is not None:
+            m.ttft.labels(model=m.model_label(caller.model)).observe(ttft_s)
 
 
 def _usage_and_ttft(caller: Caller, started: float) -> tuple[Usage | None, float | None]:
+    """Tokens billed and seconds to the first generated text; None for what the request lacks."""
     meter = caller.meter
     if meter is None:
         return None, None
-    ttft = None if meter.first_token_at is None else (meter.first_token_at - started) * 1000
-    return meter.billed_usage(), ttft
+    ttft_s = None if meter.first_token_at is None else meter.first_token_at - started
+    return meter.billed_usage(), ttft_s

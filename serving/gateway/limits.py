@@ -261,8 +261,8 @@ class LocalLimiter:
 class Limiter:
     """Redis when configured, with the fail mode deciding what happens when it errors."""
 
-    def __init__(self, redis_url: str | None, fail_mode: str, *, request_timeout_s: float = 600,
-                 on_redis_error: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, redis_url: str | None, fail_mode: str, *, request_timeout_s: float,
+                 on_redis_error: Callable[[], None]) -> None:
         slot_ttl_s = math.ceil(request_timeout_s) + SLOT_TTL_MARGIN_S
         self._redis = RedisLimiter(redis_url, slot_ttl_s) if redis_url else None
         self._local = LocalLimiter()

@@ -72,10 +72,6 @@ def is_safe_api_path(path: str) -> bool:
 Settle = Callable[[int], Awaitable[None]]
 
 
-async def _no_settlement(billed: int) -> None:
-    return None
-
-
 class UpstreamStream(StreamingResponse):
     """A StreamingResponse that always closes its upstream response and settles its usage,
     however the relay ends: finished, upstream error, the client disconnecting (which cancels
@@ -154,8 +150,8 @@ class UpstreamProxy:
             self._client = RetryClient(session, retry_options=CONNECT_RETRY, raise_for_status=False)
         return self._client
 
-    async def forward(self, request: Request, body: bytes, *, meter: UsageMeter | None = None,
-                      settle: Settle = _no_settlement, extra_headers: dict[str, str] | None = None) -> Response:
+    async def forward(self, request: Request, body: bytes, *, meter: UsageMeter, settle: Settle,
+                      extra_headers: dict[str, str]) -> Response:
         """Send `request` (with the already-read `body`) upstream; stream the response back.
         `settle(billed_tokens)` is called once the response ends; the caller settles itself
         when this returns an error response instead of an `UpstreamStream`."""
@@ -177,8 +173,7 @@ class UpstreamProxy:
             return self._failed(kind, exc, errors.upstream_timeout())
         except aiohttp.ClientError as exc:
             return self._failed("failed", exc, errors.upstream_failed())
-        meter = meter or UsageMeter(stream=False, strip_usage=False, prompt_estimate=0, reserved=0)
-        return UpstreamStream(upstream, meter, settle, extra_headers or {}, deadline=deadline, metrics=self._metrics)
+        return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics)
 
     def _failed(self, kind: str, exc: Exception, response: Response) -> Response:
         self._metrics.upstream_errors.labels(kind=kind).inc()
