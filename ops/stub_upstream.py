@@ -26,11 +26,16 @@ from starlette.routing import Route
 PROMPT_TOKENS = 5
 
 
-def _chunk(model: str, delta: dict | None, finish: str | None = None, usage: dict | None = None) -> bytes:
+def chunk(model: str, delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
+    """One `chat.completion.chunk`: a delta (or none, for the usage-only chunk) and/or usage."""
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    payload = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": int(time.time()),
-               "model": model, "choices": choices, "usage": usage}
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+    return {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": usage}
+
+
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event as OpenAI streams them: `data: <json or [DONE]>` and a blank line."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
 
 
 async def models(request: Request) -> Response:
@@ -52,15 +57,15 @@ async def chat(request: Request) -> Response:
     include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
     async def events():
-        yield _chunk(model, {"role": "assistant", "content": ""})
+        yield sse(chunk(model, {"role": "assistant", "content": ""}))
         for _ in range(chunks):
             if interval:
                 await asyncio.sleep(interval)
-            yield _chunk(model, {"content": " tok"})
-        yield _chunk(model, {}, finish="stop")
+            yield sse(chunk(model, {"content": " tok"}))
+        yield sse(chunk(model, {}, finish="stop"))
         if include_usage:
-            yield _chunk(model, None, usage=usage)
-        yield b"data: [DONE]\n\n"
+            yield sse(chunk(model, usage=usage))
+        yield sse("[DONE]")
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

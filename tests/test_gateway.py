@@ -39,6 +39,7 @@ from starlette.routing import Route
 
 from infra.render.gateway import gateway_objects
 from ops.local_redis import free_port, redis_server_path, start_redis
+from ops.stub_upstream import chunk, sse
 from serving.gateway.admission import presented_key, requested_model
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KEY_PREFIX, hash_key
@@ -54,16 +55,6 @@ HANG_BOUND_S = 20  # only bounds a hang; never an assertion about speed
 
 
 # --- a stand-in for Ray Serve's OpenAI ingress ------------------------------------------------
-
-
-def _sse(payload: dict | str) -> bytes:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
-
-
-def _chunk(model: str, delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model,
-            "choices": choices, "usage": usage}
 
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
@@ -103,23 +94,23 @@ class FakeUpstream:
         return StreamingResponse(stream, media_type="text/event-stream")
 
     async def _words(self, model: str, *, gated: bool):
-        yield _sse(_chunk(model, {"role": "assistant", "content": ""}))
-        yield _sse(_chunk(model, {"content": WORDS[0]}))
+        yield sse(chunk(model, {"role": "assistant", "content": ""}))
+        yield sse(chunk(model, {"content": WORDS[0]}))
         if gated:  # hold the rest until the client proves it already has the first chunk
             self.gate_released_by_client = await asyncio.to_thread(self.client_has_first_chunk.wait, HANG_BOUND_S)
         for word in WORDS[1:]:
             await asyncio.sleep(0.01)
-            yield _sse(_chunk(model, {"content": word}))
+            yield sse(chunk(model, {"content": word}))
         self.last_chunk_sent_at = time.monotonic()
-        yield _sse(_chunk(model, {}, finish="stop"))
-        yield _sse(_chunk(model, usage=USAGE))
-        yield _sse("[DONE]")
+        yield sse(chunk(model, {}, finish="stop"))
+        yield sse(chunk(model, usage=USAGE))
+        yield sse("[DONE]")
 
     async def _endless(self, model: str):
         try:
-            yield _sse(_chunk(model, {"role": "assistant", "content": ""}))
+            yield sse(chunk(model, {"role": "assistant", "content": ""}))
             for i in range(1000):
-                yield _sse(_chunk(model, {"content": f" tok{i}"}))
+                yield sse(chunk(model, {"content": f" tok{i}"}))
                 await asyncio.sleep(0.02)
             self.endless_finished = True
         finally:
@@ -358,12 +349,12 @@ def test_stream_arrives_incrementally(gateway, upstream, api_key):
     stream = chat(client(gateway, api_key), stream=True, stream_options={"include_usage": True},
                   extra_headers={"x-test-scenario": "gated"})
     first_arrived_at, text, usage = None, "", None
-    for chunk in stream:
+    for piece in stream:
         if first_arrived_at is None:
             first_arrived_at = time.monotonic()
             upstream.client_has_first_chunk.set()
-        text += "".join(c.delta.content or "" for c in chunk.choices)
-        usage = chunk.usage or usage
+        text += "".join(c.delta.content or "" for c in piece.choices)
+        usage = piece.usage or usage
     assert upstream.gate_released_by_client is True  # the upstream held back until we had chunk 1
     assert first_arrived_at < upstream.last_chunk_sent_at
     assert text == "".join(WORDS) and usage.total_tokens == USAGE["total_tokens"]

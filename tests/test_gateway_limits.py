@@ -35,7 +35,8 @@ from serving.gateway.metering import (
     request_usage_upstream,
     reserve_tokens,
 )
-from tests.test_gateway import HANG_BOUND_S, WORDS, _chunk, _sse, serving, settings_for
+from ops.stub_upstream import chunk, sse
+from tests.test_gateway import HANG_BOUND_S, WORDS, client, serving, settings_for
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
@@ -74,24 +75,24 @@ class RecordingUpstream:
                                  media_type="text/event-stream")
 
     async def _words(self, model: str, include_usage: bool):
-        yield _sse(_chunk(model, {"role": "assistant", "content": ""}))
+        yield sse(chunk(model, {"role": "assistant", "content": ""}))
         for word in WORDS:
-            yield _sse(_chunk(model, {"content": word}))
-        yield _sse(_chunk(model, {}, finish="stop"))
+            yield sse(chunk(model, {"content": word}))
+        yield sse(chunk(model, {}, finish="stop"))
         if include_usage:
-            yield _sse(_chunk(model, usage=USAGE))
-        yield _sse("[DONE]")
+            yield sse(chunk(model, usage=USAGE))
+        yield sse("[DONE]")
 
     async def _stall(self, model: str):
-        yield _sse(_chunk(model, {"role": "assistant", "content": "one"}))
+        yield sse(chunk(model, {"role": "assistant", "content": "one"}))
         await asyncio.sleep(3600)  # then silence
 
     async def _slow(self, model: str):
         try:
-            yield _sse(_chunk(model, {"role": "assistant", "content": ""}))
+            yield sse(chunk(model, {"role": "assistant", "content": ""}))
             self.slow_started.set()
             for i in range(1000):
-                yield _sse(_chunk(model, {"content": f" tok{i}"}))
+                yield sse(chunk(model, {"content": f" tok{i}"}))
                 await asyncio.sleep(0.05)
         finally:
             self.slow_ended.set()
@@ -113,10 +114,6 @@ def gateway(redis_server, upstream):
 
 def new_key(redis_server, **limits) -> str:
     return create_key_sync(redis_server.url, "acme", "limits", limits=limits)
-
-
-def client(gateway: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
 
 
 def chat_raw(gateway: str, key: str, **body) -> httpx.Response:
@@ -166,7 +163,7 @@ def test_reset_format_and_headers():
 def test_usage_meter_strips_usage_chunk_unless_asked():
     body, asked = request_usage_upstream({"model": "tiny", "stream": True})
     assert body["stream_options"] == {"include_usage": True} and not asked
-    events = [_sse(_chunk("tiny", {"content": "a"})), _sse(_chunk("tiny", usage=USAGE)), _sse("[DONE]")]
+    events = [sse(chunk("tiny", {"content": "a"})), sse(chunk("tiny", usage=USAGE)), sse("[DONE]")]
     raw = b"".join(events)
     for strip in (True, False):
         meter = UsageMeter(stream=True, strip_usage=strip, prompt_estimate=5, reserved=100)
