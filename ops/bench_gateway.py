@@ -144,8 +144,8 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
         stack.callback(own_redis.stop)
         stub_port, gateway_port = free_port(), free_port()
         stub = f"http://127.0.0.1:{stub_port}"
-        stack.enter_context(background([sys.executable, "-m", "ops.stub_upstream", "--port", str(stub_port)],
-                                       folder / "stub.log"))
+        stub_process = stack.enter_context(background(
+            [sys.executable, "-m", "ops.stub_upstream", "--port", str(stub_port)], folder / "stub.log"))
         gateway_env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": own_redis.url,
                        "LLMSTACK_GATEWAY_PORT": str(gateway_port),
                        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
@@ -154,7 +154,7 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
         key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
         targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key)}
         pids = {"gateway": gateway.pid}
-        wait_for(f"{stub}/v1/models", gateway)
+        wait_for(f"{stub}/v1/models", stub_process)
         wait_for(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
         results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"])
         if litellm:
