@@ -20,13 +20,13 @@ help:
 	@echo "make render STACK= Kubernetes manifests of a stack into build/manifests/"
 	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan (deploy: llmctl doctor) passes"
 
-$(STAMP): pyproject.toml ops/install_cpu_engine.sh
+$(STAMP): pyproject.toml ops/devstack/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e ".[serve,gateway,infra,ops,test]"
 	$(PIP) install -q -e ".[serve,gateway,infra,bench,test]"
-	bash ops/install_cpu_engine.sh $(PIP)
+	bash ops/devstack/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 
 # The tests use a real redis-server. As root with apt (CI, our machines) we install it;
@@ -58,16 +58,16 @@ test-fast: $(STAMP) redis-server promtool
 
 # The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.
 dev: $(STAMP)
-	$(PY) -m ops.dev --stack $(STACK) --port $(PORT)
+	$(PY) -m ops.devstack --stack $(STACK) --port $(PORT)
 
 # Benchmarks: figures go to BENCHMARKS.md with the command that produced them.
 bench: $(STAMP) redis-server wrk $(LITELLM)
-	$(PY) -m ops.kv_capacity --stack local
-	$(PY) -m ops.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
-	$(PY) -m ops.bench_http_clients
-	$(PY) -m ops.bench_gateway --litellm $(LITELLM) --out build/bench/gateway.json
-	$(PY) -m ops.bench_serving --out build/bench/serving.json
-	$(PY) -m ops.bench_model_sync --out build/bench/model_sync.json
+	$(PY) -m ops.benchmarks.kv_capacity --stack local
+	$(PY) -m ops.benchmarks.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
+	$(PY) -m ops.benchmarks.http_clients
+	$(PY) -m ops.benchmarks.gateway --litellm $(LITELLM) --out build/bench/gateway.json
+	$(PY) -m ops.benchmarks.serving --out build/bench/serving.json
+	$(PY) -m ops.benchmarks.model_sync --out build/bench/model_sync.json
 
 # The gateway benchmark drives load with Debian's wrk, and compares with LiteLLM proxy, which
 # gets its own venv: it is a comparison point, never a dependency of llmstack.
@@ -84,7 +84,7 @@ wrk:
 
 # Cloud stacks: checks (not local, Pulumi CLI, AWS credentials, llmctl plan), then Pulumi.
 preview deploy destroy: cloud-stack $(STAMP)
-	$(PY) -m ops.pulumi_cli $@ --stack $(STACK)
+	$(PY) -m ops.llmctl.deploy $@ --stack $(STACK)
 
 cloud-stack:
 	@test "$(STACK)" != local || { echo "STACK=local is the CPU stack for make dev; nothing to provision. Use STACK=dev or STACK=prod."; exit 1; }

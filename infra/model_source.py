@@ -1,8 +1,9 @@
 """Where a model's weights come from: a hub id, or a folder on disk.
 
 Relative folder paths in a stack file are relative to the project root, so the `local`
-stack can point at the tiny model under `.cache/` on any clone. That tiny model is made on
-first use (`serving.tiny_model`), which is why resolving a source may build it.
+stack can point at the tiny models under `.cache/` on any clone. Resolving a source never
+creates anything: the dev stack builds the tiny models (`ops.devstack.local_models`) before
+it plans or renders a stack that names them.
 """
 
 from __future__ import annotations
@@ -11,25 +12,20 @@ from pathlib import Path
 
 from infra.stack_file import PROJECT_ROOT
 
-TINY_MODELS_DIR = PROJECT_ROOT / ".cache" / "llmstack" / "models"
-
 
 def is_local_path(source: str) -> bool:
     """Hub ids look like `org/name`; folders start with `/`, `.` or `~`."""
     return source.startswith(("/", ".", "~"))
 
 
-def resolve_local_source(source: str) -> str:
-    """Absolute folder for a local source (building the tiny model if that is what it names);
-    hub ids pass through unchanged."""
-    if not is_local_path(source):
-        return source
+def local_folder(source: str) -> Path:
+    """The absolute folder a local source names (relative paths from the project root)."""
     path = Path(source).expanduser()
     if not path.is_absolute():
         path = PROJECT_ROOT / path
-    if not path.exists() and path.parent == TINY_MODELS_DIR:
-        from serving.tiny_model import RECIPES, ensure_tiny_model
+    return path.resolve()
 
-        if path.name in RECIPES:
-            ensure_tiny_model(TINY_MODELS_DIR, name=path.name)
-    return str(path.resolve())
+
+def resolve_local_source(source: str) -> str:
+    """Absolute folder for a local source; hub ids pass through unchanged."""
+    return str(local_folder(source)) if is_local_path(source) else source

@@ -27,7 +27,14 @@ from pydantic import BaseModel, Field
 from infra.gpu_catalog import InstanceType, load_catalog, usable_gpu_memory_bytes
 from infra.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.spec import (
-    Architecture, CpuNodeGroup, DraftModelSpeculation, Dtype, GpuNodeGroup, ModelSpec, Quantization, StackSpec,
+    Architecture,
+    CpuNodeGroup,
+    DraftModelSpeculation,
+    Dtype,
+    GpuNodeGroup,
+    ModelSpec,
+    Quantization,
+    StackSpec,
 )
 
 GIB = 1024**3

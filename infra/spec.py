@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
+
 # The gateway validates these same limits at start; one model keeps the two in step.
 from serving.gateway.settings import KeyLimits
 

@@ -13,10 +13,20 @@ EXAMPLE_STACKS = ("local", "dev", "prod")
 SCHEMAS = PROJECT_ROOT.parent / "shared" / "schemas" / "kuberay-v1.7.0"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def local_models() -> None:
+    """The tiny models the local example stacks load, built once (the planner reads their
+    config.json; infra never builds them itself)."""
+    from ops.devstack.local_models import ensure_local_models
+
+    for stack in ("local", PROJECT_ROOT / "tests" / "stacks" / "Pulumi.draft.yaml"):
+        ensure_local_models(load_stack(stack))
+
+
 @pytest.fixture(scope="module")
 def redis_server():
     """A private, real redis-server for one test module (stopped afterwards, pass or fail)."""
-    from ops.local_redis import running_redis
+    from ops.devstack.local_redis import running_redis
 
     with running_redis() as server:
         yield server

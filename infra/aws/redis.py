@@ -23,7 +23,13 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from infra.render.common import (
-    COMPONENT_LABEL, NAMESPACE, NODE_GROUP_LABEL, REDIS_SECRET, REDIS_SERVICE, labels, secret_env,
+    COMPONENT_LABEL,
+    NAMESPACE,
+    NODE_GROUP_LABEL,
+    REDIS_SECRET,
+    REDIS_SERVICE,
+    labels,
+    secret_env,
 )
 from infra.spec import ExternalRedis, InClusterRedis, ManagedRedis
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from infra.model_cache import model_uri
 from infra.model_source import resolve_local_source
-from infra.spec import CpuNodeGroup, Dtype, DraftModelSpeculation, ModelSpec, NgramSpeculation, StackSpec
+from infra.spec import CpuNodeGroup, DraftModelSpeculation, Dtype, ModelSpec, NgramSpeculation, StackSpec
 
 APP_NAME = "llm"
 APP_IMPORT_PATH = "serving.app:build_app"

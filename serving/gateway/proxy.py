@@ -2,7 +2,7 @@
 
 One pooled `aiohttp.ClientSession` per gateway process (created on first use, inside the
 server's event loop). aiohttp rather than httpx: on this project's machines httpx spent about
-3.4-3.8 ms of CPU per proxied request with 50 in flight, aiohttp 0.15 ms (ops.bench_http_clients), and the
+3.4-3.8 ms of CPU per proxied request with 50 in flight, aiohttp 0.15 ms (ops.benchmarks.http_clients), and the
 gateway's whole budget is about a millisecond. Responses are relayed chunk by chunk as they
 arrive (no buffering, no decompression), so server-sent events reach the caller token by
 token. When the caller goes away mid-stream the upstream response is closed, which closes its

@@ -1,0 +1,328 @@
+"""Autoscaling, demonstrated: a model with min 1 / max 2 replicas on a two-node Ray cluster
+scales up under `llmctl bench` load, survives a killed replica, and scales back down.
+
+    python -m ops.benchmarks.autoscale_demo [--out build/bench/autoscale.json] [--stack tests/stacks/Pulumi.autoscale.yaml]
+
+1. Starts a Ray cluster of `max_size` nodes of the stack's CPU node group (`ray start --head`,
+   then `ray start --address`, each on its own free ports and temp dir, with a private
+   auth token), and deploys the stack's serve config (Ray Serve LLM, CPU vLLM) on it.
+2. Drives open-loop load (Poisson arrivals, `--rate`) with the bench library (`ops.llmctl.bench.loadgen`,
+   the `llmctl bench` engine) straight at Ray Serve, and samples the model's replicas by
+   state every second. Open loop at a moderate rate, not a saturating closed loop: on 2 cores
+   an engine serving flat out leaves little CPU for the second replica's engine to start.
+3. Once two replicas run, SIGKILLs the process of one of them (its vLLM engine goes with it)
+   while load continues, and waits for Serve to replace it.
+4. Stops the load and waits for the scale-down to one replica.
+Writes every sample, event and request outcome plus the findings (`ops.benchmarks.autoscale_timeline`)
+to the JSON file, then stops everything it started, by process id. Evidence, not a test:
+it takes a few minutes and its timings depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import psutil
+
+from infra.spec import CpuNodeGroup, StackSpec
+from infra.stack_file import PROJECT_ROOT, load_stack
+from ops.benchmarks.autoscale_timeline import Sample, findings
+from ops.devstack import serve as local_serve
+from ops.devstack.serve import DEPLOY_TIMEOUT_S, local_serve_config  # one deploy path with make dev
+from ops.harness.processes import free_port, stop_tree
+from ops.llmctl.bench.loadgen import LoadSpec, run_level
+from ops.llmctl.bench.stats import LengthDistribution, RequestResult, summarise
+
+DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
+# vLLM CPU pins each engine's worker to core 0 by default (VLLM_CPU_OMP_THREADS_BIND=auto
+# binds rank 0 to the first core of its NUMA node and reserves the rest). Right for one
+# engine per pod; on this one host both replicas' engines landed on core 0, and the second
+# engine took 8-10 minutes to start beside the first serving on the same core (two runs; taskset
+# showed affinity 0 for both). Unpinned, the OS spreads them over both cores.
+ENGINE_ENV_ON_SHARED_HOST = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+RAY_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+
+
+def say(message: str) -> None:
+    print(f"[autoscale-demo] {message}", file=sys.stderr, flush=True)
+
+
+def ray_start_command(head_port: int, cpus: int, temp_dir: Path | None) -> list[str]:
+    """`ray start --block` for one node: the head when `temp_dir` is given, else a worker.
+    Every port is a free one so the demo runs beside other Ray clusters on the machine."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    ports = [arg for flag in RAY_PORT_FLAGS for arg in (flag, str(free_port()))]
+    common = ["--block", "--num-cpus", str(cpus), "--object-store-memory", str(256 * 1024**2),
+              "--disable-usage-stats", "--node-ip-address", "127.0.0.1", *ports]
+    if temp_dir is not None:
+        return [ray, "start", "--head", "--port", str(head_port), "--include-dashboard", "false",
+                "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir), *common]
+    return [ray, "start", "--address", f"127.0.0.1:{head_port}", *common]
+
+
+def start_cluster(group: CpuNodeGroup, work: Path, env: dict[str, str]) -> tuple[int, list[subprocess.Popen]]:
+    import ray
+
+    head_port, nodes = free_port(), []
+    for index in range(group.max_size):
+        command = ray_start_command(head_port, group.cpus_per_node, work / "ray" if index == 0 else None)
+        say(f"node {index + 1}/{group.max_size}: {' '.join(command[1:4])} ... --num-cpus {group.cpus_per_node}")
+        log = (work / f"ray-node-{index}.log").open("w")
+        nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        if index == 0:
+            _wait(lambda: "Ray runtime started" in (work / "ray-node-0.log").read_text(), 120, "the head node",
+                   nodes[0])
+    ray.init(address=f"127.0.0.1:{head_port}", logging_level="warning", log_to_driver=False)
+    for noisy in ("ray", "ray.serve", "httpx"):  # Ray's logging setup shows every request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The Ray driver swallowed a SIGINT in one run; ours stop the demo, and tear down, on both.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == group.max_size, 120, "every node to join", nodes[-1])
+    say(f"Ray cluster up: {group.max_size} nodes x {group.cpus_per_node} logical CPUs")
+    return head_port, nodes
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float, what: str, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"waiting for {what}: `ray start` exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.5)
+
+
+def deploy(spec: StackSpec, serve_port: int) -> tuple[str, str]:
+    """The stack's serve config on the cluster; proxy on the head only (every node's proxy
+    would bind the same loopback port) and engines unpinned (see ENGINE_ENV_ON_SHARED_HOST).
+    Returns (application, model deployment) names."""
+    from ray import serve
+
+    config = local_serve_config(spec, serve_port) | {"proxy_location": "HeadOnly"}
+    for llm in config["applications"][0]["args"]["llm_configs"]:
+        llm["runtime_env"]["env_vars"].update(ENGINE_ENV_ON_SHARED_HOST)
+    app = config["applications"][0]["name"]
+    serve.start(proxy_location=config["proxy_location"], http_options=config["http_options"])
+    # Declaratively, as make dev and KubeRay deploy: the autoscaling lives in the config's
+    # `deployments:` overrides, which only a declarative deploy applies.
+    local_serve.deploy(config)
+    local_serve.wait_running(app, timeout_s=DEPLOY_TIMEOUT_S, on_change=say)  # make dev's progress lines
+    status = serve.status().applications[app]
+    model = next(name for name in status.deployments if name.startswith("LLMServer:"))
+    return app, model
+
+
+def replica_states(app: str, deployment: str) -> dict[str, int]:
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    states = status.deployments[deployment].replica_states if status and deployment in status.deployments else {}
+    return {getattr(state, "value", str(state)): n for state, n in states.items() if n}
+
+
+def replica_processes(nodes: list[subprocess.Popen], deployment: str) -> list[tuple[int, psutil.Process]]:
+    """(node index, process) of each replica actor of `deployment` in OUR cluster: found among
+    the descendants of our own `ray start` processes by Ray's process title."""
+    found = []
+    for index, node in enumerate(nodes):
+        for process in psutil.Process(node.pid).children(recursive=True):
+            try:
+                if is_replica_title(process.cmdline(), deployment):
+                    found.append((index, process))
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
+def is_replica_title(cmdline: list[str], deployment: str) -> bool:
+    """Ray retitles a replica's worker `ray::ServeReplica:<app>:<deployment>[.<method>]`, or
+    while it is created `ray::SERVE_REPLICA::<app>#<deployment>#<id>:ServeReplica:...`; the
+    title may be padded with blanks, so look at the first word."""
+    words = " ".join(cmdline).split()
+    pattern = rf"ServeReplica:[^:#]+:{re.escape(deployment)}(\.\w+)?$"
+    return bool(words) and words[0].startswith("ray::") and re.search(pattern, words[0]) is not None
+
+
+class LoadThread(threading.Thread):
+    """Load from `ops.llmctl.bench.loadgen` until `stop` is set; results kept in order of completion."""
+
+    def __init__(self, spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float) -> None:
+        super().__init__(daemon=True)
+        self.spec, self.mode, self.level = spec, mode, level
+        self.stop, self.results = threading.Event(), []
+
+    def run(self) -> None:
+        # Serve's start re-applies Ray's logging setup, which shows every request at INFO.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        asyncio.run(run_level(self.spec, self.mode, self.level, stop=self.stop.is_set, on_result=self.results.append))
+
+
+def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, output_tokens: str, hold_s: float,
+             work: Path, record: dict[str, Any]) -> None:
+    """Runs the demo, filling `record` as it goes (so a failed stage keeps what was measured)."""
+    spec = load_stack(stack)
+    model = spec.models[0]
+    group = spec.node_group(model.node_group)
+    assert isinstance(group, CpuNodeGroup), "the demo runs CPU node groups on this machine"
+    # A private token: our cluster neither trusts nor is reachable with another cluster's.
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    record.update(engine_env_override=ENGINE_ENV_ON_SHARED_HOST, stack=stack, model=model.id, autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
+                  cpus_per_node=group.cpus_per_node, load_mode=mode, load_level=level, hold_s=hold_s,
+                  loadavg_at_start=os.getloadavg())
+    nodes: list[subprocess.Popen] = []
+    samples: list[Sample] = []
+    sampling = threading.Event()
+    loader: LoadThread | None = None
+    load_start = time.monotonic()
+    try:
+        _, nodes = start_cluster(group, work, env)
+        serve_port = free_port()
+        t0 = time.monotonic()
+        app, deployment = deploy(spec, serve_port)
+        record["deploy_s"] = round(time.monotonic() - t0, 1)
+        load = LoadSpec(base_url=f"http://127.0.0.1:{serve_port}/v1", model=model.model_name,
+                        prompt_tokens=LengthDistribution.parse("fixed:64"),
+                        output_tokens=LengthDistribution.parse(output_tokens), timeout_s=120)
+        record["load"] = load.model_dump(mode="json", exclude={"api_key"})
+
+        def sample_every_second() -> None:
+            while not sampling.is_set():
+                samples.append(Sample(t=time.monotonic(), states=replica_states(app, deployment)))
+                sampling.wait(1.0)
+
+        threading.Thread(target=sample_every_second, daemon=True).start()
+        running = lambda: samples[-1].running if samples else 0  # noqa: E731
+        _wait(lambda: running() == 1, 60, "one running replica before load")
+
+        loader = LoadThread(load, mode, level)
+        load_start = time.monotonic()
+        loader.start()
+        say(f"load: {level:g} {'requests/s (Poisson)' if mode == 'rate' else 'concurrent streams'}, "
+            f"64 in / {output_tokens} out tokens, at {load.base_url}")
+        _wait(lambda: running() >= 2, 600, "the second replica")
+        say(f"scaled up: 2 replicas running {time.monotonic() - load_start:.0f} s after load started")
+        time.sleep(hold_s)
+
+        victims = replica_processes(nodes, deployment)
+        node_index, victim = min(victims, key=lambda v: v[1].create_time())  # the one serving since deploy
+        engines = [p.pid for p in victim.children(recursive=True)]
+        kill_at = time.monotonic()
+        victim.send_signal(signal.SIGKILL)
+        say(f"killed replica pid {victim.pid} on node {node_index + 1} (engine pids {engines}) under load")
+        record["kill"] = {"pid": victim.pid, "node": node_index + 1, "engine_pids": engines,
+                          "replicas_found": [(i + 1, p.pid) for i, p in victims],
+                          "node_pids": [n.pid for n in nodes]}
+        try:
+            _wait(lambda: any(s.t > kill_at and s.running < 2 for s in samples), 120, "Serve to notice the kill")
+        except TimeoutError:  # replaced between two samples: the findings say so (kill_detected_s None)
+            say("no sample showed fewer than 2 running replicas after the kill")
+        _wait(lambda: running() >= 2 and samples[-1].t > kill_at, 600, "Serve to replace the replica")
+        say(f"recovered: 2 replicas running {time.monotonic() - kill_at:.0f} s after the kill")
+        record["kill"]["engines_left"] = [pid for pid in engines if _alive(pid)]
+        time.sleep(hold_s)
+
+        loader.stop.set()
+        load_stop = time.monotonic()
+        loader.join(timeout=180)
+        say("load stopped; waiting for the scale-down to 1 replica")
+        _wait(lambda: samples[-1].t > load_stop and running() == 1 and samples[-1].total == 1, 600, "scale-down")
+        time.sleep(2)
+        sampling.set()
+
+        results: list[RequestResult] = list(loader.results)
+        record["events_s"] = {"load_start": 0.0, "kill": round(kill_at - load_start, 1),
+                              "load_stop": round(load_stop - load_start, 1)}
+        record["findings"] = findings(samples, results, load_start, kill_at, load_stop).model_dump()
+        record["load_summary"] = summarise(results, mode, level).model_dump()
+        record["requests"] = [{"start": round(r.start - load_start, 3), "end": round(r.end - load_start, 3),
+                               "error": r.error} for r in results]
+    finally:
+        sampling.set()
+        if loader is not None:
+            loader.stop.set()
+        record["samples"] = [(round(s.t - load_start, 1), s.states) for s in samples]
+        record["loadavg_at_end"] = os.getloadavg()
+        _teardown(nodes)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _teardown(nodes: list[subprocess.Popen]) -> None:
+    """Serve and the driver first, then our `ray start` processes by id (each stops its own
+    raylet, GCS and workers on SIGTERM; leftovers of their sessions are killed)."""
+    import ray
+
+    say("stopping Serve and the Ray cluster we started ...")
+    if ray.is_initialized():
+        try:
+            from ray import serve
+
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    for node in reversed(nodes):
+        stop_tree(node, 60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.autoscale_demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", default=DEFAULT_STACK, help="stack with one model, min 1 / max 2 replicas")
+    parser.add_argument("--out", type=Path, default=Path("build/bench/autoscale.json"))
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=3.0, help="requests/s during the load (open loop; default 3)")
+    load.add_argument("--concurrency", type=int, help="closed loop instead: this many requests in flight")
+    parser.add_argument("--output-tokens", default="fixed:128", help="max_tokens per request (llmctl bench form)")
+    parser.add_argument("--hold", type=float, default=20, help="seconds of load kept after each scale event")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    import tempfile
+
+    # A short path: Ray's socket paths under it must stay within the 107-byte Unix limit.
+    mode, level = ("concurrency", args.concurrency) if args.concurrency else ("rate", args.rate)
+    record: dict[str, Any] = {"command": "python -m ops.benchmarks.autoscale_demo " + " ".join(argv or sys.argv[1:])}
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmas-") as folder:
+            run_demo(args.stack, mode, level, args.output_tokens, args.hold, Path(folder), record)
+    except (RuntimeError, TimeoutError, KeyboardInterrupt) as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        say(f"error: {record['error']}")
+    finally:  # whatever was measured is written, also when a stage failed
+        record["wall_time_s"] = round(time.monotonic() - started, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=2))
+    if "findings" not in record:
+        return 1
+    f = record["findings"]
+    say(f"scale-up {f['scaled_up_s']} s, kill detected {f['kill_detected_s']} s, recovered {f['recovered_s']} s "
+        f"({f['failed_after_kill']} requests failed: {f['failed_after_kill_by_type']}), "
+        f"scale-down {f['scaled_down_s']} s after load; written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

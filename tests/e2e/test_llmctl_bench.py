@@ -1,0 +1,87 @@
+"""End to end: `llmctl bench` as a subprocess against the real dev stack (`python -m ops.devstack`:
+redis-server, Ray Serve, CPU vLLM, gateway), through the gateway with a key and against Ray
+Serve directly. Small loads (a few seconds each): the stack's start is most of the time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from infra.stack_file import PROJECT_ROOT
+from ops.benchmarks.serving import start_dev_stack, stop_tree
+from ops.harness.processes import free_port
+
+ROOT = PROJECT_ROOT
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack():
+    state = tempfile.mkdtemp(prefix="llmstack-bench-e2e-")
+    process, ready = start_dev_stack(free_port(), state)
+    try:
+        yield ready
+    finally:
+        stop_tree(process, 180)
+
+
+def llmctl_bench(*args: str, api_key: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    if api_key:
+        env["OPENAI_API_KEY"] = api_key
+    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_gateway_levels_json_and_plot(stack, tmp_path):
+    out = tmp_path / "gw.json"
+    run = llmctl_bench("--url", stack["base_url"], "--model", "tiny-chat", "-c", "1,4", "-n", "8",
+                       "--prompt-tokens", "uniform:8-32", "--output-tokens", "fixed:16", "--out", str(out),
+                       api_key=stack["api_key"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "concurrency" and [s["level"] for s in report["levels"]] == [1, 4]
+    for level in report["levels"]:
+        assert (level["requests"], level["ok"], level["errors"]) == (8, 8, {})
+        assert level["output_tokens"] == 8 * 16  # ignore_eos: exactly max_tokens, the server's own count
+        assert level["prompt_tokens"] >= 8 * 8
+        assert 0 < level["ttft_ms"]["p50"] <= level["e2e_ms"]["p50"] <= level["e2e_ms"]["p99"]
+        assert level["output_throughput"] > 0 and level["request_throughput"] > 0
+    png = out.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert "RateLimitError" not in run.stdout
+
+
+def test_rate_limited_key_counts_429s_by_type(stack, tmp_path):
+    """A key allowed 2 requests a minute: the run completes and reports the gateway's 429s."""
+    from serving.gateway.keys import create_key_sync
+
+    key = create_key_sync(stack["redis_url"], tenant="bench-test", name="tight", limits={"requests_per_minute": 2})
+    out = tmp_path / "limited.json"
+    run = llmctl_bench("--url", stack["base_url"], "-m", "tiny-chat", "-c", "2", "-n", "8", "--output-tokens",
+                       "fixed:4", "--no-warm-up", "--no-plot", "--out", str(out), api_key=key)
+    assert run.returncode == 0, run.stderr[-3000:]
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["requests"] == 8 and 1 <= level["ok"] <= 3
+    assert level["errors"] == {"RateLimitError (429)": 8 - level["ok"]}
+    assert "requests per minute" in level["error_examples"]["RateLimitError (429)"].lower()
+    assert not out.with_suffix(".png").exists()
+
+
+def test_open_loop_rate_against_ray_serve_completions(stack, tmp_path):
+    out = tmp_path / "serve.json"
+    run = llmctl_bench("--url", stack["serve_url"].removesuffix("/v1"), "--rate", "4", "-n", "6", "--api",
+                       "completions", "--output-tokens", "normal:12,3", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["model"] == stack["models"][0]  # picked from GET /v1/models
+    assert report["base_url"] == stack["serve_url"]
+    level = report["levels"][0]
+    assert (level["mode"], level["requests"], level["ok"]) == ("rate", 6, 6)
+

@@ -1,0 +1,226 @@
+"""`llmctl doctor`: verdicts (pure) and the real boto3 clients answered by botocore's Stubber.
+
+Stubber validates every request we make and every response we stub against the service's
+own API model, so these are the calls and shapes AWS would see and send.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from infra.planner import plan_stack
+from infra.spec import CapacityType
+from infra.stack_file import PROJECT_ROOT, load_stack
+from ops.llmctl.doctor.checks import QUOTAS, Status, exit_code, quota_family, quota_needs
+from ops.llmctl.doctor.cli import AwsClients, run_doctor
+from tests.conftest import stack_document, write_stack
+from tests.ops.llmctl.test_deploy import fake_pulumi
+
+ROOT = PROJECT_ROOT
+ACCOUNT = "111122223333"
+ON_DEMAND_G, ON_DEMAND_P, SPOT_G = "L-DB2E81BA", "L-417A185B", "L-3819A6DF"
+
+
+def everything(name: str) -> str:
+    return f"/usr/bin/{name}"
+
+
+class Aws:
+    """Real boto3 clients (region us-east-1) with a Stubber each; `stub_*` queue answers in call order."""
+
+    def __init__(self) -> None:
+        session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="testing",
+                                        aws_secret_access_key="testing")
+        self.clients = AwsClients(sts=session.client("sts"), ec2=session.client("ec2"),
+                                  service_quotas=session.client("service-quotas"))
+        self.sts, self.ec2, self.quotas = (Stubber(self.clients.sts), Stubber(self.clients.ec2),
+                                           Stubber(self.clients.service_quotas))
+
+    def stub_identity(self) -> None:
+        self.sts.add_response("get_caller_identity", {
+            "Account": ACCOUNT, "Arn": f"arn:aws:iam::{ACCOUNT}:user/ops", "UserId": "AIDAEXAMPLE"})
+
+    def stub_zones(self, zones: list[str]) -> None:
+        self.ec2.add_response("describe_availability_zones", {"AvailabilityZones": [
+            {"ZoneName": z, "State": "available", "RegionName": "us-east-1"} for z in zones]})
+
+    def stub_quota(self, code: str, value: float) -> None:
+        self.quotas.add_response("get_service_quota", {"Quota": {"QuotaCode": code, "Value": value,
+                                                                 "ServiceCode": "ec2"}},
+                                 {"ServiceCode": "ec2", "QuotaCode": code})
+
+    def stub_offerings(self, pairs: list[tuple[str, str]]) -> None:
+        self.ec2.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": [
+            {"InstanceType": t, "LocationType": "availability-zone", "Location": z} for t, z in pairs]})
+
+    def run(self, spec):
+        with self.sts, self.ec2, self.quotas:
+            checks = run_doctor(spec, clients=self.clients, which=everything)
+            self.sts.assert_no_pending_responses()
+            self.ec2.assert_no_pending_responses()
+            self.quotas.assert_no_pending_responses()
+        return {c.name: c for c in checks}
+
+
+def dev_answers(aws: Aws, *, quota: float, zones_offered=("us-east-1a", "us-east-1b")) -> None:
+    aws.stub_identity()
+    aws.stub_zones(["us-east-1a", "us-east-1b", "us-east-1c"])
+    aws.stub_quota(ON_DEMAND_G, quota)
+    aws.stub_offerings([("g6.2xlarge", z) for z in zones_offered])
+
+
+# --- pure --------------------------------------------------------------------------------
+
+
+def test_quota_needs_sum_vcpus_at_max_replicas_per_quota():
+    prod = load_stack("prod")
+    needs = {n.quota.code: n for n in quota_needs(prod, plan_stack(prod))}
+    plan = {g.name: g.nodes_at_max for g in plan_stack(prod).node_groups}
+    assert needs[ON_DEMAND_P].vcpus == plan["a100"] * 96  # p4de.24xlarge
+    assert needs[ON_DEMAND_G].vcpus == plan["l40s"] * 4  # g6e.xlarge
+    assert needs[SPOT_G].vcpus == plan["a10g-spot"] * 8  # g5.2xlarge, spot
+    assert set(needs) == {ON_DEMAND_P, ON_DEMAND_G, SPOT_G}
+
+
+def test_quota_families_follow_the_instance_family():
+    assert [quota_family(t) for t in ("g6.xlarge", "g6e.2xlarge", "g5.48xlarge", "p4d.24xlarge", "p5.48xlarge")] == \
+        ["G", "G", "G", "P", "P"]
+    assert QUOTAS[("P", CapacityType.SPOT)].code == "L-7212CCBC"
+
+
+def test_strict_turns_checks_that_could_not_run_into_failures():
+    spec = load_stack("dev")
+    checks = run_doctor(spec, offline=True, which=everything)
+    assert [c.status for c in checks if c.name == "AWS checks"] == [Status.NOT_RUN]
+    assert exit_code(checks) == 0 and exit_code(checks, strict=True) == 1
+
+
+def test_missing_pulumi_fails_and_missing_kubectl_warns():
+    checks = {c.name: c for c in run_doctor(load_stack("dev"), offline=True, which=lambda name: None)}
+    assert checks["pulumi"].status is Status.FAIL and "pulumi.com" in checks["pulumi"].fix
+    assert checks["kubectl"].status is Status.WARN
+
+
+# --- against the AWS API model -----------------------------------------------------------
+
+
+def test_enough_quota_passes():
+    aws = Aws()
+    dev_answers(aws, quota=64)
+    checks = aws.run(load_stack("dev"))
+    assert checks["AWS identity"].status is Status.PASS and ACCOUNT in checks["AWS identity"].detail
+    assert checks["region and zones"].status is Status.PASS
+    assert checks[f"quota {ON_DEMAND_G}"].status is Status.PASS
+    assert checks["g6.2xlarge offered"].status is Status.PASS
+    assert exit_code(list(checks.values()), strict=True) == 0
+
+
+def test_too_little_quota_fails_naming_quota_needed_and_available():
+    aws = Aws()
+    dev_answers(aws, quota=8)
+    spec = load_stack("dev")
+    needed = quota_needs(spec, plan_stack(spec))[0].vcpus
+    check = aws.run(spec)[f"quota {ON_DEMAND_G}"]
+    assert check.status is Status.FAIL
+    assert "Running On-Demand G and VT instances" in check.detail
+    assert f"need {needed} vCPUs" in check.detail and "8 available in us-east-1" in check.detail
+    assert ON_DEMAND_G in check.fix and str(needed) in check.fix
+
+
+def test_quota_never_applied_falls_back_to_the_aws_default():
+    aws = Aws()
+    aws.stub_identity()
+    aws.stub_zones(["us-east-1a", "us-east-1b"])
+    aws.quotas.add_client_error("get_service_quota", service_error_code="NoSuchResourceException")
+    aws.quotas.add_response("get_aws_default_service_quota", {"Quota": {"QuotaCode": ON_DEMAND_G, "Value": 0.0}},
+                            {"ServiceCode": "ec2", "QuotaCode": ON_DEMAND_G})
+    aws.stub_offerings([("g6.2xlarge", "us-east-1a"), ("g6.2xlarge", "us-east-1b")])
+    check = aws.run(load_stack("dev"))[f"quota {ON_DEMAND_G}"]
+    assert check.status is Status.FAIL and "0 available" in check.detail
+
+
+def test_instance_type_missing_in_a_zone_warns_and_in_every_zone_fails():
+    aws = Aws()
+    dev_answers(aws, quota=64, zones_offered=("us-east-1a",))
+    check = aws.run(load_stack("dev"))["g6.2xlarge offered"]
+    assert check.status is Status.WARN and "us-east-1b" in check.detail
+
+    aws = Aws()
+    dev_answers(aws, quota=64, zones_offered=())
+    assert aws.run(load_stack("dev"))["g6.2xlarge offered"].status is Status.FAIL
+
+
+def test_zone_outside_the_account_fails_with_the_key_to_change(tmp_path):
+    aws = Aws()
+    aws.stub_identity()
+    aws.stub_zones(["us-east-1a", "us-east-1c"])  # this account has no us-east-1b
+    aws.stub_quota(ON_DEMAND_G, 64)
+    aws.stub_offerings([("g6.xlarge", "us-east-1a")])
+    spec = load_stack(write_stack(tmp_path, "zones", stack_document()))
+    check = aws.run(spec)["region and zones"]
+    assert check.status is Status.FAIL and "us-east-1b" in check.detail
+    assert "llmstack:cloud.availability_zones" in check.fix
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("ExpiredToken", "AWS credentials are expired or invalid (ExpiredToken)"),
+    ("AccessDenied", "access denied (GetCallerIdentity): the identity needs the IAM permission sts:GetCallerIdentity"),
+])
+def test_identity_errors_are_one_line_and_stop_the_aws_checks(code, expected):
+    aws = Aws()
+    aws.sts.add_client_error("get_caller_identity", service_error_code=code, http_status_code=403)
+    checks = aws.run(load_stack("dev"))
+    identity = checks["AWS identity"]
+    assert identity.status is Status.FAIL and identity.detail.startswith(expected) and "\n" not in identity.detail
+    assert checks[f"quota {ON_DEMAND_G}"].status is Status.NOT_RUN
+
+
+def test_a_missing_permission_or_throttling_marks_only_that_check_not_run():
+    aws = Aws()
+    aws.stub_identity()
+    aws.stub_zones(["us-east-1a", "us-east-1b"])
+    aws.quotas.add_client_error("get_service_quota", service_error_code="AccessDeniedException")
+    aws.ec2.add_client_error("describe_instance_type_offerings", service_error_code="RequestLimitExceeded",
+                             http_status_code=503)
+    checks = aws.run(load_stack("dev"))
+    quota = checks[f"quota {ON_DEMAND_G}"]
+    assert quota.status is Status.NOT_RUN and "servicequotas:GetServiceQuota" in quota.detail
+    offered = checks["g6.2xlarge offered"]
+    assert offered.status is Status.NOT_RUN and "throttled" in offered.detail
+    assert checks["region and zones"].status is Status.PASS
+
+
+def test_without_network_local_checks_run_and_aws_checks_say_not_run(tmp_path):
+    """Real clients, nothing listening: what an offline laptop gets."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1",
+           "PATH": f"{fake_pulumi(tmp_path)}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "could not run: AWS identity, region and zones" in result.stderr
+    assert "stack plan" in result.stdout and result.returncode == 0, result.stdout + result.stderr
+    strict = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev", "--strict"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 1
+
+
+def test_make_deploy_runs_doctor_first_and_stops_before_pulumi(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "pulumi-was-called"
+    (bin_dir / "pulumi").write_text(f"#!/bin/sh\necho \"$@\" >> {called}\nexit 0\n")
+    (bin_dir / "pulumi").chmod(0o755)
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1", "HOME": str(tmp_path),
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-m", "ops.llmctl.deploy", "deploy", "--stack", "dev"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "stopped by llmctl doctor" in result.stderr
+    assert "llmctl doctor: stack dev" in result.stdout
+    assert not called.exists()

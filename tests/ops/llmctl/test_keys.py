@@ -1,0 +1,110 @@
+"""`llmctl keys` against a real redis-server, checked with the gateway's own key store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import typer
+
+from ops.llmctl.keys import resolve_redis_url
+from serving.gateway.keys import RedisKeyStore
+
+LLMCTL = str(Path(sys.executable).parent / "llmctl")
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server):
+    return redis_server.url
+
+
+def llmctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LLMCTL, "keys", *args], capture_output=True, text=True, timeout=60)
+
+
+def verify(url: str, key: str):
+    async def go():
+        store = RedisKeyStore(url)
+        try:
+            return await store.verify(key)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(go())
+
+
+def test_create_list_show_revoke(redis_url):
+    made = llmctl("create", "--tenant", "acme", "--name", "ci", "--model", "tiny-chat",
+                  "--requests-per-minute", "30", "--redis-url", redis_url)
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    record = verify(redis_url, key)
+    assert record.tenant == "acme" and record.allowed_models == ["tiny-chat"] and record.requests_per_minute == 30
+    listed = json.loads(llmctl("list", "--json", "--redis-url", redis_url).stdout)
+    assert record.key_id in [r["key_id"] for r in listed]
+    assert key not in llmctl("list", "--redis-url", redis_url).stdout  # ids only, never keys
+    shown = json.loads(llmctl("show", record.key_id, "--redis-url", redis_url).stdout)
+    assert shown["name"] == "ci"
+    assert llmctl("revoke", record.key_id, "--redis-url", redis_url).returncode == 0
+    assert verify(redis_url, key) is None
+
+
+def test_key_is_stored_only_as_a_hash(redis_url):
+    key = llmctl("create", "--tenant", "t", "--name", "n", "--redis-url", redis_url).stdout.strip()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    everything = " ".join(f"{name} {client.get(name)}" for name in client.scan_iter() if client.type(name) == "string")
+    assert key not in everything and key.split("_", 1)[1] not in everything
+
+
+def test_rotate_keeps_settings_and_revokes_old(redis_url):
+    old = llmctl("create", "--tenant", "t", "--name", "bot", "--tokens-per-minute", "500",
+                 "--redis-url", redis_url).stdout.strip()
+    old_id = verify(redis_url, old).key_id
+    rotated = llmctl("rotate", old_id, "--redis-url", redis_url)
+    assert rotated.returncode == 0, rotated.stderr
+    new = rotated.stdout.strip()
+    assert verify(redis_url, old) is None
+    record = verify(redis_url, new)
+    assert record.name == "bot" and record.tokens_per_minute == 500 and record.key_id != old_id
+
+
+def test_unknown_key_id_exits_1(redis_url):
+    for command in ("show", "revoke", "rotate"):
+        result = llmctl(command, "nosuchkey1", "--redis-url", redis_url)
+        assert result.returncode == 1 and "no key with id" in result.stderr
+
+
+def test_redis_url_resolution():
+    assert resolve_redis_url("redis://x", "prod", {}, None) == "redis://x"
+    assert resolve_redis_url(None, "prod", {"LLMSTACK_REDIS_URL": "redis://env"}, None) == "redis://env"
+    assert resolve_redis_url(None, "local", {}, "redis://dev") == "redis://dev"
+    with pytest.raises(typer.BadParameter, match="port-forward"):
+        resolve_redis_url(None, "prod", {}, None)
+    with pytest.raises(typer.BadParameter, match="make dev"):
+        resolve_redis_url(None, "local", {}, None)
+
+
+def test_unreachable_redis_is_one_clear_line():
+    result = llmctl("list", "--redis-url", "redis://127.0.0.1:1/0")
+    assert result.returncode == 1 and "cannot reach Redis" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_set_changes_limits_and_mode_and_rotate_keeps_shadow(redis_url):
+    key = llmctl("create", "--tenant", "acme", "--name", "tuning", "--shadow", "--redis-url", redis_url).stdout.strip()
+    record = verify(redis_url, key)
+    assert record.shadow
+    changed = llmctl("set", record.key_id, "--enforce", "--requests-per-minute", "7", "--redis-url", redis_url)
+    assert changed.returncode == 0, changed.stderr
+    record = verify(redis_url, key)
+    assert not record.shadow and record.requests_per_minute == 7
+    nothing = llmctl("set", record.key_id, "--redis-url", redis_url)
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+    llmctl("set", record.key_id, "--shadow", "--redis-url", redis_url)
+    rotated = llmctl("rotate", record.key_id, "--redis-url", redis_url).stdout.strip()
+    new = verify(redis_url, rotated)
+    assert new.shadow and new.requests_per_minute == 7 and verify(redis_url, key) is None
