@@ -10,7 +10,7 @@ STACK ?= local
 PORT ?= 8080
 LITELLM := .cache/llmstack/litellm-venv/bin/litellm
 
-.PHONY: help install redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast bench plan render clean
+.PHONY: help install lint redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
@@ -24,8 +24,7 @@ $(STAMP): pyproject.toml ops/devstack/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[serve,gateway,infra,ops,test]"
-	$(PIP) install -q -e ".[serve,gateway,infra,bench,test]"
+	$(PIP) install -q -e ".[serve,gateway,infra,ops,dev,bench,test]"
 	bash ops/devstack/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 
@@ -50,10 +49,15 @@ promtool:
 
 install: $(STAMP)
 
-test: $(STAMP) redis-server promtool
+# Lint and the import contract first (seconds), then every test.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) redis-server promtool lint
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP) redis-server promtool
+test-fast: $(STAMP) redis-server promtool lint
 	$(PY) -m pytest -q -m "not slow"
 
 # The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.

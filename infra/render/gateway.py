@@ -96,7 +96,8 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
                     "automountServiceAccountToken": False,
                     # Long enough to finish in-flight streams after SIGTERM.
                     "terminationGracePeriodSeconds": 120,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
                     "topologySpreadConstraints": [{
                         "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
                         "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": _selector()}}],

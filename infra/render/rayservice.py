@@ -79,7 +79,8 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": metadata(RAYSERVICE_NAME, "ray", spec.name, **({"annotations": annotations} if annotations else {})),
+        "metadata": metadata(RAYSERVICE_NAME, "ray", spec.name,
+                             **({"annotations": annotations} if annotations else {})),
         "spec": {
             "upgradeStrategy": {"type": "NewCluster" if blue_green_fits else "None"},
             "serveConfigV2": yaml.safe_dump(serve_config(spec, model_cache_bucket), sort_keys=False),

@@ -1,7 +1,8 @@
 """Autoscaling, demonstrated: a model with min 1 / max 2 replicas on a two-node Ray cluster
 scales up under `llmctl bench` load, survives a killed replica, and scales back down.
 
-    python -m ops.benchmarks.autoscale_demo [--out build/bench/autoscale.json] [--stack tests/stacks/Pulumi.autoscale.yaml]
+    python -m ops.benchmarks.autoscale_demo [--out build/bench/autoscale.json] \
+        [--stack tests/stacks/Pulumi.autoscale.yaml]
 
 1. Starts a Ray cluster of `max_size` nodes of the stack's CPU node group (`ray start --head`,
    then `ray start --address`, each on its own free ports and temp dir, with a private
@@ -186,7 +187,8 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
     # A private token: our cluster neither trusts nor is reachable with another cluster's.
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-    record.update(engine_env_override=ENGINE_ENV_ON_SHARED_HOST, stack=stack, model=model.id, autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
+    record.update(engine_env_override=ENGINE_ENV_ON_SHARED_HOST, stack=stack, model=model.id,
+                  autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
                   cpus_per_node=group.cpus_per_node, load_mode=mode, load_level=level, hold_s=hold_s,
                   loadavg_at_start=os.getloadavg())
     nodes: list[subprocess.Popen] = []
@@ -290,7 +292,8 @@ def _teardown(nodes: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.autoscale_demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.autoscale_demo",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--stack", default=DEFAULT_STACK, help="stack with one model, min 1 / max 2 replicas")
     parser.add_argument("--out", type=Path, default=Path("build/bench/autoscale.json"))
     load = parser.add_mutually_exclusive_group()

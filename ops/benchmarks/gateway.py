@@ -186,7 +186,8 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                 counted = run_wrk(url, target_key, duration_s=3, pace_ms=max(paces_ms), folder=folder)
             results["targets"][name] = {
                 "paced": paced, "saturated": saturated,
-                "redis_commands_per_request": round(trips.count / counted["requests"], 3) if counted["requests"] else None}
+                "redis_commands_per_request":
+                    round(trips.count / counted["requests"], 3) if counted["requests"] else None}
     results["summary"] = summary(results["targets"])
     direct_p50 = results["sequential"]["direct"]["p50_ms"]
     results["summary"]["one_client_added_p50_ms"] = {

@@ -50,7 +50,8 @@ def measure(stack: str) -> list[dict[str, Any]]:
             results.append({"model": model.id, "skipped": "GPU model: needs a GPU to measure"})
             continue
         print(f"starting CPU vLLM for {model.id} ...", file=sys.stderr, flush=True)
-        child = subprocess.run([sys.executable, "-m", "ops.benchmarks.kv_capacity", "--stack", stack, "--one", model.id],
+        child = subprocess.run([sys.executable, "-m", "ops.benchmarks.kv_capacity", "--stack", stack,
+                                "--one", model.id],
                                capture_output=True, text=True, timeout=600)
         found = [line for line in child.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
         if child.returncode != 0 or not found:

@@ -157,7 +157,8 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, float
     lines.append("")
     for name, value in ratio_values.items():
         goal = f"  (target >= {RATIO_GOALS[name]:g})" if name in RATIO_GOALS else ""
-        verdict = "" if name not in RATIO_GOALS or value is None else (" met" if value >= RATIO_GOALS[name] else " MISSED")
+        goal = RATIO_GOALS.get(name)
+        verdict = "" if goal is None or value is None else (" met" if value >= goal else " MISSED")
         lines.append(f"- {name}: {num(value, '{:.3f}')}{goal}{verdict}")
     return "\n".join(lines)
 

@@ -62,7 +62,8 @@ class DevLock:
             info = json.loads(holder) if holder.startswith("{") else {}
             raise AlreadyRunning(
                 f"llmstack dev is already running (pid {info.get('pid', '?')}, gateway at "
-                f"{info.get('base_url', '?')}); stop it with Ctrl-C in its terminal or `kill {info.get('pid', '<pid>')}`"
+                f"{info.get('base_url', '?')}); stop it with Ctrl-C in its terminal or "
+                f"`kill {info.get('pid', '<pid>')}`"
             ) from None
 
     def record(self, **info: Any) -> None:

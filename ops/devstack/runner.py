@@ -117,7 +117,8 @@ llmstack dev is serving {', '.join(models)}  (keys and limits: {store})
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
 
   python -c 'from openai import OpenAI; c = OpenAI(base_url="{base_url}", api_key="{api_key}"); \\
-print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
+print(c.chat.completions.create(model="{model}", \\
+  messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)'
 
 Ctrl-C stops everything.
 """

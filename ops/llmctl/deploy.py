@@ -19,8 +19,8 @@ import typer
 
 from infra.planner import plan_stack
 from infra.stack_file import PROJECT_ROOT, StackFileError, load_stack
+from ops.llmctl.doctor.checks import PULUMI_INSTALL
 
-PULUMI_INSTALL = "https://www.pulumi.com/docs/iac/download-install/"
 ACTIONS = {"preview": ["preview", "--diff"], "deploy": ["up"], "destroy": ["destroy"]}
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -75,7 +75,8 @@ def main(action: str = typer.Argument(..., help="preview, deploy or destroy"),
         typer.echo(f"make {action}: {problem}", err=True)
         raise typer.Exit(1)
     if action == "preview":
-        subprocess.run([sys.executable, "-m", "ops.llmctl.main", "plan", "--stack", stack], check=True, cwd=PROJECT_ROOT)
+        subprocess.run([sys.executable, "-m", "ops.llmctl.main", "plan", "--stack", stack], check=True,
+                       cwd=PROJECT_ROOT)
     if action == "deploy":
         doctor = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", stack, "--strict"],
                                 cwd=PROJECT_ROOT)

@@ -43,7 +43,8 @@ def plan_tables(plan: StackPlan) -> list[Table]:
     lows = [g.usd_per_hour_at_min for g in plan.node_groups if g.usd_per_hour_at_min is not None]
     highs = [g.usd_per_hour_at_max for g in plan.node_groups if g.usd_per_hour_at_max is not None]
     if lows:
-        groups.caption = f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour (spot groups shown at on-demand price)"
+        groups.caption = (f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour "
+                          "(spot groups shown at on-demand price)")
     return [models, groups]
 
 

@@ -71,7 +71,8 @@ def access_line(*, request_id: str, caller: Caller, method: str, path: str, stat
     line = {
         "event": "access", "request_id": request_id, "key_id": caller.key_id, "tenant": caller.tenant,
         # The model name comes from the body: cut, so a megabyte "model" cannot flood the log.
-        "model": caller.model[:MAX_MODEL_CHARS] if caller.model else None, "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
+        "model": caller.model[:MAX_MODEL_CHARS] if caller.model else None,
+        "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
     }
     if usage is not None:
         line.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion)

@@ -5,7 +5,8 @@ gateways in one test process do not collide, and /metrics shows gateway metrics 
 
 Label values are bounded on purpose. `model` comes from request bodies, which anyone with a
 key can fill with junk: a name the stack does not serve is counted as `other`, so a caller
-cannot grow the series count; "" means the request named no model. `tenant` comes from key records the platform team creates.
+cannot grow the series count; "" means the request named no model. `tenant` comes from key records
+the platform team creates.
 `status` is the HTTP status code. Unauthenticated requests have tenant "".
 
 The names below are a contract: the Grafana dashboard and the alert rules in `ops/` use them,

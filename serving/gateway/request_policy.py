@@ -1,4 +1,4 @@
-"""Request policy (issue 4 item 3, OWASP LLM10 "Unbounded Consumption"): a pure check of the
+"""Request policy (OWASP LLM10 "Unbounded Consumption"): a pure check of the
 JSON body of `/v1/chat/completions` and `/v1/completions`, run at admission before the limiter
 charges anything, so a refused request costs the key no quota.
 

@@ -65,7 +65,8 @@ def deployment(report: dict, name: str) -> dict:
 
 def replica_ids(dev: DevStack) -> set[str]:
     """Replica ids of tiny-chat, read from Serve in a child process (this process stays Ray-free)."""
-    code = ("import json; from ops.devstack.lock import find_running_dev; from ops.devstack import serve as local_serve; "
+    code = ("import json; from ops.devstack.lock import find_running_dev; "
+            "from ops.devstack import serve as local_serve; "
             "d = find_running_dev(); local_serve.connect(d.ray_address, d.ray_auth_mode); "
             f"print(json.dumps([r['replica_id'] for r in local_serve.details()['applications']['llm']"
             f"['deployments']['{TINY}']['replicas'] if r['state'] == 'RUNNING']))")

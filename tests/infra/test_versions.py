@@ -27,7 +27,8 @@ def test_local_engine_is_the_pinned_cpu_build():
 
 
 def test_image_tag_names_the_pinned_ray_and_python():
-    assert versions.RAY_LLM_IMAGE == f"rayproject/ray-llm:{versions.RAY_VERSION}-{versions.PYTHON_TAG}-{versions.CUDA_TAG}"
+    expected = f"rayproject/ray-llm:{versions.RAY_VERSION}-{versions.PYTHON_TAG}-{versions.CUDA_TAG}"
+    assert versions.RAY_LLM_IMAGE == expected
     assert versions.PYTHON_TAG == f"py3{sys.version_info.minor}"
 
 

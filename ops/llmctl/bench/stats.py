@@ -37,7 +37,8 @@ class LengthDistribution(BaseModel):
     def parse(cls, text: str) -> LengthDistribution:
         match = _DIST.match(text.strip().replace(" ", ""))
         if not match:
-            raise ValueError(f"length distribution {text!r} not understood; use fixed:64, uniform:32-128 or normal:64,16")
+            raise ValueError(f"length distribution {text!r} not understood; "
+                             "use fixed:64, uniform:32-128 or normal:64,16")
         if match["fixed"] or match["bare"]:
             value = int(match["n"] or match["bare"])
             if value < 1:

@@ -23,6 +23,8 @@ from infra.gpu_catalog import load_catalog
 from infra.planner import StackPlan
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
 
+PULUMI_INSTALL = "https://www.pulumi.com/docs/iac/download-install/"
+
 
 class Status(str, Enum):
     PASS = "pass"
@@ -64,7 +66,8 @@ def quota_family(instance_type: str) -> str:
         return "G"
     if family.startswith("p"):
         return "P"
-    raise ValueError(f"{instance_type}: no GPU quota known for this family; add it to ops/llmctl/doctor/checks.py QUOTAS")
+    raise ValueError(f"{instance_type}: no GPU quota known for this family; "
+                     "add it to ops/llmctl/doctor/checks.py QUOTAS")
 
 
 def quota_needs(spec: StackSpec, plan: StackPlan) -> list[QuotaNeed]:

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from infra.planner import StackPlan, plan_stack
 from infra.spec import AwsCloud, GpuNodeGroup, StackSpec
-from ops.llmctl.deploy import PULUMI_INSTALL
 from ops.llmctl.doctor.checks import (
+    PULUMI_INSTALL,
     Check,
     QuotaNeed,
     Status,

@@ -223,7 +223,8 @@ def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] |
     report.checks += node_checks(report.gpu_nodes, gpu_groups)
     report.pending_pods = pending_pods(pods, events)
     if report.pending_pods:
-        report.checks.append(Check(component="pods", health=Health.DEGRADED, detail=f"{len(report.pending_pods)} pending",
+        report.checks.append(Check(component="pods", health=Health.DEGRADED,
+                                   detail=f"{len(report.pending_pods)} pending",
                                    runbook=runbook("pods-pending-on-gpus")))
     report.checks += crash_loop_checks(pods)
     report.checks.append(deployment_check(gateway, f"gateway {GATEWAY_NAME}"))

@@ -10,6 +10,7 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read it
 
 import pytest
+from pydantic import ValidationError
 
 from infra.stack_file import PROJECT_ROOT
 from ops.devstack.tiny_model import (
@@ -136,7 +137,7 @@ def test_stale_marker_rebuilds_in_place(tmp_path):
 def test_custom_recipe_and_unknown_name():
     with pytest.raises(ValueError, match="tiny-llama-draft"):
         ensure_tiny_model(Path("/nonexistent"), name="no-such-model")
-    with pytest.raises(Exception):  # frozen: a recipe cannot drift after it is hashed
+    with pytest.raises(ValidationError, match="frozen"):  # a recipe cannot drift after it is hashed
         RECIPES["tiny-llama"].num_hidden_layers = 3
     assert TinyModelRecipe().head_dim == 64
 

@@ -1,4 +1,4 @@
-"""Per-key limits (issue 4 item 2): real redis-server, real gateway apps under uvicorn, a fake
+"""Per-key limits: real redis-server, real gateway apps under uvicorn, a fake
 OpenAI upstream, the official openai client where natural.
 
 No test asserts a wall-clock duration. Where the server settles after the client has its

@@ -1,4 +1,4 @@
-"""Request policy (issue 4 item 3, OWASP LLM10): unit tests of the pure `check_request`, and one
+"""Request policy (OWASP LLM10): unit tests of the pure `check_request`, and one
 test through the real gateway (uvicorn, real redis-server, fake upstream, official openai
 client) showing a refused request never reaches the upstream and costs no quota.
 
