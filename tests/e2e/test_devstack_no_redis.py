@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from infra.stack_file import PROJECT_ROOT
-from tests.e2e.test_devstack import DevStack
+from tests.support.devstack import DevStack
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from infra.stack_file import PROJECT_ROOT, load_stack
-from tests.e2e.test_devstack import DevStack
+from tests.support.devstack import DevStack
 
 pytestmark = pytest.mark.slow
 TINY = "LLMServer:tiny-chat"

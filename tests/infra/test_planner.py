@@ -7,7 +7,7 @@ import pytest
 from infra.model_arch import BUILTIN, count_parameters
 from infra.planner import Reason, kv_bytes_per_token, plan_stack
 from infra.stack_file import PROJECT_ROOT, load_stack, spec_from_document
-from tests.conftest import stack_document
+from tests.support.stacks import stack_document
 
 LLAMA_8B = BUILTIN["meta-llama/Llama-3.1-8B-Instruct"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from infra.spec import CpuNodeGroup, GpuNodeGroup
 from infra.stack_file import StackFileError, load_stack, spec_from_document
-from tests.conftest import stack_document
+from tests.support.stacks import stack_document
 
 
 def load(document: dict):

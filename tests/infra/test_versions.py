@@ -8,7 +8,7 @@ import sys
 from packaging.requirements import Requirement
 
 from infra import versions
-from tests.conftest import SCHEMAS
+from tests.support.stacks import SCHEMAS
 
 
 def test_installed_ray_is_the_pinned_ray():

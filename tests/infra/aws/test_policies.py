@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from infra.render.common import GATEWAY_NAME
-from tests.conftest import stack_document, write_stack
 from tests.infra.aws.test_program import MOCK_PASSWORD, REDACTED, ProgramRun, example_run, run_program
+from tests.support.stacks import stack_document, write_stack
 
 OPEN = {"0.0.0.0/0", "::/0"}
 READ_ONLY_VERBS = ("Describe", "Get", "List")

@@ -33,7 +33,7 @@ from infra.render import render_stack
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
 from infra.stack_file import PROJECT_ROOT, load_stack
 from infra.versions import KUBERAY_VERSION
-from tests.conftest import stack_document, write_stack
+from tests.support.stacks import stack_document, write_stack
 
 ELASTICACHE_HOST = "master.llmstack.abc123.use1.cache.amazonaws.com"
 

@@ -16,7 +16,7 @@ from infra.render.serve_config import node_group_resource
 from infra.spec import GpuNodeGroup
 from infra.stack_file import spec_from_document
 from infra.versions import KUBERNETES_VERSION
-from tests.conftest import SCHEMAS, stack_document
+from tests.support.stacks import SCHEMAS, stack_document
 
 
 def crd_schema(kind_file: str) -> dict:

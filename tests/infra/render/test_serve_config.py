@@ -7,7 +7,7 @@ import pytest
 
 from infra.render.serve_config import serve_config
 from infra.stack_file import load_stack, spec_from_document
-from tests.conftest import EXAMPLE_STACKS, stack_document
+from tests.support.stacks import EXAMPLE_STACKS, stack_document
 
 
 @pytest.mark.parametrize("stack", EXAMPLE_STACKS)

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 from infra.stack_file import PROJECT_ROOT
 from ops.llmctl.deploy import aws_credentials_hint, preflight
-from tests.conftest import stack_document, write_stack
+from tests.support.stacks import stack_document, write_stack
 
 ROOT = PROJECT_ROOT
-
-
-def fake_pulumi(tmp_path: Path) -> str:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "pulumi").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "pulumi").chmod(0o755)
-    return str(bin_dir)
 
 
 def test_local_stack_refuses_and_says_why(tmp_path):
@@ -35,8 +26,8 @@ def test_missing_cli_is_one_line(tmp_path):
     assert problem.startswith("the Pulumi CLI is not installed") and "\n" not in problem
 
 
-def test_missing_credentials_is_one_line(tmp_path):
-    problem = preflight("preview", "dev", environ={"PATH": fake_pulumi(tmp_path)}, home=tmp_path)
+def test_missing_credentials_is_one_line(tmp_path, fake_pulumi):
+    problem = preflight("preview", "dev", environ={"PATH": fake_pulumi}, home=tmp_path)
     assert problem.startswith("no AWS credentials found") and "\n" not in problem
 
 
@@ -47,17 +38,17 @@ def test_credential_sources_are_recognised(tmp_path):
     assert aws_credentials_hint({}, tmp_path) is None
 
 
-def test_failing_plan_stops_before_pulumi(tmp_path):
+def test_failing_plan_stops_before_pulumi(tmp_path, fake_pulumi):
     doc = stack_document(models=[{"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
                                   "max_model_len": 131072}])
     path = write_stack(tmp_path, "tight", doc)
-    env = {"PATH": fake_pulumi(tmp_path), "AWS_PROFILE": "x"}
+    env = {"PATH": fake_pulumi, "AWS_PROFILE": "x"}
     problem = preflight("deploy", str(path), environ=env, home=tmp_path)
     assert "does not pass `llmctl plan`" in problem and "no_room" not in problem
     assert "less than one max_model_len" in problem
     assert preflight("destroy", str(path), environ=env, home=tmp_path) is None
 
 
-def test_ready_cloud_stack_passes(tmp_path):
-    assert preflight("deploy", "prod", environ={"PATH": fake_pulumi(tmp_path), "AWS_PROFILE": "x"},
+def test_ready_cloud_stack_passes(tmp_path, fake_pulumi):
+    assert preflight("deploy", "prod", environ={"PATH": fake_pulumi, "AWS_PROFILE": "x"},
                      home=tmp_path) is None

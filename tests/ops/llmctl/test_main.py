@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from infra.stack_file import PROJECT_ROOT
-from tests.conftest import stack_document, write_stack
+from tests.support.stacks import stack_document, write_stack
 
 
 def llmctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -18,8 +18,7 @@ from infra.spec import CapacityType
 from infra.stack_file import PROJECT_ROOT, load_stack
 from ops.llmctl.doctor.checks import QUOTAS, Status, exit_code, quota_family, quota_needs
 from ops.llmctl.doctor.cli import AwsClients, run_doctor
-from tests.conftest import stack_document, write_stack
-from tests.ops.llmctl.test_deploy import fake_pulumi
+from tests.support.stacks import stack_document, write_stack
 
 ROOT = PROJECT_ROOT
 ACCOUNT = "111122223333"
@@ -197,11 +196,11 @@ def test_a_missing_permission_or_throttling_marks_only_that_check_not_run():
     assert checks["region and zones"].status is Status.PASS
 
 
-def test_without_network_local_checks_run_and_aws_checks_say_not_run(tmp_path):
+def test_without_network_local_checks_run_and_aws_checks_say_not_run(tmp_path, fake_pulumi):
     """Real clients, nothing listening: what an offline laptop gets."""
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1",
-           "PATH": f"{fake_pulumi(tmp_path)}:/usr/bin:/bin", "HOME": str(tmp_path)}
+           "PATH": f"{fake_pulumi}:/usr/bin:/bin", "HOME": str(tmp_path)}
     result = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert "Traceback" not in result.stderr + result.stdout

@@ -24,7 +24,7 @@ from ops.harness.local_s3 import MOTO_ACCOUNT, running_s3
 from ops.llmctl.main import app
 from ops.llmctl.models.manifest import Manifest
 from ops.llmctl.models.sync import MIB, SyncSettings, sync_model
-from tests.conftest import stack_document, write_stack
+from tests.support.stacks import stack_document, write_stack
 
 PART = 5 * MIB  # S3's smallest part: files above it go multipart
 SETTINGS = SyncSettings(part_size=PART, max_concurrency=4)
