@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml ops/devstack/install_cpu_engine.sh
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[serve,gateway,infra,ops,dev,bench,test]"
+	$(PIP) install -q -e ".[cli,serve,gateway,infra,ops,dev,bench,test]"
 	bash ops/devstack/install_cpu_engine.sh $(PIP)
 	@touch $(STAMP)
 
