@@ -20,6 +20,7 @@ BENCHMARKS.md compares the whole budget with published vLLM logs.
 from __future__ import annotations
 
 import math
+import re
 from enum import Enum
 from typing import Any
 
@@ -77,9 +78,10 @@ class EngineRelease(BaseModel):
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    parts = version.split("+")[0].split(".")
-    numbers = [int("".join(ch for ch in part if ch.isdigit()) or 0) for part in parts[:3]]
-    return (numbers + [0, 0, 0])[0], (numbers + [0, 0])[1], (numbers + [0])[2]
+    """(major, minor, patch) of a release string; local and pre-release suffixes are ignored."""
+    numbers = [int(re.match(r"\d*", part).group() or 0) for part in version.split("+")[0].split(".")[:3]]
+    major, minor, patch = (numbers + [0, 0, 0])[:3]
+    return major, minor, patch
 
 
 def engine_release(version: str) -> EngineRelease:
