@@ -43,12 +43,12 @@ NON_TORCH_ONE_GPU = int(0.14 * GIB)
 NON_TORCH_PER_RANK_SHARDED = int(0.55 * GIB)
 
 # Model runner V1's profiling peak (vllm/v1/worker/gpu_model_runner.py `_dummy_sampler_run`, used
-# by V1 engines up to 0.25.0 and still for models runner V2 does not take). Its dummy sampler run
-# applies top-k and top-p to every row, so the peak is the sampler's: float32 logits, their sort
-# values and int64 indices, softmax and cumulative sums over max_num_seqs x vocabulary, while the
-# forward pass's hidden states are still held. Fitted to the four published llm-d H100 runs
-# (vLLM v0.11, Llama-3.1-8B, Llama-3.3-70B-FP8 TP2, Qwen3-0.6B, Qwen3-32B), which it reproduces
-# within their 0.01 GiB rounding: bytes per logit element, and per hidden element of the batch.
+# by V1 engines up to 0.25.0, and later for models runner V2 does not support). Its dummy sampler
+# run applies top-k and top-p to every row, so the peak is the sampler's: float32 logits, their
+# sort values and int64 indices, softmax and cumulative sums over max_num_seqs x vocabulary, while
+# the forward pass's hidden states are still held. The two coefficients were fitted to the
+# published llm-d H100 runs of Llama-3.1-8B and Llama-3.3-70B-FP8 TP2 (vLLM v0.11); they reproduce
+# the Qwen3-0.6B and Qwen3-32B (TP1, TP2) runs within the logs' 0.01 GiB rounding (BENCHMARKS.md).
 SAMPLER_BYTES_PER_LOGIT = 38.26
 HIDDEN_BYTES_PER_ELEMENT = 2.56
 
