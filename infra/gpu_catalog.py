@@ -1,4 +1,5 @@
-"""The EC2 GPU instance types we can place model replicas on, read from `gpu_catalog.yaml`.
+"""The EC2 GPU instance types we can place model replicas on, and the memory the CUDA driver
+shows on each GPU class, read from `gpu_catalog.yaml`.
 
 The figures (GPUs, memory, prices) live in YAML beside this module, not in code, because they
 are data with a source and a date: prices change, AWS adds sizes, and a reviewer should be able
@@ -59,6 +60,44 @@ class InstanceType(BaseModel):
     )
 
 
+class GpuClassInfo(BaseModel):
+    """What the CUDA driver shows a process on one GPU of a class: vLLM sizes its memory from this."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu_class: GpuClass = Field(description="The GPU class these figures describe.")
+    device_name: str = Field(min_length=1, description="The device name torch reports, e.g. `NVIDIA L4`.")
+    driver_memory_gib: float = Field(
+        gt=0, description="Total memory the driver reports to a process (cudaMemGetInfo), GiB."
+    )
+    source: str = Field(min_length=1, description="The logs the figure was read from, and when.")
+    note: str | None = Field(default=None, description="Caveats, e.g. a figure seen in one log only.")
+
+    @property
+    def driver_memory_bytes(self) -> int:
+        return round(self.driver_memory_gib * 1024**3)
+
+
+def _read_catalog() -> dict:
+    document = yaml.safe_load(CATALOG_PATH.read_text(encoding="utf-8"))
+    if not isinstance(document, dict) or not {"gpu_classes", "instance_types"} <= document.keys():
+        raise ValueError(f"{CATALOG_PATH}: expected the keys `gpu_classes` and `instance_types` at the top level")
+    return document
+
+
+def _validated(entries: object, model: type[BaseModel], key: str, name_field: str) -> list:
+    if not isinstance(entries, list):
+        raise ValueError(f"{CATALOG_PATH}: `{key}` must be a list")  # noqa: TRY004 (a bad file, not a bad call)
+    items = []
+    for index, entry in enumerate(entries):
+        name = entry.get(name_field, "?") if isinstance(entry, dict) else "?"
+        try:
+            items.append(model.model_validate(entry))
+        except ValidationError as exc:
+            raise ValueError(f"{CATALOG_PATH}: {key} entry [{index}] ({name}) is invalid:\n{exc}") from exc
+    return items
+
+
 @functools.cache
 def load_catalog() -> dict[str, InstanceType]:
     """Every catalogued instance type, keyed by name, validated once and cached.
@@ -66,23 +105,26 @@ def load_catalog() -> dict[str, InstanceType]:
     The cache is shared: treat the returned dict as read-only. Errors name the YAML file and the
     entry so a bad edit is found without a debugger.
     """
-    entries = yaml.safe_load(CATALOG_PATH.read_text(encoding="utf-8"))
-    if not isinstance(entries, list):
-        raise ValueError(f"{CATALOG_PATH}: expected a list of instance types at the top level")
     catalog: dict[str, InstanceType] = {}
-    for index, entry in enumerate(entries):
-        name = entry.get("instance_type", "?") if isinstance(entry, dict) else "?"
-        try:
-            item = InstanceType.model_validate(entry)
-        except ValidationError as exc:
-            message = f"{CATALOG_PATH}: entry [{index}] ({name}) is invalid:\n{exc}"
-            raise ValueError(message) from exc
+    for index, item in enumerate(_validated(_read_catalog()["instance_types"], InstanceType,
+                                            "instance_types", "instance_type")):
         if item.instance_type in catalog:
             raise ValueError(
-                f"{CATALOG_PATH}: entry [{index}] repeats {item.instance_type!r}; keep one entry"
+                f"{CATALOG_PATH}: instance_types entry [{index}] repeats {item.instance_type!r}; keep one entry"
             )
         catalog[item.instance_type] = item
     return catalog
+
+
+@functools.cache
+def load_gpu_classes() -> dict[GpuClass, GpuClassInfo]:
+    """Driver-visible memory and device name of every GPU class, validated once and cached."""
+    classes = {item.gpu_class: item for item in _validated(_read_catalog()["gpu_classes"], GpuClassInfo,
+                                                           "gpu_classes", "gpu_class")}
+    missing = sorted(c.value for c in GpuClass if c not in classes)
+    if missing:
+        raise ValueError(f"{CATALOG_PATH}: gpu_classes has no entry for {', '.join(missing)}")
+    return classes
 
 
 def instance_type(name: str) -> InstanceType:
@@ -111,19 +153,6 @@ def default_instance_for(gpu_class: GpuClass) -> InstanceType:
     return min(candidates, key=lambda i: (i.on_demand_usd_per_hour, i.gpus, i.instance_type))
 
 
-# Memory per GPU as EC2 reports it (DescribeInstanceTypes GpuInfo.MemoryInfo.SizeInMiB, as
-# listed in Karpenter's generated instance-type reference). The GDDR6 parts report less than
-# their nominal 24/48 GB; vLLM's gpu_memory_utilization is a fraction of this total.
-_EC2_GPU_MEMORY_MIB = {
-    GpuClass.L4: 22_888,
-    GpuClass.A10G: 22_888,
-    GpuClass.L40S: 45_776,
-    GpuClass.A100_40GB: 40_960,
-    GpuClass.A100_80GB: 81_920,
-    GpuClass.H100_80GB: 81_920,
-}
-
-
-def usable_gpu_memory_bytes(gpu_class: GpuClass) -> int:
-    """Total memory of one GPU of this class in bytes, as the instance reports it."""
-    return _EC2_GPU_MEMORY_MIB[GpuClass(gpu_class)] * 1024 * 1024
+def gpu_class_info(gpu_class: GpuClass) -> GpuClassInfo:
+    """The driver-visible memory and device name of one GPU class."""
+    return load_gpu_classes()[GpuClass(gpu_class)]

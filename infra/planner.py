@@ -5,16 +5,12 @@ work (tensor parallelism that does not divide the heads, weights larger than the
 no room for even one `max_model_len` sequence, a node group too small for `max_replicas`)
 comes back with named problems, so `llmctl plan` can refuse it before `pulumi up`.
 
-Memory model per GPU (vLLM's own accounting, `gpu_memory_utilization` of the GPU's total):
-
-    budget = total x gpu_memory_utilization
-    kv     = budget - weights / (tp x pp) - activation peak - runtime reserve
-
-The KV-cache bytes per token are exact (layers x KV heads x head dim x 2 x dtype bytes).
-The activation peak and runtime reserve (CUDA context, CUDA graphs, NCCL buffers) are
-estimates chosen to err towards fewer KV tokens. On CPU node groups vLLM's KV cache is a
-fixed size (`VLLM_CPU_KVCACHE_SPACE`), so there the token count is exact; BENCHMARKS.md
-compares it with what vLLM reports.
+On GPU node groups the memory left for the KV cache is predicted term by term as the vLLM
+release in the cluster image computes it (`infra.vllm_memory`; the release is a parameter, so
+published runs of other releases can be checked too). The KV-cache bytes per token are exact
+(layers x KV heads x head dim x 2 x dtype bytes). On CPU node groups vLLM's KV cache is a fixed
+size (`VLLM_CPU_KVCACHE_SPACE`), so there the token count is exact. BENCHMARKS.md compares
+both with what vLLM reports.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from infra.gpu_catalog import InstanceType, load_catalog, usable_gpu_memory_bytes
+from infra.gpu_catalog import InstanceType, gpu_class_info, load_catalog
 from infra.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.spec import (
     Architecture,
@@ -36,13 +32,12 @@ from infra.spec import (
     Quantization,
     StackSpec,
 )
+from infra.versions import CLUSTER_VLLM_VERSION
+from infra.vllm_memory import DEFAULT_BLOCK_SIZE, RankMemory, engine_release, kv_tokens, rank_memory
 
 GIB = 1024**3
 DTYPE_BYTES = {Dtype.FLOAT32: 4, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2}
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's largest default prefill chunk on GPUs under 70 GiB
-DEFAULT_MAX_NUM_SEQS = 256
-CPU_BLOCK_SIZE = 128  # vLLM's default KV block on CPU; GPU blocks are 16 tokens
-GPU_BLOCK_SIZE = 16
+CPU_BLOCK_SIZE = 128  # vLLM's default KV block on CPU (GPU: infra.vllm_memory.DEFAULT_BLOCK_SIZE)
 # Ray Serve LLM's OpenAI ingress replica holds one logical CPU (Serve's default). On a cloud
 # stack it takes a worker pod's spare CPUs, not a GPU; on the local stack it competes with the
 # model replicas for the machine's logical CPUs, so it counts there.
@@ -87,6 +82,8 @@ class ModelPlan(BaseModel):
     nodes_at_max: int
     usd_per_hour_at_min: float | None
     usd_per_hour_at_max: float | None
+    gpu_memory: RankMemory | None = Field(
+        default=None, description="How vLLM splits one rank's GPU memory (None on CPU).")
 
 
 class NodeGroupPlan(BaseModel):
@@ -103,6 +100,7 @@ class NodeGroupPlan(BaseModel):
 
 class StackPlan(BaseModel):
     stack: str
+    vllm_version: str = Field(description="The vLLM release whose GPU memory accounting the plan models.")
     models: list[ModelPlan]
     node_groups: list[NodeGroupPlan]
     problems: list[Problem]
@@ -156,35 +154,16 @@ def _draft_kv(model: ModelSpec, kv_dtype_bytes: int) -> int:
     return kv_bytes_per_token(draft, kv_dtype_bytes, tp=model.tensor_parallel_size)
 
 
-def activation_peak_bytes(arch: Architecture, model: ModelSpec, dtype_bytes: int) -> int:
-    """Estimated peak of the profiling forward pass vLLM runs before sizing the KV cache."""
-    tp = model.tensor_parallel_size
-    tokens = int(model.engine_args.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS))
-    seqs = int(model.engine_args.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS))
-    qkv = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * arch.head_dim // tp
-    per_token = dtype_bytes * (4 * arch.hidden_size + 2 * arch.intermediate_size // tp + qkv)
-    logits = min(seqs, tokens) * arch.vocab_size * 4  # the sampler works in float32
-    return tokens * per_token + logits
-
-
-def runtime_reserve_bytes(model: ModelSpec) -> int:
-    """CUDA context, plus CUDA graphs unless eager, plus NCCL buffers when ranks talk."""
-    reserve = 0.5 * GIB
-    if not model.engine_args.get("enforce_eager", False):
-        reserve += 0.5 * GIB
-    if model.gpus_per_replica > 1:
-        reserve += 0.25 * GIB
-    return int(reserve)
-
-
 # --- planning ----------------------------------------------------------------------------
 
 
-def plan_stack(spec: StackSpec) -> StackPlan:
+def plan_stack(spec: StackSpec, *, vllm_version: str = CLUSTER_VLLM_VERSION) -> StackPlan:
+    """Plan every model and node group. `vllm_version`: the release whose GPU memory accounting
+    to model (the cluster image's by default)."""
     problems: list[Problem] = []
     model_plans = []
     for model in spec.models:
-        plan, found = plan_model(model, spec.node_group(model.node_group))
+        plan, found = plan_model(model, spec.node_group(model.node_group), vllm_version=vllm_version)
         problems += found
         if plan is not None:
             model_plans.append(plan)
@@ -198,10 +177,12 @@ def plan_stack(spec: StackSpec) -> StackPlan:
             plan = plan.model_copy(update={"blue_green": "n/a (local stack)"})
         group_plans.append(plan)
         problems += found
-    return StackPlan(stack=spec.name, models=model_plans, node_groups=group_plans, problems=problems)
+    return StackPlan(stack=spec.name, vllm_version=vllm_version, models=model_plans, node_groups=group_plans,
+                     problems=problems)
 
 
-def plan_model(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup) -> tuple[ModelPlan | None, list[Problem]]:
+def plan_model(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *,
+               vllm_version: str = CLUSTER_VLLM_VERSION) -> tuple[ModelPlan | None, list[Problem]]:
     try:
         arch = architecture_for(model)
         problems = _parallelism_problems(model, arch)
@@ -209,7 +190,7 @@ def plan_model(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup) -> tuple[Mo
             return None, problems
         if isinstance(group, CpuNodeGroup):
             return _plan_on_cpu(model, group, arch)
-        return _plan_on_gpu(model, group, arch)
+        return _plan_on_gpu(model, group, arch, vllm_version)
     except UnknownModelError as exc:
         return None, [Problem(reason=Reason.UNKNOWN_ARCHITECTURE, subject=model.id, message=str(exc))]
 
@@ -235,7 +216,8 @@ def _valid_tp_sizes(arch: Architecture) -> list[int]:
     return [t for t in range(1, 65) if arch.num_attention_heads % t == 0 and (kv % t == 0 or t % kv == 0)]
 
 
-def _plan_on_gpu(model: ModelSpec, group: GpuNodeGroup, arch: Architecture) -> tuple[ModelPlan | None, list[Problem]]:
+def _plan_on_gpu(model: ModelSpec, group: GpuNodeGroup, arch: Architecture,
+                 vllm_version: str) -> tuple[ModelPlan | None, list[Problem]]:
     instance = load_catalog()[group.instance_type]
     tp, pp, gpus = model.tensor_parallel_size, model.pipeline_parallel_size, model.gpus_per_replica
     if gpus > instance.gpus and (pp == 1 or tp > instance.gpus):
@@ -249,23 +231,25 @@ def _plan_on_gpu(model: ModelSpec, group: GpuNodeGroup, arch: Architecture) -> t
     weights = weight_bytes(arch, dtype, model.quantization)
     kv_dtype_bytes = 1 if model.kv_cache_dtype == "fp8" else DTYPE_BYTES[dtype]
     per_gpu_token = kv_bytes_per_token(arch, kv_dtype_bytes, tp=tp, pp=pp) + _draft_kv(model, kv_dtype_bytes)
-    budget = int(usable_gpu_memory_bytes(instance.gpu_class) * model.gpu_memory_utilization)
-    weights_per_gpu = math.ceil(weights / gpus)
-    overhead = activation_peak_bytes(arch, model, DTYPE_BYTES[dtype]) + runtime_reserve_bytes(model)
-    kv_space = budget - weights_per_gpu - overhead
+    memory = rank_memory(engine_release(vllm_version), gpu_class_info(instance.gpu_class), arch,
+                         weights_per_rank=math.ceil(weights / gpus), dtype_bytes=DTYPE_BYTES[dtype], tp=tp,
+                         gpus=gpus, gpu_memory_utilization=model.gpu_memory_utilization,
+                         engine_args=model.engine_args)
+    block_size = int(model.engine_args.get("block_size", DEFAULT_BLOCK_SIZE))
+    tokens = kv_tokens(memory.kv_cache, per_gpu_token, block_size)
     problems = []
-    if kv_space <= 0:
+    if memory.kv_cache <= 0:
         problems.append(Problem(
             reason=Reason.WEIGHTS_DO_NOT_FIT, subject=model.id,
-            message=f"each GPU would need {_gib(weights_per_gpu)} of weights + ~{_gib(overhead)} runtime, "
-                    f"but gets {_gib(budget)} ({model.gpu_memory_utilization:.0%} of {instance.gpu_class.value}); "
-                    "raise tensor_parallel_size, quantize, or use a larger GPU class"))
-        kv_space = 0
-    tokens = _whole_blocks(kv_space // per_gpu_token, int(model.engine_args.get("block_size", GPU_BLOCK_SIZE)))
-    if kv_space > 0 and tokens < model.max_model_len:
+            message=f"each GPU would need {_gib(memory.weights)} of weights + "
+                    f"{_gib(memory.requested - memory.weights - memory.kv_cache)} runtime (vLLM {vllm_version}), "
+                    f"but gets {_gib(memory.requested)} ({model.gpu_memory_utilization:.0%} of "
+                    f"{instance.gpu_class.value}); raise tensor_parallel_size, quantize, or use a larger GPU class"))
+    elif tokens < math.ceil(model.max_model_len / block_size) * block_size:
         problems.append(_no_room(model, tokens))
-    plan = _finish(model, group, instance, gpus, weights, arch, kv_dtype_bytes, per_gpu_token, kv_space, tokens)
-    return plan, problems
+    plan = _finish(model, group, instance, gpus, weights, arch, kv_dtype_bytes, per_gpu_token,
+                   max(0, memory.kv_cache), tokens)
+    return plan.model_copy(update={"gpu_memory": memory}), problems
 
 
 def _plan_on_cpu(model: ModelSpec, group: CpuNodeGroup, arch: Architecture) -> tuple[ModelPlan, list[Problem]]:

@@ -193,6 +193,9 @@ class Architecture(_Spec):
     vocab_size: int = Field(ge=1, description="Vocabulary size.")
     parameters: int = Field(ge=1, description="Total parameter count (for weight bytes).")
     torch_dtype: Dtype = Field(default=Dtype.BFLOAT16, description="Dtype the checkpoint is stored in.")
+    max_position_embeddings: int | None = Field(
+        default=None, ge=1, description="Longest position the rotary table covers (vLLM keeps it on each GPU)."
+    )
 
 
 # Engine settings llmstack owns: set them with the typed field, not engine_args.

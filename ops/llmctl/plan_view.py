@@ -33,6 +33,8 @@ def plan_tables(plan: StackPlan) -> list[Table]:
             _size(m.weight_bytes), _size(m.kv_bytes_per_token), f"{m.kv_tokens_per_replica:,}",
             f"{m.max_concurrent_sequences:,}", f"{m.min_replicas} - {m.max_replicas}",
             f"{m.nodes_at_min} - {m.nodes_at_max}", _money(m.usd_per_hour_at_min, m.usd_per_hour_at_max))
+    if any(m.gpu_memory is not None for m in plan.models):
+        models.caption = f"GPU KV cache as vLLM {plan.vllm_version} sizes it (the cluster image's release)"
     groups = Table(title=f"stack {plan.stack}: node groups (on-demand prices, us-east-1)", title_justify="left")
     for column in ("node group", "instance", "capacity", "max_size", "nodes", "blue/green upgrade", "$/hour"):
         groups.add_column(column)

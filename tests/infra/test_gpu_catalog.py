@@ -12,6 +12,7 @@ from infra.gpu_catalog import (
     default_instance_for,
     instance_type,
     load_catalog,
+    load_gpu_classes,
 )
 
 
@@ -79,11 +80,15 @@ def test_entries_are_frozen() -> None:
 
 def test_bad_entry_error_names_file_and_entry(tmp_path, monkeypatch) -> None:
     bad = tmp_path / "gpu_catalog.yaml"
-    bad.write_text("- instance_type: g9.xlarge\n  gpu_class: L4\n  gpus: 0\n")
+    bad.write_text("gpu_classes: []\ninstance_types:\n- instance_type: g9.xlarge\n  gpu_class: L4\n  gpus: 0\n")
     monkeypatch.setattr(gpu_catalog, "CATALOG_PATH", bad)
     load_catalog.cache_clear()
+    load_gpu_classes.cache_clear()
     try:
-        with pytest.raises(ValueError, match=r"gpu_catalog\.yaml: entry \[0\] \(g9\.xlarge\)"):
+        with pytest.raises(ValueError, match=r"gpu_catalog\.yaml: instance_types entry \[0\] \(g9\.xlarge\)"):
             load_catalog()
+        with pytest.raises(ValueError, match=r"gpu_classes has no entry for A100-40GB, A100-80GB, A10G"):
+            load_gpu_classes()
     finally:
         load_catalog.cache_clear()
+        load_gpu_classes.cache_clear()

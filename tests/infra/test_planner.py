@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from infra.model_arch import BUILTIN, count_parameters
 from infra.planner import Reason, kv_bytes_per_token, plan_stack
 from infra.stack_file import PROJECT_ROOT, load_stack, spec_from_document
+from infra.versions import CLUSTER_VLLM_VERSION
 from tests.support.stacks import stack_document
 
 LLAMA_8B = BUILTIN["meta-llama/Llama-3.1-8B-Instruct"]
+GIB = 1024**3
 
 
 def plan_of(**overrides):
@@ -52,9 +56,21 @@ def test_8b_on_one_l4_fits_with_hand_checked_kv_budget():
     assert plan.ok
     m = plan.models[0]
     assert m.weight_bytes == 2 * 8_030_261_248
-    # EC2's L4 total (22,888 MiB) x 0.9, less 14.96 GiB weights, less the estimated
-    # activation peak and runtime reserve, leaves ~3.3 GiB: 26,000-30,000 tokens.
-    assert 26_000 <= m.kv_tokens_per_replica <= 30_000
+    memory = m.gpu_memory
+    assert memory.vllm_version == plan.vllm_version == CLUSTER_VLLM_VERSION
+    # The L4's driver-visible 22.03 GiB x 0.9, less the weights and the rotary table
+    # (131,072 positions x 128 x 2 bytes), less 0.14 GiB non-torch memory, less the profiling
+    # forward pass at the OpenAI server's L4 default of 2,048 tokens (2,048 x 2 bytes x
+    # (2 x 4,096 + 3 x 14,336)), less the CUDA graph pool (the same at 512 tokens, plus 1 MiB
+    # for each of 51 capture sizes).
+    assert memory.requested == math.ceil(round(22.03 * GIB) * 0.9)
+    assert memory.weights == 2 * 8_030_261_248 + 131_072 * 128 * 2
+    assert (memory.max_num_batched_tokens, memory.max_num_seqs) == (2048, 256)
+    assert memory.activation_peak == 2048 * 2 * (2 * 4096 + 3 * 14336)
+    assert memory.cuda_graphs == 512 * 2 * (2 * 4096 + 3 * 14336) + 51 * 2**20
+    kv = memory.requested - memory.weights - memory.non_torch - memory.activation_peak - memory.cuda_graphs
+    assert memory.kv_cache == m.kv_cache_bytes_per_rank == kv
+    assert m.kv_tokens_per_replica == kv // (128 * 1024 * 16) * 16
     assert m.max_concurrent_sequences == m.kv_tokens_per_replica // 8192
 
 
