@@ -130,3 +130,15 @@ def test_dev_stack_at_the_l4_estimate():
 def test_throughput_is_validated(bad):
     with pytest.raises(ValueError):
         Throughput(**{"output_tokens_per_s": 10, "total_tokens_per_s": 20, "estimate": False, "source": "x", **bad})
+
+
+def test_benchmarks_worked_example_for_the_local_cpu_stack():
+    """BENCHMARKS.md's worked example: m7a.large at $0.11592/h over the local stack's measured
+    throughput (run 1, c=32 and c=1; 64 input / 64 output tokens, so total = 2 x output)."""
+    price = Decimal("0.11592")
+    places = Decimal("0.0001")
+    assert per_million(price, Decimal(977)).quantize(places) == Decimal("0.0330")
+    assert per_million(price, Decimal(2 * 977)).quantize(places) == Decimal("0.0165")
+    assert per_million(price, Decimal(3658)).quantize(places) == Decimal("0.0088")
+    assert per_million(price, Decimal(2 * 3658)).quantize(places) == Decimal("0.0044")
+    assert per_million(price, Decimal(218)).quantize(places) == Decimal("0.1477")

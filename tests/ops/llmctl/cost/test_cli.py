@@ -69,6 +69,11 @@ def test_a_cpu_stack_needs_a_given_price(bench_file):
     tiny = priced["models"][0]
     assert tiny["node_price"] == {"usd_per_hour": "0.11592", "source": "given (--usd-per-hour)", "note": None}
     assert tiny["usd_per_million_output_tokens"] is not None and priced["models"][1]["throughput"] is None
+    # BENCHMARKS.md's worked example: the plan counts 3 replicas per local node; the bench's one
+    # replica had the machine to itself, so --bench-replicas 3 prices it at the whole machine.
+    whole = json.loads(llmctl("cost", "--stack", "local", "--usd-per-hour", "local=0.11592", "--bench",
+                              f"tiny-chat={bench}", "--bench-replicas", "3", "--json").stdout)["models"][0]
+    assert Decimal(whole["usd_per_million_output_tokens"]).quantize(Decimal("0.0001")) == Decimal("0.0330")
 
 
 @pytest.mark.parametrize("args, message", [
