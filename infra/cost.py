@@ -79,7 +79,7 @@ def spot_price(points: Iterable[SpotPricePoint], zones: Iterable[str], start: da
             averages[zone] = average
     if not averages:
         return None
-    zone, highest = max(averages.items(), key=lambda item: (item[1], item[0]))
+    highest = max(averages.values())
     spread = ", ".join(f"{z} ${p:.4f}" for z, p in sorted(averages.items()))
     return NodePrice(usd_per_hour=highest, source=PriceSource.SPOT,
                      note=f"average {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, highest zone ({spread})")

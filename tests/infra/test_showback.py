@@ -20,7 +20,8 @@ def usage(tenant: str, key: str, tokens: int, model: str = "m", prompt: int = 0)
 
 
 def group(hours: str = "10", price: str | None = "1.00", name: str = "g") -> GroupCost:
-    return GroupCost(node_group=name, node_hours=Decimal(hours), usd_per_node_hour=None if price is None else Decimal(price))
+    return GroupCost(node_group=name, node_hours=Decimal(hours),
+                     usd_per_node_hour=None if price is None else Decimal(price))
 
 
 def rate(usd_per_million: str | None = "1", model: str = "m", weight: int = 1, node_group: str = "g") -> ModelRate:
@@ -123,7 +124,8 @@ def test_rows_always_add_up_to_the_bill_to_the_cent(rows, hours, price, rates, w
     merged: dict[tuple[str, str, str], tuple[int, int]] = {}
     for tenant, key, model, prompt, completion in rows:
         merged[(tenant, key, model)] = (prompt, completion)
-    use = [Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c) for (t, k, m), (p, c) in merged.items()]
+    use = [Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c)
+           for (t, k, m), (p, c) in merged.items()]
     report = showback(use, [GroupCost(node_group="g", node_hours=hours, usd_per_node_hour=price)],
                       [rate(str(rates[0]), "m1", weights[0]), rate(str(rates[1]), "m2", weights[1])])
     assert report.total_usd == (hours * price).quantize(Decimal("0.01"), rounding="ROUND_HALF_UP")

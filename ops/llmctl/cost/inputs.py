@@ -92,8 +92,8 @@ def bench_throughputs(spec: StackSpec, values: list[str], *, level: float | None
         else:
             spec_model = next((m for m in spec.models if report.model in (m.model_name, m.id)), None)
             if spec_model is None:
-                raise CostInputError(f"--bench {path}: it measured model {report.model!r}, which stack {spec.name} does "
-                                     f"not serve; name the model: --bench MODEL_ID={path} (models: "
+                raise CostInputError(f"--bench {path}: it measured model {report.model!r}, which stack {spec.name} "
+                                     f"does not serve; name the model: --bench MODEL_ID={path} (models: "
                                      f"{', '.join(m.id for m in spec.models)})")
         if spec_model.id in found:
             raise CostInputError(f"--bench: two files for model {spec_model.id!r}; give one")
@@ -113,7 +113,8 @@ def group_amounts(spec: StackSpec, values: list[str], option: str) -> dict[str, 
         try:
             number = Decimal(amount)
         except InvalidOperation:
-            raise CostInputError(f"{option} {value}: {amount!r} is not a number (form: {option} GROUP=AMOUNT)") from None
+            raise CostInputError(f"{option} {value}: {amount!r} is not a number (form: {option} GROUP=AMOUNT)"
+                                 ) from None
         if not number.is_finite() or number < 0:
             raise CostInputError(f"{option} {value}: give a number >= 0")
         found[group] = number

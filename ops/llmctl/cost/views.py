@@ -36,8 +36,9 @@ def cost_table(stack: str, costs: list[ModelCost]) -> Table:
         estimate = c.throughput is not None and c.throughput.estimate
         price = "-" if c.node_price is None else usd(c.node_price.usd_per_hour, 4) + (
             " spot" if c.node_price.source.name == "SPOT" else "")
-        tps = "-" if c.throughput is None else (f"{c.throughput.output_tokens_per_s:,.0f} / "
-                                                f"{c.throughput.total_tokens_per_s:,.0f}" + (" est." if estimate else ""))
+        tps = "-" if c.throughput is None else (
+            f"{c.throughput.output_tokens_per_s:,.0f} / {c.throughput.total_tokens_per_s:,.0f}"
+            + (" est." if estimate else ""))
         table.add_row(c.model_id, f"{c.node_group} ({c.capacity_type})", price, f"{c.min_replicas} - {c.max_replicas}",
                       usd(c.usd_per_hour_at_min), usd(c.usd_per_hour_at_max), tps,
                       _rate(c.usd_per_million_output_tokens, estimate), _rate(c.usd_per_million_total_tokens, estimate))
@@ -107,5 +108,6 @@ def report_csv(report: Showback, start: datetime, end: datetime) -> str:
     writer.writerow(CSV_COLUMNS)
     for row in report.rows:
         writer.writerow([start.isoformat(), end.isoformat(), row.kind, row.tenant or "", row.key_id or "", row.model,
-                         row.node_group or "", row.prompt_tokens, row.completion_tokens, row.requests, f"{row.usd:.2f}"])
+                         row.node_group or "", row.prompt_tokens, row.completion_tokens, row.requests,
+                         f"{row.usd:.2f}"])
     return buffer.getvalue()

@@ -88,8 +88,8 @@ def test_key_budget_refuses_then_settlement_refunds(db):
     assert [admit(db, "k1", 1_000_000, "1")[0] for _ in range(5)] == [1, 1, 1, 1, 0]
     assert admit(db, "k1", 1_000_000, "1")[1:] == ["key", "1000000000", "1000000000"]
     # One request used only half its reservation: the refund makes room for half a million tokens.
-    db.eval(SETTLE, 1, spend_key("acme", "2026-11"), "k1", cost_nano_usd(500_000, RATE) - cost_nano_usd(1_000_000, RATE),
-            spend_expire_at("2026-11"))
+    refund = cost_nano_usd(500_000, RATE) - cost_nano_usd(1_000_000, RATE)
+    db.eval(SETTLE, 1, spend_key("acme", "2026-11"), "k1", refund, spend_expire_at("2026-11"))
     assert admit(db, "k1", 500_000, "1")[0] == 1
     assert admit(db, "k1", 1, "1")[0] == 0
     assert db.expiretime(spend_key("acme", "2026-11")) == spend_expire_at("2026-11")
@@ -122,7 +122,8 @@ budget_charge(KEYS[1], ARGV[1], ARGV[2], ARGV[5])
 return 1''')
 client.incr('ready')
 client.blpop(['go'], timeout=30)  # start together with the other process
-admitted = sum(script(keys=[sys.argv[2]], args=['k1', 250_000_000, 10_000_000_000, 0, spend_expire_at('2026-11')]) for _ in range(60))
+args = ['k1', 250_000_000, 10_000_000_000, 0, spend_expire_at('2026-11')]
+admitted = sum(script(keys=[sys.argv[2]], args=args) for _ in range(60))
 print(admitted)
 """
 

@@ -80,7 +80,8 @@ def test_settlement_records_tokens_per_key_and_model(db):
         DailyUsage(NOV_5.date(), "acme", "k2", "org/model|v2", 7, 3, 1)]
     assert db.hget(usage_key("beta", NOV_5.date()), "k9|prompt|llama") == str(10**15)
     assert db.expiretime(name) == expire_at(NOV_5.date())
-    assert expire_at(NOV_5.date()) == int(datetime(2026, 11, 6, tzinfo=timezone.utc).timestamp()) + RETENTION_DAYS * 86400
+    day_end = int(datetime(2026, 11, 6, tzinfo=timezone.utc).timestamp())
+    assert expire_at(NOV_5.date()) == day_end + RETENTION_DAYS * 86400
 
 
 def test_days_are_separate_hashes_found_by_pattern(db):
