@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Annotated, Any, Awaitable, Callable, TypeVar
 
 import typer
@@ -29,7 +30,10 @@ T = TypeVar("T")
 
 RedisOption = Annotated[str | None, typer.Option("--redis-url", help="Redis the gateway uses.")]
 StackOption = Annotated[str, typer.Option("--stack", "-s", help="Stack (local: the running make dev).")]
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests",
+                "monthly_budget_usd")
+BudgetOption = Annotated[Decimal | None, typer.Option(
+    "--monthly-budget-usd", min=0.01, help="Dollars per calendar month (UTC) at the models' rate card (llmctl cost).")]
 
 
 def resolve_redis_url(explicit: str | None, stack: str, environ: dict[str, str], dev_redis_url: str | None) -> str:
@@ -72,7 +76,7 @@ def _store_url(redis_url: str | None, stack: str) -> str:
     return resolve_redis_url(redis_url, stack, dict(os.environ), dev.redis_url if dev else None)
 
 
-def _limits(**values: int | None) -> dict[str, int]:
+def _limits(**values: int | Decimal | None) -> dict[str, int | Decimal]:
     return {name: value for name, value in values.items() if value is not None}
 
 
@@ -92,12 +96,14 @@ def create(
     tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
     daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
     max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
+    monthly_budget_usd: BudgetOption = None,
     shadow: Annotated[bool, typer.Option(help="Shadow mode: over-limit requests are logged, not refused.")] = False,
 ) -> None:
     """Make a key. The key is printed once, on stdout; only its hash is stored."""
     expires = datetime.now(timezone.utc) + timedelta(days=expires_in_days) if expires_in_days else None
     limits = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
-                     daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests)
+                     daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests,
+                     monthly_budget_usd=monthly_budget_usd)
     key, record = _run(_store_url(redis_url, stack), lambda s: s.create(
         tenant, name, expires_at=expires, allowed_models=model or None, limits=limits, shadow=shadow))
     err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
@@ -150,13 +156,15 @@ def set_key(
     tokens_per_minute: Annotated[int | None, typer.Option(min=1)] = None,
     daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
     max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
+    monthly_budget_usd: BudgetOption = None,
     shadow: Annotated[bool | None, typer.Option("--shadow/--enforce", help="Log over-limit requests / refuse them.")
                       ] = None,
 ) -> None:
     """Change a key's limits or mode; every gateway replica applies it from the next request."""
     changes: dict[str, Any] = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
                                       daily_token_budget=daily_token_budget,
-                                      max_concurrent_requests=max_concurrent_requests)
+                                      max_concurrent_requests=max_concurrent_requests,
+                                      monthly_budget_usd=monthly_budget_usd)
     if shadow is not None:
         changes["shadow"] = shadow
     if not changes:

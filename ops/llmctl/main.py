@@ -17,6 +17,7 @@ from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from ops.llmctl.bench.cli import bench
 from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
+from ops.llmctl.cost.cli import app as cost_app
 from ops.llmctl.keys import app as keys_app
 from ops.llmctl.models.cli import app as models_app
 from ops.llmctl.plan_view import plan_tables, problem_lines
@@ -27,6 +28,7 @@ app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_h
                   pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
+app.add_typer(cost_app, name="cost")
 app.command()(status)
 app.command()(scale)
 app.command("bench")(bench)

@@ -11,6 +11,7 @@ import hashlib
 import secrets
 import string
 from datetime import datetime
+from decimal import Decimal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -42,6 +43,11 @@ class KeyRecord(BaseModel):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate (GCRA) override.")
     daily_token_budget: int | None = Field(default=None, ge=1, description="Tokens per UTC day override.")
     max_concurrent_requests: int | None = Field(default=None, ge=1, description="In-flight requests override.")
+    monthly_budget_usd: Decimal | None = Field(
+        default=None, gt=0, max_digits=12, decimal_places=2,
+        description="Dollars this key may spend per calendar month (UTC), charged at each model's rate card "
+                    "(serving.gateway.budgets). None: no budget of its own.",
+    )
 
 
 def new_key() -> tuple[str, str]:

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from serving.gateway.budget_metrics import BudgetUsage
+
 OTHER_MODEL = "other"
 # From 5 ms (a refused request) to 10 min (a long stream); TTFT buckets stop at 1 min.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -65,6 +67,13 @@ class GatewayMetrics:
             "llmstack_gateway_degraded",
             "1 while Redis is unreachable and keys come from the local cache and limits are per replica.",
             registry=r)
+        # Cost: the rate card monthly budgets are charged at, and how much of each budget is spent.
+        self.model_price = Gauge(
+            "llmstack_gateway_model_usd_per_million_tokens",
+            "The model's rate card: USD per 1M prompt + completion tokens at full use (from the stack's plan).",
+            ["model"], registry=r)
+        self.budget_used = BudgetUsage()
+        r.register(self.budget_used)
 
     def model_label(self, model: str | None) -> str:
         """The model as a label value: "" when the request names none (GET /v1/models)."""

@@ -108,3 +108,22 @@ def test_set_changes_limits_and_mode_and_rotate_keeps_shadow(redis_url):
     rotated = llmctl("rotate", record.key_id, "--redis-url", redis_url).stdout.strip()
     new = verify(redis_url, rotated)
     assert new.shadow and new.requests_per_minute == 7 and verify(redis_url, key) is None
+
+
+def test_monthly_budget_in_dollars_is_stored_and_survives_rotation(redis_url):
+    from infra.stack_file import PROJECT_ROOT
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "keys", *args, "--redis-url", redis_url],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+
+    made = run("create", "--tenant", "acme", "--name", "budgeted", "--monthly-budget-usd", "250.50")
+    assert made.returncode == 0, made.stderr
+    record = verify(redis_url, made.stdout.strip())
+    assert str(record.monthly_budget_usd) == "250.50"
+    assert run("set", record.key_id, "--monthly-budget-usd", "300").returncode == 0
+    assert "monthly_budget_usd=300" in run("list").stdout
+    rotated = run("rotate", record.key_id)
+    assert str(verify(redis_url, rotated.stdout.strip()).monthly_budget_usd) == "300"
+    refused = run("set", record.key_id, "--monthly-budget-usd", "0")
+    assert refused.returncode == 2 and "monthly-budget-usd" in refused.stderr

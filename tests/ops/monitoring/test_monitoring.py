@@ -164,6 +164,8 @@ FIRING = {
                                "20m", {"pod": "p"}),
     "LLMStackReplicaCrashLoop": ([('kube_pod_container_status_waiting_reason{namespace="llmstack",pod="p",'
                                    'container="c",reason="CrashLoopBackOff"}', "1x20")], "10m", {"pod": "p"}),
+    "LLMStackMonthlyBudgetNearlySpent": ([('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.85x20")],
+                                         "10m", {"tenant": "t", "key_id": "k"}),
 }
 # Healthy traffic: nothing fires.
 QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x40"),
@@ -173,7 +175,8 @@ QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', 
          ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+1x40"),
          ("llmstack_gateway_degraded", "0x40"),
          ('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "3x40"),
-         ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40")]
+         ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40"),
+         ('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.5x40")]
 
 
 def test_every_alert_has_a_firing_scenario():

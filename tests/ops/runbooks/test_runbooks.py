@@ -116,13 +116,18 @@ def check_llmctl(args: list[str], tmp_path: Path, monkeypatch) -> None:
 
     group = get_command(app)
     path, parent, rest = ["llmctl"], None, list(args)
+    params = None
     while hasattr(group, "resolve_command"):  # a command group (llmctl, llmctl keys)
         ctx = group.make_context(path[-1], rest, parent=parent)
         rest = [*ctx._protected_args, *ctx.args]
+        if not rest and group.invoke_without_command:  # a group that is a command too (`llmctl cost`)
+            params = ctx.params
+            break
         name, command, rest = group.resolve_command(ctx, rest)  # UsageError on an unknown subcommand
         group, parent = command, ctx
         path.append(name)
-    params = group.make_context(path[-1], rest, parent=parent).params  # options, types, required
+    if params is None:
+        params = group.make_context(path[-1], rest, parent=parent).params  # options, types, required
     stack = params.get("stack")
     if stack is not None:
         assert stack in available_stacks(), f"--stack {stack}: no Pulumi.{stack}.yaml"
