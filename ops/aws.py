@@ -33,6 +33,7 @@ PERMISSIONS = {
     "GetAWSDefaultServiceQuota": "servicequotas:GetAWSDefaultServiceQuota",
     "DescribeAvailabilityZones": "ec2:DescribeAvailabilityZones",
     "DescribeInstanceTypeOfferings": "ec2:DescribeInstanceTypeOfferings",
+    "DescribeImages": "ecr:DescribeImages",
     "HeadObject": "s3:GetObject", "GetObject": "s3:GetObject", "ListObjectsV2": "s3:ListBucket",
     "PutObject": "s3:PutObject", "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject",
     "CompleteMultipartUpload": "s3:PutObject", "ListMultipartUploads": "s3:ListBucketMultipartUploads",

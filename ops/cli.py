@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import date
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_file import StackFileError, load_stack
+from infra.stack_warnings import stack_warnings
 from ops.bench_cli import bench
 from ops.keys_cli import app as keys_app
 from ops.models_cli import app as models_app
@@ -70,13 +72,18 @@ def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", hel
     """Capacity and cost per model; refuses configs that cannot fit (exit 1)."""
     spec = _load(stack)
     result = plan_stack(spec)
+    warnings = stack_warnings(spec, date.today())
     if as_json:
-        print(json.dumps({"ok": result.ok, **result.model_dump(mode="json")}, indent=2))
+        print(json.dumps({"ok": result.ok, **result.model_dump(mode="json"),
+                          "warnings": [w.model_dump() for w in warnings]}, indent=2))
     else:
         for table in plan_tables(result):
             out.print(table)
         for line in problem_lines(result):
             err.print(line, highlight=False, soft_wrap=True)
+        for warning in warnings:
+            err.print(f"[yellow]warning[/yellow] llmstack:{warning.key}: {warning.message}", highlight=False,
+                      soft_wrap=True)
         if result.ok:
             out.print(f"[green]plan ok[/green]: stack {spec.name} fits.")
     if not result.ok:

@@ -10,7 +10,12 @@ from infra.spec import StackSpec
 from infra.stack_file import PROJECT_ROOT, load_stack
 
 EXAMPLE_STACKS = ("local", "dev", "prod")
-SCHEMAS = PROJECT_ROOT.parent / "shared" / "schemas" / "kuberay-v1.7.0"
+# Stacks under tests/stacks/ that run on AWS: checked like the example cloud stacks.
+TEST_CLOUD_STACKS = (PROJECT_ROOT / "tests" / "stacks" / "Pulumi.karpenter.yaml",)
+# The shared/ folder beside the checkout (main) or beside the worktrees' folder (a worktree).
+SCHEMAS = next((base / "shared" / "schemas" / "kuberay-v1.7.0"
+                for base in (PROJECT_ROOT.parent, PROJECT_ROOT.parent.parent)
+                if (base / "shared" / "schemas").is_dir()), PROJECT_ROOT.parent / "shared" / "schemas" / "kuberay-v1.7.0")
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +27,8 @@ def redis_server():
         yield server
 
 
-@pytest.fixture(scope="session", params=EXAMPLE_STACKS)
+@pytest.fixture(scope="session", params=[*EXAMPLE_STACKS, *TEST_CLOUD_STACKS],
+                ids=lambda p: p if isinstance(p, str) else p.name)
 def example_stack(request: pytest.FixtureRequest) -> StackSpec:
     return load_stack(request.param)
 
@@ -31,7 +37,11 @@ def stack_document(**overrides: object) -> dict:
     """A small valid stack document (one L4 group, one 8B model) with `llmstack:` overrides."""
     config: dict = {
         "aws:region": "us-east-1",
-        "llmstack:cloud": {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"]},
+        "llmstack:cloud": {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"],
+                           "upgrade_policy": "standard"},
+        "llmstack:versions": {"gateway_image": "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-gateway:0.1.0",
+                              "serving_image": "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-serving:0.1.0"},
+        "llmstack:gateway": {"allow_plaintext": True},
         "llmstack:node_groups": [{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 2}],
         "llmstack:models": [{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
                              "max_model_len": 8192}],

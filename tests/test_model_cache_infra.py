@@ -10,7 +10,7 @@ import yaml
 from infra.model_cache import MAX_BUCKET_NAME, bucket_name
 from infra.stack_file import PROJECT_ROOT, StackFileError, spec_from_document
 from tests.conftest import stack_document, write_stack
-from tests.test_pulumi_program import MOCK_ACCOUNT, example_run, mock_arn, run_program
+from tests.infra.aws.conftest import MOCK_ACCOUNT, example_run, mock_arn, run_program
 
 BUCKET = "aws:s3/bucket:Bucket"
 RAYSERVICE = "kubernetes:ray.io/v1:RayService"
