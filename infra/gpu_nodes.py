@@ -40,11 +40,12 @@ def node_labels(group: GpuNodeGroup) -> dict[str, str]:
 
 
 def fallback_instance_types(group: GpuNodeGroup) -> list[InstanceType]:
-    """Instance types that can run the group's Ray worker pod: same GPU class, at least the
-    GPUs, vCPUs and memory of the group's own type (the pod asks for those). The group's type
-    first, then by price: when it is short in a zone, Karpenter starts the next one."""
+    """Instance types that can stand in for the group's own: same GPU class and GPU count (so
+    `max_size` still counts nodes, and no GPUs sit idle), at least its vCPUs and memory (the Ray
+    worker pod asks for those). The group's type first, then by price: when it is short in a
+    zone, Karpenter starts the next one."""
     own = load_catalog()[group.instance_type]
     fits = [t for t in load_catalog().values()
-            if t.gpu_class is own.gpu_class and t.gpus >= own.gpus and t.vcpus >= own.vcpus
+            if t.gpu_class is own.gpu_class and t.gpus == own.gpus and t.vcpus >= own.vcpus
             and t.memory_gib >= own.memory_gib]
     return sorted(fits, key=lambda t: (t.instance_type != own.instance_type, t.on_demand_usd_per_hour, t.instance_type))

@@ -52,7 +52,8 @@ def gateway_user(name: str = GATEWAY_USER) -> AclUser:
 
 
 def ray_user(name: str = RAY_USER) -> AclUser:
-    return AclUser(name=name, key_patterns=RAY_KEY_PATTERNS, commands="-@all " + " ".join(f"+{c}" for c in RAY_COMMANDS))
+    commands = "-@all " + " ".join(f"+{c}" for c in RAY_COMMANDS)
+    return AclUser(name=name, key_patterns=RAY_KEY_PATTERNS, commands=commands)
 
 
 def access_string(user: AclUser) -> str:

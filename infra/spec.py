@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
 from infra.images import missing_registry_problem
+
 # The gateway validates these same limits at start; one model keeps the two in step.
 from serving.gateway.settings import KeyLimits
 

@@ -15,8 +15,14 @@ from __future__ import annotations
 import boto3
 from botocore.config import Config
 from botocore.exceptions import (
-    BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
-    PartialCredentialsError, ReadTimeoutError, TokenRetrievalError,
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    TokenRetrievalError,
 )
 
 RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=60)

@@ -22,7 +22,15 @@ from infra.images import parse_image
 from infra.planner import StackPlan, plan_stack
 from infra.spec import AwsCloud, GpuNodeGroup, StackSpec
 from ops.doctor_checks import (
-    Check, QuotaNeed, Status, image_check, offering_checks, plan_check, quota_check, quota_needs, tool_check,
+    Check,
+    QuotaNeed,
+    Status,
+    image_check,
+    offering_checks,
+    plan_check,
+    quota_check,
+    quota_needs,
+    tool_check,
     zones_check,
 )
 from ops.pulumi_cli import PULUMI_INSTALL

@@ -153,5 +153,6 @@ def image_check(key: str, reference: str, *, found: bool | None) -> Check:
                      fix="make sure the cluster's nodes can pull it (the node role reads ECR only)")
     if found:
         return Check(name=name, status=Status.PASS, detail=f"{reference} is in ECR")
-    return Check(name=name, status=Status.FAIL, detail=f"{reference} is not in ECR: pods would stay in ImagePullBackOff",
+    return Check(name=name, status=Status.FAIL,
+                 detail=f"{reference} is not in ECR: pods would stay in ImagePullBackOff",
                  fix=f"build and push it (ops/runbooks/first-deploy-of-a-new-stack.md), or fix llmstack:{key}")

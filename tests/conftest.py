@@ -13,9 +13,8 @@ EXAMPLE_STACKS = ("local", "dev", "prod")
 # Stacks under tests/stacks/ that run on AWS: checked like the example cloud stacks.
 TEST_CLOUD_STACKS = (PROJECT_ROOT / "tests" / "stacks" / "Pulumi.karpenter.yaml",)
 # The shared/ folder beside the checkout (main) or beside the worktrees' folder (a worktree).
-SCHEMAS = next((base / "shared" / "schemas" / "kuberay-v1.7.0"
-                for base in (PROJECT_ROOT.parent, PROJECT_ROOT.parent.parent)
-                if (base / "shared" / "schemas").is_dir()), PROJECT_ROOT.parent / "shared" / "schemas" / "kuberay-v1.7.0")
+_SHARED = [base / "shared" for base in (PROJECT_ROOT.parent, PROJECT_ROOT.parent.parent)]
+SCHEMAS = next((s for s in _SHARED if s.is_dir()), _SHARED[0]) / "schemas" / "kuberay-v1.7.0"
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,21 @@ from infra.aws.program import StackRefused
 from infra.gpu_catalog import load_catalog
 from infra.render import render_stack
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.stack_file import load_stack
 from infra.versions import KUBERAY_VERSION
 from tests.conftest import stack_document, write_stack
 from tests.infra.aws.conftest import (
-    CLOUD_STACKS, ELASTICACHE_HOST, MOCK_PASSWORD, NODE_SECURITY_GROUP, REDACTED, asg_name, example_run, mock_arn,
+    CLOUD_STACKS,
+    ELASTICACHE_HOST,
+    MOCK_PASSWORD,
+    NODE_SECURITY_GROUP,
+    REDACTED,
+    asg_name,
+    example_run,
+    mock_arn,
     run_program,
 )
+
 
 def gpu_groups(spec: StackSpec) -> list[GpuNodeGroup]:
     return [g for g in spec.node_groups if isinstance(g, GpuNodeGroup)]
@@ -59,7 +67,8 @@ def test_one_managed_node_group_per_gpu_group(stack: str) -> None:
         assert inputs["capacityType"] == ("SPOT" if group.capacity_type is CapacityType.SPOT else "ON_DEMAND")
         assert inputs["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
         assert inputs["labels"] == {"llmstack.dev/node-group": group.name, "llmstack.dev/gpu-class": gpu_class,
-                                    "nvidia.com/gpu.present": "true", "k8s.amazonaws.com/accelerator": ACCELERATOR[gpu_class]}
+                                    "nvidia.com/gpu.present": "true",
+                                    "k8s.amazonaws.com/accelerator": ACCELERATOR[gpu_class]}
         assert inputs["scalingConfig"] == {"minSize": group.min_size, "maxSize": group.max_size,
                                            "desiredSize": group.desired}
         template = run.by_id(inputs["launchTemplate"]["id"])

@@ -71,6 +71,8 @@ def gpu_node(name: str, group: str, gpus: int) -> dict:
 
 def gateway(ready: int) -> dict:
     obj = rendered("Deployment")
+    # A live Deployment's replicas are the HPA's (the rendered one leaves them to it).
+    obj["spec"]["replicas"] = rendered("HorizontalPodAutoscaler")["spec"]["minReplicas"]
     obj["status"] = {"replicas": obj["spec"]["replicas"], "readyReplicas": ready}
     return obj
 

@@ -35,8 +35,13 @@ from infra.aws.iam import cluster_autoscaler_policy, irsa_role, load_balancer_co
 from infra.gpu_nodes import GPU_PRESENT_LABEL
 from infra.render.common import KUBERAY_NAMESPACE, NODE_GROUP_LABEL
 from infra.versions import (
-    CLUSTER_AUTOSCALER_CHART, CLUSTER_AUTOSCALER_IMAGE_TAGS, KUBERAY_OPERATOR_CHART, LOAD_BALANCER_CONTROLLER_CHART,
-    METRICS_SERVER_CHART, NVIDIA_DEVICE_PLUGIN_CHART, Chart,
+    CLUSTER_AUTOSCALER_CHART,
+    CLUSTER_AUTOSCALER_IMAGE_TAGS,
+    KUBERAY_OPERATOR_CHART,
+    LOAD_BALANCER_CONTROLLER_CHART,
+    METRICS_SERVER_CHART,
+    NVIDIA_DEVICE_PLUGIN_CHART,
+    Chart,
 )
 
 EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"

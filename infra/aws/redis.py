@@ -32,7 +32,13 @@ import pulumi_random as random
 
 from infra.redis_acl import AclUser, access_string, acl_file, gateway_user, ray_user
 from infra.render.common import (
-    COMPONENT_LABEL, NAMESPACE, NODE_GROUP_LABEL, REDIS_RAY_SECRET, REDIS_SECRET, REDIS_SERVICE, labels,
+    COMPONENT_LABEL,
+    NAMESPACE,
+    NODE_GROUP_LABEL,
+    REDIS_RAY_SECRET,
+    REDIS_SECRET,
+    REDIS_SERVICE,
+    labels,
 )
 from infra.spec import ExternalRedis, InClusterRedis, ManagedRedis
 from infra.versions import ELASTICACHE_ENGINE_VERSION, IN_CLUSTER_REDIS_IMAGE
@@ -80,7 +86,8 @@ class Redis(pulumi.ComponentResource):
             gateway, ray = gateway_user(), ray_user()
             gateway_password, ray_password = (self._password(f"{name}-{user.name}") for user in (gateway, ray))
             if isinstance(spec, ManagedRedis):
-                host, scheme, port = self._elasticache(spec, {gateway: gateway_password, ray: ray_password}), "rediss", PORT
+                users = {gateway: gateway_password, ray: ray_password}
+                host, scheme, port = self._elasticache(spec, users), "rediss", PORT
             else:
                 host, scheme, port = pulumi.Output.from_input(IN_CLUSTER_HOST), "redis", PORT
         self.url = pulumi.Output.secret(pulumi.Output.concat(

@@ -12,7 +12,14 @@ import json
 from typing import Any
 
 from infra.render.common import (
-    COMPONENT_LABEL, GATEWAY_NAME, KUBERAY_NAMESPACE, NAMESPACE, REDIS_SECRET, SERVE_SERVICE, labels, metadata,
+    COMPONENT_LABEL,
+    GATEWAY_NAME,
+    KUBERAY_NAMESPACE,
+    NAMESPACE,
+    REDIS_SECRET,
+    SERVE_SERVICE,
+    labels,
+    metadata,
     secret_env,
 )
 from infra.render.serve_config import SERVE_PORT

@@ -31,8 +31,16 @@ import yaml
 from infra.gpu_catalog import load_catalog
 from infra.planner import StackPlan
 from infra.render.common import (
-    HF_TOKEN_SECRET, NAMESPACE, NODE_GROUP_LABEL, RAY_SERVICE_ACCOUNT, RAYSERVICE_NAME, REDIS_RAY_SECRET,
-    REDIS_SERVICE, labels, metadata, secret_env,
+    HF_TOKEN_SECRET,
+    NAMESPACE,
+    NODE_GROUP_LABEL,
+    RAY_SERVICE_ACCOUNT,
+    RAYSERVICE_NAME,
+    REDIS_RAY_SECRET,
+    REDIS_SERVICE,
+    labels,
+    metadata,
+    secret_env,
 )
 from infra.render.serve_config import SERVE_PORT, node_group_resource, serve_config
 from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
