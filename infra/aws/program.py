@@ -102,11 +102,9 @@ def aws_settings(config: pulumi.Config) -> dict[str, Any]:
         value = config.get_secret(key) if key in SECRET_AWS_SETTINGS else config.get(key)
         if value is None:
             continue
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                pass  # a plain string setting, e.g. aws:profile
+        if isinstance(value, str) and (value.startswith(("[", "{")) or value in ("true", "false")
+                                       or (value.isdigit() and argument.endswith(("retries", "capacity")))):
+            value = json.loads(value)  # structured, boolean and numeric settings; a profile stays a string
         settings[argument] = value
     return settings
 

@@ -157,3 +157,11 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
 def test_elasticache_access_strings_are_the_same_rules() -> None:
     assert access_string(gateway_user()) == "on ~llmstack:* +@all -@dangerous"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
+
+
+def test_the_readme_gives_external_redis_the_same_rules() -> None:
+    from infra.stack_file import PROJECT_ROOT
+
+    readme = " ".join((PROJECT_ROOT / "README.md").read_text().split())
+    for user in (gateway_user(), ray_user()):
+        assert f"ACL SETUSER {user.name} on >PASSWORD {user.rules()}" in readme
