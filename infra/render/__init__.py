@@ -13,6 +13,7 @@ import yaml
 
 from infra.planner import StackPlan, plan_stack
 from infra.render.gateway import gateway_objects
+from infra.render.namespace import namespace_object
 from infra.render.rayservice import rayservice
 from infra.spec import StackSpec
 
@@ -32,7 +33,8 @@ def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_ad
     plan = plan or plan_stack(spec)
     if not plan.ok:
         raise RenderRefused(plan)
-    return [rayservice(spec, plan, gcs_redis_address, model_cache_bucket), *gateway_objects(spec)]
+    return [namespace_object(spec), rayservice(spec, plan, gcs_redis_address, model_cache_bucket),
+            *gateway_objects(spec)]
 
 
 class _ManifestDumper(yaml.SafeDumper):

@@ -11,7 +11,8 @@ from typing import Any
 NAMESPACE = "llmstack"
 RAYSERVICE_NAME = "llmstack"
 GATEWAY_NAME = "llmstack-gateway"
-REDIS_SECRET = "llmstack-redis"  # keys: password, url (created by the Pulumi program)
+REDIS_SECRET = "llmstack-redis"  # the gateway's Redis user; keys: url, username, password (Pulumi program)
+REDIS_RAY_SECRET = "llmstack-redis-ray"  # Ray GCS's Redis user; keys: username, password (Pulumi program)
 HF_TOKEN_SECRET = "llmstack-hf-token"  # key: token (optional: public models need none)
 REDIS_SERVICE = "llmstack-redis"  # in-cluster Redis, or an ExternalName to ElastiCache
 RAY_SERVICE_ACCOUNT = "llmstack-ray"  # IRSA: read-only access to the stack's model cache (AWS)

@@ -87,8 +87,9 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(GATEWAY_NAME, "gateway", spec.name),
+        # No `replicas`: the HorizontalPodAutoscaler owns it. Set here, every `pulumi up` would
+        # reset a scaled-out gateway to the minimum (or conflict with the HPA's field manager).
         "spec": {
-            "replicas": spec.gateway.min_replicas,
             "selector": {"matchLabels": _selector()},
             "template": {
                 "metadata": {"labels": labels("gateway", spec.name)},

@@ -10,7 +10,12 @@ Shape, and why:
 - Worker pods advertise a custom resource named after their node group; each model's
   engine bundles ask for it (see serve_config.py), which pins models to their group.
 - Replica bounds come from the capacity plan: nodes at each model's min and max replicas.
-- GCS fault tolerance on Redis, so a head restart keeps Serve applications running.
+- GCS fault tolerance on Redis, so a head restart keeps Serve applications running. Ray signs in
+  as its own Redis user (`infra.redis_acl`), never the gateway's. Over TLS the head gets the CA
+  bundle Ray's C++ Redis client verifies against (`RAY_REDIS_CA_CERT`): without it the GCS
+  cannot connect and the head never starts (Ray docs, kuberay-gcs-ft.md "Connect to Redis over
+  TLS"). KubeRay builds its Redis cleanup Job from the head's pod template, so the Job gets
+  the same variables.
 - On AWS every Ray pod runs as the `llmstack-ray` service account, which the Pulumi program
   binds (IRSA) to a role that may only read the stack's model cache bucket.
 """
@@ -31,19 +36,24 @@ from infra.render.common import (
     NODE_GROUP_LABEL,
     RAY_SERVICE_ACCOUNT,
     RAYSERVICE_NAME,
-    REDIS_SECRET,
+    REDIS_RAY_SECRET,
     REDIS_SERVICE,
     labels,
     metadata,
     secret_env,
 )
 from infra.render.serve_config import SERVE_PORT, node_group_resource, serve_config
-from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
+from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
 from infra.versions import RAY_VERSION
 
 # Left to the kubelet, system daemonsets and the NVIDIA device plugin on each node.
 NODE_RESERVED_CPUS = 2
 NODE_RESERVED_MEMORY_FRACTION = 0.1
+# The CA bundle of the Ubuntu-based Ray images. ElastiCache's in-transit certificates chain to
+# Amazon's public roots, which the bundle holds (Ray docs, kuberay-gcs-ft.md: "For a managed Redis
+# service whose certificate chains to a public CA trusted by the Ray image, use the image's CA
+# bundle"). The variables are what Ray reads (RAY_REDIS_CA_CERT, RAY_REDIS_SERVER_NAME for SNI).
+RAY_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def redis_address(spec: StackSpec) -> str:
@@ -52,18 +62,36 @@ def redis_address(spec: StackSpec) -> str:
     In-cluster Redis is the `llmstack-redis` Service. TLS Redis must be addressed by its own
     host name, which the server certificate names; for ElastiCache that name exists only
     after `pulumi up`, so the program passes it in (`gcs_redis_address`) and offline
-    renders show the in-cluster alias instead.
+    renders show the in-cluster alias (still `rediss://`: the program only swaps the host).
     """
     if isinstance(spec.redis, ExternalRedis):
         scheme = "rediss://" if spec.redis.tls else ""
         return f"{scheme}{spec.redis.host}:{spec.redis.port}"
-    return f"{REDIS_SERVICE}.{NAMESPACE}.svc.cluster.local:6379"
+    alias = f"{REDIS_SERVICE}.{NAMESPACE}.svc.cluster.local:6379"
+    return f"rediss://{alias}" if isinstance(spec.redis, ManagedRedis) else alias
+
+
+def gcs_tls_env(address: str) -> list[dict[str, str]]:
+    """The head's TLS variables for a GCS address: none for plain Redis."""
+    if not address.startswith("rediss://"):
+        return []
+    host = address.removeprefix("rediss://").rsplit(":", 1)[0]
+    return [{"name": "RAY_REDIS_CA_CERT", "value": RAY_CA_BUNDLE}, {"name": "RAY_REDIS_SERVER_NAME", "value": host}]
+
+
+def _with_tls_env(head: dict[str, Any], address: str) -> None:
+    container = head["template"]["spec"]["containers"][0]
+    names = {e["name"] for e in gcs_tls_env(address)} | {"RAY_REDIS_CA_CERT", "RAY_REDIS_SERVER_NAME"}
+    container["env"] = [e for e in container["env"] if e["name"] not in names] + gcs_tls_env(address)
 
 
 def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dict[str, Any]:
-    """A copy of a rendered RayService spec whose GCS fault tolerance uses `address`."""
+    """A copy of a rendered RayService spec whose GCS fault tolerance uses `address`, with the
+    head's TLS variables to match."""
     spec = copy.deepcopy(rayservice_spec)
-    spec["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] = address
+    cluster = spec["rayClusterConfig"]
+    cluster["gcsFaultToleranceOptions"]["redisAddress"] = address
+    _with_tls_env(cluster["headGroupSpec"], address)
     return spec
 
 
@@ -76,6 +104,9 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
     annotations = {} if blue_green_fits else {
         "llmstack.dev/upgrade-note": "NewCluster upgrades need a second cluster that the node groups "
                                      "cannot hold; cluster changes apply in place (see llmctl plan)."}
+    address = gcs_redis_address or redis_address(spec)
+    head = _head_group(spec)
+    _with_tls_env(head, address)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -89,10 +120,11 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
                 "enableInTreeAutoscaling": True,
                 "autoscalerOptions": {"upscalingMode": "Default", "idleTimeoutSeconds": 300},
                 "gcsFaultToleranceOptions": {
-                    "redisAddress": gcs_redis_address or redis_address(spec),
-                    "redisPassword": {"valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}},
+                    "redisAddress": address,
+                    "redisUsername": {"valueFrom": {"secretKeyRef": {"name": REDIS_RAY_SECRET, "key": "username"}}},
+                    "redisPassword": {"valueFrom": {"secretKeyRef": {"name": REDIS_RAY_SECRET, "key": "password"}}},
                 },
-                "headGroupSpec": _head_group(spec),
+                "headGroupSpec": head,
                 "workerGroupSpecs": workers,
             },
         },

@@ -157,8 +157,8 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, float
     lines.append("")
     for name, value in ratio_values.items():
         goal = f"  (target >= {RATIO_GOALS[name]:g})" if name in RATIO_GOALS else ""
-        goal = RATIO_GOALS.get(name)
-        verdict = "" if goal is None or value is None else (" met" if value >= goal else " MISSED")
+        target = RATIO_GOALS.get(name)
+        verdict = "" if target is None or value is None else (" met" if value >= target else " MISSED")
         lines.append(f"- {name}: {num(value, '{:.3f}')}{goal}{verdict}")
     return "\n".join(lines)
 

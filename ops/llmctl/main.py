@@ -6,6 +6,7 @@ Exit codes: `ops.llmctl.console.ExitCode`.
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from infra.model_cache import bucket_name, needs_bucket_name
 from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
+from infra.stack_warnings import stack_warnings
 from ops.llmctl.bench.cli import bench
 from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
 from ops.llmctl.cost.cli import app as cost_app
@@ -57,13 +59,18 @@ def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", hel
     """Capacity and cost per model; refuses configs that cannot fit (exit 1)."""
     spec = load_spec(stack)
     result = plan_stack(spec)
+    warnings = stack_warnings(spec, date.today())
     if as_json:
-        print(json.dumps({"ok": result.ok, **result.model_dump(mode="json")}, indent=2))
+        print(json.dumps({"ok": result.ok, **result.model_dump(mode="json"),
+                          "warnings": [w.model_dump() for w in warnings]}, indent=2))
     else:
         for table in plan_tables(result):
             out.print(table)
         for line in problem_lines(result):
             err.print(line, highlight=False, soft_wrap=True)
+        for warning in warnings:
+            err.print(f"[yellow]warning[/yellow] llmstack:{warning.key}: {warning.message}", highlight=False,
+                      soft_wrap=True)
         if result.ok:
             out.print(f"[green]plan ok[/green]: stack {spec.name} fits.")
     if not result.ok:

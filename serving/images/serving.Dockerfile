@@ -2,7 +2,8 @@
 # package, so `serveConfigV2`'s `import_path: serving.app:build_app` resolves on every node.
 # Build from the repository root (the base tag is infra/versions.py's RAY_LLM_IMAGE):
 #   docker build -f serving/images/serving.Dockerfile -t llmstack-serving:0.1.0 .
-ARG BASE_IMAGE=rayproject/ray-llm:2.60.0-py311-cu128
+# The base runs Python 3.12, which pyproject's requires-python must allow (pip refuses otherwise).
+ARG BASE_IMAGE=rayproject/ray-llm:2.60.0-py312-cu130
 FROM ${BASE_IMAGE}
 COPY --chown=ray:users pyproject.toml README.md /home/ray/llmstack/
 COPY --chown=ray:users serving /home/ray/llmstack/serving

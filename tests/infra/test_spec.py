@@ -90,7 +90,8 @@ def test_sizes_out_of_order():
 
 
 def test_zones_outside_region():
-    doc = stack_document(cloud={"provider": "aws", "availability_zones": ["eu-west-1a", "eu-west-1b"]})
+    doc = stack_document(cloud={"provider": "aws", "availability_zones": ["eu-west-1a", "eu-west-1b"],
+                                "upgrade_policy": "standard"})
     assert "not in region us-east-1" in error_of(doc)
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import sys
+import tomllib
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from infra import versions
+from infra.stack_file import PROJECT_ROOT
 from tests.support.stacks import SCHEMAS
 
 
@@ -29,7 +31,31 @@ def test_local_engine_is_the_pinned_cpu_build():
 def test_image_tag_names_the_pinned_ray_and_python():
     expected = f"rayproject/ray-llm:{versions.RAY_VERSION}-{versions.PYTHON_TAG}-{versions.CUDA_TAG}"
     assert versions.RAY_LLM_IMAGE == expected
-    assert versions.PYTHON_TAG == f"py3{sys.version_info.minor}"
+    assert versions.PYTHON_TAG == "py" + versions.IMAGE_PYTHON.replace(".", "")
+
+
+def test_the_package_installs_on_the_image_python_and_on_ours():
+    """The serving image pip-installs this package into the ray-llm image's Python; pip refuses
+    a package whose requires-python excludes it (the image build would fail)."""
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    allowed = SpecifierSet(project["requires-python"])
+    assert versions.IMAGE_PYTHON + ".0" in allowed
+    assert "3.11.0" in allowed  # CI and the Makefile's default interpreter
+
+
+def test_every_pin_says_where_it_was_verified():
+    pins = {name for name, value in vars(versions).items()
+            if name.isupper() and not name.startswith("_") and name != "VERIFIED_AT"}
+    assert pins == set(versions.VERIFIED_AT), pins ^ set(versions.VERIFIED_AT)
+    assert all(len(source) > 20 for source in versions.VERIFIED_AT.values())
+
+
+def test_autoscaler_and_karpenter_cover_the_default_kubernetes_version():
+    assert versions.KUBERNETES_VERSION in versions.CLUSTER_AUTOSCALER_IMAGE_TAGS
+    assert versions.KUBERNETES_VERSION in versions.KARPENTER_KUBERNETES_VERSIONS
+    assert versions.KUBERNETES_VERSION in versions.EKS_STANDARD_SUPPORT_ENDS
+    for kubernetes, tag in versions.CLUSTER_AUTOSCALER_IMAGE_TAGS.items():
+        assert tag.startswith(f"v{kubernetes}."), "the autoscaler's minor must equal the cluster's"
 
 
 def test_kuberay_chart_matches_the_crd_schemas_we_validate_against():

@@ -145,3 +145,17 @@ def exit_code(checks: list[Check], *, strict: bool = False) -> int:
     """1 on any failure; with `strict` (make deploy) a check that could not run counts as one."""
     stops = {Status.FAIL, Status.NOT_RUN} if strict else {Status.FAIL}
     return 1 if any(c.status in stops for c in checks) else 0
+
+
+def image_check(key: str, reference: str, *, found: bool | None) -> Check:
+    """One image of the stack against its registry. `found`: True/False when ECR was asked,
+    None when the image is not in ECR (doctor cannot look there)."""
+    name = f"image {key}"
+    if found is None:
+        return Check(name=name, status=Status.WARN, detail=f"{reference}: not an ECR image, not checked",
+                     fix="make sure the cluster's nodes can pull it (the node role reads ECR only)")
+    if found:
+        return Check(name=name, status=Status.PASS, detail=f"{reference} is in ECR")
+    return Check(name=name, status=Status.FAIL,
+                 detail=f"{reference} is not in ECR: pods would stay in ImagePullBackOff",
+                 fix=f"build and push it (ops/runbooks/first-deploy-of-a-new-stack.md), or fix llmstack:{key}")

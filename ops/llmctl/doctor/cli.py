@@ -3,7 +3,8 @@
 Local checks (no network): the stack's plan, the Pulumi CLI, kubectl, the AWS CLI (the
 kubeconfig gets its tokens from `aws eks get-token`). AWS checks (boto3, standard credential
 chain, the stack's region): who we are, the stack's zones, the GPU quotas against what the
-plan needs at max replicas, and each GPU instance type in each zone.
+plan needs at max replicas, each GPU instance type in each zone, and that the stack's images
+exist in ECR (`ecr.describe_images`, in the registry's own region).
 
 When AWS cannot be asked (no network, no credentials, a permission missing), the checks that
 needed it say `not run` and why; the rest still run. `make deploy` runs this with `strict`,
@@ -17,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from infra.images import parse_image
 from infra.planner import StackPlan, plan_stack
 from infra.spec import AwsCloud, GpuNodeGroup, StackSpec
 from ops.llmctl.doctor.checks import (
@@ -24,6 +26,7 @@ from ops.llmctl.doctor.checks import (
     Check,
     QuotaNeed,
     Status,
+    image_check,
     offering_checks,
     plan_check,
     quota_check,
@@ -43,6 +46,8 @@ class AwsClients:
     sts: Any
     ec2: Any
     service_quotas: Any
+    ecr: Callable[[str], Any]
+    """Region -> ECR client (an image's registry may sit in another region than the stack)."""
 
     @classmethod
     def for_region(cls, region: str) -> AwsClients:
@@ -50,7 +55,8 @@ class AwsClients:
 
         session = aws.session(region)
         return cls(sts=aws.client(session, "sts"), ec2=aws.client(session, "ec2"),
-                   service_quotas=aws.client(session, "service-quotas"))
+                   service_quotas=aws.client(session, "service-quotas"),
+                   ecr=lambda registry_region: aws.client(aws.session(registry_region), "ecr"))
 
 
 def local_checks(spec: StackSpec, plan: StackPlan, which: Callable[[str], str | None] = shutil.which) -> list[Check]:
@@ -74,8 +80,10 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
     assert isinstance(spec.cloud, AwsCloud)
     region, zones = spec.cloud.region, spec.cloud.availability_zones
     needs = quota_needs(spec, plan)
+    images = {f"versions.{field}": getattr(spec.versions, field) for field in ("gateway_image", "serving_image")}
     later = ["region and zones", *(f"quota {n.quota.code}" for n in needs),
-             *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)})]
+             *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)}),
+             *(f"image {key}" for key in images)]
 
     try:
         who = clients.sts.get_caller_identity()
@@ -102,7 +110,25 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
     types = sorted({g.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)})
     checks += ask([f"{t} offered" for t in types], "listing instance type offerings",
                   lambda: offering_checks(spec, _offerings(clients.ec2, types, zones)))
+    for key, reference in images.items():
+        checks += ask([f"image {key}"], f"looking up {reference} in ECR",
+                      lambda key=key, reference=reference: [image_check(key, reference,
+                                                                        found=_in_ecr(clients, reference))])
     return checks
+
+
+def _in_ecr(clients: AwsClients, reference: str) -> bool | None:
+    """Whether ECR holds the image; None when it is not an ECR image."""
+    image = parse_image(reference)
+    if image.ecr_account is None or image.ecr_region is None:
+        return None
+    ecr = clients.ecr(image.ecr_region)
+    wanted = {"imageDigest": image.digest} if image.digest else {"imageTag": image.tag}
+    try:
+        ecr.describe_images(registryId=image.ecr_account, repositoryName=image.repository, imageIds=[wanted])
+    except (ecr.exceptions.ImageNotFoundException, ecr.exceptions.RepositoryNotFoundException):
+        return False
+    return True
 
 
 def _not_run(name: str, reason: str) -> Check:

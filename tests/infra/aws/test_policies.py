@@ -1,7 +1,8 @@
 """Security policies, checked over the resource graphs the program declares under mocks.
 
 Each rule is what a policy pack would enforce at `pulumi preview`; here they run as tests
-over the dev (in-cluster Redis), prod (ElastiCache, TLS) and an external-Redis stack:
+over the dev (in-cluster Redis), prod (ElastiCache, TLS), Karpenter (tests/stacks) and an
+external-Redis stack:
 
 - no public Redis: no open CIDR on its security group, private subnets only;
 - no unencrypted storage: node root volumes, ElastiCache at rest, the StorageClass;
@@ -23,21 +24,21 @@ from typing import Any
 import pytest
 
 from infra.render.common import GATEWAY_NAME
-from tests.infra.aws.test_program import MOCK_PASSWORD, REDACTED, ProgramRun, example_run, run_program
+from tests.infra.aws.conftest import MOCK_PASSWORD, REDACTED, ProgramRun, example_run, run_program
 from tests.support.stacks import stack_document, write_stack
 
 OPEN = {"0.0.0.0/0", "::/0"}
 READ_ONLY_VERBS = ("Describe", "Get", "List")
 
 
-@pytest.fixture(scope="module", params=["dev", "prod", "external"])
+@pytest.fixture(scope="module", params=["dev", "prod", "karpenter", "external"])
 def graph(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ProgramRun:
     if request.param != "external":
         return example_run(request.param)
     root: Path = tmp_path_factory.mktemp("stacks")
     write_stack(root, "ext", stack_document(redis={"mode": "external", "host": "redis.internal.example.com"}))
-    return run_program("ext", root=root, config={"llmstack:redis_password": "ext-pass"},
-                       secret_keys=("llmstack:redis_password",))
+    secrets = {"llmstack:redis_password": "ext-pass", "llmstack:redis_ray_password": "ext-ray-pass"}
+    return run_program("ext", root=root, config=secrets, secret_keys=tuple(secrets))
 
 
 def _private_subnet_ids(run: ProgramRun) -> set[str]:
@@ -98,7 +99,11 @@ def test_no_unencrypted_storage(graph: ProgramRun) -> None:
 def test_nodes_require_imdsv2(graph: ProgramRun) -> None:
     for template in graph.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
         options = template.inputs["metadataOptions"]
-        assert options["httpTokens"] == "required" and options["httpPutResponseHopLimit"] <= 2, template.name
+        # Hop limit 1: pods (one hop further than the host) cannot take the node role's credentials.
+        assert options["httpTokens"] == "required" and options["httpPutResponseHopLimit"] == 1, template.name
+    for node_class in graph.of_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"):
+        options = node_class.inputs["spec"]["metadataOptions"]
+        assert options["httpTokens"] == "required" and options["httpPutResponseHopLimit"] == 1, node_class.name
 
 
 # --- IAM ---------------------------------------------------------------------------------
@@ -118,7 +123,7 @@ def _as_list(value: str | list[str]) -> list[str]:
 
 def test_no_wildcard_iam_actions(graph: ProgramRun) -> None:
     documents = _policy_documents(graph)
-    assert any(name == "addons-cluster-autoscaler" for name, _ in documents)
+    assert any(name in ("addons-cluster-autoscaler", "karpenter-controller") for name, _ in documents)
     for name, document in documents:
         for statement in document["Statement"]:
             assert "NotAction" not in statement and "NotResource" not in statement, name
@@ -161,13 +166,14 @@ def test_no_open_ingress(graph: ProgramRun) -> None:
         assert default.inputs.get("ingress", []) == [] and default.inputs.get("egress", []) == []
 
 
-def test_kubernetes_api_is_iam_authenticated_and_not_opened_further(graph: ProgramRun) -> None:
-    """The EKS endpoint is public so `pulumi up` can reach it from outside the VPC (AWS's
-    default CIDR allowlist, IAM-authenticated). It must not be widened by us or use the
-    legacy ConfigMap authentication."""
+def test_kubernetes_api_is_iam_authenticated_and_open_only_to_the_stacks_cidrs(graph: ProgramRun) -> None:
+    """The EKS endpoint is public so `pulumi up` can reach it from outside the VPC,
+    IAM-authenticated, and reachable only from the stack's `cloud.api_public_cidrs` (open by
+    default, which `llmctl plan` warns about). No legacy ConfigMap authentication."""
     [cluster] = graph.of_type("aws:eks/cluster:Cluster")
     assert cluster.inputs["accessConfig"]["authenticationMode"] == "API"
-    assert "publicAccessCidrs" not in cluster.inputs["vpcConfig"]
+    expected = {"karpenter": ["203.0.113.0/24", "198.51.100.0/24"]}.get(graph.stack, ["0.0.0.0/0"])
+    assert cluster.inputs["vpcConfig"]["publicAccessCidrs"] == expected
     assert cluster.inputs["vpcConfig"]["endpointPrivateAccess"] is True
     assert set(cluster.inputs["enabledClusterLogTypes"]) >= {"api", "audit", "authenticator"}
 
@@ -193,7 +199,8 @@ def test_no_secret_in_plain_text(graph: ProgramRun) -> None:
     """Generated and configured passwords appear only inside Pulumi secrets."""
     for resource in graph.resources:
         plain = json.dumps(resource.redacted)
-        assert MOCK_PASSWORD not in plain and "ext-pass" not in plain, f"{resource.type} {resource.name}"
+        assert MOCK_PASSWORD not in plain and "ext-pass" not in plain and "ext-ray-pass" not in plain, \
+            f"{resource.type} {resource.name}"
     secret = graph.one("kubernetes:core/v1:Secret", "llmstack-redis")
     assert secret.redacted["stringData"] == REDACTED
     assert graph.secret_outputs == {"kubeconfig"}

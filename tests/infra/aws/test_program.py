@@ -12,199 +12,30 @@ settings each time, and the config map is replaced before each run.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from unittest import mock
 
-import pulumi
 import pytest
-from pulumi.runtime import rpc
-from pulumi.runtime.mocks import MockMonitor
-from pulumi.runtime.sync_await import _sync_await
 
-from infra.aws import addons, program
+from infra import versions
 from infra.aws.program import StackRefused
 from infra.gpu_catalog import load_catalog
 from infra.render import render_stack
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.stack_file import load_stack
 from infra.versions import KUBERAY_VERSION
+from tests.infra.aws.conftest import (
+    CLOUD_STACKS,
+    ELASTICACHE_HOST,
+    MOCK_PASSWORD,
+    NODE_SECURITY_GROUP,
+    REDACTED,
+    asg_name,
+    example_run,
+    mock_arn,
+    run_program,
+)
 from tests.support.stacks import stack_document, write_stack
-
-ELASTICACHE_HOST = "master.llmstack.abc123.use1.cache.amazonaws.com"
-
-CLOUD_STACKS = ("dev", "prod")
-REDACTED = "<secret>"
-NODE_SECURITY_GROUP = "sg-eks-cluster"
-MOCK_PASSWORD = "mock-random-password-a1b2c3"
-MOCK_ACCOUNT = "111122223333"
-
-
-# --- the harness -------------------------------------------------------------------------
-
-
-@dataclass
-class Created:
-    """One resource as the program declared it."""
-
-    type: str
-    name: str
-    id: str
-    inputs: dict[str, Any]
-    """Inputs with secrets unwrapped (what the provider would receive)."""
-    redacted: dict[str, Any]
-    """Inputs with every secret value replaced by REDACTED (what would be shown in plain text)."""
-    provider: str | None
-    urn: str = ""
-
-    def within(self, component_type: str) -> bool:
-        return f"{component_type}$" in self.urn
-
-
-@dataclass
-class ProgramRun:
-    stack: str
-    resources: list[Created]
-    outputs: dict[str, Any]
-    secret_outputs: set[str] = field(default_factory=set)
-    edges: dict[str, set[str]] = field(default_factory=dict)
-    """URN -> URNs it waits for: its parent, `depends_on` and the resources its inputs come from."""
-
-    def waits_for(self, resource: Created, dependency: Created) -> bool:
-        seen, todo = set(), [resource.urn]
-        while todo:
-            urn = todo.pop()
-            if urn == dependency.urn:
-                return True
-            if urn not in seen:
-                seen.add(urn)
-                todo.extend(self.edges.get(urn, ()))
-        return False
-
-    def of_type(self, type_: str) -> list[Created]:
-        return [r for r in self.resources if r.type == type_]
-
-    def one(self, type_: str, name: str) -> Created:
-        found = [r for r in self.of_type(type_) if r.name == name]
-        assert len(found) == 1, f"expected one {type_} named {name}, found {len(found)}"
-        return found[0]
-
-    def by_id(self, id_: str) -> Created:
-        return next(r for r in self.resources if r.id == id_)
-
-
-def _split_secrets(value: Any) -> tuple[Any, Any]:
-    """(value with secrets unwrapped, value with secrets redacted)."""
-    if rpc.is_rpc_secret(value):
-        plain, _ = _split_secrets(rpc.unwrap_rpc_secret(value))
-        return plain, REDACTED
-    if isinstance(value, dict):
-        pairs = {k: _split_secrets(v) for k, v in value.items()}
-        return {k: p for k, (p, _) in pairs.items()}, {k: r for k, (_, r) in pairs.items()}
-    if isinstance(value, list):
-        pairs = [_split_secrets(v) for v in value]
-        return [p for p, _ in pairs], [r for _, r in pairs]
-    return value, value
-
-
-class RecordingMocks(pulumi.runtime.Mocks):
-    """Records each resource; answers with the outputs the program reads, camelCase like providers."""
-
-    def __init__(self) -> None:
-        self.created: list[Created] = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
-        plain, redacted = _split_secrets(dict(args.inputs))
-        id_ = f"{args.typ.split(':')[-1].lower()}-{args.name}"  # unique: names repeat across types
-        self.created.append(Created(args.typ, args.name, id_, plain, redacted, args.provider or None))
-        state = dict(args.inputs)
-        state.setdefault("arn", mock_arn(args.name))
-        state.setdefault("name", args.name)
-        if args.typ == "aws:eks/cluster:Cluster":
-            state.update(
-                endpoint="https://ABC.gr7.us-east-1.eks.amazonaws.com",
-                certificateAuthority={"data": "Q0EgZGF0YQ=="},
-                identities=[{"oidcs": [{"issuer": "https://oidc.eks.us-east-1.amazonaws.com/id/ABC"}]}],
-                vpcConfig={**state.get("vpcConfig", {}), "clusterSecurityGroupId": NODE_SECURITY_GROUP},
-            )
-        elif args.typ == "aws:eks/nodeGroup:NodeGroup":
-            state["resources"] = [{"autoscalingGroups": [{"name": asg_name(args.name)}]}]
-        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
-            state["latestVersion"] = 1
-        elif args.typ == "random:index/randomPassword:RandomPassword":
-            state["result"] = MOCK_PASSWORD
-        elif args.typ == "aws:elasticache/replicationGroup:ReplicationGroup":
-            state["primaryEndpointAddress"] = ELASTICACHE_HOST
-        elif args.typ == "kubernetes:core/v1:Service" and args.inputs.get("spec", {}).get("type") == "LoadBalancer":
-            state["status"] = {"loadBalancer": {"ingress": [{"hostname": "gw-123.elb.us-east-1.amazonaws.com"}]}}
-        return id_, state
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
-        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/deployer",
-                    "userId": "AIDAMOCK", "id": MOCK_ACCOUNT}, []
-        raise AssertionError(f"the program made an unexpected provider call: {args.token}")
-
-
-class RecordingMonitor(MockMonitor):
-    """The mock monitor, also keeping what each registration waits for."""
-
-    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
-        super().__init__(mocks)
-        self.edges: dict[str, set[str]] = {}
-
-    def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)
-        waits = {request.parent, *request.dependencies} - {""}
-        for dependencies in request.propertyDependencies.values():
-            waits |= set(dependencies.urns)
-        self.edges[response.urn] = waits
-        return response
-
-
-def mock_arn(name: str) -> str:
-    return f"arn:aws:mock:us-east-1:111122223333:{name}"
-
-
-def asg_name(node_group: str) -> str:
-    return f"eks-{node_group}-asg"
-
-
-def run_program(stack: str, *, root: Path = PROJECT_ROOT, config: dict[str, str] | None = None,
-                secret_keys: tuple[str, ...] = ()) -> ProgramRun:
-    """Run `infra.aws.program.main` (what `infra/__main__.py` runs) for a stack, under mocks."""
-    # Pulumi's runtime uses the thread's current event loop; earlier tests that used
-    # asyncio.run() leave none set, so give each run a fresh one.
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    mocks = RecordingMocks()
-    monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="llmstack", stack=stack, preview=False, monitor=monitor)
-    pulumi.runtime.set_all_config(dict(config or {}), list(secret_keys))
-    outputs: dict[str, pulumi.Output] = {}
-    resolved: dict[str, Any] = {}
-
-    @pulumi.runtime.test
-    def run() -> pulumi.Output:
-        with mock.patch.object(program, "load_stack", functools.partial(load_stack, root=root)):
-            outputs.update(program.main())
-        return pulumi.Output.all(**outputs).apply(resolved.update)
-
-    run()
-    urns = {(urn.split("::")[-2].split("$")[-1], urn.split("::")[-1]): urn for urn in monitor.resources}
-    for created in mocks.created:
-        created.urn = urns.get((created.type, created.name), "")
-    secret = {key for key, value in outputs.items() if _sync_await(value.is_secret())}
-    return ProgramRun(stack, mocks.created, resolved, secret, monitor.edges)
-
-
-@functools.cache
-def example_run(stack: str) -> ProgramRun:
-    """The example stacks, run once per test session."""
-    return run_program(stack)
 
 
 def gpu_groups(spec: StackSpec) -> list[GpuNodeGroup]:
@@ -213,6 +44,9 @@ def gpu_groups(spec: StackSpec) -> list[GpuNodeGroup]:
 
 # --- node groups and the autoscaler's view of them ---------------------------------------
 
+# The Cluster Autoscaler's AWS GPU label: a node carrying it counts as "GPU not ready yet" until
+# the device plugin advertises nvidia.com/gpu, instead of triggering another scale-up.
+ACCELERATOR = {"L4": "nvidia-l4", "A10G": "nvidia-a10g", "L40S": "nvidia-l40s", "A100-80GB": "nvidia-tesla-a100"}
 EXPECTED_GPU_GROUPS = {
     "dev": {"l4": ("g6.2xlarge", "L4", 1)},
     "prod": {"a100": ("p4de.24xlarge", "A100-80GB", 8), "l40s": ("g6e.xlarge", "L40S", 1),
@@ -233,7 +67,8 @@ def test_one_managed_node_group_per_gpu_group(stack: str) -> None:
         assert inputs["capacityType"] == ("SPOT" if group.capacity_type is CapacityType.SPOT else "ON_DEMAND")
         assert inputs["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
         assert inputs["labels"] == {"llmstack.dev/node-group": group.name, "llmstack.dev/gpu-class": gpu_class,
-                                    "nvidia.com/gpu.present": "true"}
+                                    "nvidia.com/gpu.present": "true",
+                                    "k8s.amazonaws.com/accelerator": ACCELERATOR[gpu_class]}
         assert inputs["scalingConfig"] == {"minSize": group.min_size, "maxSize": group.max_size,
                                            "desiredSize": group.desired}
         template = run.by_id(inputs["launchTemplate"]["id"])
@@ -265,6 +100,7 @@ def test_scale_from_zero_tags_are_on_each_autoscaling_group(stack: str) -> None:
             f"{template}/label/llmstack.dev/node-group": name,
             f"{template}/label/llmstack.dev/gpu-class": gpu_class,
             f"{template}/label/nvidia.com/gpu.present": "true",
+            f"{template}/label/k8s.amazonaws.com/accelerator": ACCELERATOR[gpu_class],
             f"{template}/taint/nvidia.com/gpu": "true:NoSchedule",
             f"{template}/resources/nvidia.com/gpu": str(gpus),
             "k8s.io/cluster-autoscaler/enabled": "true",
@@ -284,9 +120,9 @@ def test_scale_from_zero_tags_are_on_each_autoscaling_group(stack: str) -> None:
 def test_charts_are_pinned(stack: str) -> None:
     run = example_run(stack)
     charts = {c.name: c.inputs for c in run.of_type("kubernetes:helm.sh/v4:Chart")}
-    pinned = {pin[1]: pin for pin in (addons.NVIDIA_DEVICE_PLUGIN, addons.CLUSTER_AUTOSCALER,
-                                       addons.LOAD_BALANCER_CONTROLLER, addons.METRICS_SERVER,
-                                       addons.KUBERAY_OPERATOR)}
+    pinned = {pin.name: pin for pin in (versions.NVIDIA_DEVICE_PLUGIN_CHART, versions.CLUSTER_AUTOSCALER_CHART,
+                                        versions.LOAD_BALANCER_CONTROLLER_CHART, versions.METRICS_SERVER_CHART,
+                                        versions.KUBERAY_OPERATOR_CHART)}
     assert set(charts) == set(pinned)
     for name, (repo, chart, version) in pinned.items():
         assert charts[name]["chart"] == chart
@@ -328,10 +164,11 @@ def test_elasticache_is_encrypted_authenticated_and_reachable_only_from_nodes() 
     inputs = group.inputs
     assert inputs["transitEncryptionEnabled"] is True
     assert inputs["atRestEncryptionEnabled"] is True
-    assert inputs["authToken"] == MOCK_PASSWORD and group.redacted["authToken"] == REDACTED
+    # Authenticated by RBAC users (tests/infra/aws/test_redis.py), not a shared AUTH token.
+    assert "authToken" not in inputs and inputs["userGroupIds"]
     assert inputs["numCacheClusters"] == 2 and inputs["automaticFailoverEnabled"] is True
-    [password] = run.of_type("random:index/randomPassword:RandomPassword")
-    assert password.inputs["special"] is False  # ElastiCache rejects some punctuation in AUTH tokens
+    passwords = run.of_type("random:index/randomPassword:RandomPassword")
+    assert passwords and all(p.inputs["special"] is False for p in passwords)  # ElastiCache rejects some punctuation
     [firewall_id] = inputs["securityGroupIds"]
     firewall = run.by_id(firewall_id)
     assert firewall.inputs["ingress"] == [{
@@ -342,14 +179,20 @@ def test_elasticache_is_encrypted_authenticated_and_reachable_only_from_nodes() 
 
 
 @pytest.mark.parametrize(("stack", "url"), [
-    ("dev", f"redis://:{MOCK_PASSWORD}@llmstack-redis.llmstack.svc.cluster.local:6379/0"),
-    ("prod", f"rediss://:{MOCK_PASSWORD}@master.llmstack.abc123.use1.cache.amazonaws.com:6379/0"),
+    ("dev", f"redis://llmstack-gateway:{MOCK_PASSWORD}@llmstack-redis.llmstack.svc.cluster.local:6379/0"),
+    ("prod", f"rediss://llmstack-gateway:{MOCK_PASSWORD}@master.llmstack.abc123.use1.cache.amazonaws.com:6379/0"),
 ])
-def test_redis_secret_holds_password_and_url_as_secrets(stack: str, url: str) -> None:
-    secret = example_run(stack).one("kubernetes:core/v1:Secret", "llmstack-redis")
-    assert secret.inputs["metadata"]["namespace"] == "llmstack"
-    assert secret.inputs["stringData"] == {"password": MOCK_PASSWORD, "url": url}
-    assert secret.redacted["stringData"] == REDACTED
+def test_redis_secrets_hold_each_users_credentials_as_secrets(stack: str, url: str) -> None:
+    run = example_run(stack)
+    gateway = run.one("kubernetes:core/v1:Secret", "llmstack-redis")
+    assert gateway.inputs["metadata"]["namespace"] == "llmstack"
+    assert gateway.inputs["stringData"] == {"url": url, "username": "llmstack-gateway", "password": MOCK_PASSWORD}
+    ray = run.one("kubernetes:core/v1:Secret", "llmstack-redis-ray")
+    assert ray.inputs["stringData"] == {"username": "llmstack-ray", "password": MOCK_PASSWORD}
+    assert gateway.redacted["stringData"] == ray.redacted["stringData"] == REDACTED
+    # One generated password per user (the mock answers every RandomPassword alike).
+    names = {p.name for p in run.of_type("random:index/randomPassword:RandomPassword")}
+    assert {"redis-llmstack-gateway", "redis-llmstack-ray"} <= names
 
 
 def test_managed_redis_gets_an_external_name_service() -> None:
@@ -363,8 +206,13 @@ def test_in_cluster_redis_is_a_password_protected_pod_on_an_encrypted_volume() -
     assert not run.of_type("aws:elasticache/replicationGroup:ReplicationGroup")
     deployment = run.one("kubernetes:apps/v1:Deployment", "llmstack-redis").inputs
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"]
-    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "llmstack-redis", "key": "password"}
+    assert container["args"][:2] == ["--aclfile", "/etc/redis-acl/users.acl"]
+    acl = run.one("kubernetes:core/v1:Secret", "llmstack-redis-acl")
+    assert acl.redacted["stringData"] == REDACTED
+    lines = acl.inputs["stringData"]["users.acl"].splitlines()
+    assert lines[0] == "user default off resetkeys -@all"
+    assert [line.split()[1] for line in lines[1:]] == ["llmstack-gateway", "llmstack-ray"]
+    assert MOCK_PASSWORD not in acl.inputs["stringData"]["users.acl"]  # hashes only
     claim = run.one("kubernetes:core/v1:PersistentVolumeClaim", "llmstack-redis-data").inputs
     assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
     storage_class = run.one("kubernetes:storage.k8s.io/v1:StorageClass", claim["spec"]["storageClassName"]).inputs
@@ -382,15 +230,21 @@ def _external_stack(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_external_redis_uses_the_secret_config_password_and_hf_token(tmp_path: Path) -> None:
+EXTERNAL_SECRETS = {"llmstack:redis_password": "ext-pass", "llmstack:redis_ray_password": "ext-ray-pass"}
+
+
+def test_external_redis_uses_the_secret_config_passwords_and_hf_token(tmp_path: Path) -> None:
     run = run_program("ext", root=_external_stack(tmp_path),
-                      config={"llmstack:redis_password": "ext-pass", "llmstack:hf_token": "hf_abc"},
-                      secret_keys=("llmstack:redis_password", "llmstack:hf_token"))
+                      config={**EXTERNAL_SECRETS, "llmstack:hf_token": "hf_abc"},
+                      secret_keys=(*EXTERNAL_SECRETS, "llmstack:hf_token"))
     assert not run.of_type("aws:elasticache/replicationGroup:ReplicationGroup")
     assert not run.of_type("random:index/randomPassword:RandomPassword")
     secret = run.one("kubernetes:core/v1:Secret", "llmstack-redis")
-    assert secret.inputs["stringData"] == {"password": "ext-pass",
-                                           "url": "rediss://:ext-pass@redis.internal.example.com:6380/0"}
+    assert secret.inputs["stringData"] == {
+        "username": "llmstack-gateway", "password": "ext-pass",
+        "url": "rediss://llmstack-gateway:ext-pass@redis.internal.example.com:6380/0"}
+    assert run.one("kubernetes:core/v1:Secret", "llmstack-redis-ray").inputs["stringData"] == {
+        "username": "llmstack-ray", "password": "ext-ray-pass"}
     assert secret.redacted["stringData"] == REDACTED
     service = run.one("kubernetes:core/v1:Service", "llmstack-redis").inputs["spec"]
     assert service["externalName"] == "redis.internal.example.com"
@@ -399,9 +253,11 @@ def test_external_redis_uses_the_secret_config_password_and_hf_token(tmp_path: P
     assert run.outputs["redis_endpoint"] == "redis.internal.example.com:6380"
 
 
-def test_external_redis_without_its_password_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match="redis_password"):
-        run_program("ext", root=_external_stack(tmp_path))
+@pytest.mark.parametrize("missing", EXTERNAL_SECRETS)
+def test_external_redis_without_a_password_is_refused(tmp_path: Path, missing: str) -> None:
+    given = {k: v for k, v in EXTERNAL_SECRETS.items() if k != missing}
+    with pytest.raises(Exception, match=missing.removeprefix("llmstack:")):
+        run_program("ext", root=_external_stack(tmp_path), config=given, secret_keys=tuple(given))
 
 
 def test_no_hf_token_no_secret() -> None:
@@ -421,13 +277,16 @@ def test_applied_objects_equal_render_stack(stack: str) -> None:
     # Managed Redis: GCS must use ElastiCache's own TLS host name, known only to the program.
     gcs = f"rediss://{ELASTICACHE_HOST}:6379" if spec.redis.mode == "managed" else None
     rendered = render_stack(spec, gcs_redis_address=gcs)
+    applied.append({key: v for key, v in run.one("kubernetes:core/v1:Namespace", "llmstack").inputs.items()
+                    if key in ("apiVersion", "kind", "metadata")})
     assert len(applied) == len(rendered)
     def key(obj: dict) -> tuple[str, str]:
         return obj["kind"], obj["metadata"]["name"]
 
     assert sorted(applied, key=key) == sorted(rendered, key=key)
     [rayservice] = run.of_type("kubernetes:ray.io/v1:RayService")
-    assert rayservice.inputs["spec"] == rendered[0]["spec"]  # serveConfigV2 and all, unchanged
+    [rendered_rayservice] = [o for o in rendered if o["kind"] == "RayService"]
+    assert rayservice.inputs["spec"] == rendered_rayservice["spec"]  # serveConfigV2 and all, unchanged
 
 
 @pytest.mark.parametrize("stack", CLOUD_STACKS)
@@ -440,6 +299,9 @@ def test_creation_order(stack: str) -> None:
     assert run.waits_for(rayservice, chart["kuberay-operator"])  # its CRD
     gateway = run.one("kubernetes:core/v1:Service", "service-llmstack-gateway")
     assert run.waits_for(gateway, chart["aws-load-balancer-controller"])  # its NLB, and the webhook
+    # The controller's webhooks fail closed: nothing else may be created before it serves them.
+    others = [c for name, c in chart.items() if name != "aws-load-balancer-controller"]
+    assert others and all(run.waits_for(c, chart["aws-load-balancer-controller"]) for c in others)
     assert run.waits_for(rayservice, run.one("kubernetes:core/v1:Secret", "llmstack-redis"))
     namespace = run.one("kubernetes:core/v1:Namespace", "llmstack")
     ours = [r for r in run.resources if r.type.startswith("kubernetes:") and r.inputs.get("metadata", {}).get(
@@ -495,10 +357,14 @@ def test_stack_that_fails_the_plan_is_refused_naming_the_problem(tmp_path: Path)
 
 
 def test_kubernetes_version_without_a_pinned_autoscaler_is_refused(tmp_path: Path) -> None:
-    cloud = {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"], "kubernetes_version": "1.29"}
+    cloud = {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"], "kubernetes_version": "1.29",
+             "upgrade_policy": "standard"}
     write_stack(tmp_path, "old", stack_document(cloud=cloud))
-    with pytest.raises(StackRefused, match=r"kubernetes_version 1.29 has no Cluster Autoscaler release pinned"):
+    with pytest.raises(StackRefused, match=r"kubernetes_version 1.29 has no cluster-autoscaler release pinned"):
         run_program("old", root=tmp_path)
+    write_stack(tmp_path, "oldk", stack_document(cloud={**cloud, "node_provisioner": "karpenter"}))
+    with pytest.raises(StackRefused, match=r"kubernetes_version 1.29 has no karpenter release pinned"):
+        run_program("oldk", root=tmp_path)
 
 
 @pytest.mark.parametrize(("group", "message"), [

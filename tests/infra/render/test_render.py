@@ -75,7 +75,7 @@ def test_crd_validation_can_fail(rendered):
 def test_core_objects_are_valid_kubernetes(rendered):
     _, objects = rendered
     core = [o for o in objects if o["kind"] != "RayService"]
-    assert {o["kind"] for o in core} == {"Deployment", "Service", "HorizontalPodAutoscaler",
+    assert {o["kind"] for o in core} >= {"Namespace", "Deployment", "Service", "HorizontalPodAutoscaler",
                                          "PodDisruptionBudget", "NetworkPolicy"}
     for obj in core:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION + ".0", strict=True)
@@ -104,6 +104,9 @@ WORKER_BOUNDS = {
     "local": {"local": (1, 1)},
     "dev": {"l4": (1, 2)},
     "prod": {"a100": (1, 2), "l40s": (1, 6), "a10g-spot": (0, 4)},
+    # tests/stacks/Pulumi.karpenter.yaml: a10g is g5.2xlarge (1 GPU), 1..2 replicas -> 1..2; l4-spot
+    # is g6.xlarge (1 GPU), 0..4 replicas -> 0..4.
+    "karpenter": {"a10g": (1, 2), "l4-spot": (0, 4)},
 }
 
 
@@ -125,8 +128,10 @@ def test_secrets_are_referenced_never_inlined(rendered):
     _, objects = rendered
     text = to_yaml(objects)
     rayservice = by_kind(objects, "RayService")[0]
-    password = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisPassword"]
-    assert "value" not in password and password["valueFrom"]["secretKeyRef"]["name"] == "llmstack-redis"
+    options = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    for credential in (options["redisUsername"], options["redisPassword"]):
+        # Ray signs in as its own Redis user, never with the gateway's secret.
+        assert "value" not in credential and credential["valueFrom"]["secretKeyRef"]["name"] == "llmstack-redis-ray"
     assert "kind: Secret" not in text
     env = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert next(e for e in env if e["name"] == "LLMSTACK_REDIS_URL")["valueFrom"]["secretKeyRef"]
@@ -167,5 +172,5 @@ def test_tls_redis_is_addressed_by_its_own_host_name():
     external = stack_document(redis={"mode": "external", "host": "redis.example.internal", "port": 6380})
     assert redis_address(spec_from_document(external, name="t", file_label="t")) == "rediss://redis.example.internal:6380"
     managed = spec_from_document(stack_document(redis={"mode": "managed"}), name="t", file_label="t")
-    [rayservice, *_] = render_stack(managed, gcs_redis_address="rediss://master.example:6379")
+    [rayservice] = by_kind(render_stack(managed, gcs_redis_address="rediss://master.example:6379"), "RayService")
     assert rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] == "rediss://master.example:6379"

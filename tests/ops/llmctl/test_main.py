@@ -73,4 +73,4 @@ def test_render_writes_one_file_per_object(tmp_path):
 def test_render_to_stdout_is_multi_document_yaml():
     result = llmctl("render", "--stack", "dev", "--out", "-")
     assert result.returncode == 0
-    assert [d["kind"] for d in yaml.safe_load_all(result.stdout)][0] == "RayService"
+    assert [d["kind"] for d in yaml.safe_load_all(result.stdout)][:2] == ["Namespace", "RayService"]

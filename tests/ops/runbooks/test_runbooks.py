@@ -31,7 +31,7 @@ from infra.render import render_stack
 from infra.stack_file import PROJECT_ROOT, available_stacks, load_stack
 
 RUNBOOKS = PROJECT_ROOT / "ops" / "runbooks"
-SHELL_TOOLS = {"curl", "grep", "head", "export", "echo", "jq"}
+SHELL_TOOLS = {"curl", "grep", "head", "export", "echo", "jq", "docker"}
 REQUIRED_SECTIONS = ("symptoms", "checks", "actions", "verify recovery")
 
 
@@ -236,7 +236,8 @@ def check_resource(rest: list[str]) -> None:
 # --- aws and pulumi ----------------------------------------------------------------------------
 
 AWS_GLOBAL = {"--region", "--output", "--query", "--profile", "--no-cli-pager"}
-AWS_CLI_ONLY = {("eks", "update-kubeconfig"), ("eks", "get-token")}  # AWS CLI customizations
+# AWS CLI customizations, not API operations.
+AWS_CLI_ONLY = {("eks", "update-kubeconfig"), ("eks", "get-token"), ("ecr", "get-login-password")}
 
 
 def check_aws(args: list[str]) -> None:

@@ -4,7 +4,7 @@ The upstream here is a small real ASGI app under uvicorn that answers like Ray S
 ingress (/v1/models, /v1/chat/completions with and without SSE streaming, a final usage
 chunk) and records what reaches it, so these tests can see what the gateway forwards, when
 chunks leave the upstream, and whether a stream was cancelled. The end-to-end path through
-real Ray Serve + CPU vLLM is covered by tests/test_dev_stack_e2e.py; this module isolates the
+real Ray Serve + CPU vLLM is covered by tests/e2e/test_devstack.py; this module isolates the
 gateway so a failure here points at the gateway alone.
 
 No test asserts a wall-clock duration: ordering is shown with events and timestamps from one

@@ -35,10 +35,17 @@ class Aws:
     def __init__(self) -> None:
         session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="testing",
                                         aws_secret_access_key="testing")
+        ecr = session.client("ecr")
+        self.regions_asked: list[str] = []
+
+        def ecr_for(region: str):
+            self.regions_asked.append(region)
+            return ecr
+
         self.clients = AwsClients(sts=session.client("sts"), ec2=session.client("ec2"),
-                                  service_quotas=session.client("service-quotas"))
-        self.sts, self.ec2, self.quotas = (Stubber(self.clients.sts), Stubber(self.clients.ec2),
-                                           Stubber(self.clients.service_quotas))
+                                  service_quotas=session.client("service-quotas"), ecr=ecr_for)
+        self.sts, self.ec2, self.quotas, self.ecr = (Stubber(self.clients.sts), Stubber(self.clients.ec2),
+                                                     Stubber(self.clients.service_quotas), Stubber(ecr))
 
     def stub_identity(self) -> None:
         self.sts.add_response("get_caller_identity", {
@@ -53,16 +60,32 @@ class Aws:
                                                                  "ServiceCode": "ec2"}},
                                  {"ServiceCode": "ec2", "QuotaCode": code})
 
+    def stub_image(self, repository: str, tag: str, *, found: bool = True, error: str = "ImageNotFoundException"
+                   ) -> None:
+        expected = {"registryId": ACCOUNT, "repositoryName": repository, "imageIds": [{"imageTag": tag}]}
+        if found:
+            self.ecr.add_response("describe_images", {"imageDetails": [{
+                "registryId": ACCOUNT, "repositoryName": repository, "imageDigest": "sha256:" + "0" * 64,
+                "imageTags": [tag]}]}, expected)
+        else:
+            self.ecr.add_client_error("describe_images", service_error_code=error, http_status_code=400,
+                                      expected_params=expected)
+
+    def stub_images(self, *, gateway: bool = True, serving: bool = True) -> None:
+        self.stub_image("llmstack-gateway", "0.1.0", found=gateway)
+        self.stub_image("llmstack-serving", "0.1.0", found=serving)
+
     def stub_offerings(self, pairs: list[tuple[str, str]]) -> None:
         self.ec2.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": [
             {"InstanceType": t, "LocationType": "availability-zone", "Location": z} for t, z in pairs]})
 
     def run(self, spec):
-        with self.sts, self.ec2, self.quotas:
+        with self.sts, self.ec2, self.quotas, self.ecr:
             checks = run_doctor(spec, clients=self.clients, which=everything)
             self.sts.assert_no_pending_responses()
             self.ec2.assert_no_pending_responses()
             self.quotas.assert_no_pending_responses()
+            self.ecr.assert_no_pending_responses()
         return {c.name: c for c in checks}
 
 
@@ -71,6 +94,7 @@ def dev_answers(aws: Aws, *, quota: float, zones_offered=("us-east-1a", "us-east
     aws.stub_zones(["us-east-1a", "us-east-1b", "us-east-1c"])
     aws.stub_quota(ON_DEMAND_G, quota)
     aws.stub_offerings([("g6.2xlarge", z) for z in zones_offered])
+    aws.stub_images()
 
 
 # --- pure --------------------------------------------------------------------------------
@@ -141,6 +165,7 @@ def test_quota_never_applied_falls_back_to_the_aws_default():
     aws.quotas.add_response("get_aws_default_service_quota", {"Quota": {"QuotaCode": ON_DEMAND_G, "Value": 0.0}},
                             {"ServiceCode": "ec2", "QuotaCode": ON_DEMAND_G})
     aws.stub_offerings([("g6.2xlarge", "us-east-1a"), ("g6.2xlarge", "us-east-1b")])
+    aws.stub_images()
     check = aws.run(load_stack("dev"))[f"quota {ON_DEMAND_G}"]
     assert check.status is Status.FAIL and "0 available" in check.detail
 
@@ -162,6 +187,7 @@ def test_zone_outside_the_account_fails_with_the_key_to_change(tmp_path):
     aws.stub_zones(["us-east-1a", "us-east-1c"])  # this account has no us-east-1b
     aws.stub_quota(ON_DEMAND_G, 64)
     aws.stub_offerings([("g6.xlarge", "us-east-1a")])
+    aws.stub_images()
     spec = load_stack(write_stack(tmp_path, "zones", stack_document()))
     check = aws.run(spec)["region and zones"]
     assert check.status is Status.FAIL and "us-east-1b" in check.detail
@@ -188,12 +214,49 @@ def test_a_missing_permission_or_throttling_marks_only_that_check_not_run():
     aws.quotas.add_client_error("get_service_quota", service_error_code="AccessDeniedException")
     aws.ec2.add_client_error("describe_instance_type_offerings", service_error_code="RequestLimitExceeded",
                              http_status_code=503)
+    aws.stub_image("llmstack-gateway", "0.1.0")
+    aws.ecr.add_client_error("describe_images", service_error_code="AccessDeniedException", http_status_code=403)
     checks = aws.run(load_stack("dev"))
+    image = checks["image versions.serving_image"]
+    assert image.status is Status.NOT_RUN and "ecr:DescribeImages" in image.detail
     quota = checks[f"quota {ON_DEMAND_G}"]
     assert quota.status is Status.NOT_RUN and "servicequotas:GetServiceQuota" in quota.detail
     offered = checks["g6.2xlarge offered"]
     assert offered.status is Status.NOT_RUN and "throttled" in offered.detail
     assert checks["region and zones"].status is Status.PASS
+
+
+def test_images_missing_from_ecr_fail_naming_the_image_and_the_fix():
+    aws = Aws()
+    aws.stub_identity()
+    aws.stub_zones(["us-east-1a", "us-east-1b"])
+    aws.stub_quota(ON_DEMAND_G, 64)
+    aws.stub_offerings([("g6.2xlarge", "us-east-1a"), ("g6.2xlarge", "us-east-1b")])
+    aws.stub_image("llmstack-gateway", "0.1.0")
+    aws.stub_image("llmstack-serving", "0.1.0", found=False, error="RepositoryNotFoundException")
+    checks = aws.run(load_stack("dev"))
+    assert checks["image versions.gateway_image"].status is Status.PASS
+    missing = checks["image versions.serving_image"]
+    assert missing.status is Status.FAIL
+    assert "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-serving:0.1.0 is not in ECR" in missing.detail
+    assert "first-deploy-of-a-new-stack.md" in missing.fix and "llmstack:versions.serving_image" in missing.fix
+    assert aws.regions_asked == ["us-east-1", "us-east-1"]  # the registry's region, from its host
+    assert exit_code(list(checks.values())) == 1
+
+
+def test_images_outside_ecr_are_not_checked_but_said(tmp_path):
+    aws = Aws()  # no ECR answer queued: an ECR call would fail the Stubber
+    aws.stub_identity()
+    aws.stub_zones(["us-east-1a", "us-east-1b"])
+    aws.stub_quota(ON_DEMAND_G, 64)
+    aws.stub_offerings([("g6.2xlarge", "us-east-1a"), ("g6.2xlarge", "us-east-1b")])
+    document = stack_document(versions={"gateway_image": "ghcr.io/acme/gw:1", "serving_image": "ghcr.io/acme/sv:1"},
+                              node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.2xlarge",
+                                            "max_size": 2}])
+    document["config"]["llmstack:models"][0]["node_group"] = "l4"
+    checks = aws.run(load_stack(write_stack(tmp_path, "ghcr", document)))
+    assert checks["image versions.gateway_image"].status is Status.WARN
+    assert "not an ECR image" in checks["image versions.gateway_image"].detail
 
 
 def test_without_network_local_checks_run_and_aws_checks_say_not_run(tmp_path, fake_pulumi):

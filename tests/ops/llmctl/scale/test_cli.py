@@ -1,6 +1,6 @@
 """`llmctl scale` as a user runs it on copies of the example stacks: written only when the
 plan passes, the follow-up said, clear errors and no tracebacks. The live apply on a running
-`make dev` is in tests/test_ops_live_e2e.py."""
+`make dev` is in tests/e2e/test_llmctl_live.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`llmctl status`: the interpretation on realistic objects (the repository's own rendered
 RayService with KubeRay-shaped status, pods made from its worker-group templates), and the
 cloud path end to end through the official Kubernetes client against a stand-in API server.
-The local path against a real `make dev` is in tests/test_ops_live_e2e.py."""
+The local path against a real `make dev` is in tests/e2e/test_llmctl_live.py."""
 
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def gpu_node(name: str, group: str, gpus: int) -> dict:
 
 def gateway(ready: int) -> dict:
     obj = rendered("Deployment")
+    # A live Deployment's replicas are the HPA's (the rendered one leaves them to it).
+    obj["spec"]["replicas"] = rendered("HorizontalPodAutoscaler")["spec"]["minReplicas"]
     obj["status"] = {"replicas": obj["spec"]["replicas"], "readyReplicas": ready}
     return obj
 

@@ -1,0 +1,72 @@
+"""Redis ACL users: one for the gateway, one for Ray GCS, each limited to its own keys.
+
+Ray pods run tenant-supplied input through vLLM, so a compromised Ray pod must not be able to
+read, mint or un-revoke API keys. The gateway's key records, limiter state and usage all live
+under `llmstack:` (serving.gateway.keys, serving.gateway.limits); Ray GCS keeps everything in
+`RAY<namespace>@<table>` hashes. Each user may touch only its own prefix.
+
+Ray's user gets exactly the commands Ray's C++ GCS client issues (ray-project/ray,
+src/ray/gcs/store_client/redis_store_client.cc and redis_context.cc):
+  - connecting: AUTH (always allowed), INFO SENTINEL and INFO CLUSTER (what kind of Redis),
+    DEL DUMMY (finds the primary; an error other than MOVED is fatal), hence key `DUMMY`;
+  - the store: HSET, HSETNX, HGET, HMGET, HDEL, HSCAN, HEXISTS on `RAY<ns>@<table>`, INCRBY on
+    `RAY<ns>@JobCounter`, PING for its health check;
+  - KubeRay's Redis cleanup job (`RedisDelKeyPrefixSync`): SCAN MATCH `RAY<ns>@*`, then DEL (or
+    UNLINK with RAY_redis_namespace_cleanup_use_unlink=1) each key.
+The namespace is the RayCluster's UID (KubeRay sets RAY_external_storage_namespace), which a
+NewCluster upgrade changes, so the pattern is `RAY*`; gateway keys never start with `RAY`.
+
+The gateway's user gets every command outside `@dangerous` (no KEYS, FLUSHALL, CONFIG, DEBUG,
+...) on `llmstack:*`: its own code evolves, and the boundary that matters is the key prefix.
+
+The same rules go into ElastiCache RBAC access strings and into the in-cluster Redis ACL file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+GATEWAY_USER = "llmstack-gateway"
+RAY_USER = "llmstack-ray"
+GATEWAY_KEY_PATTERNS = ("llmstack:*",)
+RAY_KEY_PATTERNS = ("RAY*", "DUMMY")
+RAY_COMMANDS = ("ping", "info", "hset", "hsetnx", "hget", "hmget", "hdel", "hscan", "hexists", "incrby",
+                "scan", "del", "unlink")
+
+
+@dataclass(frozen=True)
+class AclUser:
+    name: str
+    key_patterns: tuple[str, ...]
+    commands: str
+    """Redis ACL command rules, e.g. `-@all +ping`."""
+
+    def rules(self) -> str:
+        """The user's rules without its password: keys, then commands."""
+        return " ".join([*(f"~{p}" for p in self.key_patterns), self.commands])
+
+
+def gateway_user(name: str = GATEWAY_USER) -> AclUser:
+    return AclUser(name=name, key_patterns=GATEWAY_KEY_PATTERNS, commands="+@all -@dangerous")
+
+
+def ray_user(name: str = RAY_USER) -> AclUser:
+    commands = "-@all " + " ".join(f"+{c}" for c in RAY_COMMANDS)
+    return AclUser(name=name, key_patterns=RAY_KEY_PATTERNS, commands=commands)
+
+
+def access_string(user: AclUser) -> str:
+    """An ElastiCache RBAC access string (Redis ACL syntax): enabled, keys, commands."""
+    return f"on {user.rules()}"
+
+
+def acl_file(passwords: dict[str, str], users: list[AclUser]) -> str:
+    """A Redis ACL file (`aclfile`): the default user off, each user on with its password's SHA-256.
+
+    Only hashes are written (`#<sha256>`), so the file itself never holds a password."""
+    lines = ["user default off resetkeys -@all"]
+    for user in users:
+        digest = hashlib.sha256(passwords[user.name].encode()).hexdigest()
+        lines.append(f"user {user.name} on #{digest} resetkeys {user.rules()}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,78 @@
+"""Redis users under Pulumi's mocks: ElastiCache RBAC for managed Redis, an ACL file for the
+in-cluster one, and Ray GCS signing in as its own user, over TLS with the CA it needs.
+(tests/infra/test_redis_acl.py runs the same rules on a real redis-server.)"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from infra.redis_acl import access_string, gateway_user, ray_user
+from tests.infra.aws.conftest import ELASTICACHE_HOST, MOCK_PASSWORD, example_run
+
+
+def test_elasticache_has_one_user_per_component_and_the_default_user_off() -> None:
+    run = example_run("prod")
+    users = {u.inputs["userName"]: u for u in run.of_type("aws:elasticache/user:User")}
+    assert set(users) == {"default", "llmstack-gateway", "llmstack-ray"}
+    assert users["llmstack-gateway"].inputs["accessString"] == access_string(gateway_user())
+    assert users["llmstack-ray"].inputs["accessString"] == access_string(ray_user())
+    assert users["default"].inputs["accessString"].startswith("off ")
+    for user in users.values():
+        assert user.inputs["authenticationMode"]["type"] == "password"
+        assert MOCK_PASSWORD not in str(user.redacted)  # the passwords reach the provider as secrets
+    [group] = run.of_type("aws:elasticache/userGroup:UserGroup")
+    assert sorted(group.inputs["userIds"]) == sorted(u.inputs["userId"] for u in users.values())
+    [replication] = run.of_type("aws:elasticache/replicationGroup:ReplicationGroup")
+    assert replication.inputs["userGroupIds"] == [group.inputs["userGroupId"]]
+    assert "authToken" not in replication.inputs  # no shared password left
+
+
+def test_in_cluster_redis_acl_file_holds_hashes_of_each_users_password() -> None:
+    run = example_run("dev")
+    acl = run.one("kubernetes:core/v1:Secret", "llmstack-redis-acl").inputs["stringData"]["users.acl"]
+    digest = hashlib.sha256(MOCK_PASSWORD.encode()).hexdigest()
+    assert acl.splitlines() == [
+        "user default off resetkeys -@all",
+        f"user llmstack-gateway on #{digest} resetkeys {gateway_user().rules()}",
+        f"user llmstack-ray on #{digest} resetkeys {ray_user().rules()}",
+    ]
+    deployment = run.one("kubernetes:apps/v1:Deployment", "llmstack-redis").inputs["spec"]["template"]["spec"]
+    [volume] = [v for v in deployment["volumes"] if v["name"] == "acl"]
+    assert volume["secret"] == {"secretName": "llmstack-redis-acl", "defaultMode": 0o440}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "karpenter"])
+def test_ray_gcs_signs_in_as_its_own_user(stack: str) -> None:
+    run = example_run(stack)
+    [rayservice] = run.of_type("kubernetes:ray.io/v1:RayService")
+    options = rayservice.inputs["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    for field, key in (("redisUsername", "username"), ("redisPassword", "password")):
+        assert options[field] == {"valueFrom": {"secretKeyRef": {"name": "llmstack-redis-ray", "key": key}}}
+    # And the gateway uses the other user.
+    deployment = run.one("kubernetes:apps/v1:Deployment", "deployment-llmstack-gateway").inputs
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLMSTACK_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "llmstack-redis"
+
+
+def head_env(stack: str) -> dict[str, str]:
+    [rayservice] = example_run(stack).of_type("kubernetes:ray.io/v1:RayService")
+    head = rayservice.inputs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in head["env"]}
+
+
+def test_tls_gcs_gets_the_ca_bundle_and_the_elasticache_host() -> None:
+    """Without RAY_REDIS_CA_CERT Ray's C++ client cannot verify ElastiCache's certificate and the
+    head never starts (kuberay#1640, ray#41161); KubeRay's cleanup Job copies the head template."""
+    [rayservice] = example_run("prod").of_type("kubernetes:ray.io/v1:RayService")
+    address = rayservice.inputs["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]
+    assert address == f"rediss://{ELASTICACHE_HOST}:6379"
+    env = head_env("prod")
+    assert env["RAY_REDIS_CA_CERT"] == "/etc/ssl/certs/ca-certificates.crt"
+    assert env["RAY_REDIS_SERVER_NAME"] == ELASTICACHE_HOST
+
+
+def test_plain_in_cluster_redis_gets_no_tls_variables() -> None:
+    env = head_env("dev")
+    assert "RAY_REDIS_CA_CERT" not in env and "RAY_REDIS_SERVER_NAME" not in env

@@ -1,0 +1,167 @@
+"""The Redis ACL users, enforced by a real redis-server loading the ACL file we generate.
+
+Written as the attack: Ray's user (what a compromised Ray pod holds) tries to read, mint and
+un-revoke API keys and to wipe the store; the gateway's user tries to reach Ray's state. Both
+users then do their real work: the gateway's own key store and limiter code, and every command
+Ray's GCS client and KubeRay's cleanup job issue (infra.redis_acl lists them with their source).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+
+from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
+from ops.devstack.local_redis import die_with_parent, free_port, redis_server_path
+from serving.gateway.keys import RedisKeyStore, create_key_sync
+from serving.gateway.limits import Limiter
+from serving.gateway.settings import KeyLimits
+
+pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
+
+PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
+NAMESPACE = "864b004c-6305-42e3-ac46-adfa8eb6f752"  # a RayCluster UID, as KubeRay sets it
+TABLE = f"RAY{NAMESPACE}@NODE"
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory):
+    folder: Path = tmp_path_factory.mktemp("redis-acl")
+    (folder / "users.acl").write_text(acl_file(PASSWORDS, [gateway_user(), ray_user()]))
+    port = free_port()
+    process = subprocess.Popen(
+        [redis_server_path(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(folder), "--aclfile", str(folder / "users.acl")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    try:
+        client = redis.Redis(port=port, username=GATEWAY_USER, password=PASSWORDS[GATEWAY_USER])
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if process.poll() is not None:
+                    raise RuntimeError(f"redis-server refused the ACL file: {process.stderr.read().decode()}")
+                asyncio.run(asyncio.sleep(0.05))
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def url(port: int, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{port}/0"
+
+
+def as_user(port: int, user: str) -> redis.Redis:
+    return redis.Redis(port=port, username=user, password=PASSWORDS[user], decode_responses=True)
+
+
+# --- the attack --------------------------------------------------------------------------
+
+
+def test_ray_cannot_touch_api_keys(acl_redis: int) -> None:
+    key = create_key_sync(url(acl_redis, GATEWAY_USER), "acme", "victim")
+    gateway = as_user(acl_redis, GATEWAY_USER)
+    [record_name] = [n for n in gateway.scan_iter(match="llmstack:*") if "by-id" not in n]
+    ray = as_user(acl_redis, RAY_USER)
+    attacks = [
+        lambda: ray.get(record_name),                                  # read a key record
+        lambda: ray.set(record_name, '{"revoked_at": null}'),           # un-revoke / rewrite it
+        lambda: ray.set("llmstack:{key:forged}", "{}"),                 # mint one
+        lambda: ray.delete(record_name),                                # delete it
+        lambda: ray.eval("return redis.call('GET', KEYS[1])", 1, record_name),
+        lambda: ray.keys("*"),
+        lambda: ray.flushall(),
+        lambda: ray.config_set("appendonly", "no"),
+        lambda: ray.acl_setuser(RAY_USER, commands=["+@all"]),
+    ]
+    for attack in attacks:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attack()
+    assert asyncio.run(RedisKeyStore(url(acl_redis, GATEWAY_USER)).verify(key)) is not None  # untouched
+
+
+def test_the_gateway_cannot_touch_ray_state(acl_redis: int) -> None:
+    as_user(acl_redis, RAY_USER).hset(TABLE, "node-1", "alive")
+    gateway = as_user(acl_redis, GATEWAY_USER)
+    for attack in (lambda: gateway.hget(TABLE, "node-1"), lambda: gateway.delete(TABLE),
+                   lambda: gateway.flushall(), lambda: gateway.keys("*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attack()
+
+
+def test_the_default_user_is_off(acl_redis: int) -> None:
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=acl_redis, password=PASSWORDS[GATEWAY_USER]).ping()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=acl_redis).ping()
+
+
+# --- the real work -----------------------------------------------------------------------
+
+
+def test_the_gateway_does_its_work_as_its_user(acl_redis: int) -> None:
+    gateway_url = url(acl_redis, GATEWAY_USER)
+    key = create_key_sync(gateway_url, "acme", "ci")
+
+    async def work() -> None:
+        store = RedisKeyStore(gateway_url)
+        record = await store.verify(key)
+        assert record is not None
+        assert [r.key_id for r in await store.list()] and await store.get(record.key_id)
+        errors: list[str] = []
+        limiter = Limiter(gateway_url, "closed", request_timeout_s=60, on_redis_error=lambda: errors.append("x"))
+        ticket = await limiter.admit(record.key_id, KeyLimits(), 100)
+        assert ticket.decision.allowed and not errors  # EVALSHA of the limiter scripts, TIME inside them
+        await ticket.settle(40)
+        assert not errors
+        assert await store.revoke(record.key_id)
+        assert await store.verify(key) is None
+        await limiter.aclose()
+        await store.aclose()
+
+    asyncio.run(work())
+
+
+def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) -> None:
+    ray = as_user(acl_redis, RAY_USER)
+    # Connecting (redis_context.cc): what kind of Redis, then the primary probe.
+    assert isinstance(ray.execute_command("INFO", "SENTINEL"), (dict, str))
+    assert ray.execute_command("INFO", "CLUSTER") is not None
+    assert ray.execute_command("DEL", "DUMMY") == 0
+    assert ray.ping()
+    # The store (redis_store_client.cc).
+    assert ray.execute_command("HSET", TABLE, "a", "1") == 1
+    assert ray.execute_command("HSETNX", TABLE, "a", "2") == 0
+    assert ray.execute_command("HGET", TABLE, "a") == "1"
+    assert ray.execute_command("HMGET", TABLE, "a", "b") == ["1", None]
+    assert ray.execute_command("HEXISTS", TABLE, "a") == 1
+    cursor, items = ray.execute_command("HSCAN", TABLE, "0", "MATCH", "a*", "COUNT", "1000")
+    assert (items if isinstance(items, dict) else dict(zip(items[::2], items[1::2]))) == {"a": "1"}
+    assert ray.execute_command("INCRBY", f"RAY{NAMESPACE}@JobCounter", "1") == 1
+    assert ray.execute_command("HDEL", TABLE, "a") == 1
+    # KubeRay's cleanup job (RedisDelKeyPrefixSync): SCAN the namespace, DEL (or UNLINK) each key.
+    ray.execute_command("HSET", f"RAY{NAMESPACE}@KV", "k", "v")
+    cursor, names = ray.execute_command("SCAN", "0", "MATCH", f"RAY{NAMESPACE}@*", "COUNT", "1000")
+    assert {f"RAY{NAMESPACE}@KV", f"RAY{NAMESPACE}@JobCounter"} <= set(names)
+    assert all(n.startswith(f"RAY{NAMESPACE}@") for n in names)
+    assert ray.execute_command("DEL", f"RAY{NAMESPACE}@KV") == 1
+    assert ray.execute_command("UNLINK", f"RAY{NAMESPACE}@JobCounter") == 1
+
+
+def test_elasticache_access_strings_are_the_same_rules() -> None:
+    assert access_string(gateway_user()) == "on ~llmstack:* +@all -@dangerous"
+    assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
+
+
+def test_the_readme_gives_external_redis_the_same_rules() -> None:
+    from infra.stack_file import PROJECT_ROOT
+
+    readme = " ".join((PROJECT_ROOT / "README.md").read_text().split())
+    for user in (gateway_user(), ray_user()):
+        assert f"ACL SETUSER {user.name} on >PASSWORD {user.rules()}" in readme
