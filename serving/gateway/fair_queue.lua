@@ -76,8 +76,10 @@ local function unqueue(id, rank, tenant)
   return queued
 end
 
-local function wake(owner, token, state)
-  redis.call('PUBLISH', channel .. owner, token .. '|' .. state)
+-- The message says the live replica count too (-1: unknown): a request admitted while the
+-- model has no replica must wait for a cold start upstream.
+local function wake(owner, token, state, live)
+  redis.call('PUBLISH', channel .. owner, token .. '|' .. state .. '|' .. live)
 end
 
 local function token_of(id) return string.match(id, ':(.*)$') end
@@ -97,7 +99,7 @@ local function reclaim()
 end
 
 -- Admit waiters, highest tier first and lowest start tag first, while capacity lasts.
-local function promote(cap)
+local function promote(cap, live)
   local count = redis.call('ZCARD', INFLIGHT)
   while count < cap do
     local head, rank = nil, nil
@@ -119,7 +121,7 @@ local function promote(cap)
       redis.call('HDEL', WAITERS, id)
       redis.call('ZREM', LEASES, id)
       redis.call('ZADD', INFLIGHT, int(now + lease), id)
-      wake(owner, token_of(id), 'A')
+      wake(owner, token_of(id), 'A', live)
       count = count + 1
     end
   end
@@ -140,7 +142,7 @@ if op == 'admit' then
   local size, owner, max_len = tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
   reclaim()
   local cap, live = capacity()
-  local count = promote(cap)
+  local count = promote(cap, live)
   if count < cap then
     -- Capacity left after promoting means every queue is empty: admit at once.
     redis.call('ZADD', INFLIGHT, int(now + lease), token)
@@ -163,7 +165,7 @@ if op == 'admit' then
       unqueue(victim, vrank, vtenant)
       redis.call('HSET', WAITERS, victim, 'S|' .. vrank .. '|' .. vowner .. '|' .. tag(vstart) .. '|' ..
         tag(vfinish) .. '|' .. vtenant)
-      wake(vowner, token_of(victim), 'S')
+      wake(vowner, token_of(victim), 'S', live)
     else
       redis.call('ZREM', q, victim)
     end
@@ -210,7 +212,8 @@ elseif op == 'cancel' then
   return {'C', remaining, cap, live, int(service_us()), waiting_ahead(rank, start)}
 
 elseif op == 'renew' then
-  -- ARGV[6..] ids this gateway process holds or waits with: extend their leases, say what each is.
+  -- ARGV[6..] ids this gateway process holds or waits with: extend their leases, say what each is
+  -- (A in flight, Q queued, S pushed out, G gone); the last element is the live replica count.
   local states = {}
   for i = 6, #ARGV do
     local id = ARGV[i]
@@ -232,7 +235,9 @@ elseif op == 'renew' then
     end
   end
   reclaim()
-  promote(capacity())
+  local cap, live = capacity()
+  promote(cap, live)
+  states[#states + 1] = live
   return states
 
 elseif op == 'replicas' then
@@ -245,7 +250,7 @@ elseif op == 'replicas' then
 elseif op == 'status' then
   reclaim()
   local cap, live = capacity()
-  local count = promote(cap)
+  local count = promote(cap, live)
   local out = {count, cap, live, int(service_us())}
   for r = 0, TIERS - 1 do out[#out + 1] = redis.call('ZCARD', queue_key(r)) end
   return out

@@ -102,7 +102,7 @@ async def _shielded(coroutine: Awaitable[Any]) -> None:
 @dataclass
 class _Waiter:
     model: str
-    future: asyncio.Future[str]
+    future: asyncio.Future[tuple[str, int | None]]  # (state, live replicas when it was decided)
     waiter_id: str | None = None  # known once the admit script answered
 
 
@@ -213,11 +213,10 @@ class FairQueue:
         budget = wait_budget_s(tier_.queue_timeout_s, cold, config.cold_start_timeout_s)
         until = started + budget if deadline is None else min(deadline, started + budget)
         try:
-            outcome = await self._wait(waiter, until, started, on_wait)
+            outcome, live = await self._wait(waiter, until, started, on_wait)
+            details = None
             if outcome == "T":
                 outcome, details = await self._give_up(waiter)
-            else:
-                details = None
         except BaseException:
             await _shielded(self._abandon(waiter))
             raise
@@ -225,7 +224,8 @@ class FairQueue:
             self._waiting.pop(token, None)
         now = loop.time()
         if outcome == "A":
-            return self._ticket(model, tenant, tier_.name, waiter.waiter_id, now - started, cold, now)
+            return self._ticket(model, tenant, tier_.name, waiter.waiter_id, now - started,
+                                may_be_cold(live, config), now)
         if outcome == "C" and details is not None:
             remaining, capacity_, service, ahead = details
             raise QueueRefused(refusal("timeout", tenant_waiting=remaining, ahead=ahead, capacity_=capacity_,
@@ -234,14 +234,16 @@ class FairQueue:
         raise QueueRefused(refusal(reason, tenant_waiting=0, ahead=0, capacity_=capacity_, mean_service_s=service,
                                    model=model, tier=tier_.name))
 
-    async def _wait(self, waiter: _Waiter, until: float, started: float, on_wait: WaitHook | None) -> str:
-        """'A' admitted, 'S' pushed out, 'G' lost, or 'T' when `until` passed first."""
+    async def _wait(self, waiter: _Waiter, until: float, started: float, on_wait: WaitHook | None
+                    ) -> tuple[str, int | None]:
+        """'A' admitted, 'S' pushed out, 'G' lost, or 'T' when `until` passed first; and the live
+        replica count when it was decided."""
         loop = asyncio.get_running_loop()
         keepalive = self.policy.keepalive_s
         while True:
             remaining = until - loop.time()
             if remaining <= 0:
-                return "T"
+                return "T", None
             step = min(remaining, keepalive) if on_wait is not None else remaining
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter.future), step)
@@ -254,7 +256,7 @@ class FairQueue:
         reply = await self._call(waiter.model, "cancel", waiter.waiter_id)
         state = _text(reply[0])
         if state != "C":
-            return state, None
+            return state, None  # 'A' this late: treated as cold, the safe side
         return state, (int(reply[1]), int(reply[2]), _service_s(reply[4]), int(reply[5]))
 
     async def _abandon(self, waiter: _Waiter) -> None:
@@ -313,28 +315,28 @@ class FairQueue:
 
     # --- background: wake-ups and leases -----------------------------------------------------
 
-    def _resolve(self, token: str, state: str) -> None:
+    def _resolve(self, token: str, state: str, live: int | None) -> None:
         waiter = self._waiting.get(token)
         if waiter is not None and not waiter.future.done():
-            waiter.future.set_result(state)
+            waiter.future.set_result((state, live))
 
     async def _listen(self) -> None:
+        from redis.exceptions import RedisError
+
         while True:
             try:
                 message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the heartbeat still learns every outcome, one beat later
+            except (RedisError, OSError, TimeoutError) as exc:  # the heartbeat still learns every outcome
                 log.warning("fair queue wake-up channel failed (%s); resubscribing", type(exc).__name__)
                 await asyncio.sleep(min(1.0, self.heartbeat_s))
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
                     await self._pubsub.aclose()
                     self._pubsub = self._listener_redis.pubsub(ignore_subscribe_messages=True)
                     await self._pubsub.subscribe(CHANNEL_PREFIX + self.owner)
                 continue
             if message and message.get("type") == "message":
-                token, _, state = _text(message["data"]).partition("|")
-                self._resolve(token, state)
+                token, state, live = _text(message["data"]).split("|")
+                self._resolve(token, state, _live(live))
 
     async def _heartbeat(self) -> None:
         while True:
@@ -354,10 +356,11 @@ class FairQueue:
             except QueueUnavailable as exc:
                 log.warning("%s; leases of model %s not renewed", exc, model)
                 continue
-            for slot_id, state in zip(ids, map(_text, states)):
+            live = _live(states[-1])
+            for slot_id, state in zip(ids, map(_text, states[:-1])):
                 token = waiting.get(slot_id)
                 if token is not None and state != "Q":
-                    self._resolve(token, state)
+                    self._resolve(token, state, live)
                 elif token is None and state == "G":
                     log.warning("slot %s of model %s outlived its lease (gateway stalled or Redis lost it)",
                                 slot_id, model)
