@@ -20,6 +20,7 @@ from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
 
 # The gateway validates these same limits at start; one model keeps the two in step.
+from serving.gateway.queue_policy import QueuePolicy
 from serving.gateway.settings import KeyLimits
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -168,6 +169,10 @@ class Autoscaling(_Spec):
     max_ongoing_requests: int = Field(default=64, ge=1, description="Per-replica cap; beyond it requests queue.")
     upscale_delay_s: float = Field(default=30, ge=0, description="Sustained load before adding replicas.")
     downscale_delay_s: float = Field(default=600, ge=0, description="Sustained idleness before removing.")
+    cold_start_timeout_s: float | None = Field(
+        default=None, gt=0,
+        description="With min_replicas 0: how long the gateway holds a request while a replica starts. "
+                    "Default: the cold start `llmctl plan` expects, with a margin; a shorter value is refused.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Autoscaling:
@@ -296,6 +301,7 @@ class Gateway(_Spec):
         default=60.0, ge=0, description="During a Redis outage, keys verified this recently still work.")
     log_prompts: bool = Field(default=False, description="Put prompts in access logs (tenants' data: off).")
     certificate_arn: str | None = Field(default=None, description="ACM certificate for TLS on the NLB.")
+    queue: QueuePolicy = Field(default_factory=QueuePolicy, description="Fair, tiered wait for saturated models.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Gateway:
