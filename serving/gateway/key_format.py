@@ -14,6 +14,8 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from serving.gateway.queue_policy import TIER_NAME
+
 KEY_PREFIX = "sk-llm-"
 KEY_ID_LENGTH = 10
 _KEY_ID_ALPHABET = string.ascii_letters + string.digits  # no "_": it separates id from secret
@@ -42,6 +44,13 @@ class KeyRecord(BaseModel):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate (GCRA) override.")
     daily_token_budget: int | None = Field(default=None, ge=1, description="Tokens per UTC day override.")
     max_concurrent_requests: int | None = Field(default=None, ge=1, description="In-flight requests override.")
+    # Admission order when a model is saturated (serving.gateway.fair_queue); older records have neither.
+    tier: str | None = Field(
+        default=None, pattern=TIER_NAME,
+        description="Queue tier of the stack's gateway.queue.tiers; None (or a tier the stack dropped): its default.")
+    weight: float | None = Field(
+        default=None, gt=0, le=1000,
+        description="Share of a saturated model relative to other tenants in the same tier; None means 1.")
 
 
 def new_key() -> tuple[str, str]:
