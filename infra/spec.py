@@ -370,6 +370,11 @@ class StackSpec(_Spec):
                              "stack; a local stack loads each model from its source folder: remove cached")
         if local != isinstance(self.redis, LocalRedis):
             raise ValueError("redis.mode local goes with cloud.provider local, and only with it")
+        if self.gateway.queue.engine_priority:
+            fcfs = [m.id for m in self.models if m.engine_args.get("scheduling_policy", "priority") != "priority"]
+            if fcfs:
+                raise ValueError(f"gateway.queue.engine_priority sends each request's tier to vLLM as its priority, "
+                                 f"but models {fcfs} set engine_args.scheduling_policy otherwise: remove it")
         return self
 
     def node_group(self, name: str) -> GpuNodeGroup | CpuNodeGroup:
