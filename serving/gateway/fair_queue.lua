@@ -8,7 +8,8 @@
 --   5 tenants  hash: "<rank>|<tenant>" -> "<finish>|<queued>|<served finish>"
 --   6 replicas string: live replica count (absent: unknown)
 --   7.. queue zsets, one per tier, highest priority first: waiter id -> start tag
--- ARGV: op, default replicas, per-replica capacity, lease (us), wake channel prefix, then per op.
+-- ARGV: op, default replicas, per-replica capacity, lease (us), wake channel prefix, each tier's
+-- capacity share (comma-separated, non-increasing), then per op.
 --
 -- Times are Redis TIME in integer microseconds, so every gateway replica shares one clock.
 -- Waiter ids are "<16-digit seq>:<token>": equal start tags then sort by arrival (FIFO).
@@ -18,6 +19,8 @@
 local op = ARGV[1]
 local default_replicas, per_replica = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease, channel = tonumber(ARGV[4]), ARGV[5]
+local shares = {}
+for share in string.gmatch(ARGV[6], '[^,]+') do shares[#shares + 1] = tonumber(share) end
 local STATE, INFLIGHT, LEASES, WAITERS, TENANTS, REPLICAS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local FIRST_QUEUE = 7
 local TIERS = #KEYS - FIRST_QUEUE + 1
@@ -34,6 +37,11 @@ local function capacity()
   local replicas = live or default_replicas
   return math.max(replicas, 1) * per_replica, live or -1
 end
+
+-- A tier may fill only its share of the capacity: what lower tiers leave free is there at once
+-- for a higher tier's request. Shares never grow down the tiers, so when the highest waiting tier
+-- cannot be admitted, no lower one can.
+local function tier_cap(cap, rank) return math.max(1, math.floor(cap * shares[rank + 1] + 1e-9)) end
 
 local function vt_of(rank) return tonumber(redis.call('HGET', STATE, 'vt' .. rank) or '0') end
 
@@ -101,13 +109,13 @@ end
 -- Admit waiters, highest tier first and lowest start tag first, while capacity lasts.
 local function promote(cap, live)
   local count = redis.call('ZCARD', INFLIGHT)
-  while count < cap do
-    local head, rank = nil, nil
+  while true do
+    local rank = nil
     for r = 0, TIERS - 1 do
-      local popped = redis.call('ZPOPMIN', queue_key(r))
-      if #popped > 0 then head, rank = popped, r; break end
+      if redis.call('ZCARD', queue_key(r)) > 0 then rank = r; break end
     end
-    if not head then break end
+    if rank == nil or count >= tier_cap(cap, rank) then break end
+    local head = redis.call('ZPOPMIN', queue_key(rank))
     local id = head[1]
     local rec = redis.call('HGET', WAITERS, id)
     if rec then
@@ -137,14 +145,14 @@ end
 local function service_us() return tonumber(redis.call('HGET', STATE, 'svc_us') or '-1') end
 
 if op == 'admit' then
-  -- ARGV[6] token, [7] rank, [8] tenant, [9] cost / weight, [10] owner, [11] max queue length
-  local token, rank, tenant = ARGV[6], tonumber(ARGV[7]), ARGV[8]
-  local size, owner, max_len = tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
+  -- ARGV[7] token, [8] rank, [9] tenant, [10] cost / weight, [11] owner, [12] max queue length
+  local token, rank, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
+  local size, owner, max_len = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
   reclaim()
   local cap, live = capacity()
   local count = promote(cap, live)
-  if count < cap then
-    -- Capacity left after promoting means every queue is empty: admit at once.
+  if count < tier_cap(cap, rank) then
+    -- Room for this tier after promoting means no waiter of this or a higher tier: admit at once.
     redis.call('ZADD', INFLIGHT, int(now + lease), token)
     return {'A', token, 0, cap, live, int(service_us())}
   end
@@ -184,8 +192,8 @@ if op == 'admit' then
   return {'Q', id, queued, cap, live, int(service_us()), ahead}
 
 elseif op == 'release' then
-  -- ARGV[6] slot id, [7] how long it was held (us; negative: unknown)
-  local id, held = ARGV[6], tonumber(ARGV[7])
+  -- ARGV[7] slot id, [8] how long it was held (us; negative: unknown)
+  local id, held = ARGV[7], tonumber(ARGV[8])
   local removed = redis.call('ZREM', INFLIGHT, id)
   if removed == 1 and held >= 0 then
     local svc = service_us()
@@ -197,9 +205,9 @@ elseif op == 'release' then
   return removed
 
 elseif op == 'cancel' then
-  -- ARGV[6] waiter id. The waiter gives up (timeout or client gone); it may have been admitted
+  -- ARGV[7] waiter id. The waiter gives up (timeout or client gone); it may have been admitted
   -- or pushed out meanwhile, which the answer says.
-  local id = ARGV[6]
+  local id = ARGV[7]
   if redis.call('ZSCORE', INFLIGHT, id) then return {'A'} end
   local rec = redis.call('HGET', WAITERS, id)
   redis.call('HDEL', WAITERS, id)
@@ -212,10 +220,10 @@ elseif op == 'cancel' then
   return {'C', remaining, cap, live, int(service_us()), waiting_ahead(rank, start)}
 
 elseif op == 'renew' then
-  -- ARGV[6..] ids this gateway process holds or waits with: extend their leases, say what each is
+  -- ARGV[7..] ids this gateway process holds or waits with: extend their leases, say what each is
   -- (A in flight, Q queued, S pushed out, G gone); the last element is the live replica count.
   local states = {}
-  for i = 6, #ARGV do
+  for i = 7, #ARGV do
     local id = ARGV[i]
     if redis.call('ZSCORE', INFLIGHT, id) then
       redis.call('ZADD', INFLIGHT, 'XX', int(now + lease), id)
@@ -241,8 +249,8 @@ elseif op == 'renew' then
   return states
 
 elseif op == 'replicas' then
-  -- ARGV[6] live replica count, [7] seconds it stays valid (a dead publisher's figure expires)
-  redis.call('SET', REPLICAS, ARGV[6], 'EX', ARGV[7])
+  -- ARGV[7] live replica count, [8] seconds it stays valid (a dead publisher's figure expires)
+  redis.call('SET', REPLICAS, ARGV[7], 'EX', ARGV[8])
   reclaim()
   promote(capacity())
   return 1

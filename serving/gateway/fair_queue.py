@@ -136,6 +136,7 @@ class FairQueue:
         self._redis = redis_client(redis_url)  # no retries: a retried admit could take two slots
         self._listener_redis = redis_client(redis_url)  # its own connection, held by the subscription
         self._script = self._redis.register_script(LUA)
+        self._shares = ",".join(repr(tier.capacity_share) for tier in policy.tiers)
         self._waiting: dict[str, _Waiter] = {}  # token -> waiter
         self._held: dict[str, set[str]] = {}  # model -> slot ids this process holds
         self._tasks: list[asyncio.Task] = []
@@ -309,7 +310,7 @@ class FairQueue:
             return await self._script(
                 keys=queue_keys(model, len(self.policy.tiers)),
                 args=[op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
-                      CHANNEL_PREFIX, *args])
+                      CHANNEL_PREFIX, self._shares, *args])
         except (RedisError, OSError, TimeoutError) as exc:
             raise QueueUnavailable(f"fair queue Redis call {op} failed: {type(exc).__name__}") from exc
 

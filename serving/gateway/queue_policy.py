@@ -30,12 +30,17 @@ class QueueTier(_Strict):
         default=30.0, gt=0,
         description="Longest a request of this tier waits for a slot before it is refused (429 or 503). "
                     "A model scaling from zero waits up to its cold_start_timeout_s instead, when longer.")
+    capacity_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Fraction of a model's capacity requests of this tier may fill. Below 1, the rest stays free "
+                    "for earlier tiers, so their requests need not wait for a slot to free. Never larger than "
+                    "an earlier tier's.")
 
 
 def _default_tiers() -> list[QueueTier]:
     return [QueueTier(name="interactive", queue_timeout_s=30.0),
             QueueTier(name="standard", queue_timeout_s=60.0),
-            QueueTier(name="batch", max_queue_length=1024, queue_timeout_s=300.0)]
+            QueueTier(name="batch", max_queue_length=1024, queue_timeout_s=300.0, capacity_share=0.75)]
 
 
 class QueuePolicy(_Strict):
@@ -67,6 +72,10 @@ class QueuePolicy(_Strict):
             raise ValueError(f"tier names must be unique, got {names}")
         if self.default_tier not in names:
             raise ValueError(f"default_tier {self.default_tier!r} is not one of the tiers {names}")
+        shares = [t.capacity_share for t in self.tiers]
+        if shares != sorted(shares, reverse=True):
+            raise ValueError(f"capacity_share must not grow from one tier to the next (highest first), got "
+                             f"{dict(zip(names, shares))}")
         return self
 
     def rank(self, tier: str | None) -> int:

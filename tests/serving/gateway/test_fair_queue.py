@@ -180,6 +180,33 @@ def test_higher_tiers_go_first(redis_server):
     asyncio.run(scenario())
 
 
+def test_a_lower_tier_leaves_its_share_of_capacity_free_for_higher_ones(redis_server):
+    async def scenario() -> None:
+        model = fresh_model()
+        policy = QueuePolicy(tiers=[QueueTier(name="interactive"), QueueTier(name="batch", capacity_share=0.5)],
+                             default_tier="batch")
+        queue = FairQueue(redis_server.url, policy, {model: one_slot(max_ongoing_requests=4)}, lease_s=2,
+                          heartbeat_s=0.2)
+        await queue.start()
+        try:
+            batch = [await queue.acquire(model, "bulk", tier="batch") for _ in range(2)]
+            waiting = asyncio.create_task(queue.acquire(model, "bulk", tier="batch"))
+            await until(lambda: _queued(queue, model, 1), "batch waiting at half the capacity")
+            interactive = [await queue.acquire(model, "chat", tier="interactive") for _ in range(2)]
+            assert all(t.wait_s == 0 for t in interactive)  # no slot had to free for them
+            assert (await queue.status(model))["in_flight"] == 4
+            for ticket in interactive:
+                await ticket.release()
+            assert (await queue.status(model))["queued"]["batch"] == 1  # freed slots beyond its share stay free
+            await batch[0].release()  # batch below its share again: the waiter goes in
+            for ticket in (batch[1], await asyncio.wait_for(waiting, HANG_BOUND_S)):
+                await ticket.release()
+        finally:
+            await queue.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_timeouts_refuse_with_429_for_the_tenants_own_backlog_and_503_otherwise(redis_server):
     async def scenario() -> None:
         model = fresh_model()

@@ -104,6 +104,7 @@ def test_policy_ranks_tiers_and_sends_unknown_names_to_the_default():
     assert policy.rank("interactive") == 0 and policy.rank("batch") == 2
     assert policy.rank(None) == policy.rank("retired-tier") == policy.rank("standard") == 1
     assert policy.tier("nope").name == "standard"
+    assert [t.capacity_share for t in policy.tiers] == [1.0, 1.0, 0.75]  # batch leaves a quarter free
 
 
 def test_policy_refuses_a_default_tier_it_does_not_define_and_duplicate_tiers():
@@ -111,5 +112,7 @@ def test_policy_refuses_a_default_tier_it_does_not_define_and_duplicate_tiers():
         QueuePolicy(tiers=[QueueTier(name="gold")], default_tier="standard")
     with pytest.raises(ValidationError, match="unique"):
         QueuePolicy(tiers=[QueueTier(name="gold"), QueueTier(name="gold")], default_tier="gold")
+    with pytest.raises(ValidationError, match="capacity_share"):
+        QueuePolicy(tiers=[QueueTier(name="gold", capacity_share=0.5), QueueTier(name="bulk")], default_tier="bulk")
     with pytest.raises(ValidationError):
         ModelQueue(max_ongoing_requests=8, min_replicas=3, max_replicas=2)
