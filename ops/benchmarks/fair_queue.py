@@ -19,7 +19,8 @@ queue wait included, to the first chunk. Scenarios, each with fresh Redis keys:
 - `noisy_fair`: the same load through the fair queue;
 - `jain`: 4 equal tenants, each keeping `capacity` requests outstanding (all backlogged);
 - `interactive_alone` / `interactive_vs_batch`: an interactive key at 10% of capacity, alone and
-  while a batch key keeps 3x capacity outstanding.
+  while a batch key keeps 3x capacity outstanding (the batch tier may fill 75% of the capacity,
+  the default `capacity_share`).
 
 Targets (issue "fair, prioritized admission"): B's p99 TTFT in `noisy_fair` <= 1.5x `b_alone`,
 no 5xx, A served at least its fair share; Jain >= 0.9; interactive p99 TTFT under batch load
@@ -115,7 +116,8 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
     if scenario["queue"]:
         policy = QueuePolicy(tiers=[QueueTier(name="interactive", queue_timeout_s=120),
                                     QueueTier(name="standard", max_queue_length=64, queue_timeout_s=120),
-                                    QueueTier(name="batch", max_queue_length=64, queue_timeout_s=120)])
+                                    QueueTier(name="batch", max_queue_length=64, queue_timeout_s=120,
+                                              capacity_share=0.75)])
         queue = FairQueue(scenario["redis_url"], policy,
                           {scenario["model"]: ModelQueue(max_ongoing_requests=scenario["capacity"])})
         await queue.start()
