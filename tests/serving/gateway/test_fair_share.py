@@ -116,3 +116,16 @@ def test_policy_refuses_a_default_tier_it_does_not_define_and_duplicate_tiers():
         QueuePolicy(tiers=[QueueTier(name="gold", capacity_share=0.5), QueueTier(name="bulk")], default_tier="bulk")
     with pytest.raises(ValidationError):
         ModelQueue(max_ongoing_requests=8, min_replicas=3, max_replicas=2)
+
+
+def test_the_fair_queue_imports_in_the_slim_gateway_image():
+    """The gateway image has no Ray, vLLM, torch, Pulumi, infra or ops; its Lua ships as package data."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    poison = "import sys\nfor m in ('ray', 'vllm', 'torch', 'pulumi', 'infra', 'ops'): sys.modules[m] = None\n"
+    code = poison + "import serving.gateway.fair_queue as fq\nassert 'ZPOPMIN' in fq.LUA\nprint('ok')"
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
