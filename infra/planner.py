@@ -20,6 +20,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
+from infra.cold_start import cold_start_timeout_s, expected_cold_start
 from infra.gpu_catalog import InstanceType, gpu_class_info, load_catalog
 from infra.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.spec import (
@@ -54,6 +55,7 @@ class Reason(str, Enum):
     WEIGHTS_DO_NOT_FIT = "weights_do_not_fit"
     NO_ROOM_FOR_ONE_SEQUENCE = "no_room_for_one_sequence"
     NODE_GROUP_TOO_SMALL = "node_group_too_small"
+    COLD_START_TIMEOUT_TOO_SHORT = "cold_start_timeout_too_short"
 
 
 class Problem(BaseModel):
@@ -84,6 +86,10 @@ class ModelPlan(BaseModel):
     usd_per_hour_at_max: float | None
     gpu_memory: RankMemory | None = Field(
         default=None, description="How vLLM splits one rank's GPU memory (None on CPU).")
+    cold_start_s: float | None = Field(
+        default=None, description="Expected start from zero replicas (infra.cold_start).")
+    cold_start_timeout_s: float | None = Field(
+        default=None, description="How long the gateway holds requests while the model has no replica.")
 
 
 class NodeGroupPlan(BaseModel):
@@ -177,8 +183,32 @@ def plan_stack(spec: StackSpec, *, vllm_version: str = CLUSTER_VLLM_VERSION) -> 
             plan = plan.model_copy(update={"blue_green": "n/a (local stack)"})
         group_plans.append(plan)
         problems += found
+    model_plans, found = _with_cold_starts(spec, model_plans, group_plans)
     return StackPlan(stack=spec.name, vllm_version=vllm_version, models=model_plans, node_groups=group_plans,
-                     problems=problems)
+                     problems=problems + found)
+
+
+def _with_cold_starts(spec: StackSpec, models: list[ModelPlan], groups: list[NodeGroupPlan]
+                      ) -> tuple[list[ModelPlan], list[Problem]]:
+    """Each model's expected cold start; a model that scales to zero may not time out before it."""
+    spare = {g.name for g in groups if spec.node_group(g.name).min_size > g.nodes_at_min}
+    planned, problems = [], []
+    for plan in models:
+        model = spec.model(plan.model_id)
+        expected = expected_cold_start(model, spec.node_group(plan.node_group), weight_bytes=plan.weight_bytes,
+                                       spare_node=plan.node_group in spare)
+        timeout = cold_start_timeout_s(model, expected)
+        planned.append(plan.model_copy(update={"cold_start_s": round(expected.total_s),
+                                               "cold_start_timeout_s": timeout}))
+        if model.autoscaling.min_replicas == 0 and timeout < expected.total_s:
+            problems.append(Problem(
+                reason=Reason.COLD_START_TIMEOUT_TOO_SHORT, subject=model.id,
+                message=f"autoscaling.cold_start_timeout_s {timeout:.0f} s (Pulumi.{spec.name}.yaml, model "
+                        f"{model.id!r}) is shorter than its expected cold start of {expected.total_s:.0f} s "
+                        f"({expected.breakdown()}): requests would time out while the replica starts; raise it "
+                        f"to at least {math.ceil(expected.total_s)}, remove it (default: the estimate with a "
+                        "margin), or keep min_replicas >= 1"))
+    return planned, problems
 
 
 def plan_model(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *,

@@ -23,6 +23,7 @@ from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
 from infra.images import missing_registry_problem
 
 # The gateway validates these same limits at start; one model keeps the two in step.
+from serving.gateway.queue_policy import QueuePolicy
 from serving.gateway.settings import KeyLimits
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -222,6 +223,10 @@ class Autoscaling(_Spec):
     max_ongoing_requests: int = Field(default=64, ge=1, description="Per-replica cap; beyond it requests queue.")
     upscale_delay_s: float = Field(default=30, ge=0, description="Sustained load before adding replicas.")
     downscale_delay_s: float = Field(default=600, ge=0, description="Sustained idleness before removing.")
+    cold_start_timeout_s: float | None = Field(
+        default=None, gt=0,
+        description="With min_replicas 0: how long the gateway holds a request while a replica starts. "
+                    "Default: the cold start `llmctl plan` expects, with a margin; a shorter value is refused.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Autoscaling:
@@ -362,6 +367,7 @@ class Gateway(_Spec):
         description="Serve the internet-facing NLB without TLS (plain HTTP, API keys in clear). AWS stacks "
                     "without `certificate_arn` are refused unless this says true; `llmctl plan` warns.",
     )
+    queue: QueuePolicy = Field(default_factory=QueuePolicy, description="Fair, tiered wait for saturated models.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Gateway:
@@ -435,6 +441,11 @@ class StackSpec(_Spec):
             problems = self._cloud_problems()
             if problems:
                 raise SpecError(problems)
+        if self.gateway.queue.engine_priority:
+            fcfs = [m.id for m in self.models if m.engine_args.get("scheduling_policy", "priority") != "priority"]
+            if fcfs:
+                raise ValueError(f"gateway.queue.engine_priority sends each request's tier to vLLM as its priority, "
+                                 f"but models {fcfs} set engine_args.scheduling_policy otherwise: remove it")
         return self
 
     def _cloud_problems(self) -> list[tuple[str, str]]:

@@ -67,6 +67,11 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
         engine["speculative_config"] = _speculative_config(model, local=local)
     if on_cpu:
         engine["enforce_eager"] = True  # no CUDA graphs on CPU; also skips a slow warm-up
+    if spec.gateway.queue.enabled and spec.gateway.queue.engine_priority:
+        # The gateway then sets each request's `priority` to its tier's rank (0 first); vLLM
+        # refuses a non-zero priority unless the engine schedules by it (vLLM EngineArgs
+        # `scheduling_policy`, "lower value means earlier handling").
+        engine["scheduling_policy"] = "priority"
     engine.update(model.engine_args)
 
     config: dict[str, Any] = {

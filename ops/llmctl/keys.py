@@ -34,6 +34,11 @@ LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "daily_token_budget"
                 "monthly_budget_usd")
 BudgetOption = Annotated[Decimal | None, typer.Option(
     "--monthly-budget-usd", min=0.01, help="Dollars per calendar month (UTC) at the models' rate card (llmctl cost).")]
+# Where a key's requests queue when a model is saturated (the stack's gateway.queue.tiers).
+QUEUE_FIELDS = ("tier", "weight")
+TierOption = Annotated[str | None, typer.Option(help="Queue tier (gateway.queue.tiers of the stack), e.g. batch.")]
+WeightOption = Annotated[float | None, typer.Option(min=0.001, max=1000,
+                                                    help="Share of a saturated model within its tier (default 1).")]
 
 
 def resolve_redis_url(explicit: str | None, stack: str, environ: dict[str, str], dev_redis_url: str | None) -> str:
@@ -80,6 +85,30 @@ def _limits(**values: int | Decimal | None) -> dict[str, int | Decimal]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def _queueing(**values: str | float | None) -> dict[str, Any]:
+    """Tier and weight as given, checked against the key record's own rules before any Redis call."""
+    from pydantic import TypeAdapter, ValidationError
+
+    given = {name: value for name, value in values.items() if value is not None}
+    for name, value in given.items():
+        field = KeyRecord.model_fields[name]
+        try:
+            TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+        except ValidationError as exc:
+            raise typer.BadParameter(exc.errors()[0]["msg"], param_hint=f"--{name}") from None
+    return given
+
+
+async def _create(store: RedisKeyStore, tenant: str, name: str, *, queueing: dict[str, Any], **options: Any
+                  ) -> tuple[str, KeyRecord]:
+    """A new key, then its tier and weight (the key store's create takes limits only). The key is
+    printed only after both writes, so nobody holds it before its record is complete."""
+    key, record = await store.create(tenant, name, **options)
+    if queueing:
+        record = await store.update(record.key_id, **queueing) or record
+    return key, record
+
+
 def _describe(record: KeyRecord) -> dict[str, Any]:
     return record.model_dump(mode="json")
 
@@ -98,14 +127,18 @@ def create(
     max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
     monthly_budget_usd: BudgetOption = None,
     shadow: Annotated[bool, typer.Option(help="Shadow mode: over-limit requests are logged, not refused.")] = False,
+    tier: TierOption = None,
+    weight: WeightOption = None,
 ) -> None:
     """Make a key. The key is printed once, on stdout; only its hash is stored."""
     expires = datetime.now(timezone.utc) + timedelta(days=expires_in_days) if expires_in_days else None
     limits = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
                      daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests,
                      monthly_budget_usd=monthly_budget_usd)
-    key, record = _run(_store_url(redis_url, stack), lambda s: s.create(
-        tenant, name, expires_at=expires, allowed_models=model or None, limits=limits, shadow=shadow))
+    queueing = _queueing(tier=tier, weight=weight)
+    key, record = _run(_store_url(redis_url, stack), lambda s: _create(
+        s, tenant, name, expires_at=expires, allowed_models=model or None, limits=limits, shadow=shadow,
+        queueing=queueing))
     err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
     print(key)
 
@@ -118,13 +151,14 @@ def list_keys(stack: StackOption = "local", redis_url: RedisOption = None,
     if as_json:
         print(json.dumps([_describe(r) for r in records], indent=2))
         return
-    table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides", "mode")
+    table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides", "mode", "queue")
     now = datetime.now(timezone.utc)
     for r in records:
         state = "revoked" if r.revoked else "expired" if r.expires_at and r.expires_at <= now else "active"
         overrides = ", ".join(f"{f}={getattr(r, f)}" for f in LIMIT_FIELDS if getattr(r, f) is not None)
         table.add_row(r.key_id, r.tenant, r.name, r.created_at.strftime("%Y-%m-%d %H:%M"), state,
-                      ", ".join(r.allowed_models or ["all"]), overrides or "-", "shadow" if r.shadow else "enforced")
+                      ", ".join(r.allowed_models or ["all"]), overrides or "-", "shadow" if r.shadow else "enforced",
+                      f"{r.tier or 'default'} x{r.weight or 1:g}")
     out.print(table)
 
 
@@ -159,16 +193,20 @@ def set_key(
     monthly_budget_usd: BudgetOption = None,
     shadow: Annotated[bool | None, typer.Option("--shadow/--enforce", help="Log over-limit requests / refuse them.")
                       ] = None,
+    tier: TierOption = None,
+    weight: WeightOption = None,
 ) -> None:
-    """Change a key's limits or mode; every gateway replica applies it from the next request."""
+    """Change a key's limits, mode, tier or weight; every gateway replica applies it from the next request."""
     changes: dict[str, Any] = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
                                       daily_token_budget=daily_token_budget,
                                       max_concurrent_requests=max_concurrent_requests,
                                       monthly_budget_usd=monthly_budget_usd)
     if shadow is not None:
         changes["shadow"] = shadow
+    changes.update(_queueing(tier=tier, weight=weight))
     if not changes:
-        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 30) or --shadow/--enforce")
+        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 30), --shadow/--enforce, "
+                  "--tier or --weight")
         raise typer.Exit(ExitCode.UNUSABLE_INPUT)
     record = _run(_store_url(redis_url, stack), lambda s: s.update(key_id, **changes))
     if record is None:
@@ -179,14 +217,15 @@ def set_key(
 
 @app.command()
 def rotate(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None) -> None:
-    """A new key with the same tenant, name, models, expiry and limits; the old one is revoked."""
+    """A new key with the same tenant, name, models, expiry, limits, tier and weight; the old one is revoked."""
     async def swap(store: RedisKeyStore) -> tuple[str, KeyRecord] | None:
         old = await store.get(key_id)
         if old is None:
             return None
         limits = {f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None}
-        made = await store.create(old.tenant, old.name, expires_at=old.expires_at,
-                                  allowed_models=old.allowed_models, limits=limits, shadow=old.shadow)
+        queueing = {f: getattr(old, f) for f in QUEUE_FIELDS if getattr(old, f) is not None}
+        made = await _create(store, old.tenant, old.name, expires_at=old.expires_at,
+                             allowed_models=old.allowed_models, limits=limits, shadow=old.shadow, queueing=queueing)
         await store.revoke(key_id)
         return made
 

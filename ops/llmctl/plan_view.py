@@ -21,18 +21,27 @@ def _money(lo: float | None, hi: float | None) -> str:
     return "-" if lo is None or hi is None else f"${lo:,.2f} - ${hi:,.2f}"
 
 
+def _cold_start(expected: float | None, timeout: float | None, min_replicas: int) -> str:
+    """Expected start from zero replicas; with the gateway's wait for it when the model scales to zero."""
+    if expected is None:
+        return "-"
+    shown = f"~{expected / 60:.0f} min" if expected >= 90 else f"~{expected:.0f} s"
+    return f"{shown} (waits {timeout / 60:.0f} min)" if min_replicas == 0 and timeout is not None else shown
+
+
 def plan_tables(plan: StackPlan) -> list[Table]:
     models = Table(title=f"stack {plan.stack}: models (per replica: GPUs, weights, KV cache)",
                    title_justify="left")
     for column in ("model", "node group", "GPUs", "weights", "KV/token", "KV tokens",
-                   "seqs@max_len", "replicas", "nodes", "$/hour"):
+                   "seqs@max_len", "replicas", "nodes", "$/hour", "cold start"):
         models.add_column(column, justify="left" if column in ("model", "node group") else "right")
     for m in plan.models:
         models.add_row(
             m.model_id, m.node_group, str(m.gpus_per_replica or "-"),
             _size(m.weight_bytes), _size(m.kv_bytes_per_token), f"{m.kv_tokens_per_replica:,}",
             f"{m.max_concurrent_sequences:,}", f"{m.min_replicas} - {m.max_replicas}",
-            f"{m.nodes_at_min} - {m.nodes_at_max}", _money(m.usd_per_hour_at_min, m.usd_per_hour_at_max))
+            f"{m.nodes_at_min} - {m.nodes_at_max}", _money(m.usd_per_hour_at_min, m.usd_per_hour_at_max),
+            _cold_start(m.cold_start_s, m.cold_start_timeout_s, m.min_replicas))
     if any(m.gpu_memory is not None for m in plan.models):
         models.caption = f"GPU KV cache as vLLM {plan.vllm_version} sizes it (the cluster image's release)"
     groups = Table(title=f"stack {plan.stack}: node groups (on-demand prices, us-east-1)", title_justify="left")

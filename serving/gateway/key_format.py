@@ -15,6 +15,8 @@ from decimal import Decimal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from serving.gateway.queue_policy import TIER_NAME
+
 KEY_PREFIX = "sk-llm-"
 KEY_ID_LENGTH = 10
 _KEY_ID_ALPHABET = string.ascii_letters + string.digits  # no "_": it separates id from secret
@@ -48,6 +50,13 @@ class KeyRecord(BaseModel):
         description="Dollars this key may spend per calendar month (UTC), charged at each model's rate card "
                     "(serving.gateway.budgets). None: no budget of its own.",
     )
+    # Admission order when a model is saturated (serving.gateway.fair_queue); older records have neither.
+    tier: str | None = Field(
+        default=None, pattern=TIER_NAME,
+        description="Queue tier of the stack's gateway.queue.tiers; None (or a tier the stack dropped): its default.")
+    weight: float | None = Field(
+        default=None, gt=0, le=1000,
+        description="Share of a saturated model relative to other tenants in the same tier; None means 1.")
 
 
 def new_key() -> tuple[str, str]:

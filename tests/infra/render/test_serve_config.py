@@ -67,3 +67,30 @@ def test_ingress_scales_to_zero_with_the_models_as_ray_would_make_it():
         ingress["autoscaling_config"]["min_replicas"], ingress["autoscaling_config"]["max_replicas"],
         ingress["autoscaling_config"]["target_ongoing_requests"])
     assert all(d["name"] != "OpenAiIngress" for d in serve_config(spec(1))["applications"][0]["deployments"])
+
+
+def test_engine_priority_turns_on_vllms_priority_scheduling_for_every_model():
+    import dataclasses
+
+    from ray.serve.llm import LLMConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    document = stack_document(gateway={"allow_plaintext": True, "queue": {"engine_priority": True}})
+    configs = serve_config(spec_from_document(document, name="t", file_label="Pulumi.t.yaml")
+                           )["applications"][0]["args"]["llm_configs"]
+    assert all(c["engine_kwargs"]["scheduling_policy"] == "priority" for c in configs)
+    assert "scheduling_policy" in {f.name for f in dataclasses.fields(EngineArgs)}  # the argument vLLM reads
+    for config in configs:
+        LLMConfig.model_validate(config)
+    plain = serve_config(spec_from_document(stack_document(), name="t", file_label="Pulumi.t.yaml"))
+    assert "scheduling_policy" not in plain["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]
+
+
+def test_engine_priority_refuses_a_model_that_schedules_first_come_first_served():
+    from infra.stack_file import StackFileError
+
+    model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
+             "engine_args": {"scheduling_policy": "fcfs"}}
+    document = stack_document(models=[model], gateway={"allow_plaintext": True, "queue": {"engine_priority": True}})
+    with pytest.raises(StackFileError, match="scheduling_policy"):
+        spec_from_document(document, name="t", file_label="Pulumi.t.yaml")

@@ -127,3 +127,26 @@ def test_monthly_budget_in_dollars_is_stored_and_survives_rotation(redis_url):
     assert str(verify(redis_url, rotated.stdout.strip()).monthly_budget_usd) == "300"
     refused = run("set", record.key_id, "--monthly-budget-usd", "0")
     assert refused.returncode == 2 and "monthly-budget-usd" in refused.stderr
+
+
+def test_tier_and_weight_are_set_at_creation_changed_kept_on_rotation_and_checked(redis_url):
+    from typer.testing import CliRunner
+
+    from ops.llmctl.keys import app
+
+    runner = CliRunner()
+    made = runner.invoke(app, ["create", "--tenant", "acme", "--name", "batch-bot", "--tier", "batch",
+                               "--weight", "2", "--redis-url", redis_url])
+    assert made.exit_code == 0, made.output
+    key = made.stdout.strip().splitlines()[-1]
+    record = verify(redis_url, key)
+    assert (record.tier, record.weight) == ("batch", 2.0)
+    changed = runner.invoke(app, ["set", record.key_id, "--tier", "interactive", "--redis-url", redis_url])
+    assert changed.exit_code == 0, changed.output
+    assert (verify(redis_url, key).tier, verify(redis_url, key).weight) == ("interactive", 2.0)
+    rotated = runner.invoke(app, ["rotate", record.key_id, "--redis-url", redis_url])
+    new = verify(redis_url, rotated.stdout.strip().splitlines()[-1])
+    assert (new.tier, new.weight) == ("interactive", 2.0)
+    bad = runner.invoke(app, ["set", new.key_id, "--tier", "Gold Tier", "--redis-url", redis_url])
+    assert bad.exit_code == 2 and "--tier" in bad.output
+    assert verify(redis_url, rotated.stdout.strip().splitlines()[-1]).tier == "interactive"
