@@ -38,6 +38,7 @@ INVALID_JSON_MESSAGE = "The request body is not valid JSON (UTF-8 text, RFC 8259
 # A JSON string: quote, then anything but quote or backslash, or a backslash and any character.
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OBJECTS_AS_ARRAYS = bytes.maketrans(b"{}", b"[]")
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,16 @@ def nesting_within(body: bytes, max_depth: int) -> bool | None:
     safe to hand to a recursive parser either: `[[[[...` unclosed recurses as deep as it is long).
 
     No recursion and no Python loop per character: one regex cuts the strings out, the
-    brackets are kept, and innermost pairs are removed a pass at a time (bytes.replace, at C
-    speed). A document d levels deep empties in d passes, so at most `max_depth` passes run.
-    Strings are found as a JSON parser finds them up to the first syntax error, and a parser
-    reads nothing past that, so it can never nest deeper than this counts."""
-    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
-    if brackets.count(b"[") + brackets.count(b"{") <= max_depth:
+    brackets are kept (objects' as arrays': a parser recurses into both alike, and a mismatch
+    stops it), and innermost pairs are removed a pass at a time (bytes.replace, at C speed,
+    finds only pairs already adjacent, so each pass peels exactly one level). At most
+    `max_depth` passes run. Strings are found as a JSON parser finds them up to the first
+    syntax error, and a parser reads nothing past that, so it never nests deeper than this counts."""
+    brackets = _STRING.sub(b"", body).translate(_OBJECTS_AS_ARRAYS, _NOT_BRACKETS)
+    if brackets.count(b"[") <= max_depth:
         return True  # even unpaired, no parser can nest deeper than the openers there are
     for _ in range(max_depth):
-        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        shorter = brackets.replace(b"[]", b"")
         if not shorter:
             return True
         if len(shorter) == len(brackets):

@@ -37,7 +37,9 @@ def api_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
         apps.api,
         host=settings.host,
         port=settings.port,
-        limit_concurrency=settings.max_connections,
+        # uvicorn counts the connection asking among the open ones (protocols/http/*_impl.py,
+        # `len(self.connections) >= self.limit_concurrency`): +1 serves max_connections at once.
+        limit_concurrency=settings.max_connections + 1,
         # On SIGTERM: stop accepting, let in-flight streams finish for this long, then cancel them.
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         access_log=False,  # ours (JSON, with key_id and tenant) replaces uvicorn's
