@@ -176,13 +176,14 @@ def first_token(base_url: str, api_key: str, model: str) -> None:
     stream.close()
 
 
-def banner(base_url: str, api_key: str, models: list[str], store: str) -> str:
+def banner(base_url: str, api_key: str, models: list[str], store: str, metrics_url: str) -> str:
     model = models[0]
     return f"""
 llmstack dev is serving {', '.join(models)}  (keys and limits: {store})
 
   base URL  {base_url}
   API key   {api_key}    (dev key, shown once; make a new one with every start)
+  metrics   {metrics_url}/metrics, {metrics_url}/readyz    (the gateway's private port)
 
   curl {base_url}/chat/completions \\
     -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
@@ -252,9 +253,9 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
             # `llmctl keys|status|scale --stack local` read it
             lock.record(base_url=base_url, metrics_url=metrics_url, redis_url=redis_url, stack=spec.name, **ray_info)
-            print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory"), flush=True)
+            print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory", metrics_url), flush=True)
             if ready_json:
-                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key,
+                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key, "metrics_url": metrics_url,
                                   "serve_url": f"http://127.0.0.1:{serve_port}/v1", "models": models,
                                   "redis_url": redis_url, "pid": os.getpid()}), flush=True)
             while gateway.poll() is None:
