@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from serving.gateway.body import BodyError, nesting_within, parse_json, request_document
 from serving.gateway.routes import CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS
 from serving.gateway.settings import GatewaySettings
-from tests.serving.gateway.conftest import needs_redis
+from tests.support.gateway import needs_redis
 
 DEPTH = 32
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000")

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from ops.local_redis import free_port
-from tests.serving.gateway.conftest import HANG_BOUND_S, needs_redis
+from tests.support.gateway import HANG_BOUND_S, needs_redis
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.serving.gateway.conftest import needs_redis
+from tests.support.gateway import needs_redis
 
 pytestmark = needs_redis
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from serving.gateway.routes import ApiRoute, RouteRefusal, is_canonical, resolve
-from tests.serving.gateway.conftest import needs_redis
+from tests.support.gateway import needs_redis
 
 pytestmark = needs_redis
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tests.serving.gateway.conftest import HANG_BOUND_S, needs_redis
+from tests.support.gateway import HANG_BOUND_S, needs_redis
 
 pytestmark = needs_redis
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from serving.gateway.upstream_errors import rewritten
-from tests.serving.gateway.conftest import HANG_BOUND_S, Answer, needs_redis
+from tests.support.gateway import HANG_BOUND_S, Answer, needs_redis
 
 pytestmark = needs_redis
 
@@ -58,8 +58,8 @@ def test_a_redirect_is_not_relayed(gateway, recorded, key):
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_server_errors_name_nothing_internal(gateway, recorded, key, status):
-    internal = (f"ray.exceptions.RayActorError: The actor died unexpectedly. LLMServer on node 10.0.3.7 "
-                f"Traceback: File /home/ray/anaconda3/lib/python3.12/site-packages/vllm/engine.py")
+    internal = ("ray.exceptions.RayActorError: The actor died unexpectedly. LLMServer on node 10.0.3.7 "
+                "Traceback: File /home/ray/anaconda3/lib/python3.12/site-packages/vllm/engine.py")
     scripted(recorded, status, ray_error(status, "Internal Server Error", internal), ("server", "uvicorn"),
              ("x-ray-node", "10.0.3.7"))
     error = call(gateway, key)
