@@ -95,4 +95,7 @@ class GatewayServer:
 
 
 def run(apps: GatewayApps, settings: GatewaySettings) -> None:
-    asyncio.run(GatewayServer(apps, settings).serve())
+    server = GatewayServer(apps, settings)
+    # The event loop uvicorn.run would pick (uvloop when installed, as in the gateway image).
+    with asyncio.Runner(loop_factory=server.api.config.get_loop_factory()) as runner:
+        runner.run(server.serve())
