@@ -219,22 +219,27 @@ class UpstreamProxy:
 
 
 async def _read_some(upstream: aiohttp.ClientResponse, limit: int, deadline: float) -> bytes:
-    """Up to `limit` bytes of a response body (less if it breaks or the deadline passes), then
-    the response is closed: its connection is not reused, since the rest was not read."""
+    """Up to `limit` bytes of a response body (less if it breaks or the deadline passes). A body
+    read to its end gives its connection back to the pool; otherwise the connection is closed,
+    since the rest of the body is still on it."""
     parts: list[bytes] = []
-    size = 0
+    size, whole = 0, False
     try:
         with anyio.move_on_after(deadline - time.monotonic()):
             while size < limit:
                 chunk = await upstream.content.read(limit - size)
                 if not chunk:
+                    whole = True
                     break
                 parts.append(chunk)
                 size += len(chunk)
     except (aiohttp.ClientError, TimeoutError):
         pass
     finally:
-        upstream.close()
+        if whole:
+            upstream.release()
+        else:
+            upstream.close()
     return b"".join(parts)
 
 
