@@ -217,7 +217,7 @@ def load_settings(environ: Mapping[str, str] = os.environ) -> GatewaySettings:
         error = exc.errors()[0]
         path = ".".join(str(part) for part in error["loc"])
         field = str(error["loc"][0]) if error["loc"] else ""
-        where = sources.get(field) or f"{SETTINGS_VAR} key {path!r}"
+        where = sources.get(field) or (f"{SETTINGS_VAR} key {path!r}" if path else SETTINGS_VAR)
         raise SettingsError(f"{where}: {error['msg']}") from None
 
 
