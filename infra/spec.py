@@ -24,7 +24,7 @@ from infra.images import missing_registry_problem
 
 # The gateway validates these same limits at start; one model keeps the two in step.
 from serving.gateway.queue_policy import QueuePolicy
-from serving.gateway.settings import KeyLimits
+from serving.gateway.settings import NEVER_FORWARDED_HEADERS, NEVER_FROM_CLIENTS, NEVER_FROM_CLIENTS_WHY, KeyLimits
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -369,10 +369,50 @@ class Gateway(_Spec):
     )
     queue: QueuePolicy = Field(default_factory=QueuePolicy, description="Fair, tiered wait for saturated models.")
 
+    # --- exposure, transport bounds and what reaches Ray Serve (serving.gateway.settings) --------
+    metrics_port: int = Field(
+        default=9090, ge=1024, le=65535,
+        description="Port for /metrics and /readyz. The Service does not publish it; a NetworkPolicy admits "
+                    "only metrics_namespace (and the kubelet's probes).")
+    metrics_namespace: str = Field(
+        default="monitoring", pattern=DNS_LABEL,
+        description="Namespace of the Prometheus that scrapes the gateway: the only pods that reach metrics_port.")
+    max_connections: int = Field(
+        default=256, ge=1,
+        description="Connections one gateway pod serves at once (503 past it). The pod's memory limit grows "
+                    "with max_connections x max_body_bytes, what slow uploads can hold.")
+    body_timeout_s: float = Field(default=30.0, gt=0, description="A request must arrive whole within this (408).")
+    max_json_depth: int = Field(default=32, ge=2, le=200, description="Deepest JSON nesting accepted in a body.")
+    allowed_body_extensions: list[str] = Field(
+        default_factory=list,
+        description="vLLM body fields beyond OpenAI's the gateway passes on (e.g. ignore_eos, top_k, "
+                    "chat_template_kwargs); any other unknown field is refused with 400.")
+    forward_request_headers: list[str] = Field(
+        default_factory=list,
+        description="Request headers passed to Ray Serve besides content-type and accept (e.g. traceparent).")
+
+    @field_validator("allowed_body_extensions")
+    @classmethod
+    def _no_engine_internals(cls, value: list[str]) -> list[str]:
+        refused = sorted(set(value) & NEVER_FROM_CLIENTS)
+        if refused:
+            raise ValueError(f"remove {refused}: they must never come from a client ({NEVER_FROM_CLIENTS_WHY})")
+        return value
+
+    @field_validator("forward_request_headers")
+    @classmethod
+    def _forwardable_headers(cls, value: list[str]) -> list[str]:
+        refused = sorted({name.lower() for name in value} & NEVER_FORWARDED_HEADERS)
+        if refused:
+            raise ValueError(f"remove {refused}: credentials, connection-level or set by the gateway itself")
+        return value
+
     @model_validator(mode="after")
     def _ordered(self) -> Gateway:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        if self.metrics_port == self.port:
+            raise ValueError(f"metrics_port and port are both {self.port}: set metrics_port to another port")
         return self
 
 

@@ -1,14 +1,23 @@
-"""The gateway's Kubernetes objects, and the NetworkPolicy that makes it the only way in.
+"""The gateway's Kubernetes objects, and the NetworkPolicies that make it the only way in.
 
 The gateway is the product's security boundary: the Ray cluster must never face users.
 So the gateway's Service is the stack's only load balancer, and a NetworkPolicy lets
 nothing but gateway pods (and Ray itself, and the KubeRay operator's health checks)
 reach Ray pods. Secrets (the Redis URL) are referenced by name, never inlined.
+
+Each gateway pod listens on two ports: `http` (the OpenAI API, published by the Service) and
+`metrics` (/metrics, with tenant names and usage, and /readyz, a Redis PING per call), which
+the Service does not publish. Prometheus finds the metrics port from the pod's
+`prometheus.io/*` annotations (the convention of Prometheus' kubernetes_sd example scrape
+config), and the gateway's own NetworkPolicy admits only the stack's `metrics_namespace`
+there. Kubelet probes need no rule: traffic from a pod's own node is always allowed
+(kubernetes.io, concepts/services-networking/network-policies).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from infra.render.common import (
@@ -26,13 +35,14 @@ from infra.render.serve_config import SERVE_PORT
 from infra.spec import StackSpec
 
 PRESTOP_SLEEP_S = 10
+BASE_MEMORY_MIB = 256  # the process itself: Python, the apps, the upstream pool
 RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
 
 def gateway_objects(spec: StackSpec) -> list[dict[str, Any]]:
     return [_deployment(spec), _service(spec), _autoscaler(spec), _disruption_budget(spec),
-            _ray_network_policy(spec)]
+            _gateway_network_policy(spec), _ray_network_policy(spec)]
 
 
 def _selector() -> dict[str, str]:
@@ -56,18 +66,36 @@ def gateway_settings(spec: StackSpec) -> str:
         "request_timeout_s": g.request_timeout_s,
         "key_cache_ttl_s": g.key_cache_ttl_s,
         "log_prompts": g.log_prompts,
+        "metrics_port": g.metrics_port,
+        "max_connections": g.max_connections,
+        "body_timeout_s": g.body_timeout_s,
+        "max_json_depth": g.max_json_depth,
+        "allowed_body_extensions": g.allowed_body_extensions,
+        "forward_request_headers": g.forward_request_headers,
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
     }, sort_keys=True)
 
 
+def memory_limit_mib(spec: StackSpec) -> int:
+    """The process, plus every connection holding a body of the largest size accepted: the
+    most that slow uploads can make one pod hold before the connection cap answers 503."""
+    g = spec.gateway
+    return BASE_MEMORY_MIB + math.ceil(g.max_connections * g.max_body_bytes / 2**20)
+
+
+def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.gateway.metrics_port),
+            "prometheus.io/path": "/metrics"}
+
+
 def _deployment(spec: StackSpec) -> dict[str, Any]:
-    port = spec.gateway.port
+    g = spec.gateway
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     container = {
         "name": "gateway",
         "image": spec.versions.gateway_image,
-        "ports": [{"name": "http", "containerPort": port}],
+        "ports": [{"name": "http", "containerPort": g.port}, {"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
             {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec)},
@@ -77,9 +105,10 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         # seconds so the load balancer stops sending here first, then uvicorn drains in-flight
         # streams (shutdown_grace_s, 90 s); both fit in the pod's 120 s grace period.
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
-        "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "http"}},
+        "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "metrics"}},
         "livenessProbe": probe,
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                      "limits": {"memory": f"{memory_limit_mib(spec)}Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -92,7 +121,7 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": _selector()},
             "template": {
-                "metadata": {"labels": labels("gateway", spec.name)},
+                "metadata": {"labels": labels("gateway", spec.name), "annotations": prometheus_annotations(spec)},
                 "spec": {
                     "automountServiceAccountToken": False,
                     # Long enough to finish in-flight streams after SIGTERM.
@@ -155,6 +184,27 @@ def _disruption_budget(spec: StackSpec) -> dict[str, Any]:
         "kind": "PodDisruptionBudget",
         "metadata": metadata(GATEWAY_NAME, "gateway", spec.name),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _selector()}},
+    }
+
+
+def _gateway_network_policy(spec: StackSpec) -> dict[str, Any]:
+    """Anyone may reach the API port (the load balancer keeps client addresses); only the
+    stack's Prometheus namespace reaches the metrics port. Ray pods, which run tenant input,
+    get neither an exception nor a way to read other tenants' usage."""
+    g = spec.gateway
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": g.metrics_namespace}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata("llmstack-gateway-ingress", "gateway", spec.name),
+        "spec": {
+            "podSelector": {"matchLabels": _selector()},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": g.port}]},
+                {"from": [prometheus], "ports": [{"protocol": "TCP", "port": g.metrics_port}]},
+            ],
+        },
     }
 
 

@@ -147,7 +147,7 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
         stub_process = stack.enter_context(background(
             [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"))
         gateway_env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": own_redis.url,
-                       "LLMSTACK_GATEWAY_PORT": str(gateway_port),
+                       "LLMSTACK_GATEWAY_PORT": str(gateway_port), "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
                        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
         gateway = stack.enter_context(background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log",
                                                  gateway_env))
@@ -205,6 +205,7 @@ def sequential_breakdown(stack: ExitStack, folder: Path, stub: str, gateway: tup
     into its proxy hop and its Redis round trips. 1,000 requests each, interleaved twice."""
     port = free_port()
     env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
+           "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "default_limits": GENEROUS})}
     key_file = folder / "memory-gateway.key"
     memory = stack.enter_context(background([sys.executable, "-m", "serving.gateway", "--dev-key-file", str(key_file)],

@@ -35,6 +35,7 @@ class RunningDev(BaseModel):
     pid: int = Field(description="The `make dev` process.")
     stack: str = Field(default="local", description="Stack it runs.")
     base_url: str = Field(description="Gateway base URL, ending in /v1.")
+    metrics_url: str | None = Field(default=None, description="The gateway's metrics port: /readyz and /metrics.")
     redis_url: str | None = Field(default=None, description="Its private redis-server; None: in-memory store.")
     ray_address: str | None = Field(default=None, description="GCS address of its Ray.")
     ray_auth_mode: str | None = Field(default=None, description="RAY_AUTH_MODE a client must use.")

@@ -78,13 +78,14 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> dict[str, Any
             "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port}
 
 
-def start_gateway(spec: StackSpec, *, port: int, upstream: str, redis_url: str | None,
+def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: str, redis_url: str | None,
                   dev_key_file: Path | None) -> subprocess.Popen[bytes]:
     """The gateway as its own process, configured as the rendered Deployment configures it,
-    but bound to loopback. With the in-memory store only the gateway itself can make a key,
-    so it writes one to `dev_key_file` (mode 0600)."""
+    but bound to loopback (/metrics and /readyz on `metrics_port`). With the in-memory store
+    only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600)."""
     env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec),
-           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port)}
+           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port),
+           "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
     env.pop("LLMSTACK_REDIS_URL", None)
     if redis_url:
         env["LLMSTACK_REDIS_URL"] = redis_url
@@ -104,13 +105,14 @@ def first_token(base_url: str, api_key: str, model: str) -> None:
     stream.close()
 
 
-def banner(base_url: str, api_key: str, models: list[str], store: str) -> str:
+def banner(base_url: str, api_key: str, models: list[str], store: str, metrics_url: str) -> str:
     model = models[0]
     return f"""
 llmstack dev is serving {', '.join(models)}  (keys and limits: {store})
 
   base URL  {base_url}
   API key   {api_key}    (dev key, shown once; make a new one with every start)
+  metrics   {metrics_url}/metrics, {metrics_url}/readyz    (the gateway's private port)
 
   curl {base_url}/chat/completions \\
     -H "Authorization: Bearer {api_key}" -H "Content-Type: application/json" \\
@@ -164,13 +166,16 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             ray_info = start_ray_serve(spec, serve_port, say)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else state_dir() / "dev-key"
-            gateway = start_gateway(spec, port=port, upstream=f"http://127.0.0.1:{serve_port}",
-                                    redis_url=redis_url, dev_key_file=key_file)
+            metrics_port = free_port()
+            metrics_url = f"http://127.0.0.1:{metrics_port}"
+            gateway = start_gateway(spec, port=port, metrics_port=metrics_port,
+                                    upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
+                                    dev_key_file=key_file)
             cleanup.callback(terminate, gateway)
             if key_file:
                 cleanup.callback(key_file.unlink, missing_ok=True)
             base_url = f"http://127.0.0.1:{port}/v1"
-            wait_for_http(f"http://127.0.0.1:{port}/readyz", gateway, 60, ok=lambda r: r.status_code == 200)
+            wait_for_http(f"{metrics_url}/readyz", gateway, 60, ok=lambda r: r.status_code == 200)
             if redis_url:
                 api_key = create_key_sync(redis_url, tenant="dev", name="make-dev")
             else:
@@ -179,10 +184,10 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             first_token(base_url, api_key, models[0])
             say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
             # `llmctl keys|status|scale --stack local` read it
-            lock.record(base_url=base_url, redis_url=redis_url, stack=spec.name, **ray_info)
-            print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory"), flush=True)
+            lock.record(base_url=base_url, metrics_url=metrics_url, redis_url=redis_url, stack=spec.name, **ray_info)
+            print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory", metrics_url), flush=True)
             if ready_json:
-                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key,
+                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key, "metrics_url": metrics_url,
                                   "serve_url": f"http://127.0.0.1:{serve_port}/v1", "models": models,
                                   "redis_url": redis_url, "pid": os.getpid()}), flush=True)
             while gateway.poll() is None:

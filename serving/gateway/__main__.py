@@ -1,9 +1,11 @@
 """Run the gateway, or make an API key.
 
     python -m serving.gateway [--dev-key-file PATH]
-        Serve. Settings come from the environment (see serving.gateway.settings).
+        Serve: the API on the port, /metrics and /readyz on the metrics port (serving.gateway.server).
+        Settings come from the environment (see serving.gateway.settings).
         --dev-key-file: with the in-memory key store only, make one key at start and write it
-        to PATH (mode 0600), since no other process can reach that store to create one.
+        to PATH (mode 0600; a symlink there is refused), since no other process can reach that
+        store to create one.
     python -m serving.gateway create-key --tenant T --name N [--model M ...]
         Print a new key, stored (hashed) in the Redis at LLMSTACK_REDIS_URL.
 """
@@ -31,19 +33,26 @@ def _configure_logging() -> None:
     access.propagate = False
 
 
-def _write_dev_key(store: KeyStore, path: Path) -> None:
-    key, record = asyncio.run(store.create("local", "dev"))
+def write_dev_key(path: Path, key: str) -> None:
+    """Write `key` to `path`, readable by its owner only (0600), even if the file existed with
+    wider permissions. A symlink at `path` is refused rather than followed: it could point the
+    key somewhere others can read."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as file:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode applies to new files only
         file.write(key + "\n")
+
+
+def _make_dev_key(store: KeyStore, path: Path) -> None:
+    key, record = asyncio.run(store.create("local", "dev"))
+    write_dev_key(path, key)
     logging.getLogger("llmstack.gateway").warning("wrote a dev key (key_id %s) to %s", record.key_id, path)
 
 
 def serve(dev_key_file: Path | None) -> int:
-    import uvicorn
-
-    from serving.gateway.app import create_app
+    from serving.gateway import server
+    from serving.gateway.app import create_apps
 
     settings = load_settings()
     store: KeyStore = RedisKeyStore(settings.redis_url) if settings.redis_url else MemoryKeyStore()
@@ -52,17 +61,17 @@ def serve(dev_key_file: Path | None) -> int:
             print(f"--dev-key-file is for the in-memory store only; with {REDIS_VAR} set, use "
                   "`python -m serving.gateway create-key`", file=sys.stderr)
             return 2
-        _write_dev_key(store, dev_key_file)
-    uvicorn.run(
-        create_app(settings, store),
-        host=settings.host,
-        port=settings.port,
-        # On SIGTERM: stop accepting, let in-flight streams finish for this long, then cancel them.
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        access_log=False,  # ours (JSON, with key_id and tenant) replaces uvicorn's
-        log_config=None,  # keep the logging configured above
-        server_header=False,
-    )
+        try:
+            _make_dev_key(store, dev_key_file)
+        except OSError as exc:  # ELOOP: a symlink there
+            print(f"cannot write the dev key to {dev_key_file}: {exc.strerror} (a symlink is refused)",
+                  file=sys.stderr)
+            return 2
+    try:
+        server.run(create_apps(settings, store), settings)
+    except OSError as exc:
+        print(f"llmstack gateway: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,7 +5,8 @@ but adds a task per request): it sees the response status as it starts, and logs
 response ends - for a stream, when the last chunk is sent or the client leaves - so latency
 covers the whole answer. Handlers tell it who called through `caller_of(scope)`.
 
-Logged: request id, key_id, tenant, model, method, path, status, latency, tokens billed and
+Logged: request id (always the gateway's own; the caller's x-request-id, if any, as
+client_request_id), key_id, tenant, model, method, path, status, latency, tokens billed and
 time to first token. Never the key, headers or query string; the prompt only when the stack
 sets `log_prompts` (prompts are the tenants' data). The same end-of-response point feeds the
 Prometheus metrics (serving.gateway.metrics).
@@ -55,21 +56,25 @@ def note_caller(scope: Scope, key: KeyRecord) -> None:
     caller.key_id, caller.tenant = key.key_id, key.tenant
 
 
-def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
-    """The caller's x-request-id when it is short and printable (so it is safe to log and
-    forward), else a fresh one."""
+def client_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The caller's own x-request-id, for the access line only, when it is short and printable
+    (so it is safe to log); else None. It is never forwarded: vLLM and Ray Serve use the
+    request id as the engine request's name, and one caller could reuse (and so collide with,
+    or abort) another's."""
     for name, value in headers:
         if name.lower() == REQUEST_ID_HEADER.encode():
             text = value.decode("latin-1")
             if 0 < len(text) <= _MAX_REQUEST_ID_LENGTH and text.isascii() and text.isprintable():
                 return text
-    return uuid.uuid4().hex
+    return None
 
 
 def access_line(*, request_id: str, caller: Caller, method: str, path: str, status: int | None,
-                latency_ms: float, usage: Usage | None = None, ttft_ms: float | None = None) -> str:
+                latency_ms: float, usage: Usage | None = None, ttft_ms: float | None = None,
+                client_request_id: str | None = None) -> str:
     line = {
-        "event": "access", "request_id": request_id, "key_id": caller.key_id, "tenant": caller.tenant,
+        "event": "access", "request_id": request_id, "client_request_id": client_request_id,
+        "key_id": caller.key_id, "tenant": caller.tenant,
         # The model name comes from the body: cut, so a megabyte "model" cannot flood the log.
         "model": caller.model[:MAX_MODEL_CHARS] if caller.model else None,
         "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
@@ -94,7 +99,7 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = request_id_from(scope["headers"])
+        request_id, client_id = uuid.uuid4().hex, client_request_id(scope["headers"])
         # The handler (and so the upstream) sees exactly one x-request-id: ours.
         scope["headers"] = [(n, v) for n, v in scope["headers"] if n.lower() != REQUEST_ID_HEADER.encode()]
         scope["headers"].append((REQUEST_ID_HEADER.encode(), request_id.encode()))
@@ -123,7 +128,8 @@ class AccessLogMiddleware:
             if not (probe and status == 200):
                 log.info(access_line(request_id=request_id, caller=caller, method=scope["method"],
                                      path=scope["path"], status=status, latency_ms=elapsed_s * 1000, usage=usage,
-                                     ttft_ms=None if ttft_s is None else ttft_s * 1000))
+                                     ttft_ms=None if ttft_s is None else ttft_s * 1000,
+                                     client_request_id=client_id))
 
     def _observe(self, caller: Caller, status: int | None, elapsed_s: float, usage: Usage | None,
                  ttft_s: float | None) -> None:

@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from serving.gateway import errors
 from serving.gateway.access_log import caller_of, note_caller
+from serving.gateway.body import BodyError, request_document
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterUnavailable, Ticket, effective_limits
@@ -72,22 +73,10 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key", "").strip() or None
 
 
-def requested_model(body: bytes) -> str | None:
-    """The `model` field of a JSON body; None when there is no JSON object with a string model.
-    Malformed bodies are the upstream's to reject, with its own (OpenAI-shaped) message."""
-    document = json_object(body)
+def requested_model(document: dict | None) -> str | None:
+    """The `model` field of a request's JSON object; None when it names no model as a string."""
     model = document.get("model") if document is not None else None
     return model if isinstance(model, str) else None
-
-
-def json_object(body: bytes) -> dict | None:
-    if not body.lstrip().startswith(b"{"):
-        return None
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    return document if isinstance(document, dict) else None
 
 
 def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool) -> bool:
@@ -147,12 +136,15 @@ class Admitter:
         body = await read_body_within(request, settings.max_body_bytes)
         if body is None:
             return errors.body_too_large(settings.max_body_bytes)
-        model = requested_model(body)
+        document = request_document(body, request.url.path, settings)  # the one parse, bounded
+        if isinstance(document, BodyError):
+            return errors.invalid_request(document.param, document.message, document.code)
+        model = requested_model(document)
         caller_of(request.scope).model = model
-        if not model_allowed(record, model, has_body=bool(body.strip())):
+        if not model_allowed(record, model, has_body=document is not None):
             return errors.model_not_allowed(model)
 
-        document, path = json_object(body), request.url.path
+        path = request.url.path
         violation = check_request(document, path, settings)  # before the limiter: a refusal costs no quota
         if violation is not None:
             return errors.invalid_request(violation.param, violation.message, violation.code)

@@ -1,12 +1,18 @@
-"""The gateway's ASGI app: probes, and the OpenAI API admitted and proxied under /v1/.
+"""The gateway's two ASGI apps: the OpenAI API on the public port, metrics and readiness on another.
 
+Public port (the Service publishes it):
     GET  /healthz       liveness: the process answers (never checks dependencies, so a Redis
                         outage does not make Kubernetes restart every gateway pod)
+    the OpenAI routes   serving.gateway.routes: an explicit allowlist; anything else is 404/405
+                        before any key check or upstream call. Then admission
+                        (serving.gateway.admission: key, body, limits), the proxy, and
+                        settlement of the key's tokens and concurrency slot
+
+Metrics port (settings.metrics_port; not published, reached by Prometheus and the kubelet):
     GET  /readyz        readiness: 200 "ready" when Redis answers; when it does not, 200 "degraded"
                         if this replica can still serve (fail mode local), else 503 with the reason
-    GET  /metrics       Prometheus metrics (serving.gateway.metrics)
-    GET|POST /v1/...    admission (serving.gateway.admission: key, body, limits), then the
-                        proxy, then settlement of the key's tokens and concurrency slot
+    GET  /metrics       Prometheus metrics (serving.gateway.metrics): tenant names and usage
+    GET  /healthz       as above
 """
 
 from __future__ import annotations
@@ -15,21 +21,24 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, request_response
 
 from serving.gateway import errors
 from serving.gateway.access_log import AccessLogMiddleware, caller_of
 from serving.gateway.admission import Admitter
+from serving.gateway.body import BodyDeadline, BodyTimeout
 from serving.gateway.keys import KeyStore
 from serving.gateway.limits import Limiter
 from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
+from serving.gateway.routes import RouteRefusal, resolve
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway")
@@ -54,8 +63,22 @@ async def key_store_problem(key_store: KeyStore) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class GatewayApps:
+    """`api` for the public port, `admin` for the metrics port. `api` owns the shared state
+    (key store, limiter, upstream pool) through its lifespan; `admin` has none of its own."""
+
+    api: Starlette
+    admin: Starlette
+
+
 def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
-    """The app owns `key_store` from here on: it closes it (and its upstream pool) at shutdown."""
+    """The public app alone, for callers that serve no metrics port."""
+    return create_apps(settings, key_store).api
+
+
+def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
+    """The apps own `key_store` from here on: `api` closes it (and its upstream pool) at shutdown."""
     metrics = GatewayMetrics(settings.models)
     proxy = UpstreamProxy(settings, metrics)
     limiter = Limiter(settings.redis_url, settings.limiter_fail_mode, request_timeout_s=settings.request_timeout_s,
@@ -72,6 +95,7 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
     async def readyz(request: Request) -> Response:
         problem = await key_store_problem(key_store)
         if problem is None:
+            metrics.degraded.set(0)  # Redis answers again: not degraded, even before the next admission
             return JSONResponse({"status": "ready"})
         metrics.degraded.set(1)
         if serves_without_redis and key_store.shared_across_processes:
@@ -83,39 +107,41 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def openai_api(request: Request) -> Response:
+        route = resolve(request.method, request.scope["path"], settings.models)
+        if isinstance(route, RouteRefusal):  # before the key check: unknown paths cost no Redis call
+            return _refusal(route, request)
         try:
             admission = await admitter.admit(request)
         except ClientDisconnect:  # gone while sending its body: nobody to answer, nothing charged
             return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except BodyTimeout:
+            return errors.body_timeout(settings.body_timeout_s)
         if isinstance(admission, Response):
             return admission
         caller_of(request.scope).meter = admission.meter
         ticket = admission.ticket
+        allowed_models = admission.key.allowed_models
+        if route.model is not None and allowed_models is not None and route.model not in allowed_models:
+            admission.meter.status = 404
+            await ticket.settle(0)
+            return errors.model_not_found(route.model)
         try:
-            response = await proxy.forward(request, admission.body, meter=admission.meter, settle=ticket.settle,
-                                           extra_headers=admission.headers)
+            response = await proxy.forward(request, route, admission.body, meter=admission.meter, settle=ticket.settle,
+                                           extra_headers=admission.headers, allowed_models=allowed_models)
         except BaseException:
             await ticket.settle(0)  # frees the concurrency slot; nothing was generated
             raise
-        if not isinstance(response, UpstreamStream):  # an error before any upstream answer
+        if not isinstance(response, UpstreamStream):  # an error, or a model list filtered for this key
             admission.meter.status = response.status_code  # bills nothing
             await ticket.settle(0)
             response.headers.update(admission.headers)
-        return response
-
-    async def not_found(request: Request, exc: HTTPException) -> Response:
-        return errors.not_found(request.url.path)
-
-    async def method_not_allowed(request: Request, exc: HTTPException) -> Response:
-        response = errors.method_not_allowed(request.method)
-        response.headers.update(exc.headers or {})  # keeps `Allow`
         return response
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if not key_store.shared_across_processes:
             log.warning(IN_MEMORY_WARNING)
-        log.info("gateway ready to proxy /v1/ to %s", settings.upstream_url)
+        log.info("gateway ready to proxy the OpenAI routes to %s", settings.upstream_url)
         try:
             yield
         finally:
@@ -123,14 +149,46 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
             await limiter.aclose()
             await key_store.aclose()
 
-    return Starlette(
+    api = Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        middleware=[Middleware(AccessLogMiddleware, metrics=metrics),
+                    Middleware(BodyDeadline, timeout_s=settings.body_timeout_s)],
+        exception_handlers={404: _not_found, 405: _method_not_allowed},
+        lifespan=lifespan,
+    )
+    admin = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
-            Route("/v1/{path:path}", openai_api, methods=["GET", "POST"]),
         ],
         middleware=[Middleware(AccessLogMiddleware, metrics=metrics)],
-        exception_handlers={404: not_found, 405: method_not_allowed},
-        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _method_not_allowed},
     )
+    # Every other request, whatever its path and method, goes to `openai_api`, where `resolve`
+    # decides (Starlette's own matching would redirect trailing slashes and know nothing of
+    # encodings). No redirects on the metrics port either.
+    api.router.default = request_response(openai_api)
+    for app in (api, admin):
+        app.router.redirect_slashes = False
+    return GatewayApps(api=api, admin=admin)
+
+
+def _refusal(refusal: RouteRefusal, request: Request) -> Response:
+    if refusal.status == 405:
+        response = errors.method_not_allowed(request.method)
+        response.headers["allow"] = ", ".join(refusal.allow)
+        return response
+    return errors.not_found(request.scope["path"])
+
+
+async def _not_found(request: Request, exc: HTTPException) -> Response:
+    return errors.not_found(request.scope["path"])
+
+
+async def _method_not_allowed(request: Request, exc: HTTPException) -> Response:
+    response = errors.method_not_allowed(request.method)
+    response.headers.update(exc.headers or {})  # keeps `Allow`
+    return response

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from serving.gateway.routes import SERVED_ROUTES
+
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
@@ -55,8 +57,19 @@ def invalid_request(param: str | None, message: str, code: str) -> JSONResponse:
 
 
 def not_found(path: str) -> JSONResponse:
-    return openai_error(404, f"Unknown path {path!r}: the gateway serves the OpenAI API under /v1/.",
+    return openai_error(404, f"Unknown path {path[:200]!r}: this gateway serves {SERVED_ROUTES}.",
                         INVALID_REQUEST, code="unknown_url")
+
+
+def model_not_found(model: str) -> JSONResponse:
+    return openai_error(404, f"The model {model[:200]!r} does not exist or this API key may not use it.",
+                        INVALID_REQUEST, code="model_not_found", param="model")
+
+
+def body_timeout(timeout_s: float) -> JSONResponse:
+    # Sent before the body was read whole: uvicorn closes the connection after it.
+    return openai_error(408, f"The request body did not arrive within {timeout_s:g} s.", INVALID_REQUEST,
+                        code="request_timeout")
 
 
 def method_not_allowed(method: str) -> JSONResponse:

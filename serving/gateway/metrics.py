@@ -1,4 +1,5 @@
-"""Prometheus metrics of one gateway process, served at GET /metrics.
+"""Prometheus metrics of one gateway process, served at GET /metrics on the metrics port (never
+the public one: tenant names and usage are nobody else's business).
 
 Each app gets its own `CollectorRegistry` (not prometheus_client's global one), so several
 gateways in one test process do not collide, and /metrics shows gateway metrics only.
@@ -59,7 +60,8 @@ class GatewayMetrics:
             ["component"], registry=r)
         self.upstream_errors = Counter(
             "llmstack_gateway_upstream_errors",
-            "Upstream failures, by kind (unavailable|timeout|failed|stream_broken|idle_timeout|total_timeout).",
+            "Upstream failures, by kind (unavailable|timeout|failed|stream_broken|idle_timeout|total_timeout|"
+            "error_status: a 5xx or redirect answer).",
             ["kind"], registry=r)
         self.in_flight = Gauge(
             "llmstack_gateway_in_flight_requests", "Requests being answered now (streams included).", registry=r)

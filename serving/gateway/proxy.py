@@ -11,6 +11,7 @@ connection and lets Ray Serve cancel the generation instead of finishing tokens 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -19,12 +20,15 @@ import aiohttp
 import anyio
 from aiohttp_retry import ExponentialRetry, RetryClient
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+from yarl import URL
 
-from serving.gateway import errors
+from serving.gateway import errors, upstream_errors
+from serving.gateway.access_log import REQUEST_ID_HEADER
 from serving.gateway.metering import UsageMeter
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.routes import MODELS, ApiRoute
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway.proxy")
@@ -43,30 +47,35 @@ CONNECT_RETRY = ExponentialRetry(attempts=3, start_timeout=0.05, methods={"GET",
                                  retry_all_server_errors=False,
                                  exceptions={aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError})
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                        "trailer", "transfer-encoding", "upgrade"})
-# The caller's credentials end at the gateway; host and length are set anew for the upstream
-# (the body is already read, so no `expect: 100-continue` either). The caller's accept-encoding
-# is replaced by `identity`: the upstream then answers uncompressed, which keeps SSE flowing
-# chunk by chunk and lets usage settlement read the stream it relays.
-NOT_FORWARDED_UP = HOP_BY_HOP | {"authorization", "x-api-key", "cookie", "host", "content-length", "expect",
-                                 "accept-encoding"}
-# Length is dropped because the relayed body is streamed (chunked) and may end early; `server`
-# because what runs behind the gateway is nobody else's business.
-NOT_FORWARDED_DOWN = HOP_BY_HOP | {"content-length", "set-cookie", "server"}
+# Request headers are an allowlist: vLLM and Ray Serve read some as engine inputs
+# (x-request-id, X-data-parallel-rank, priority and session headers, Ray's multiplexed model
+# id), so a client's headers stay at the gateway unless listed here or in the stack's
+# forward_request_headers. The caller's credentials end at the gateway; host and length are
+# set anew; x-request-id is the gateway's own (serving.gateway.access_log) and
+# accept-encoding is `identity`, so the upstream answers uncompressed, which keeps SSE
+# flowing chunk by chunk and lets usage settlement read the stream it relays.
+FORWARDED_UP = frozenset({"content-type", "accept"})
+# Response headers too: only what describes the body. Length is dropped because the relayed
+# body is streamed (chunked) and may end early; x-request-id is set by the access log.
+FORWARDED_DOWN = frozenset({"content-type", "cache-control"})
+ERROR_BODY_LIMIT = 64 * 1024  # enough for an error message; the rest is never read
+MODEL_LIST_LIMIT = 1024 * 1024
 
 
-def forwardable(headers: Iterable[tuple[str, str]], dropped: frozenset[str]) -> list[tuple[str, str]]:
-    """Headers minus `dropped` and minus any header the Connection header names (RFC 9110 7.6.1)."""
+def forwardable(headers: Iterable[tuple[str, str]], allowed: frozenset[str]) -> list[tuple[str, str]]:
+    """The headers named in `allowed`, minus any the Connection header names (RFC 9110 7.6.1)."""
     pairs = [(name.lower(), value) for name, value in headers]
     named = {token.strip().lower() for name, value in pairs if name == "connection" for token in value.split(",")}
-    return [(name, value) for name, value in pairs if name not in dropped and name not in named]
+    return [(name, value) for name, value in pairs if name in allowed and name not in named]
 
 
-def is_safe_api_path(path: str) -> bool:
-    """Only plain /v1/... paths go upstream: no dot segments that could climb out of /v1."""
-    segments = path.split("/")
-    return path.startswith("/v1/") and not any(s in (".", "..") for s in segments) and "\\" not in path
+def visible_models(document: object, allowed: Iterable[str]) -> object:
+    """A model list (`{"object": "list", "data": [...]}`) with only the models in `allowed`."""
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        return document
+    allowed = frozenset(allowed)
+    data = [card for card in document["data"] if isinstance(card, dict) and card.get("id") in allowed]
+    return {**document, "data": data}
 
 
 Settle = Callable[[int], Awaitable[None]]
@@ -86,7 +95,7 @@ class UpstreamStream(StreamingResponse):
         # Raw pairs, not a dict, so repeated headers survive.
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in upstream.raw_headers]
         self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
-                            for name, value in forwardable(pairs, NOT_FORWARDED_DOWN) if name not in extra_headers]
+                            for name, value in forwardable(pairs, FORWARDED_DOWN) if name not in extra_headers]
         self.raw_headers += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in extra_headers.items()]
         self._upstream, self._meter, self._settle = upstream, meter, settle
         self._deadline, self._metrics = deadline, metrics
@@ -138,7 +147,6 @@ class UpstreamProxy:
     def _session(self) -> RetryClient:
         if self._client is None:  # here, not in __init__: aiohttp binds the session to the running loop
             session = aiohttp.ClientSession(
-                base_url=self._settings.upstream_url,
                 connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_EXPIRY_S),
                 # sock_read is the idle timeout: the longest wait for the next bytes, first ones included.
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
@@ -150,22 +158,22 @@ class UpstreamProxy:
             self._client = RetryClient(session, retry_options=CONNECT_RETRY, raise_for_status=False)
         return self._client
 
-    async def forward(self, request: Request, body: bytes, *, meter: UsageMeter, settle: Settle,
-                      extra_headers: dict[str, str]) -> Response:
-        """Send `request` (with the already-read `body`) upstream; stream the response back.
-        `settle(billed_tokens)` is called once the response ends; the caller settles itself
-        when this returns an error response instead of an `UpstreamStream`."""
+    async def forward(self, request: Request, route: ApiRoute, body: bytes, *, meter: UsageMeter, settle: Settle,
+                      extra_headers: dict[str, str], allowed_models: Iterable[str] | None = None) -> Response:
+        """Send `route` (with the already-read `body`) upstream; stream the response back.
+        Only the route's canonical path goes upstream, already encoded: never the caller's
+        spelling of it, nor its query string. `settle(billed_tokens)` is called once the
+        response ends; the caller settles itself when this returns anything but an
+        `UpstreamStream` (an error, or the model list filtered to `allowed_models`)."""
         total_timeout_s = self._settings.request_timeout_s
         deadline = time.monotonic() + total_timeout_s
-        path = request.url.path
-        if not is_safe_api_path(path):
-            return errors.not_found(path)
-        headers = forwardable(request.headers.items(), NOT_FORWARDED_UP) + [("accept-encoding", "identity")]
-        target = path + (f"?{request.url.query}" if request.url.query else "")
+        url = URL(self._settings.upstream_url + route.path, encoded=True)
+        allowed = FORWARDED_UP | frozenset(self._settings.forward_request_headers) | {REQUEST_ID_HEADER}
+        headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
         try:
             with anyio.fail_after(total_timeout_s):
-                upstream = await self._session().request(request.method, target, data=body, headers=headers,
-                                                         allow_redirects=False)
+                upstream = await self._session().request(route.method, url, data=body if route.takes_body else None,
+                                                         headers=headers, allow_redirects=False)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             return self._failed("unavailable", exc, errors.upstream_unavailable())
         except TimeoutError as exc:  # aiohttp's read timeouts are TimeoutErrors too
@@ -173,7 +181,32 @@ class UpstreamProxy:
             return self._failed(kind, exc, errors.upstream_timeout())
         except aiohttp.ClientError as exc:
             return self._failed("failed", exc, errors.upstream_failed())
+        if upstream.status >= 300:
+            return await self._rewritten(upstream, deadline)
+        if route.path == MODELS and allowed_models is not None:
+            return await self._model_list(upstream, allowed_models, deadline)
         return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics)
+
+    async def _rewritten(self, upstream: aiohttp.ClientResponse, deadline: float) -> Response:
+        """An upstream redirect or error as our own OpenAI error (serving.gateway.upstream_errors).
+        Only the status and the exception type go to the log: the body may echo a prompt."""
+        body = await _read_some(upstream, ERROR_BODY_LIMIT, deadline)
+        if upstream.status >= 500 or upstream.status < 400:
+            self._metrics.upstream_errors.labels(kind="error_status").inc()
+        log.warning("upstream answered %d (%s): relayed as an OpenAI error of ours", upstream.status,
+                    _error_type(body))
+        return upstream_errors.rewritten(upstream.status, body)
+
+    async def _model_list(self, upstream: aiohttp.ClientResponse, allowed_models: Iterable[str],
+                          deadline: float) -> Response:
+        body = await _read_some(upstream, MODEL_LIST_LIMIT + 1, deadline)
+        try:
+            document = json.loads(body) if len(body) <= MODEL_LIST_LIMIT else None
+        except ValueError:
+            document = None
+        if document is None:
+            return self._failed("failed", ValueError("model list unreadable"), errors.upstream_failed())
+        return JSONResponse(visible_models(document, allowed_models))
 
     def _failed(self, kind: str, exc: Exception, response: Response) -> Response:
         self._metrics.upstream_errors.labels(kind=kind).inc()
@@ -183,3 +216,37 @@ class UpstreamProxy:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+async def _read_some(upstream: aiohttp.ClientResponse, limit: int, deadline: float) -> bytes:
+    """Up to `limit` bytes of a response body (less if it breaks or the deadline passes). A body
+    read to its end gives its connection back to the pool; otherwise the connection is closed,
+    since the rest of the body is still on it."""
+    parts: list[bytes] = []
+    size, whole = 0, False
+    try:
+        with anyio.move_on_after(deadline - time.monotonic()):
+            while size < limit:
+                chunk = await upstream.content.read(limit - size)
+                if not chunk:
+                    whole = True
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+    except (aiohttp.ClientError, TimeoutError):
+        pass
+    finally:
+        if whole:
+            upstream.release()
+        else:
+            upstream.close()
+    return b"".join(parts)
+
+
+def _error_type(body: bytes) -> str:
+    """The `error.type` of an upstream error body (an exception class name for Ray), for logs."""
+    try:
+        kind = json.loads(body)["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return "no error type"
+    return str(kind)[:80]

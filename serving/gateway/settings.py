@@ -7,7 +7,8 @@ The Kubernetes Deployment (rendered by `infra/render/gateway.py`) sets three var
 - `LLMSTACK_GATEWAY_SETTINGS`: JSON with the non-secret settings (port, limits, models...).
 - `LLMSTACK_REDIS_URL`: from a Secret; unset or empty means the embedded in-memory key store.
 
-`LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_PORT` override the bind address (local dev, tests).
+`LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_PORT` / `LLMSTACK_GATEWAY_METRICS_PORT` override the
+bind address and ports (local dev, tests).
 The limit fields mirror `infra.spec.KeyLimits` / `Gateway` (this package may not import
 `infra`); they are typed here so a bad render fails at start, and enforced by `serving.gateway.limits`.
 """
@@ -19,13 +20,25 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
 REDIS_VAR = "LLMSTACK_REDIS_URL"
 HOST_VAR = "LLMSTACK_GATEWAY_HOST"
 PORT_VAR = "LLMSTACK_GATEWAY_PORT"
+METRICS_PORT_VAR = "LLMSTACK_GATEWAY_METRICS_PORT"
+
+
+# Body fields a stack may not allow: each is an engine input no tenant should set.
+NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors"})
+NEVER_FROM_CLIENTS_WHY = ("request_id names the engine request (a chosen one can collide with, and abort, another "
+                          "tenant's), kv_transfer_params steer disaggregated prefill internals, chat_template is "
+                          "caller-supplied Jinja run on the server, logits_processors load code by name")
+NEVER_FORWARDED_HEADERS = frozenset({
+    "authorization", "x-api-key", "cookie", "host", "content-length", "transfer-encoding", "connection",
+    "keep-alive", "te", "trailer", "upgrade", "expect", "proxy-authorization", "x-request-id", "accept-encoding",
+})
 
 
 class SettingsError(ValueError):
@@ -103,6 +116,58 @@ class GatewaySettings(_Strict):
         description="After SIGTERM, how long in-flight streams may run. Below the pod's 120 s grace period.",
     )
 
+    # --- exposure, transport bounds and what reaches the upstream -------------------------
+    metrics_port: int = Field(
+        default=9090, ge=1, le=65535,
+        description="Port for /metrics and /readyz. Kept off the public port: the Service does not publish it.",
+    )
+    max_connections: int = Field(
+        default=256, ge=1,
+        description="Connections (and requests) served at once; past it uvicorn answers 503. With "
+                    "max_body_bytes it bounds the memory request bodies can take.",
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0,
+        description="Longest a request may take to arrive whole (headers to last body byte); past it, 408.",
+    )
+    max_json_depth: int = Field(
+        default=32, ge=2, le=200,
+        description="Deepest nesting of arrays and objects accepted in a request body; deeper gets 400.",
+    )
+    allowed_body_extensions: list[str] = Field(
+        default_factory=list,
+        description="Top-level body fields beyond OpenAI's (vLLM extensions such as ignore_eos, top_k) "
+                    "the gateway passes on; any other unknown field gets 400.",
+    )
+    forward_request_headers: list[str] = Field(
+        default_factory=list,
+        description="Request headers passed to the upstream besides content-type and accept (e.g. traceparent). "
+                    "Everything else a client sends stays at the gateway.",
+    )
+
+    @field_validator("allowed_body_extensions")
+    @classmethod
+    def _no_engine_internals(cls, value: list[str]) -> list[str]:
+        refused = sorted(set(value) & NEVER_FROM_CLIENTS)
+        if refused:
+            raise ValueError(f"{refused} must never come from a client: {NEVER_FROM_CLIENTS_WHY}")
+        return value
+
+    @field_validator("forward_request_headers")
+    @classmethod
+    def _forwardable_headers(cls, value: list[str]) -> list[str]:
+        names = [name.lower() for name in value]
+        refused = sorted(set(names) & NEVER_FORWARDED_HEADERS)
+        if refused:
+            raise ValueError(f"{refused} are credentials, connection-level or set by the gateway itself")
+        return names
+
+    @model_validator(mode="after")
+    def _separate_ports(self) -> GatewaySettings:
+        if self.metrics_port == self.port:
+            raise ValueError(f"metrics_port and port are both {self.port}: metrics must not share the public port")
+        return self
+
     @field_validator("upstream_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
@@ -145,13 +210,14 @@ def load_settings(environ: Mapping[str, str] = os.environ) -> GatewaySettings:
     take(REDIS_VAR, "redis_url")
     take(HOST_VAR, "host")
     take(PORT_VAR, "port")
+    take(METRICS_PORT_VAR, "metrics_port")
     try:
         return GatewaySettings.model_validate(values)
     except ValidationError as exc:
         error = exc.errors()[0]
         path = ".".join(str(part) for part in error["loc"])
         field = str(error["loc"][0]) if error["loc"] else ""
-        where = sources.get(field) or f"{SETTINGS_VAR} key {path!r}"
+        where = sources.get(field) or (f"{SETTINGS_VAR} key {path!r}" if path else SETTINGS_VAR)
         raise SettingsError(f"{where}: {error['msg']}") from None
 
 

@@ -86,7 +86,7 @@ def local_report(spec: StackSpec) -> StatusReport:
     if dev is None or dev.stack != spec.name:
         raise Unreachable(NOT_RUNNING.format(path=lock_path()), label="not running")
     report = StatusReport(stack=spec.name, where=f"make dev, pid {dev.pid}")
-    report.checks.append(_gateway_check(dev.gateway_root))
+    report.checks.append(_gateway_check(dev.metrics_url or dev.gateway_root))  # /readyz: on the metrics port
     report.checks.append(_redis_check(dev.redis_url))
     if dev.ray_address is None:
         raise Unreachable(f"make dev (pid {dev.pid}) recorded no Ray address; restart it with this version")

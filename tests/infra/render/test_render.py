@@ -139,7 +139,7 @@ def test_secrets_are_referenced_never_inlined(rendered):
 
 def test_only_the_gateway_reaches_ray_serve(rendered):
     spec, objects = rendered
-    [policy] = by_kind(objects, "NetworkPolicy")
+    policy = next(p for p in by_kind(objects, "NetworkPolicy") if p["metadata"]["name"] == "llmstack-ray-ingress")
     assert policy["spec"]["podSelector"]["matchLabels"] == {COMPONENT_LABEL: "ray"}
     serve_rule = next(r for r in policy["spec"]["ingress"] if r.get("ports") == [{"protocol": "TCP", "port": 8000}])
     assert serve_rule["from"] == [{"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}}]

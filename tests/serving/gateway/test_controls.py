@@ -20,29 +20,40 @@ from ops.devstack.local_redis import redis_server_path
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore
 from serving.gateway.metering import output_allowance, reserve_tokens
-from tests.serving.gateway.test_app import serving, settings_for
+from tests.serving.gateway.test_app import serving, serving_gateway, settings_for
 from tests.serving.gateway.test_limits import PROMPT, USAGE, chat_raw, client, new_key, upstream  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, upstream):  # noqa: F811
+def gateway_urls(redis_server, upstream):  # noqa: F811
     settings = settings_for(upstream.url, redis_server.url, max_tokens_ceiling=100,
                             model_context_lengths={"tiny": 4096, "other": 64})
-    with serving(create_app(settings, RedisKeyStore(redis_server.url))) as url:
-        yield url
+    with serving_gateway(settings, RedisKeyStore(redis_server.url)) as urls:
+        yield urls
 
 
-def samples(gateway: str) -> dict[tuple[str, frozenset], float]:
+@pytest.fixture(scope="module")
+def gateway(gateway_urls) -> str:
+    return gateway_urls[0]
+
+
+@pytest.fixture(scope="module")
+def admin(gateway_urls) -> str:
+    """The metrics port."""
+    return gateway_urls[1]
+
+
+def samples(admin: str) -> dict[tuple[str, frozenset], float]:
     """/metrics parsed with prometheus_client's own parser: {(name, labels): value}."""
-    text = httpx.get(f"{gateway}/metrics").text
+    text = httpx.get(f"{admin}/metrics").text
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def value(gateway: str, name: str, **labels: str) -> float:
-    return samples(gateway).get((name, frozenset(labels.items())), 0.0)
+def value(admin: str, name: str, **labels: str) -> float:
+    return samples(admin).get((name, frozenset(labels.items())), 0.0)
 
 
 # --- pure decisions ------------------------------------------------------------------------------
@@ -76,17 +87,17 @@ def test_max_tokens_is_added_only_when_needed(gateway, upstream, redis_server): 
     assert sent == [("tiny", 100), ("other", None), ("tiny", 7)]
 
 
-def test_shadow_key_is_served_over_its_limit_and_the_refusal_is_logged(gateway, redis_server, caplog):
+def test_shadow_key_is_served_over_its_limit_and_the_refusal_is_logged(gateway, admin, redis_server, caplog):
     caplog.set_level(logging.WARNING, logger="llmstack.gateway.access")
     logging.getLogger("llmstack.gateway.access").disabled = False  # vLLM's dictConfig may disable it
     shadow = new_key(redis_server, requests_per_minute=2)
     enforced = new_key(redis_server, requests_per_minute=2)
     key_id = shadow.split("_")[0].removeprefix("sk-llm-")
-    before = value(gateway, "llmstack_gateway_rate_limited_total", limit="requests", mode="shadow")
+    before = value(admin, "llmstack_gateway_rate_limited_total", limit="requests", mode="shadow")
     asyncio_update(redis_server.url, key_id, shadow=True)
     assert [chat_raw(gateway, shadow, max_tokens=5).status_code for _ in range(4)] == [200] * 4
     assert [chat_raw(gateway, enforced, max_tokens=5).status_code for _ in range(4)] == [200, 200, 429, 429]
-    assert value(gateway, "llmstack_gateway_rate_limited_total", limit="requests", mode="shadow") == before + 2
+    assert value(admin, "llmstack_gateway_rate_limited_total", limit="requests", mode="shadow") == before + 2
     lines = [json.loads(r.getMessage()) for r in caplog.records if "shadow_rate_limited" in r.getMessage()]
     assert [(line["key_id"], line["limit"]) for line in lines] == [(key_id, "requests")] * 2
 
@@ -104,22 +115,22 @@ def asyncio_update(redis_url: str, key_id: str, **changes) -> None:
     asyncio.run(go())
 
 
-def test_request_too_large_is_not_retried_by_the_openai_sdk(gateway, redis_server):
+def test_request_too_large_is_not_retried_by_the_openai_sdk(gateway, admin, redis_server):
     key = new_key(redis_server, tokens_per_minute=50)
-    before = value(gateway, "llmstack_gateway_rate_limited_total", limit="tokens", mode="enforced")
+    before = value(admin, "llmstack_gateway_rate_limited_total", limit="tokens", mode="enforced")
     llm = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=3)
     with pytest.raises(openai.RateLimitError) as caught:
         llm.chat.completions.create(model="tiny", max_tokens=90, messages=[{"role": "user", "content": PROMPT}])
     assert caught.value.response.headers["x-should-retry"] == "false"
     assert "retry-after" not in caught.value.response.headers
-    assert value(gateway, "llmstack_gateway_rate_limited_total", limit="tokens", mode="enforced") == before + 1
+    assert value(admin, "llmstack_gateway_rate_limited_total", limit="tokens", mode="enforced") == before + 1
 
 
-def test_metrics_count_requests_tokens_and_ttft(gateway, redis_server):
+def test_metrics_count_requests_tokens_and_ttft(gateway, admin, redis_server):
     key = new_key(redis_server)
     llm = client(gateway, key)
     tenant = {"model": "tiny", "tenant": "acme"}
-    before = {name: value(gateway, name, **labels) for name, labels in [
+    before = {name: value(admin, name, **labels) for name, labels in [
         ("llmstack_gateway_requests_total", {"status": "200", **tenant}),
         ("llmstack_gateway_tokens_total", {"kind": "completion", **tenant}),
         ("llmstack_gateway_time_to_first_token_seconds_count", {"model": "tiny"})]}
@@ -127,21 +138,21 @@ def test_metrics_count_requests_tokens_and_ttft(gateway, redis_server):
     list(llm.chat.completions.create(model="tiny", max_tokens=20, stream=True,
                                      messages=[{"role": "user", "content": PROMPT}]))
     chat_raw(gateway, key, model="no-such-model-" + "x" * 50, max_tokens=5)  # junk names share one label
-    assert value(gateway, "llmstack_gateway_requests_total", status="200", **tenant) == \
+    assert value(admin, "llmstack_gateway_requests_total", status="200", **tenant) == \
         before["llmstack_gateway_requests_total"] + 2
-    assert value(gateway, "llmstack_gateway_tokens_total", kind="completion", **tenant) == \
+    assert value(admin, "llmstack_gateway_tokens_total", kind="completion", **tenant) == \
         before["llmstack_gateway_tokens_total"] + 2 * USAGE["completion_tokens"]
-    assert value(gateway, "llmstack_gateway_time_to_first_token_seconds_count", model="tiny") == \
+    assert value(admin, "llmstack_gateway_time_to_first_token_seconds_count", model="tiny") == \
         before["llmstack_gateway_time_to_first_token_seconds_count"] + 1  # the stream only
-    assert value(gateway, "llmstack_gateway_requests_total", status="200", model="other", tenant="acme") >= 1
-    assert not any("no-such-model" in str(labels) for _, labels in samples(gateway))
-    assert value(gateway, "llmstack_gateway_in_flight_requests") == 0
+    assert value(admin, "llmstack_gateway_requests_total", status="200", model="other", tenant="acme") >= 1
+    assert not any("no-such-model" in str(labels) for _, labels in samples(admin))
+    assert value(admin, "llmstack_gateway_in_flight_requests") == 0
 
 
 def test_idle_and_total_timeouts(redis_server, upstream):  # noqa: F811
     key = new_key(redis_server, max_concurrent_requests=1)  # a slot leaked by a timeout would 429 the next
     idle = settings_for(upstream.url, redis_server.url, upstream_idle_timeout_s=0.5)
-    with serving(create_app(idle, RedisKeyStore(redis_server.url))) as gw:
+    with serving_gateway(idle, RedisKeyStore(redis_server.url)) as (gw, admin):
         silent = httpx.post(
             f"{gw}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "x-test-scenario": "silent"},
             json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": PROMPT}]}, timeout=30)
@@ -151,15 +162,15 @@ def test_idle_and_total_timeouts(redis_server, upstream):  # noqa: F811
                                              extra_headers={"x-test-scenario": "stall"})
         with pytest.raises(openai.APIError):  # cut, not ended cleanly: the client knows it is incomplete
             list(stream)
-        assert value(gw, "llmstack_gateway_upstream_errors_total", kind="idle_timeout") == 2
+        assert value(admin, "llmstack_gateway_upstream_errors_total", kind="idle_timeout") == 2
     total = settings_for(upstream.url, redis_server.url, request_timeout_s=1)
-    with serving(create_app(total, RedisKeyStore(redis_server.url))) as gw:
+    with serving_gateway(total, RedisKeyStore(redis_server.url)) as (gw, admin):
         stream = client(gw, key).chat.completions.create(
             model="tiny", stream=True, messages=[{"role": "user", "content": PROMPT}],
             extra_headers={"x-test-scenario": "slow"})  # would run for 50 s
         with pytest.raises(openai.APIError):
             list(stream)
-        assert value(gw, "llmstack_gateway_upstream_errors_total", kind="total_timeout") == 1
+        assert value(admin, "llmstack_gateway_upstream_errors_total", kind="total_timeout") == 1
         assert chat_raw(gw, key, max_tokens=5).status_code == 200  # the slot and pool are fine afterwards
 
 

@@ -48,10 +48,15 @@ def stub_upstream(tmp_path: Path, port: int | None = None) -> Iterator[tuple[str
 
 
 @contextmanager
-def gateway(tmp_path: Path, upstream: str, redis_url: str, **settings) -> Iterator[tuple[str, subprocess.Popen]]:
+def gateway(tmp_path: Path, upstream: str, redis_url: str, metrics_port: int | None = None,
+            **settings) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A gateway process; /readyz and /metrics are on `metrics_port` (a free one when not given)."""
     port = free_port()
     env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], **settings})}
+           "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port or free_port()),
+           # the stub upstream is steered by headers, which the gateway forwards only when listed
+           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "forward_request_headers": [
+               "x-stub-chunks", "x-stub-interval-ms"], **settings})}
     with background([sys.executable, "-m", "serving.gateway"], tmp_path / f"gateway-{port}.log", env) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/healthz", proc, HANG_BOUND_S)
@@ -119,7 +124,10 @@ def test_redis_killed_and_restarted_mid_load(tmp_path):
             "requests_per_minute": 100_000, "tokens_per_minute": 10_000_000})
         results: Counter[str] = Counter()
         stop = threading.Event()
-        with stub_upstream(tmp_path) as (upstream, _), gateway(tmp_path, upstream, own.url) as (gw, _):
+        metrics_port = free_port()
+        admin = f"http://127.0.0.1:{metrics_port}"
+        with stub_upstream(tmp_path) as (upstream, _), \
+                gateway(tmp_path, upstream, own.url, metrics_port) as (gw, _):
             llm = openai.OpenAI(base_url=f"{gw}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
 
             def load() -> None:
@@ -144,15 +152,15 @@ def test_redis_killed_and_restarted_mid_load(tmp_path):
             before = sum(results.values())
             own.stop()  # Redis gone mid-load
             time.sleep(2)
-            degraded = httpx.get(f"{gw}/readyz").json()
+            degraded = httpx.get(f"{admin}/readyz").json()
             during = sum(results.values())
             own = start_redis(port, load=snapshot)  # back on the same address, with its data
             time.sleep(2)
             stop.set()
             for worker in workers:
                 worker.join(HANG_BOUND_S)
-            ready = httpx.get(f"{gw}/readyz").json()
-            metrics = httpx.get(f"{gw}/metrics").text
+            ready = httpx.get(f"{admin}/readyz").json()
+            metrics = httpx.get(f"{admin}/metrics").text
         assert degraded["status"] == "degraded" and ready == {"status": "ready"}
         assert set(results) == {"whole"}, results  # every request served in full, outage or not
         assert sum(results.values()) > during > before > 0  # served before, during and after the outage

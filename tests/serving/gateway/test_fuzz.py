@@ -9,16 +9,23 @@ raw bytes) on any of the OpenAI paths, with or without a key:
   added when the client sent none and the model's context would not bound the output),
   and `stream_options.include_usage` set on streams;
 - every refusal is an OpenAI-shaped error.
+
+And for any request target (served and unserved paths, percent-encoded up to three times in
+either hex case, dot segments, case changes, doubled and trailing slashes, query strings) with
+any method: the upstream request line is the canonical form of a served route, namely the
+one the once-decoded target names, or nothing was sent.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import string
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -40,6 +47,7 @@ USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 class Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple[str, dict]] = []
+        self.request_lines: list[str] = []  # method and target exactly as they arrived
 
     async def handle(self, request: Request) -> JSONResponse:
         raw = await request.body()
@@ -47,6 +55,9 @@ class Recorder:
             body = json.loads(raw) if raw.strip() else {}
         except ValueError:
             body = raw  # not JSON: recorded as bytes, refused as vLLM would
+        query = request.scope["query_string"]
+        target = request.scope["raw_path"] + (b"?" + query if query else b"")
+        self.request_lines.append(f"{request.method} {target.decode('latin-1')}")
         self.seen.append((request.url.path, body))
         if not isinstance(body, dict):
             return JSONResponse({"error": {"message": "bad body", "type": "invalid_request_error", "code": None}},
@@ -54,7 +65,9 @@ class Recorder:
         return JSONResponse({"object": "x", "choices": [], "usage": USAGE})
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/{path:path}", self.handle, methods=["GET", "POST"])])
+        # Every path and method: whatever the gateway sends is recorded, served or not.
+        return Starlette(routes=[Route("/{path:path}", self.handle,
+                                       methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])])
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +78,11 @@ def recorder():
 @pytest.fixture(scope="module")
 def gateway(redis_server, recorder):
     upstream_settings = {"max_tokens_ceiling": CEILING, "max_n": MAX_N, "max_top_logprobs": MAX_TOP_LOGPROBS,
-                         "model_context_lengths": {"tiny": 4096}}
+                         "model_context_lengths": {"tiny": 4096},
+                         # vLLM extensions the policy bounds: allowed here so the fuzzing reaches those bounds
+                         "allowed_body_extensions": ["min_tokens", "prompt_logprobs"]}
     with serving(recorder.app()) as upstream:
+        recorder.url = upstream
         app = create_app(settings_for(upstream, redis_server.url, **upstream_settings), RedisKeyStore(redis_server.url))
         with serving(app) as url:
             yield url
@@ -131,8 +147,8 @@ def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(gate
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()["error"]) >= {"message", "type", "code"}
-    if not with_key:
-        assert response.status_code in (401, 404) and not recorder.seen  # 404: a path outside /v1/
+    if not with_key:  # 404/405: a route not served (or not with this method), refused before the key check
+        assert response.status_code in (401, 404, 405) and not recorder.seen
     for upstream_path, upstream_body in recorder.seen:
         assert_obeys_policy(upstream_path, upstream_body)
 
@@ -144,3 +160,99 @@ def test_fuzzing_can_fail(gateway, recorder, key):
         assert_obeys_policy("/v1/chat/completions", {"max_tokens": CEILING + 1})
     with pytest.raises(AssertionError):
         assert_obeys_policy("/v1/completions", {"max_tokens": 5, "logit_bias": {"1": 100}})
+
+
+# --- request targets ---------------------------------------------------------------------------------
+
+SERVED = {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
+          ("GET", "/v1/models"), ("GET", "/v1/models/tiny"), ("GET", "/v1/models/other")}
+BASES = [path for _, path in sorted(SERVED)] + ["/tokenize", "/detokenize", "/v1/score", "/openapi.json", "/-/routes",
+                                                 "/docs", "/v1/audio/transcriptions", "/metrics", "/readyz"]
+BODIES = {"/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+          "/v1/completions": {"model": "tiny", "prompt": "hi", "max_tokens": 5},
+          "/v1/embeddings": {"model": "tiny", "input": "hi"}}
+
+
+def percent(char: str, depth: int, upper: bool) -> str:
+    """`char` percent-encoded `depth` times: c -> %63 -> %2563 -> %252563."""
+    encoded = f"%{ord(char):02X}" if upper else f"%{ord(char):02x}"
+    for _ in range(depth - 1):
+        encoded = "%25" + encoded[1:]
+    return encoded
+
+
+@st.composite
+def targets(draw) -> str:
+    base = draw(st.sampled_from(BASES))
+    rate = draw(st.sampled_from([0, 0, 1, 3]))  # how hard to mangle it: 0 keeps it clean, so some get served
+    if rate == 0:
+        return base + draw(st.sampled_from(["", "", "/", "?x=1", "?a=%2e%2e&b=/../x"]))
+    segments = base.split("/")[1:]
+    out = []
+    for segment in segments:
+        if draw(st.integers(0, 5 * rate)) == 0:  # a dot segment before this one, maybe encoded
+            dots = draw(st.sampled_from([".", ".."]))
+            depth = draw(st.integers(0, 3))
+            out.append("".join(percent(".", depth, draw(st.booleans())) if depth else "." for _ in dots))
+        chars = []
+        for char in segment:
+            depth = draw(st.integers(0, 3)) if draw(st.integers(0, 6 // rate)) == 0 else 0
+            if depth:
+                chars.append(percent(char, depth, draw(st.booleans())))
+            else:
+                chars.append(char.upper() if draw(st.integers(0, 30 // rate)) == 0 else char)
+        out.append("".join(chars))
+    slash = draw(st.sampled_from(["/", "/", "/", "//", "%2F", "%2f", "%252F"]))
+    target = "/" + slash.join(out) if draw(st.integers(0, 3)) else "/" + "/".join(out)
+    target += draw(st.sampled_from(["", "", "", "/", "//", "/.", "%2F", "?", "?x=1", "?a=%2e%2e&b=/../x", "#f"]))
+    return target
+
+
+def send(base_url: str, method: str, target: str, key: str) -> int:
+    """The request with `target` byte for byte (http.client does not normalize it)."""
+    decoded = unquote(target.split("?")[0].split("#")[0])
+    body = json.dumps(BODIES.get(decoded, BODIES["/v1/chat/completions"])).encode() if method == "POST" else None
+    parts = urlsplit(base_url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.request(method, target, body=body,
+                           headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+METHODS = ["GET", "POST", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH", "post", "Get", "TRACE"]
+
+
+def method_for(target: str) -> st.SearchStrategy[str]:
+    """Half the time the method the target's route takes (so some requests are served), else any."""
+    decoded = unquote(target.split("?")[0].split("#")[0])
+    own = "POST" if decoded in BODIES else "GET"
+    return st.just(own) | st.sampled_from(METHODS)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=targets().flatmap(lambda target: st.tuples(method_for(target), st.just(target))))
+def test_the_upstream_sees_the_canonical_form_of_a_served_route_or_nothing(gateway, recorder, key, request):
+    method, target = request
+    recorder.request_lines.clear()
+    recorder.seen.clear()
+    status = send(gateway, method, target, key)
+    assert status < 500, (method, target, status)
+    event(f"{'forwarded' if recorder.request_lines else 'refused'} {status}")
+    if not recorder.request_lines:
+        return
+    (line,) = recorder.request_lines
+    sent_method, sent_target = line.split(" ", 1)
+    assert (sent_method, sent_target) in SERVED, (method, target, line)
+    # ...and it is the route the target names once decoded (as uvicorn decodes it), not another
+    assert (sent_method, sent_target) == (method, unquote(target.split("?")[0].split("#")[0])), (method, target, line)
+
+
+def test_path_fuzzing_can_fail(gateway, recorder, key):
+    """The property above must see what the old gateway did: a target decoded twice on the way."""
+    recorder.request_lines.clear()
+    send(recorder.url, "GET", "/v1/%2e%2e/tokenize", key)  # straight to the recorder: nothing checks it
+    assert recorder.request_lines == ["GET /v1/%2e%2e/tokenize"]
+    assert ("GET", "/v1/%2e%2e/tokenize") not in SERVED

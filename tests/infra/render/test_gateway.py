@@ -1,0 +1,86 @@
+"""The gateway's rendered objects: two ports (the Service publishes one), Prometheus finds the
+other, and a NetworkPolicy lets only the stack's Prometheus namespace reach it. Checked on the
+example stacks, and the settings JSON checked by the gateway's own loader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.render.gateway import gateway_objects, memory_limit_mib
+from infra.spec import Gateway
+from serving.gateway.settings import load_settings
+
+
+def kind(objects: list[dict], name: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == name]
+
+
+@pytest.fixture
+def objects(example_stack):
+    return gateway_objects(example_stack)
+
+
+def container_of(objects: list[dict]) -> dict:
+    return kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_metrics_port_is_a_container_port_the_service_does_not_publish(example_stack, objects):
+    g = example_stack.gateway
+    ports = {p["name"]: p["containerPort"] for p in container_of(objects)["ports"]}
+    assert ports == {"http": g.port, "metrics": g.metrics_port}
+    [service] = kind(objects, "Service")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+
+
+def test_probes_and_scraping_use_the_metrics_port(example_stack, objects):
+    container = container_of(objects)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    annotations = kind(objects, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
+                           "prometheus.io/port": str(example_stack.gateway.metrics_port)}
+
+
+def test_only_the_prometheus_namespace_reaches_the_metrics_port(example_stack, objects):
+    g = example_stack.gateway
+    [policy] = [p for p in kind(objects, "NetworkPolicy") if p["metadata"]["name"] == "llmstack-gateway-ingress"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"llmstack.dev/component": "gateway"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    by_port = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
+    assert set(by_port) == {g.port, g.metrics_port}
+    assert "from" not in by_port[g.port]  # the API: anyone, through the load balancer
+    assert by_port[g.metrics_port]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": g.metrics_namespace}}}]
+
+
+def test_the_rendered_settings_are_what_the_gateway_loads(example_stack, objects):
+    env = {e["name"]: e["value"] for e in container_of(objects)["env"] if "value" in e}
+    settings = load_settings(env)
+    g = example_stack.gateway
+    assert (settings.metrics_port, settings.max_connections, settings.body_timeout_s, settings.max_json_depth,
+            settings.allowed_body_extensions, settings.forward_request_headers) == (
+        g.metrics_port, g.max_connections, g.body_timeout_s, g.max_json_depth, g.allowed_body_extensions,
+        g.forward_request_headers)
+    assert json.loads(env["LLMSTACK_GATEWAY_SETTINGS"])["port"] == g.port
+
+
+def test_the_memory_limit_covers_every_connection_holding_a_whole_body(example_stack):
+    g = example_stack.gateway
+    assert memory_limit_mib(example_stack) * 2**20 >= g.max_connections * g.max_body_bytes
+    twice = g.model_copy(update={"max_connections": g.max_connections * 2})
+    bigger = example_stack.model_copy(update={"gateway": twice})
+    assert memory_limit_mib(bigger) > memory_limit_mib(example_stack)
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"metrics_port": 8080}, "metrics_port"),
+    ({"allowed_body_extensions": ["top_k", "request_id"]}, "request_id"),
+    ({"allowed_body_extensions": ["chat_template"]}, "chat_template"),
+    ({"forward_request_headers": ["Authorization"]}, "authorization"),
+    ({"metrics_namespace": "Not A Namespace"}, "metrics_namespace"),
+])
+def test_the_stack_refuses_unsafe_gateway_settings(fields, named):
+    with pytest.raises(ValueError, match=named):
+        Gateway(**fields)

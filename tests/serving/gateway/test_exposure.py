@@ -1,0 +1,117 @@
+"""What the public port exposes: the OpenAI routes and /healthz, never /metrics (tenant names,
+usage) or /readyz (a Redis PING per call); those are on the metrics port. And the dev key
+file: owner-only, never written through a symlink. The gateway runs as its pod runs it:
+`python -m serving.gateway`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from ops.devstack.local_redis import free_port
+from tests.support.gateway import HANG_BOUND_S, needs_redis
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@contextmanager
+def gateway_process(env: dict[str, str], log: Path, *args: str) -> Iterator[subprocess.Popen]:
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "serving.gateway", *args], cwd=REPO_ROOT,
+                                   env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(HANG_BOUND_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_ok(url: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + HANG_BOUND_S
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(url).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} never answered 200 (exit code {process.poll()})")
+
+
+def env_for(upstream: str, redis_url: str, port: int, metrics_port: int) -> dict[str, str]:
+    return {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_HOST": "127.0.0.1",
+            "LLMSTACK_GATEWAY_PORT": str(port), "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
+            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
+
+
+@needs_redis
+def test_metrics_and_readiness_are_only_on_the_metrics_port(upstream, redis_server, key, tmp_path):
+    port, metrics_port = free_port(), free_port()
+    with gateway_process(env_for(upstream.url, redis_server.url, port, metrics_port), tmp_path / "gw.log") as process:
+        public, private = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
+        wait_ok(f"{public}/healthz", process)
+        assert httpx.get(f"{public}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        for path in ("/metrics", "/readyz"):  # the old gateway answered both here, to the internet
+            refused = httpx.get(f"{public}{path}")
+            assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_url"
+        metrics = httpx.get(f"{private}/metrics")
+        assert metrics.status_code == 200 and 'tenant="acme"' in metrics.text
+        assert httpx.get(f"{private}/readyz").json() == {"status": "ready"}
+        assert httpx.get(f"{private}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 404
+
+
+@needs_redis
+def test_a_metrics_port_in_use_stops_the_start_naming_it(upstream, redis_server, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = env_for(upstream.url, redis_server.url, free_port(), taken.getsockname()[1])
+        with gateway_process(env, tmp_path / "gw.log") as process:
+            assert process.wait(HANG_BOUND_S) == 1
+    assert "metrics_port" in (tmp_path / "gw.log").read_text()
+
+
+def dev_env(upstream: str, port: int) -> dict[str, str]:
+    return {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
+            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port())}
+
+
+def test_the_dev_key_file_is_never_written_through_a_symlink(upstream, tmp_path):
+    elsewhere = tmp_path / "world-readable.txt"
+    elsewhere.write_text("untouched\n")
+    elsewhere.chmod(0o644)
+    key_file = tmp_path / "dev.key"
+    key_file.symlink_to(elsewhere)
+    with gateway_process(dev_env(upstream.url, free_port()), tmp_path / "gw.log", "--dev-key-file",
+                         str(key_file)) as process:
+        assert process.wait(HANG_BOUND_S) == 2
+    assert elsewhere.read_text() == "untouched\n"  # the old gateway wrote the key through the link
+    assert "symlink" in (tmp_path / "gw.log").read_text()
+
+
+def test_an_existing_dev_key_file_becomes_owner_only(upstream, tmp_path):
+    key_file = tmp_path / "dev.key"
+    key_file.write_text("an old key\n")
+    key_file.chmod(0o644)
+    port = free_port()
+    with gateway_process(dev_env(upstream.url, port), tmp_path / "gw.log", "--dev-key-file",
+                         str(key_file)) as process:
+        wait_ok(f"http://127.0.0.1:{port}/healthz", process)
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # the old gateway kept 0644
+        assert key_file.read_text().startswith("sk-llm-")

@@ -1,0 +1,155 @@
+"""Routing: only the allowlisted OpenAI routes are served, and the upstream receives exactly the
+canonical path that was checked. Written as the attacks: each request goes over a socket byte
+for byte, through a real gateway, to an upstream that records every request line it gets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.gateway.routes import ApiRoute, RouteRefusal, is_canonical, resolve
+from tests.support.gateway import needs_redis
+
+pytestmark = needs_redis
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+
+# --- the pure decision -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "path", "expected"), [
+    ("POST", "/v1/chat/completions", ApiRoute("POST", "/v1/chat/completions")),
+    ("POST", "/v1/completions", ApiRoute("POST", "/v1/completions")),
+    ("POST", "/v1/embeddings", ApiRoute("POST", "/v1/embeddings")),
+    ("GET", "/v1/models", ApiRoute("GET", "/v1/models")),
+    ("GET", "/v1/models/tiny", ApiRoute("GET", "/v1/models/tiny", model="tiny")),
+    ("GET", "/v1/chat/completions", RouteRefusal(405, ("POST",))),
+    ("post", "/v1/chat/completions", RouteRefusal(405, ("POST",))),
+    ("HEAD", "/v1/models", RouteRefusal(405, ("GET",))),
+    ("GET", "/v1/models/nope", RouteRefusal(404)),
+    ("GET", "/v1/models/", RouteRefusal(404)),
+    ("POST", "/v1/chat/completions/", RouteRefusal(404)),
+    ("POST", "/V1/chat/completions", RouteRefusal(404)),
+    ("POST", "/v1//chat/completions", RouteRefusal(404)),
+    ("POST", "/v1/%63hat/completions", RouteRefusal(404)),
+    ("GET", "/v1/../tokenize", RouteRefusal(404)),
+    ("POST", "/tokenize", RouteRefusal(404)),
+    ("POST", "/v1/score", RouteRefusal(404)),
+    ("POST", "/v1/audio/transcriptions", RouteRefusal(404)),
+])
+def test_resolve(method, path, expected):
+    route = resolve(method, path, ["tiny", "other"])
+    if isinstance(expected, ApiRoute):
+        assert (route.method, route.path, route.model) == (expected.method, expected.path, expected.model)
+    else:
+        assert route == expected
+
+
+@pytest.mark.parametrize("path", ["/v1/%2e%2e/x", "/v1/./models", "/v1/..", "/v1/a\\b", "/v1/m\u00e9", "/v1/a b",
+                                  "/v1/models?x", "/v1/models#x", "v1/models", "/v1/models/"])
+def test_not_canonical(path):
+    assert not is_canonical(path)
+
+
+# --- through the gateway -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [
+    "/v1/%2563hat/completions",  # decoded once by uvicorn to /v1/%63hat/..., once more by yarl
+    "/v1/%252563hat/completions",  # triple
+    "/v1/%2563HAT/completions",
+    "/v1/chat%252Fcompletions",
+])
+def test_a_twice_encoded_completion_path_is_404_and_never_reaches_the_upstream(gateway, recorded, key, raw, target):
+    body = json.dumps({**CHAT, "max_tokens": 1_000_000, "n": 64}).encode()  # over every completions rule
+    status, _, answer = raw(gateway, "POST", target, headers=auth(key), body=body)
+    assert status == 404 and json.loads(answer)["error"]["code"] == "unknown_url"
+    assert recorded.seen == []
+
+
+@pytest.mark.parametrize("target", [
+    "/v1/%252e%252e/tokenize", "/v1/%252E%252E/tokenize", "/v1/%25252e%25252e/tokenize", "/v1/..%252Ftokenize",
+    "/v1/%2e%2e/tokenize", "/v1/../tokenize", "/v1/./models", "/v1/models/./tiny", "/v1/models/../models",
+    "/openapi.json", "/-/routes", "/docs", "/tokenize", "/detokenize", "/v1/score", "/v1/audio/transcriptions",
+    "/metrics", "/readyz", "/", "/v1", "/v1/", "//v1/models", "/v1/models/", "/v1/models/no-such-model",
+    "/V1/models", "/v1/Models", "/v1/models%2F", "/v1/models%3Fx=1",
+])
+def test_unserved_and_dot_segment_paths_are_404_and_never_reach_the_upstream(gateway, recorded, key, raw, target):
+    status, _, answer = raw(gateway, "GET", target, headers=auth(key))
+    assert status == 404 and json.loads(answer)["error"]["type"] == "invalid_request_error"
+    assert recorded.seen == []
+
+
+def test_unknown_paths_are_404_before_any_key_check(gateway, recorded, raw):
+    status, _, answer = raw(gateway, "GET", "/v1/%252e%252e/tokenize")
+    assert status == 404 and json.loads(answer)["error"]["code"] == "unknown_url"
+
+
+@pytest.mark.parametrize(("method", "target", "allow"), [
+    ("GET", "/v1/chat/completions", "POST"),
+    ("HEAD", "/v1/models", "GET"),
+    ("OPTIONS", "/v1/chat/completions", "POST"),
+    ("PUT", "/v1/completions", "POST"),
+    ("DELETE", "/v1/models", "GET"),
+    ("TRACE", "/v1/models", "GET"),
+    ("post", "/v1/chat/completions", None),  # methods are case-sensitive (RFC 9110 9.1): uvicorn refuses it
+    ("FOO", "/v1/chat/completions", None),
+])
+def test_other_methods_are_refused_and_never_reach_the_upstream(gateway, recorded, key, raw, method, target, allow):
+    status, headers, _ = raw(gateway, method, target, headers=auth(key), body=json.dumps(CHAT).encode())
+    if allow is None:
+        assert status in (400, 405)
+    else:
+        assert status == 405 and headers["allow"] == allow
+    assert recorded.seen == []
+
+
+@pytest.mark.parametrize("target", ["/v1/%63hat/completions", "/v1/chat%2Fcompletions", "/v1%2Fchat%2Fcompletions"])
+def test_a_once_encoded_path_is_the_route_it_decodes_to_with_all_its_rules(gateway, recorded, key, raw, target):
+    over = json.dumps({**CHAT, "max_tokens": 1_000_000}).encode()
+    status, _, answer = raw(gateway, "POST", target, headers=auth(key), body=over)
+    assert status == 400 and json.loads(answer)["error"]["param"] == "max_tokens"  # the completions policy applied
+    assert recorded.seen == []
+    status, _, _ = raw(gateway, "POST", target, headers=auth(key), body=json.dumps(CHAT).encode())
+    assert status == 200
+    assert [seen.request_line for seen in recorded.seen] == ["POST /v1/chat/completions"]  # canonical bytes
+
+
+def test_query_strings_are_dropped(gateway, recorded, key, raw):
+    status, _, _ = raw(gateway, "GET", "/v1/models?api-version=1&x=%2e%2e", headers=auth(key))
+    assert status == 200
+    status, _, _ = raw(gateway, "POST", "/v1/chat/completions?stream=true&max_tokens=9999", headers=auth(key),
+                       body=json.dumps(CHAT).encode())
+    assert status == 200
+    assert [seen.request_line for seen in recorded.seen] == ["GET /v1/models", "POST /v1/chat/completions"]
+
+
+def test_a_get_route_sends_no_body_upstream(gateway, recorded, key, raw):
+    status, _, answer = raw(gateway, "GET", "/v1/models", headers=auth(key), body=b'{"model": "tiny"}')
+    assert status == 400 and json.loads(answer)["error"]["code"] == "unexpected_body"
+    assert raw(gateway, "GET", "/v1/models", headers=auth(key))[0] == 200
+    assert [(seen.request_line, seen.body) for seen in recorded.seen] == [("GET /v1/models", b"")]
+
+
+def test_one_model_is_served_by_its_own_path(gateway, recorded, key, raw):
+    assert raw(gateway, "GET", "/v1/models/tiny", headers=auth(key))[0] == 200
+    assert [seen.request_line for seen in recorded.seen] == ["GET /v1/models/tiny"]
+
+
+def test_a_restricted_key_sees_and_reads_only_its_models(gateway, recorded, make_key, raw):
+    restricted = make_key(allowed_models=["tiny"])
+    status, _, answer = raw(gateway, "GET", "/v1/models", headers=auth(restricted))
+    assert status == 200 and [m["id"] for m in json.loads(answer)["data"]] == ["tiny"]  # the upstream lists two
+    status, _, answer = raw(gateway, "GET", "/v1/models/other", headers=auth(restricted))
+    assert status == 404 and json.loads(answer)["error"]["code"] == "model_not_found"
+    assert [seen.request_line for seen in recorded.seen] == ["GET /v1/models"]
+    unrestricted = make_key()
+    status, _, answer = raw(gateway, "GET", "/v1/models", headers=auth(unrestricted))
+    assert [m["id"] for m in json.loads(answer)["data"]] == ["tiny", "other"]
