@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
-# The gateway validates these same limits at start; one model keeps the two in step.
-from serving.gateway.settings import KeyLimits
+# The gateway validates the same policy at start; one model keeps a field and its bound in one place.
+from serving.gateway.policy import GatewayPolicy
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -275,25 +275,11 @@ class LocalRedis(_Spec):
 Redis = Annotated[ManagedRedis | InClusterRedis | ExternalRedis | LocalRedis, Field(discriminator="mode")]
 
 
-class Gateway(_Spec):
+class Gateway(GatewayPolicy):
+    """The gateway's policy (limits, ceilings, timeouts: serving.gateway.policy) plus how it is deployed."""
+
     min_replicas: int = Field(default=2, ge=1, description="Gateway pods kept (HPA minimum).")
     max_replicas: int = Field(default=6, ge=1, description="HPA maximum.")
-    port: int = Field(default=8080, ge=1024, le=65535, description="Port the gateway listens on.")
-    default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
-    max_tokens_ceiling: int = Field(default=4096, ge=1, description="Largest max_tokens accepted.")
-    max_n: int = Field(default=4, ge=1, description="Largest n (and best_of) accepted.")
-    max_top_logprobs: int = Field(default=5, ge=0, description="Largest top_logprobs accepted.")
-    allow_logit_bias: bool = Field(default=False, description="logit_bias helps extract a model; off by default.")
-    max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body.")
-    limiter_fail_mode: Literal["local", "closed"] = Field(
-        default="local", description="When Redis is down: per-replica limits, or refuse."
-    )
-    upstream_idle_timeout_s: float = Field(
-        default=120.0, gt=0, description="Longest upstream silence (queue wait or between stream chunks).")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="Longest whole request, stream included.")
-    key_cache_ttl_s: float = Field(
-        default=60.0, ge=0, description="During a Redis outage, keys verified this recently still work.")
-    log_prompts: bool = Field(default=False, description="Put prompts in access logs (tenants' data: off).")
     certificate_arn: str | None = Field(default=None, description="ACM certificate for TLS on the NLB.")
 
     @model_validator(mode="after")

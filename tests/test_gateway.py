@@ -40,7 +40,7 @@ from starlette.routing import Route
 from infra.render.gateway import gateway_objects
 from ops.local_redis import free_port, redis_server_path, start_redis
 from ops.stub_upstream import chunk, sse
-from serving.gateway.admission import presented_key, requested_model
+from serving.gateway.admission import model_of, parse_document, presented_key
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KEY_PREFIX, hash_key
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
@@ -310,10 +310,15 @@ def test_presented_key(headers, expected):
 
 
 def test_requested_model_reads_only_json_objects():
+    def requested_model(body: bytes) -> str | None:
+        return model_of(parse_document(body))
+
     assert requested_model(b'{"model": "tiny", "messages": []}') == "tiny"
     assert requested_model(b'[{"model": "tiny"}]') is None
     assert requested_model(b'{"model": 7}') is None
     assert requested_model(b"") is None and requested_model(b"{broken") is None
+    deep = b"{\"a\":" * 100_000 + b"1" + b"}" * 100_000
+    assert parse_document(deep) is None  # nesting past the parser's depth: not an object, no crash
 
 
 def test_header_forwarding_rules():

@@ -1,4 +1,4 @@
-"""Per-key limits (issue 4 item 2): real redis-server, real gateway apps under uvicorn, a fake
+"""Per-key limits: real redis-server, real gateway apps under uvicorn, a fake
 OpenAI upstream, the official openai client where natural.
 
 No test asserts a wall-clock duration. Where the server settles after the client has its
@@ -8,10 +8,10 @@ answer (a client that disconnects), tests poll with a deadline that only bounds 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
-from datetime import datetime, timezone
 
 import httpx
 import openai
@@ -26,22 +26,17 @@ from ops.local_redis import free_port, redis_server_path, start_redis
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
-from serving.gateway.metering import (
-    LimitDecision,
-    UsageMeter,
-    estimate_prompt_tokens,
-    format_reset,
-    rate_limit_headers,
-    request_usage_upstream,
-    reserve_tokens,
-)
+from serving.gateway.metering import LimitDecision, UsageMeter, format_reset, rate_limit_headers, request_usage_upstream
+from serving.gateway.reservation import Reservation, reserve
+from serving.gateway.tenants import counter_keys
 from ops.stub_upstream import chunk, sse
 from tests.test_gateway import HANG_BOUND_S, WORDS, client, serving, settings_for
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
-PROMPT = "What is a KV cache?"  # 19 characters: an estimate of 5 tokens
+PROMPT = "What is a KV cache?"
+TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
 RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
                 "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
@@ -116,10 +111,59 @@ def new_key(redis_server, **limits) -> str:
     return create_key_sync(redis_server.url, "acme", "limits", limits=limits)
 
 
+def chat_payload(**body) -> bytes:
+    return json.dumps({"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], **body}).encode()
+
+
+def reserved_for(payload: bytes) -> int:
+    """A one-message chat body's reservation, by hand: its bytes, 4 tokens per JSON value (the
+    root, each top-level field, the message list, the message, its role and content), the chat
+    template's allowance, and max_tokens (this module's requests all set it)."""
+    fields = json.loads(payload)
+    return len(payload) + 4 * (len(fields) + 4) + TEMPLATE_TOKENS + fields["max_tokens"]
+
+
+def max_tokens_reserving(total: int, **body) -> int:
+    """The max_tokens that makes a chat_payload reserve exactly `total` tokens."""
+    for digits in range(1, 7):
+        guess = total - reserved_for(chat_payload(max_tokens=10 ** (digits - 1), **body)) + 10 ** (digits - 1)
+        if guess > 0 and len(str(guess)) == digits and reserved_for(chat_payload(max_tokens=guess, **body)) == total:
+            return guess
+    raise AssertionError(f"no max_tokens reserves {total}")
+
+
 def chat_raw(gateway: str, key: str, **body) -> httpx.Response:
-    payload = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], **body}
-    return httpx.post(f"{gateway}/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"},
-                      timeout=HANG_BOUND_S)
+    return httpx.post(f"{gateway}/v1/chat/completions", content=chat_payload(**body), timeout=HANG_BOUND_S,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+
+
+def key_id_of(key: str) -> str:
+    return key.removeprefix("sk-llm-").split("_", 1)[0]
+
+
+def redis_clock(url: str) -> float:
+    client = redis.Redis.from_url(url)
+    try:
+        seconds, micros = client.time()
+        return seconds + micros / 1e6
+    finally:
+        client.close()
+
+
+def counter(url: str, key: str, which: int) -> str | None:
+    """One of the key's limiter entries in Redis (tenants.counter_keys order: 0 request TAT,
+    1 token TAT, 2 in-flight slots, 3 daily usage) as a plain value."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        name = counter_keys("acme", key_id_of(key))[which]
+        kind = client.type(name)
+        if kind == "zset":
+            return str(client.zcard(name))
+        if kind == "hash":
+            return client.hget(name, "used")
+        return client.get(name)
+    finally:
+        client.close()
 
 
 def eventually(check, what: str):
@@ -135,18 +179,13 @@ def eventually(check, what: str):
 # --- pure helpers --------------------------------------------------------------------------------
 
 
-def test_prompt_estimate_and_reservation():
-    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": PROMPT}]}) == 5
-    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]},
-                                                {"role": "system", "content": "x"}]}) == 3
-    assert estimate_prompt_tokens({"prompt": ["abcd", "abcd"]}) == 2
-    assert estimate_prompt_tokens({"messages": []}) == 1  # at least 1
-    doc = {"messages": [{"role": "user", "content": PROMPT}]}
-    assert reserve_tokens({**doc, "max_tokens": 100}, "/v1/chat/completions", 4096) == 105
-    assert reserve_tokens({**doc, "max_completion_tokens": 10, "n": 3}, "/v1/chat/completions", 4096) == 35
-    assert reserve_tokens(doc, "/v1/chat/completions", 4096) == 4101
-    assert reserve_tokens({"input": "abcdefgh"}, "/v1/embeddings", 4096) == 2
-    assert reserve_tokens(None, "/v1/models", 4096) == 0
+def test_reservation_of_this_modules_requests():
+    payload = chat_payload(max_tokens=100)
+    assert reserved_for(payload) == len(payload) + 4 * 7 + 256 + 100
+    document = json.loads(payload)
+    assert reserve(document, len(payload), "/v1/chat/completions", output_allowance=4096, context_length=None,
+                   template_tokens=256).total == reserved_for(payload)
+    assert reserved_for(chat_payload(max_tokens=max_tokens_reserving(905))) == 905
 
 
 def test_reset_format_and_headers():
@@ -161,22 +200,23 @@ def test_reset_format_and_headers():
 
 
 def test_usage_meter_strips_usage_chunk_unless_asked():
-    body, asked = request_usage_upstream({"model": "tiny", "stream": True})
-    assert body["stream_options"] == {"include_usage": True} and not asked
+    body = request_usage_upstream({"model": "tiny", "stream": True})
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     events = [sse(chunk("tiny", {"content": "a"})), sse(chunk("tiny", usage=USAGE)), sse("[DONE]")]
     raw = b"".join(events)
+    reservation = Reservation(prompt=5, output=95)
     for strip in (True, False):
-        meter = UsageMeter(stream=True, strip_usage=strip, prompt_estimate=5, reserved=100)
+        meter = UsageMeter(stream=True, reservation=reservation, client_final_usage=not strip)
         out = b"".join(meter.feed(raw[i:i + 7]) for i in range(0, len(raw), 7)) + meter.finish()
         assert meter.billed() == USAGE["total_tokens"]
         assert out == (events[0] + events[2] if strip else raw)
     crlf = raw.replace(b"\n\n", b"\r\n\r\n")  # some servers end SSE events with CRLF
-    meter = UsageMeter(stream=True, strip_usage=True, prompt_estimate=5, reserved=100)
+    meter = UsageMeter(stream=True, reservation=reservation, client_final_usage=False)
     out = b"".join(meter.feed(crlf[i:i + 5]) for i in range(0, len(crlf), 5)) + meter.finish()
     assert out == (events[0] + events[2]).replace(b"\n\n", b"\r\n\r\n") and meter.billed() == 13
-    cut = UsageMeter(stream=True, strip_usage=True, prompt_estimate=5, reserved=100)
+    cut = UsageMeter(stream=True, reservation=reservation, client_final_usage=False)
     cut.feed(events[0] + events[0])
-    assert cut.billed() == 5 + 2  # no usage arrived: prompt estimate + one token per content chunk
+    assert cut.billed() == 100  # no usage arrived: the reservation, never a count of chunks
 
 
 def test_old_key_records_still_load():
@@ -202,36 +242,54 @@ def test_exact_admission_under_contention_across_two_gateways(redis_server, upst
                     http.post(f"{(gw1, gw2)[i % 2]}/v1/chat/completions", json=payload,
                               headers={"Authorization": f"Bearer {key}"}) for i in range(100)])
 
-        clock = redis.Redis.from_url(redis_server.url)
-        started = clock.time()
+        started = redis_clock(redis_server.url)
         responses = asyncio.run(fire())
-        ended = clock.time()
+        ended = redis_clock(redis_server.url)
+        last_tat = int(counter(redis_server.url, key, 0)) / 1e6  # the request TAT the burst left
     # GCRA's allowance over the burst: n at once plus one per 60/n s that passed (by Redis's
     # own clock, the one the script uses). On a quiet machine the burst takes ~1 s: exactly n.
-    elapsed = (ended[0] + ended[1] / 1e6) - (started[0] + started[1] / 1e6)
-    allowance = n + int(elapsed / (60 / n))
+    elapsed = ended - started
+    interval = 60 / n
+    allowance = n + int(elapsed / interval)
     admitted = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code == 429]
     assert n <= len(admitted) <= allowance and len(refused) == 100 - len(admitted)
     for response in responses:
         assert all(name in response.headers for name in RATE_HEADERS)
         assert response.headers["x-ratelimit-limit-requests"] == str(n)
+    # A refusal's wait is TAT + interval - 60 s - now: the TAT is at least start + 60 s once n
+    # were admitted and at most what the burst left; "now" lies within the burst.
+    earliest, latest = math.ceil(started + interval - ended), math.ceil(last_tat + interval - 60 - started)
     for response in refused:
-        assert int(response.headers["retry-after"]) >= 1
+        assert earliest <= int(response.headers["retry-after"]) <= latest
         error = response.json()["error"]
         assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
 
 
+def test_retry_after_is_exact_by_redis_clock(gateway, redis_server):
+    key = new_key(redis_server, requests_per_minute=2)
+    assert [chat_raw(gateway, key, max_tokens=5).status_code for _ in range(2)] == [200, 200]
+    tat = int(counter(redis_server.url, key, 0)) / 1e6
+    before = redis_clock(redis_server.url)
+    refused = chat_raw(gateway, key, max_tokens=5)
+    after = redis_clock(redis_server.url)
+    assert refused.status_code == 429
+    # GCRA: the next request fits when its TAT (tat + 30 s) is within 60 s of now.
+    assert int(refused.headers["retry-after"]) in {math.ceil(tat + 30 - 60 - after), math.ceil(tat + 30 - 60 - before)}
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+
+
 def test_tokens_are_reserved_then_settled_to_reported_usage(gateway, redis_server):
     key = new_key(redis_server, tokens_per_minute=1000)
-    first = chat_raw(gateway, key, max_tokens=900)  # reserves 5 (estimate) + 900
+    first = chat_raw(gateway, key, max_tokens=max_tokens_reserving(905))
     assert first.status_code == 200
     assert first.headers["x-ratelimit-remaining-tokens"] == "95"  # a fresh bucket: exact
-    second = chat_raw(gateway, key, max_tokens=100)  # reserves 105: fits only because of the refund
+    assert counter(redis_server.url, key, 3) == str(USAGE["total_tokens"])  # settled to the reported usage
+    second_tokens = max_tokens_reserving(400)
+    second = chat_raw(gateway, key, max_tokens=second_tokens)  # 905 + 400 > 1000: fits only because of the refund
     assert second.status_code == 200, second.text
-    # The first request was settled to its reported usage (13), so at least this much is left;
-    # waiting only adds capacity, so this bound holds however long the test took.
-    assert int(second.headers["x-ratelimit-remaining-tokens"]) >= 1000 - USAGE["total_tokens"] - 105
+    # Waiting only adds capacity, so this bound holds however long the test took.
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) >= 1000 - USAGE["total_tokens"] - 400
     too_big = chat_raw(gateway, key, max_tokens=4000)  # more than the whole per-minute limit, under the ceiling
     assert too_big.status_code == 429 and too_big.json()["error"]["type"] == "tokens"
 
@@ -253,17 +311,23 @@ def test_concurrency_slot_is_released_when_the_client_disconnects(gateway, upstr
 
 
 def test_daily_budget_exhausted_is_429_naming_the_budget(gateway, redis_server):
-    key = new_key(redis_server, daily_token_budget=50)
-    assert chat_raw(gateway, key, max_tokens=20).status_code == 200  # reserves 25, billed 13
-    refused = chat_raw(gateway, key, max_tokens=40)  # 13 used + 45 > 50
+    first_reserves, second_reserves = 400, 410
+    for _ in range(2):  # a UTC midnight between the two requests starts a new budget: run it again
+        day = int(redis_clock(redis_server.url) // 86_400)
+        key = new_key(redis_server, daily_token_budget=first_reserves + 10)
+        assert chat_raw(gateway, key, max_tokens=max_tokens_reserving(first_reserves)).status_code == 200  # billed 13
+        before = redis_clock(redis_server.url)
+        refused = chat_raw(gateway, key, max_tokens=max_tokens_reserving(second_reserves))  # 13 + 410 > 410
+        after = redis_clock(redis_server.url)
+        if int(after // 86_400) == day:
+            break
     assert refused.status_code == 429
     error = refused.json()["error"]
     assert error["code"] == "daily_token_budget_exceeded" and "daily token budget" in error["message"]
-    now = datetime.now(timezone.utc)
-    to_midnight = 86_400 - (now.hour * 3600 + now.minute * 60 + now.second)
-    assert abs(int(refused.headers["retry-after"]) - to_midnight) <= 5  # Redis and test clocks agree closely
+    midnight = (day + 1) * 86_400  # by Redis's clock, the one the script uses
+    assert math.ceil(midnight - after) <= int(refused.headers["retry-after"]) <= math.ceil(midnight - before)
     with pytest.raises(openai.RateLimitError):
-        client(gateway, key).chat.completions.create(model="tiny", max_tokens=40,
+        client(gateway, key).chat.completions.create(model="tiny", max_tokens=max_tokens_reserving(second_reserves),
                                                      messages=[{"role": "user", "content": PROMPT}])
 
 
@@ -273,7 +337,7 @@ def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(gateway, u
         extra = {"stream_options": {"include_usage": True}} if asked else {}
         chunks = list(llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
                                                   stream=True, **extra))
-        assert upstream.bodies[-1]["stream_options"] == {"include_usage": True}
+        assert upstream.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
         usage = [c.usage for c in chunks if c.usage is not None]
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(WORDS)
         if asked:
@@ -284,12 +348,24 @@ def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(gateway, u
 
 def test_streamed_response_carries_headers_and_is_settled(gateway, redis_server):
     key = new_key(redis_server, tokens_per_minute=1000)
-    with httpx.stream("POST", f"{gateway}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "tiny", "stream": True, "max_tokens": 900,
-                            "messages": [{"role": "user", "content": PROMPT}]}, timeout=HANG_BOUND_S) as response:
+    payload = chat_payload(stream=True, max_tokens=max_tokens_reserving(905, stream=True))
+    with httpx.stream("POST", f"{gateway}/v1/chat/completions", content=payload, timeout=HANG_BOUND_S,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}) as response:
         assert response.headers["x-ratelimit-remaining-tokens"] == "95"  # set before streaming started
         response.read()
-    assert chat_raw(gateway, key, max_tokens=100).status_code == 200  # 905 reserved, 13 billed
+    # Settled before the last bytes were sent: the day's counter holds what was billed, not the
+    # reservation, the moment the client has the whole answer. No clock is involved.
+    assert counter(redis_server.url, key, 3) == str(USAGE["total_tokens"])
+
+
+def test_refused_requests_charge_no_limit_at_all(gateway, redis_server):
+    """All or nothing: a request refused by one limit leaves every other limit as it was."""
+    key = new_key(redis_server, requests_per_minute=5, tokens_per_minute=1000, max_concurrent_requests=3)
+    assert chat_raw(gateway, key, max_tokens=max_tokens_reserving(900)).status_code == 200  # billed 13
+    state = [counter(redis_server.url, key, i) for i in range(4)]
+    refused = chat_raw(gateway, key, max_tokens=max_tokens_reserving(999))  # 13 + 999 > 1000 tokens
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
+    assert [counter(redis_server.url, key, i) for i in range(4)] == state  # request TAT, tokens, slots, day
 
 
 def test_two_redis_commands_per_admitted_request(upstream):
@@ -347,14 +423,34 @@ def test_redis_down_fail_modes(upstream, mode):
         own.stop()
 
 
-def test_slot_is_released_when_the_upstream_is_down_and_scripts_reload_after_flush(redis_server):
+def test_slot_is_released_when_the_upstream_is_down(redis_server):
     key = new_key(redis_server, max_concurrent_requests=1)
     dead = settings_for(f"http://127.0.0.1:{free_port()}", redis_server.url)
     with serving(create_app(dead, RedisKeyStore(redis_server.url))) as gw:
         for _ in range(2):  # a leaked slot would make the second one a 429
             failed = chat_raw(gw, key, max_tokens=5)
             assert failed.status_code == 503 and "x-ratelimit-remaining-requests" in failed.headers
-        flusher = redis.Redis.from_url(redis_server.url)
-        flusher.script_flush()  # as after a Redis restart: EVALSHA gets NOSCRIPT, redis-py falls back to EVAL
-        flusher.close()
-        assert chat_raw(gw, key, max_tokens=5).status_code == 503
+
+
+def test_scripts_reload_after_a_script_flush(gateway, redis_server):
+    key = new_key(redis_server, requests_per_minute=10)
+    assert chat_raw(gateway, key, max_tokens=5).headers["x-ratelimit-remaining-requests"] == "9"
+    flusher = redis.Redis.from_url(redis_server.url)
+    flusher.script_flush()  # as after a Redis restart: EVALSHA gets NOSCRIPT, redis-py falls back to EVAL
+    flusher.close()
+    errors_before = limiter_errors(gateway)
+    again = chat_raw(gateway, key, max_tokens=5)
+    assert again.status_code == 200
+    # Counted on from Redis's state (a fresh local limiter would say 9 again), with no Redis error.
+    assert again.headers["x-ratelimit-remaining-requests"] == "8"
+    assert limiter_errors(gateway) == errors_before
+
+
+def limiter_errors(gateway: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{gateway}/metrics").text):
+        for sample in family.samples:
+            if sample.name == "llmstack_gateway_redis_errors_total" and sample.labels.get("component") == "limiter":
+                return sample.value
+    return 0.0

@@ -8,8 +8,8 @@ The Kubernetes Deployment (rendered by `infra/render/gateway.py`) sets three var
 - `LLMSTACK_REDIS_URL`: from a Secret; unset or empty means the embedded in-memory key store.
 
 `LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_PORT` override the bind address (local dev, tests).
-The limit fields mirror `infra.spec.KeyLimits` / `Gateway` (this package may not import
-`infra`); they are typed here so a bad render fails at start, and enforced by `serving.gateway.limits`.
+The policy fields (limits, ceilings, timeouts) are `serving.gateway.policy.GatewayPolicy`, the
+model the stack spec extends too; they are validated here so a bad render fails at start.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
+
+from serving.gateway.policy import GatewayPolicy
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
@@ -32,75 +34,21 @@ class SettingsError(ValueError):
     """A bad environment; the message is one line that names the variable to fix."""
 
 
-class _Strict(BaseModel):
-    # Unknown keys are typos or version skew between the renderer and the image: fail loudly.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class GatewaySettings(GatewayPolicy):
+    """The policy (serving.gateway.policy) plus where this process finds the upstream, Redis and
+    its models."""
 
-
-class KeyLimits(_Strict):
-    """Default per-key limits; a key's own overrides (KeyRecord) win (see serving.gateway.limits)."""
-
-    requests_per_minute: int = Field(default=60, ge=1, description="Request rate (GCRA).")
-    tokens_per_minute: int = Field(default=100_000, ge=1, description="Prompt + output tokens rate.")
-    daily_token_budget: int = Field(default=2_000_000, ge=1, description="Tokens per UTC day.")
-    max_concurrent_requests: int = Field(default=8, ge=1, description="In-flight requests per key.")
-
-
-class GatewaySettings(_Strict):
     upstream_url: str = Field(description="Base URL of Ray Serve's OpenAI ingress, e.g. http://host:8000.")
     redis_url: str | None = Field(
         default=None,
         description="Redis for keys and limits. None: in-memory keys and limits, single process only.",
     )
     host: str = Field(default="127.0.0.1", description="Address to bind; 0.0.0.0 in a container.")
-    port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
     model_context_lengths: dict[str, int] = Field(
         default_factory=dict,
-        description="max_model_len per served model: how much output a request without max_tokens can get.",
-    )
-    max_body_bytes: int = Field(default=1_000_000, ge=1, description="Largest request body; larger gets 413.")
-    default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
-    max_tokens_ceiling: int = Field(
-        default=4096, ge=1,
-        description="Largest max_tokens accepted (serving.gateway.request_policy); also the output reserved "
-                    "when a request sets none.",
-    )
-    max_n: int = Field(default=4, ge=1, description="Largest n (and best_of) accepted: choices per request.")
-    max_top_logprobs: int = Field(
-        default=5, ge=0,
-        description="Largest top_logprobs (and legacy integer logprobs on /v1/completions) accepted.",
-    )
-    allow_logit_bias: bool = Field(
-        default=False,
-        description="Accept a non-empty logit_bias. Off by default: with logprobs it is a model-extraction lever.",
-    )
-    limiter_fail_mode: Literal["local", "closed"] = Field(
-        default="local",
-        description="When the limiter's Redis fails: per-replica in-memory limits (local), or 503 (closed)."
-    )
-    upstream_idle_timeout_s: float = Field(
-        default=120.0, gt=0,
-        description="Longest silence from the upstream: before its first byte (a long queue) or between two "
-                    "chunks of a stream. Past it the request fails (504 before the first byte; cut stream after).",
-    )
-    request_timeout_s: float = Field(
-        default=600.0, gt=0,
-        description="Longest a whole request may take, stream included; a stream still running is cut. "
-                    "Also bounds how long a crashed gateway's concurrency slot stays taken.",
-    )
-    key_cache_ttl_s: float = Field(
-        default=60.0, ge=0,
-        description="While Redis is unreachable, keys verified this recently are still accepted (0: never). "
-                    "With Redis up every request is checked there, so revocation is immediate.",
-    )
-    log_prompts: bool = Field(
-        default=False,
-        description="Add the request's messages/prompt to its access-log line. Off: prompts are tenants' data.",
-    )
-    shutdown_grace_s: float = Field(
-        default=90.0, ge=0,
-        description="After SIGTERM, how long in-flight streams may run. Below the pod's 120 s grace period.",
+        description="max_model_len per served model: how much output a request without max_tokens can get, "
+                    "and the most prompt tokens one prompt can be.",
     )
 
     @field_validator("upstream_url")
