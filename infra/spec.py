@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
+
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
 from serving.gateway.policy import GatewayPolicy
 

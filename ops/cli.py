@@ -20,6 +20,7 @@ from infra.spec import StackSpec
 from infra.stack_file import StackFileError, load_stack
 from ops.bench_cli import bench
 from ops.keys_cli import app as keys_app
+from ops.keys_cli import tenants_app
 from ops.models_cli import app as models_app
 from ops.plan_view import plan_tables, problem_lines
 from ops.scale import scale
@@ -29,6 +30,7 @@ app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_h
                   pretty_exceptions_enable=False, add_completion=False)
 # Piped output (CI logs, README examples) gets a fixed width instead of 80 columns.
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
 app.add_typer(models_app, name="models")
 app.command()(status)
 app.command()(scale)

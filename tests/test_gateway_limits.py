@@ -23,13 +23,13 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ops.local_redis import free_port, redis_server_path, start_redis
+from ops.stub_upstream import chunk, sse
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
 from serving.gateway.metering import LimitDecision, UsageMeter, format_reset, rate_limit_headers, request_usage_upstream
 from serving.gateway.reservation import Reservation, reserve
 from serving.gateway.tenants import counter_keys
-from ops.stub_upstream import chunk, sse
 from tests.test_gateway import HANG_BOUND_S, WORDS, client, serving, settings_for
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
@@ -368,11 +368,18 @@ def test_refused_requests_charge_no_limit_at_all(gateway, redis_server):
     assert [counter(redis_server.url, key, i) for i in range(4)] == state  # request TAT, tokens, slots, day
 
 
-def test_two_redis_commands_per_admitted_request(upstream):
+@pytest.mark.parametrize(("prompt", "commands"), [
+    # A small body is read first, then all limits at once: the key lookup, admit, settle.
+    (PROMPT, ["GET", "EVALSHA", "EVALSHA"]),
+    # A large one takes its request and concurrency allowance before it is read: one more.
+    ("x" * 70_000, ["GET", "EVALSHA", "EVALSHA", "EVALSHA"]),
+])
+def test_redis_commands_per_admitted_request(upstream, prompt, commands):
     own = start_redis()
     try:
         key = create_key_sync(own.url, "acme", "count")
-        with serving(create_app(settings_for(upstream.url, own.url), RedisKeyStore(own.url))) as gw:
+        with serving(create_app(settings_for(upstream.url, own.url, max_body_bytes=200_000),
+                                RedisKeyStore(own.url))) as gw:
             assert chat_raw(gateway=gw, key=key, max_tokens=5).status_code == 200  # loads the scripts
             watcher = redis.Redis.from_url(own.url, decode_responses=True)
             ender = redis.Redis.from_url(own.url)
@@ -393,12 +400,15 @@ def test_two_redis_commands_per_admitted_request(upstream):
             thread.start()
             assert ready.wait(HANG_BOUND_S)
             time.sleep(0.2)  # let MONITOR take effect before the counted request (not a speed assertion)
-            assert chat_raw(gateway=gw, key=key, max_tokens=5).status_code == 200
+            body = json.dumps({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": prompt}]})
+            counted = httpx.post(f"{gw}/v1/chat/completions", content=body, timeout=HANG_BOUND_S,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+            assert counted.status_code == 200, counted.text
             ender.get("end-of-count")
             thread.join(HANG_BOUND_S)
             watcher.close()
             ender.close()
-        assert seen == ["GET", "EVALSHA", "EVALSHA"], seen  # key lookup, admit, settle
+        assert seen == commands, seen
     finally:
         own.stop()
 

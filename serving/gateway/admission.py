@@ -46,7 +46,7 @@ from serving.gateway.metering import (
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.redis_client import RedisBusy
 from serving.gateway.request_policy import check_request
-from serving.gateway.reservation import COMPLETION_PATHS, reserve, requested_output
+from serving.gateway.reservation import COMPLETION_PATHS, requested_output, reserve
 from serving.gateway.settings import GatewaySettings
 
 # Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.

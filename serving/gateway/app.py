@@ -98,8 +98,8 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
             await ticket.settle(0)  # frees the concurrency slot; nothing was generated
             raise
         if not isinstance(response, UpstreamStream):  # an error before any upstream answer
-            admission.meter.status = response.status_code  # bills nothing
-            await ticket.settle(0)
+            admission.meter.no_answer(response.status_code)
+            await ticket.settle(admission.meter.billed())
             response.headers.update(admission.headers)
         return response
 

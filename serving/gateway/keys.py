@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase

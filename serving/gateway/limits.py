@@ -133,7 +133,9 @@ class Ticket:
 def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
     (allowed, refused, scope, rem_req, reset_req, rem_tok, reset_tok, wait, day, key_charged,
      t_rpm, t_tpm, t_daily, t_conc) = reply
-    text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+    def text(value: object) -> object:
+        return value.decode() if isinstance(value, bytes) else value
+
     wait_us = float(wait)
     decision = LimitDecision(
         allowed=bool(int(allowed)), refused=text(refused) or None, scope=text(scope) or None,

@@ -7,7 +7,9 @@ every chunk (`stream_options.include_usage` and vLLM's `continuous_usage_stats`)
 always holds the upstream's latest count; the chunks' usage the client did not ask for is
 stripped on the way back. What is billed, in order:
 
-- the upstream refused (status >= 400): nothing;
+- the upstream refused (status >= 400), or was never reached: nothing;
+- the upstream timed out before answering (504: it had the request, and vLLM generates a whole
+  non-streamed answer before sending a byte): the reservation;
 - the upstream's final usage (a JSON body's, or a stream's last chunk): that;
 - a stream that ended, or was cut while the gateway had read everything the upstream sent: the
   last usage seen, per sequence (vLLM counts each sequence's tokens in its own chunks);
@@ -27,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from serving.gateway.reservation import COMPLETION_PATHS, Reservation, requested_output
+from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
 
@@ -197,6 +199,7 @@ class UsageMeter:
         self.status = 200
         self.usage: Usage | None = None  # the upstream's final count
         self.finished = False
+        self._worked_unanswered = False
         self.caught_up = True
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
         self._completion_by_sequence: dict[int, int] = {}
@@ -226,12 +229,20 @@ class UsageMeter:
         tail = self._event(rest, b"") if rest.strip() else rest
         return tail + self._done
 
+    def no_answer(self, status: int) -> None:
+        """The upstream never answered; `status` is the gateway's own error. Only a timeout
+        (504) means the upstream had the request and may have been working on it."""
+        self.status = status
+        self._worked_unanswered = status == 504
+
     def billed(self) -> int:
         return self.billed_usage().total
 
     def billed_usage(self) -> Usage:
+        if self._worked_unanswered:
+            return self._reserved()
         if self.status >= 400:
-            return Usage(0, 0)  # the upstream refused: nothing was generated
+            return Usage(0, 0)  # refused, or never reached the upstream: nothing was generated
         final = self.usage if self.stream else self._scanner.usage  # a body's usage counts even if its end was cut
         if final is not None:
             return final

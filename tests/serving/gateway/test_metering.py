@@ -28,7 +28,8 @@ from tests.serving.gateway.conftest import (
     running_gateway,
 )
 
-needs_redis = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
+needs_redis = pytest.mark.skipif(redis_server_path() is None,
+                                 reason="needs redis-server (apt-get install redis-server)")
 TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
 
 
@@ -126,7 +127,8 @@ def test_usage_is_asked_of_the_upstream_and_given_to_the_client_only_as_asked():
 
 
 def test_a_large_json_body_is_billed_its_usage_without_keeping_a_copy():
-    answer = {"id": "x", "choices": [{"index": 0, "message": {"content": 'say "usage": {"prompt_tokens": 1} ' * 50_000}}],
+    decoy = 'say "usage": {"prompt_tokens": 1} ' * 50_000  # escaped inside a string: not a key
+    answer = {"id": "x", "choices": [{"index": 0, "message": {"content": decoy}}],
               "usage": usage(123, 456), "prompt_logprobs": [{"1": -0.5}] * 300_000}
     body = json.dumps(answer).encode()
     assert len(body) > 5_000_000  # past the old 4 MB copy, usage far from both ends
