@@ -89,10 +89,10 @@ def content_events(lines) -> int:
 def send(gateway: str, key: str, request: dict, body: bytes) -> None:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     url = f"{gateway}{request['path']}"
-    if request["stream"] is not True:
-        httpx.post(url, content=body, headers=headers, timeout=HANG_BOUND_S)  # whole, refused, or a 504
-        return
     try:
+        if request["stream"] is not True:
+            httpx.post(url, content=body, headers=headers, timeout=HANG_BOUND_S)  # whole, refused, or a 504
+            return
         with httpx.stream("POST", url, content=body, headers=headers, timeout=HANG_BOUND_S) as response:
             if response.status_code != 200 or request["ending"] == "headers":
                 return  # leave at the headers
@@ -103,7 +103,7 @@ def send(gateway: str, key: str, request: dict, body: bytes) -> None:
                 if seen >= request["cut_after"]:
                     return  # the connection is closed with the rest unread
     except httpx.RemoteProtocolError:
-        pass  # the gateway cut the stream (the upstream went silent past its idle timeout)
+        pass  # the gateway cut the answer (the upstream went silent past its idle timeout)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

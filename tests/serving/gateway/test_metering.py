@@ -56,13 +56,21 @@ def test_a_cut_stream_is_billed_each_sequences_last_usage():
     m.feed(chunk(0, "a", usage(7, 1)) + chunk(1, "b", usage(7, 2)) + chunk(0, "cd", usage(7, 3))
            + chunk(1, "efg", usage(7, 5)))
     assert m.caught_up and not m.finished
-    assert m.billed() == 7 + 3 + 5  # vLLM counts each sequence in its own chunks: summed, not the last one
+    # vLLM counts each sequence in its own chunks: summed, not the last one; and each sequence,
+    # still running when cut, may be one more step (2 and 3 tokens here) along.
+    assert m.billed() == 7 + (3 + 2) + (5 + 3)
+    m.feed(sse({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}],
+                "usage": usage(7, 4)}))
+    assert m.billed() == 7 + 4 + (5 + 3)  # a finished sequence is not one step further
 
 
 def test_tokens_not_chunks():
     m = meter(Reservation(prompt=50, output=30))
     m.feed(chunk(0, "abc", usage(5, 3)) + chunk(0, "def", usage(5, 6)))  # 3 tokens a chunk (speculative decoding)
-    assert m.billed() == 5 + 6
+    assert m.billed() == 5 + 6 + 3
+    m.feed(sse("[DONE]"))
+    m.finish()
+    assert m.billed() == 5 + 6  # ended: nothing more was generated
 
 
 def test_a_stream_cut_while_the_client_was_not_reading_is_billed_its_reservation():
@@ -102,9 +110,10 @@ def test_prompt_arrays_map_sequences_to_their_prompts():
     r = Reservation(prompt=100, output=80, prompts=2, n=2, choices=2)  # indexes: prompt * n + sequence
     m = meter(r)
     m.feed(chunk(0, "a", usage(10, 1)) + chunk(1, "b", usage(10, 1)))
-    assert m.billed() == 100 + 2  # prompt 1 not heard of yet: its prompt may be read already, so the bound
+    # Prompt 1 not heard of yet: its prompt may be read already, so the bound; every sequence one step on.
+    assert m.billed() == 100 + 2 + 4
     m.feed(chunk(2, "c", usage(20, 4)) + chunk(3, "d", usage(20, 1)))
-    assert m.billed() == 10 + 20 + (1 + 1 + 4 + 1)
+    assert m.billed() == 10 + 20 + (1 + 1 + 4 + 1) + (1 + 1 + 4 + 1)
 
 
 def test_usage_is_asked_of_the_upstream_and_given_to_the_client_only_as_asked():
@@ -209,8 +218,9 @@ def test_a_cut_stream_is_billed_the_tokens_generated_not_the_chunks(gateway, ups
     generated = upstream.generated["spec"]
     assert generated["completion"] == 6  # two chunks of three tokens
     eventually(lambda: "spec" in upstream.closed, "the gateway never closed the upstream stream")
-    assert billed(access_lines, key) == generated["prompt"] + 6
-    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == generated["prompt"] + 6
+    # The tokens seen, not the 2 chunks; plus the one step of 3 the upstream may have taken before the cut reached it.
+    assert billed(access_lines, key) == generated["prompt"] + 6 + 3
+    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == generated["prompt"] + 9
     assert upstream.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
