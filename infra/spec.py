@@ -22,9 +22,9 @@ from infra import versions
 from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
 from infra.images import missing_registry_problem
 
-# The gateway validates these same limits at start; one model keeps the two in step.
+# The gateway validates the same policy at start; one model keeps a field and its bound in one place.
+from serving.gateway.policy import GatewayPolicy
 from serving.gateway.queue_policy import QueuePolicy
-from serving.gateway.settings import NEVER_FORWARDED_HEADERS, NEVER_FROM_CLIENTS, NEVER_FROM_CLIENTS_WHY, KeyLimits
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -342,25 +342,11 @@ class LocalRedis(_Spec):
 Redis = Annotated[ManagedRedis | InClusterRedis | ExternalRedis | LocalRedis, Field(discriminator="mode")]
 
 
-class Gateway(_Spec):
+class Gateway(GatewayPolicy):
+    """The gateway's policy (limits, ceilings, timeouts: serving.gateway.policy) plus how it is deployed."""
+
     min_replicas: int = Field(default=2, ge=1, description="Gateway pods kept (HPA minimum).")
     max_replicas: int = Field(default=6, ge=1, description="HPA maximum.")
-    port: int = Field(default=8080, ge=1024, le=65535, description="Port the gateway listens on.")
-    default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
-    max_tokens_ceiling: int = Field(default=4096, ge=1, description="Largest max_tokens accepted.")
-    max_n: int = Field(default=4, ge=1, description="Largest n (and best_of) accepted.")
-    max_top_logprobs: int = Field(default=5, ge=0, description="Largest top_logprobs accepted.")
-    allow_logit_bias: bool = Field(default=False, description="logit_bias helps extract a model; off by default.")
-    max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body.")
-    limiter_fail_mode: Literal["local", "closed"] = Field(
-        default="local", description="When Redis is down: per-replica limits, or refuse."
-    )
-    upstream_idle_timeout_s: float = Field(
-        default=120.0, gt=0, description="Longest upstream silence (queue wait or between stream chunks).")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="Longest whole request, stream included.")
-    key_cache_ttl_s: float = Field(
-        default=60.0, ge=0, description="During a Redis outage, keys verified this recently still work.")
-    log_prompts: bool = Field(default=False, description="Put prompts in access logs (tenants' data: off).")
     certificate_arn: str | None = Field(default=None, description="ACM certificate for TLS on the NLB.")
     allow_plaintext: bool = Field(
         default=False,
@@ -369,50 +355,14 @@ class Gateway(_Spec):
     )
     queue: QueuePolicy = Field(default_factory=QueuePolicy, description="Fair, tiered wait for saturated models.")
 
-    # --- exposure, transport bounds and what reaches Ray Serve (serving.gateway.settings) --------
-    metrics_port: int = Field(
-        default=9090, ge=1024, le=65535,
-        description="Port for /metrics and /readyz. The Service does not publish it; a NetworkPolicy admits "
-                    "only metrics_namespace (and the kubelet's probes).")
     metrics_namespace: str = Field(
         default="monitoring", pattern=DNS_LABEL,
         description="Namespace of the Prometheus that scrapes the gateway: the only pods that reach metrics_port.")
-    max_connections: int = Field(
-        default=256, ge=1,
-        description="Connections one gateway pod serves at once (503 past it). The pod's memory limit grows "
-                    "with max_connections x max_body_bytes, what slow uploads can hold.")
-    body_timeout_s: float = Field(default=30.0, gt=0, description="A request must arrive whole within this (408).")
-    max_json_depth: int = Field(default=32, ge=2, le=200, description="Deepest JSON nesting accepted in a body.")
-    allowed_body_extensions: list[str] = Field(
-        default_factory=list,
-        description="vLLM body fields beyond OpenAI's the gateway passes on (e.g. ignore_eos, top_k, "
-                    "chat_template_kwargs); any other unknown field is refused with 400.")
-    forward_request_headers: list[str] = Field(
-        default_factory=list,
-        description="Request headers passed to Ray Serve besides content-type and accept (e.g. traceparent).")
-
-    @field_validator("allowed_body_extensions")
-    @classmethod
-    def _no_engine_internals(cls, value: list[str]) -> list[str]:
-        refused = sorted(set(value) & NEVER_FROM_CLIENTS)
-        if refused:
-            raise ValueError(f"remove {refused}: they must never come from a client ({NEVER_FROM_CLIENTS_WHY})")
-        return value
-
-    @field_validator("forward_request_headers")
-    @classmethod
-    def _forwardable_headers(cls, value: list[str]) -> list[str]:
-        refused = sorted({name.lower() for name in value} & NEVER_FORWARDED_HEADERS)
-        if refused:
-            raise ValueError(f"remove {refused}: credentials, connection-level or set by the gateway itself")
-        return value
 
     @model_validator(mode="after")
     def _ordered(self) -> Gateway:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
-        if self.metrics_port == self.port:
-            raise ValueError(f"metrics_port and port are both {self.port}: set metrics_port to another port")
         return self
 
 

@@ -51,27 +51,9 @@ def _selector() -> dict[str, str]:
 
 def gateway_settings(spec: StackSpec) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
-    g = spec.gateway
     return json.dumps({
+        **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
-        "port": g.port,
-        "default_limits": g.default_limits.model_dump(),
-        "max_tokens_ceiling": g.max_tokens_ceiling,
-        "max_n": g.max_n,
-        "max_top_logprobs": g.max_top_logprobs,
-        "allow_logit_bias": g.allow_logit_bias,
-        "max_body_bytes": g.max_body_bytes,
-        "limiter_fail_mode": g.limiter_fail_mode,
-        "upstream_idle_timeout_s": g.upstream_idle_timeout_s,
-        "request_timeout_s": g.request_timeout_s,
-        "key_cache_ttl_s": g.key_cache_ttl_s,
-        "log_prompts": g.log_prompts,
-        "metrics_port": g.metrics_port,
-        "max_connections": g.max_connections,
-        "body_timeout_s": g.body_timeout_s,
-        "max_json_depth": g.max_json_depth,
-        "allowed_body_extensions": g.allowed_body_extensions,
-        "forward_request_headers": g.forward_request_headers,
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
     }, sort_keys=True)

@@ -9,6 +9,9 @@ substitute for the real serving path, which tests/test_dev_stack_e2e.py drives.
 Requests may steer it with headers:
     x-stub-chunks: N        stream N content chunks (default 8)
     x-stub-interval-ms: T   sleep T ms between chunks (default 0)
+or, where headers do not reach it, with a line in the first message's content:
+    #stub {"chunks": N, "interval_ms": T, "prompt_tokens": "P"}
+(`prompt_tokens` as a string, so a test can give it a fixed width; default 5).
 """
 
 from __future__ import annotations
@@ -44,12 +47,23 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "stub"}]})
 
 
+def steering(body: dict) -> dict:
+    messages = body.get("messages")
+    content = messages[0].get("content") if isinstance(messages, list) and messages and isinstance(
+        messages[0], dict) else None
+    if isinstance(content, str) and "#stub " in content:
+        return json.JSONDecoder().raw_decode(content.split("#stub ", 1)[1])[0]
+    return {}
+
+
 async def chat(request: Request) -> Response:
     body = await request.json()
     model = body.get("model", "tiny")
-    chunks = int(request.headers.get("x-stub-chunks", "8"))
-    interval = int(request.headers.get("x-stub-interval-ms", "0")) / 1000
-    usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": chunks, "total_tokens": PROMPT_TOKENS + chunks}
+    steer = steering(body)
+    chunks = int(steer.get("chunks", request.headers.get("x-stub-chunks", "8")))
+    interval = int(steer.get("interval_ms", request.headers.get("x-stub-interval-ms", "0"))) / 1000
+    prompt_tokens = int(steer.get("prompt_tokens", PROMPT_TOKENS))
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks, "total_tokens": prompt_tokens + chunks}
     if not body.get("stream"):
         return JSONResponse({
             "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()), "model": model,

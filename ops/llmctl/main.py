@@ -21,6 +21,7 @@ from ops.llmctl.bench.cli import bench
 from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
 from ops.llmctl.cost.cli import app as cost_app
 from ops.llmctl.keys import app as keys_app
+from ops.llmctl.keys import tenants_app
 from ops.llmctl.models.cli import app as models_app
 from ops.llmctl.plan_view import plan_tables, problem_lines
 from ops.llmctl.scale.cli import scale
@@ -29,6 +30,7 @@ from ops.llmctl.status.cli import status
 app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
 app.add_typer(models_app, name="models")
 app.add_typer(cost_app, name="cost")
 app.command()(status)

@@ -1,24 +1,30 @@
 """Admission: the one place that decides whether a request may reach the model servers.
 
-Steps: authenticate the key, cap the body size, check the key's model allow-list and the
-request policy (serving.gateway.request_policy: max_tokens/n/logprobs/logit_bias), then ask
-the limiter (serving.gateway.limits: request and token GCRA, concurrency, daily budget) with
-the tokens this request reserves (serving.gateway.metering). The rest of the gateway sees one
-`Admission` (with a `Ticket` to settle when the response ends) or one error response.
+Steps, cheapest first, so that what costs the gateway work is only done for requests that
+may go on: authenticate the key (before any of the body is read, so unauthenticated callers
+cannot make the gateway read or buffer anything); for a body that may be large (declared over
+`EARLY_READ_BYTES`, or of undeclared length) take the key's and tenant's request and
+concurrency allowance first (`Limiter.admit_slot`), so one key can keep at most its
+concurrency limit of bodies in flight; read the body within `max_body_bytes` and parse it
+once (`parse_document`); check the key's model allow-list and the request policy
+(serving.gateway.request_policy); reserve tokens (serving.gateway.reservation) and charge them
+(`admit_tokens`, or all limits at once with `admit` for a small body already read: one Redis
+round trip). A refusal after the slot phase gives back everything the slot phase took.
 
-Order matters: the key is checked before the body is read, so unauthenticated callers cannot
-make the gateway read (or buffer) anything.
+The rest of the gateway sees one `Admission` (with a `Ticket` to settle when the response ends)
+or one error response.
 
 Redis outages: a key verified in the last `key_cache_ttl_s` is still accepted (keys.RecentlyVerifiedKeys)
-and the limiter falls back as its fail mode says; either sets the `degraded` gauge. Keys in
-shadow mode are served when over a limit, and the would-be refusal is logged and counted.
+and the limiter falls back as its fail mode says; either sets the `degraded` gauge. A busy
+Redis pool is not an outage: 503 + Retry-After (serving.gateway.redis_client). Keys in shadow
+mode are served when over their own limits, and the would-be refusal is logged and counted.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -29,25 +35,27 @@ from serving.gateway.access_log import caller_of, note_caller
 from serving.gateway.body import BodyError, request_document
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
-from serving.gateway.limits import Limiter, LimiterUnavailable, Ticket, effective_limits
+from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
 from serving.gateway.metering import (
-    COMPLETION_PATHS,
     UsageMeter,
-    estimate_prompt_tokens,
+    client_usage_wishes,
     output_allowance,
     rate_limit_headers,
     request_usage_upstream,
-    requested_output,
-    reserve_tokens,
     wants_stream,
 )
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.redis_client import RedisBusy
 from serving.gateway.request_policy import check_request
-from serving.gateway.settings import GatewaySettings, KeyLimits
+from serving.gateway.reservation import COMPLETION_PATHS, requested_output, reserve
+from serving.gateway.settings import GatewaySettings
 
 # Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.
 events = logging.getLogger("llmstack.gateway.access")
 PROMPT_LOG_CHARS = 2000
+# A body that declares at most this many bytes is read before the limiter is asked: reading it
+# costs less than the Redis round trip a separate slot phase would add, and its memory is small.
+EARLY_READ_BYTES = 65_536
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,11 @@ def requested_model(document: dict | None) -> str | None:
     """The `model` field of a request's JSON object; None when it names no model as a string."""
     model = document.get("model") if document is not None else None
     return model if isinstance(model, str) else None
+
+
+def declares_small_body(headers: Mapping[str, str]) -> bool:
+    declared = headers.get("content-length", "")
+    return declared.isdigit() and int(declared) <= EARLY_READ_BYTES
 
 
 def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool) -> bool:
@@ -115,7 +128,7 @@ class Admitter:
         self.recent_keys = RecentlyVerifiedKeys(settings.key_cache_ttl_s)
 
     async def _verify(self, key: str) -> tuple[KeyRecord | None, bool]:
-        """(record, came from the outage cache)."""
+        """(record, came from the outage cache). A busy pool raises RedisBusy: not an outage."""
         try:
             record = await self.key_store.verify(key)
         except KeyStoreUnavailable:
@@ -129,10 +142,35 @@ class Admitter:
         key = presented_key(request.headers)
         if key is None:
             return errors.missing_api_key()
-        record, from_cache = await self._verify(key)
+        try:
+            record, from_cache = await self._verify(key)
+        except RedisBusy:
+            return errors.gateway_busy()
         if record is None:
             return errors.key_store_unavailable() if from_cache else errors.invalid_api_key()
         note_caller(request.scope, record)
+        who = Who(key_id=record.key_id, tenant=record.tenant,
+                  limits=effective_limits(record, settings.default_limits),
+                  tenant_defaults=settings.default_tenant_limits, shadow=record.shadow,
+                  shadow_max_concurrent=settings.shadow_max_concurrent_requests)
+        ticket = None
+        if request.method != "GET" and not declares_small_body(request.headers):
+            ticket, refusal = await self._limited(self.limiter.admit_slot(who), record, from_cache)
+            if refusal is not None:
+                return refusal
+        try:
+            outcome = await self._admit_body(request, record, who, ticket, from_cache)
+        except BaseException:
+            if ticket is not None:
+                await ticket.release()
+            raise
+        if isinstance(outcome, Response) and ticket is not None:
+            await ticket.release()  # a no-op when the token phase refused (it gave everything back)
+        return outcome
+
+    async def _admit_body(self, request: Request, record: KeyRecord, who: Who, ticket: Ticket | None,
+                          from_cache: bool) -> Admission | Response:
+        settings, path = self.settings, request.url.path
         body = await read_body_within(request, settings.max_body_bytes)
         if body is None:
             return errors.body_too_large(settings.max_body_bytes)
@@ -143,67 +181,86 @@ class Admitter:
         caller_of(request.scope).model = model
         if not model_allowed(record, model, has_body=document is not None):
             return errors.model_not_allowed(model)
-
-        path = request.url.path
-        violation = check_request(document, path, settings)  # before the limiter: a refusal costs no quota
+        violation = check_request(document, path, settings)  # before tokens are charged: a refusal costs none
         if violation is not None:
             return errors.invalid_request(violation.param, violation.message, violation.code)
         if settings.log_prompts and document is not None:
             caller_of(request.scope).prompt = prompt_text(document)
-        allowance, added_max_tokens = output_allowance(settings.max_tokens_ceiling,
-                                                       settings.model_context_lengths.get(model or ""))
-        reserved = reserve_tokens(document, path, allowance)
-        limits = effective_limits(record, settings.default_limits)
-        try:
-            ticket = await self.limiter.admit(record.key_id, limits, reserved)
-        except LimiterUnavailable:
-            return errors.limiter_unavailable()
-        self.metrics.degraded.set(1 if from_cache or ticket.local_fallback else 0)
+
+        context_length = settings.model_context_lengths.get(model or "")
+        allowance, added_max_tokens = output_allowance(settings.max_tokens_ceiling, context_length)
+        reservation = reserve(document, len(body), path, output_allowance=allowance, context_length=context_length,
+                              template_tokens=settings.chat_template_tokens)
+        if ticket is None:
+            ticket, refusal = await self._limited(self.limiter.admit(who, reservation.total), record, from_cache)
+        else:
+            _, refusal = await self._limited(self.limiter.admit_tokens(ticket, reservation.total), record, from_cache,
+                                             ticket)
+        if refusal is not None:
+            return refusal
+        assert ticket is not None and ticket.decision is not None
         headers = rate_limit_headers(ticket.decision)
-        if not ticket.decision.allowed:
-            refusal = self._over_limit(record, limits, ticket, headers)
-            if refusal is not None:
-                return refusal
+        if ticket.decision.refused is not None:  # allowed: a shadow key's would-be refusal
             headers = {name: value for name, value in headers.items() if name != "retry-after"}
+
         stream = wants_stream(document, path)
-        upstream_document, strip_usage = upstream_request(document, path, stream=stream,
-                                                          added_max_tokens=added_max_tokens)
+        final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
+        upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens)
         if upstream_document is not document:
             body = json.dumps(upstream_document).encode()
-        meter = UsageMeter(stream=stream, strip_usage=strip_usage, reserved=reserved,
-                           prompt_estimate=estimate_prompt_tokens(document) if document is not None else 0)
+        meter = UsageMeter(stream=stream, reservation=reservation, client_final_usage=final_usage,
+                           client_continuous_usage=continuous_usage)
         return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter)
 
-
-    def _over_limit(self, record: KeyRecord, limits: KeyLimits, ticket: Ticket, headers: dict[str, str]
-                    ) -> Response | None:
-        """The 429 for a request over a limit; None when the key is in shadow mode, which serves
-        it anyway, uncharged (exactly what enforcement would have left in the limiter), and logs it."""
-        refused = ticket.decision.refused
-        self.metrics.rate_limited.labels(limit=refused, mode="shadow" if record.shadow else "enforced").inc()
-        if record.shadow:
+    async def _limited(self, call: Awaitable[Ticket | None], record: KeyRecord, from_cache: bool,
+                       ticket: Ticket | None = None) -> tuple[Ticket | None, Response | None]:
+        """Run one limiter phase: (the ticket, None) when it may go on, (ticket, the response) when not."""
+        try:
+            result = await call
+        except LimiterUnavailable:
+            return ticket, errors.limiter_unavailable()
+        except LimiterBusy:
+            return ticket, errors.gateway_busy()
+        ticket = result if result is not None else ticket
+        assert ticket is not None and ticket.decision is not None
+        self.metrics.degraded.set(1 if from_cache or ticket.local_fallback else 0)
+        decision = ticket.decision
+        if decision.refused is None:
+            return ticket, None
+        shadowed = decision.allowed
+        self.metrics.rate_limited.labels(limit=decision.refused, mode="shadow" if shadowed else "enforced").inc()
+        if shadowed:
             events.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
-                                       "tenant": record.tenant, "limit": refused, "reserved": ticket.reserved}))
-            return None
-        limit = {"requests": limits.requests_per_minute, "tokens": limits.tokens_per_minute,
-                 "concurrency": limits.max_concurrent_requests, "daily_tokens": limits.daily_token_budget}
-        return errors.rate_limited(refused, limit[refused], ticket.decision.retry_after_s, headers)
+                                       "tenant": record.tenant, "limit": decision.refused,
+                                       "reserved": ticket.reserved}))
+            return ticket, None
+        return ticket, errors.rate_limited(decision.refused, self._limit_value(ticket), decision.retry_after_s,
+                                           rate_limit_headers(decision), scope=decision.scope or "key")
+
+    def _limit_value(self, ticket: Ticket) -> int:
+        decision, who = ticket.decision, ticket.who
+        assert decision is not None and decision.refused is not None
+        field = {"requests": "requests_per_minute", "tokens": "tokens_per_minute",
+                 "concurrency": "max_concurrent_requests", "daily_tokens": "daily_token_budget"}[decision.refused]
+        if decision.scope == "tenant":
+            return getattr(ticket.tenant_limits, field) or 0
+        if decision.scope == "shadow":
+            return who.shadow_max_concurrent
+        return getattr(who.limits, field)
 
 
 def upstream_request(document: dict | None, path: str, *, stream: bool, added_max_tokens: int | None
-                     ) -> tuple[dict | None, bool]:
-    """The body to send upstream (the same object when unchanged) and whether to strip the
-    usage chunk from the stream: streams always ask for usage (so they can be billed), and a
-    completion without max_tokens gets the ceiling when the model's context would not bound it."""
-    strip_usage = False
+                     ) -> dict | None:
+    """The body to send upstream (the same object when unchanged): streams always ask for usage
+    in every chunk (so even a cut stream can be billed what it used), and a completion without
+    max_tokens gets the ceiling when the model's context would not bound it."""
     if document is None or path not in COMPLETION_PATHS:
-        return document, strip_usage
+        return document
     if stream:
-        document, client_asked = request_usage_upstream(document)
-        strip_usage = not client_asked
+        document = request_usage_upstream(document)
     if added_max_tokens is not None and requested_output(document) is None:
         document = {**document, "max_tokens": added_max_tokens}
-    return document, strip_usage
+    return document
 
 
 def prompt_text(document: dict) -> str:

@@ -132,8 +132,8 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
             await ticket.settle(0)  # frees the concurrency slot; nothing was generated
             raise
         if not isinstance(response, UpstreamStream):  # an error, or a model list filtered for this key
-            admission.meter.status = response.status_code  # bills nothing
-            await ticket.settle(0)
+            admission.meter.no_answer(response.status_code)
+            await ticket.settle(admission.meter.billed())
             response.headers.update(admission.headers)
         return response
 

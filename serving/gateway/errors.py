@@ -106,15 +106,21 @@ _REFUSAL_TEXT = {
 }
 
 
-def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers: dict[str, str]) -> JSONResponse:
+_SCOPE_TEXT = {"key": "this API key", "tenant": "this API key's tenant (all its keys together)",
+               "shadow": "this API key in shadow mode"}
+
+
+def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers: dict[str, str], *,
+                 scope: str = "key") -> JSONResponse:
     """429 as OpenAI sends it: type `requests` or `tokens`, code `rate_limit_exceeded` (the
-    daily budget gets its own code, so clients can tell a quota from a rate)."""
-    what = _REFUSAL_TEXT[refused]
+    daily budget gets its own code, so clients can tell a quota from a rate). `scope` says whose
+    limit it was: the key's, its tenant's, or the ceiling every shadow-mode key stays under."""
+    what, whose = _REFUSAL_TEXT[refused], _SCOPE_TEXT[scope]
     if retry_after_s is None:
-        message = (f"Request too large for this API key's {what} limit of {limit}: it reserves more tokens than "
+        message = (f"Request too large for the {what} limit of {whose} ({limit}): it reserves more tokens than "
                    "the limit allows. Lower max_tokens (or the prompt), or ask your platform team for a higher limit.")
     else:
-        message = (f"Rate limit reached for this API key on {what}: limit {limit}. "
+        message = (f"Rate limit reached for {whose} on {what}: limit {limit}. "
                    f"Please try again in {retry_after_s:.3f}s.")
     type_ = "requests" if refused in ("requests", "concurrency") else "tokens"
     code = "daily_token_budget_exceeded" if refused == "daily_tokens" else "rate_limit_exceeded"
@@ -129,3 +135,10 @@ def limiter_unavailable() -> JSONResponse:
     # Fail mode `closed`: without the limiter nothing is admitted.
     return openai_error(503, "The gateway cannot check rate limits right now. Please retry shortly.",
                         SERVER_ERROR, code="limiter_unavailable", headers={"Retry-After": "1"})
+
+
+def gateway_busy() -> JSONResponse:
+    # Every Redis connection is busy with other requests: load, not an outage. Nothing is
+    # admitted on a guess; the SDKs retry after Retry-After.
+    return openai_error(503, "The gateway is busy right now. Please retry shortly.", SERVER_ERROR,
+                        code="gateway_busy", headers={"Retry-After": "1"})

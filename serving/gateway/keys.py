@@ -9,6 +9,12 @@ The `{key:<hash>}` hash tag keeps the record in a Redis Cluster slot of its own.
 lives under `llmstack:{key:<key_id>}:...` (see serving.gateway.limits), one slot per key, so
 each limiter script touches one slot. Revoked keys keep their record (`revoked: true`) so
 listings and audits still see them.
+
+Every change to a record is a compare-and-set (`_replace`: one Lua script in Redis), retried on
+a clash, so two operators changing one key at once can never undo each other's change (a
+`set` racing a `revoke` cannot bring the key back). The by-id index never changes once
+written, so reading it first and then swapping the record touches one key at a time, as
+Redis Cluster requires.
 """
 
 from __future__ import annotations
@@ -22,12 +28,22 @@ from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 
 from serving.gateway.key_format import KeyRecord, hash_key, is_usable, looks_like_key, new_key
-from serving.gateway.redis_client import redis_client
+from serving.gateway.redis_client import GatedRedis, RedisBusy
 
 __all__ = ["KeyRecord", "KeyStore", "KeyStoreUnavailable", "MemoryKeyStore", "RecentlyVerifiedKeys", "RedisKeyStore",
            "create_key_sync"]
 
-
+# Each attempt loses only to another writer's completed change, so this many in a row means
+# something rewrites the record in a loop; better to say so than to spin.
+UPDATE_ATTEMPTS = 100
+# Compare-and-set of one string key: swap only if it still holds what the caller read.
+REPLACE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
 
 class KeyStoreUnavailable(RuntimeError):
     """The store could not answer; admission turns this into a 503, not a 401."""
@@ -61,6 +77,10 @@ class KeyStore(ABC):
     @abstractmethod
     async def _set(self, name: str, value: str, *, only_if_absent: bool = False) -> bool:
         """Store `value`; with `only_if_absent`, False (and nothing stored) when `name` exists."""
+
+    @abstractmethod
+    async def _replace(self, name: str, expected: str, value: str) -> bool:
+        """Store `value` only if `name` still holds `expected`, atomically; False otherwise."""
 
     @abstractmethod
     def _names(self, pattern: str) -> AsyncIterator[str]:
@@ -101,14 +121,20 @@ class KeyStore(ABC):
 
     async def update(self, key_id: str, **changes: object) -> KeyRecord | None:
         """Change fields of a key's record (e.g. shadow=True); None if there is no such key_id.
+        Atomic: concurrent updates of one key each apply in full, in some order (module docstring).
         Every replica reads the record on each request, so a change applies on the next one."""
         key_hash = await self._get(_id_index_key(key_id))
-        record = None if key_hash is None else await self._record(key_hash)
-        if record is None:
+        if key_hash is None:
             return None
-        updated = KeyRecord.model_validate({**record.model_dump(), **changes})
-        await self._set(_record_key(key_hash), updated.model_dump_json())
-        return updated
+        name = _record_key(key_hash)
+        for _ in range(UPDATE_ATTEMPTS):
+            raw = await self._get(name)
+            if raw is None:
+                return None
+            updated = KeyRecord.model_validate({**KeyRecord.model_validate_json(raw).model_dump(), **changes})
+            if await self._replace(name, raw, updated.model_dump_json()):
+                return updated
+        raise RuntimeError(f"key {key_id}: record changed {UPDATE_ATTEMPTS} times while updating it")
 
     async def get(self, key_id: str) -> KeyRecord | None:
         """The record of a key by its public id (revoked and expired ones too)."""
@@ -176,6 +202,12 @@ class MemoryKeyStore(KeyStore):
         self._values[name] = value
         return True
 
+    async def _replace(self, name: str, expected: str, value: str) -> bool:
+        if self._values.get(name) != expected:  # no await in between: atomic on the event loop
+            return False
+        self._values[name] = value
+        return True
+
     async def _names(self, pattern: str) -> AsyncIterator[str]:
         for name in [n for n in self._values if fnmatchcase(n, pattern)]:
             yield name
@@ -185,31 +217,45 @@ class MemoryKeyStore(KeyStore):
 
 
 class RedisKeyStore(KeyStore):
-    """Keys in Redis, shared by every gateway replica (layout in the module docstring)."""
+    """Keys in Redis, shared by every gateway replica (layout in the module docstring).
+
+    Reads that fail become `KeyStoreUnavailable` (the outage path); a full connection pool is
+    `RedisBusy`, which is load and never takes the outage path (serving.gateway.redis_client)."""
 
     def __init__(self, redis_url: str) -> None:
-        self._redis = redis_client(redis_url, decode_responses=True)
+        self._client = GatedRedis(redis_url, decode_responses=True)
+        self._replace_script = self._client.redis.register_script(REPLACE_LUA)
 
     async def _get(self, name: str) -> str | None:
         from redis.exceptions import RedisError
 
-        try:
-            return await self._redis.get(name)
-        except (RedisError, OSError) as exc:
-            raise KeyStoreUnavailable(f"Redis did not answer: {type(exc).__name__}") from exc
+        async with self._client.slot() as redis:
+            try:
+                return await redis.get(name)
+            except (RedisError, OSError) as exc:
+                raise KeyStoreUnavailable(f"Redis did not answer: {type(exc).__name__}") from exc
 
     async def _set(self, name: str, value: str, *, only_if_absent: bool = False) -> bool:
-        return bool(await self._redis.set(name, value, nx=only_if_absent))
+        async with self._client.slot() as redis:
+            return bool(await redis.set(name, value, nx=only_if_absent))
+
+    async def _replace(self, name: str, expected: str, value: str) -> bool:
+        async with self._client.slot():
+            return bool(await self._replace_script(keys=[name], args=[expected, value]))
 
     async def _names(self, pattern: str) -> AsyncIterator[str]:
-        async for name in self._redis.scan_iter(match=pattern, count=500):
+        async for name in self._client.redis.scan_iter(match=pattern, count=500):
             yield name
 
     async def ping(self) -> None:
-        await self._redis.ping()
+        try:
+            async with self._client.slot() as redis:
+                await redis.ping()
+        except RedisBusy:
+            return  # every connection is busy with requests: Redis answers, this replica is loaded
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        await self._client.aclose()
 
 
 def create_key_sync(redis_url: str | None, tenant: str, name: str, *, expires_at: datetime | None = None,

@@ -1,19 +1,26 @@
-"""Token accounting that needs no Redis (pure code): what to reserve at admission, what to bill
-when the response ends, and the OpenAI-style rate-limit headers.
+"""Token accounting that needs no Redis (pure code): what a response is billed, and the
+OpenAI-style rate-limit headers. What a request reserves is `serving.gateway.reservation`.
 
-Reservation. At admission the gateway cannot know how many tokens a request will use, so it
-reserves an upper-ish bound: a prompt *estimate* plus the most output the request allows.
-The estimate is characters / 4 (rounded up, at least 1), the usual rule of thumb for English
-BPE vocabularies; it is deliberately tokenizer-free (the gateway has no model files and must
-stay cheap). Being wrong is harmless: when the response ends the reservation is settled to
-the usage the upstream reports, so only the *timing* of admission depends on the estimate.
+Billing. `UsageMeter` watches the relayed bytes. A JSON body's `usage` object is found as the
+bytes pass (no copy of the body is kept, whatever its size). A stream is asked for usage in
+every chunk (`stream_options.include_usage` and vLLM's `continuous_usage_stats`), so the meter
+always holds the upstream's latest count; the chunks' usage the client did not ask for is
+stripped on the way back. What is billed, in order:
 
-Billing. `UsageMeter` watches the relayed bytes: it reads `usage` from a JSON body, or from
-the final SSE chunk of a stream (the gateway asks for it with `stream_options.include_usage`
-and strips that chunk again when the client did not ask). A stream cut short before its usage
-chunk is billed the prompt estimate plus one token per content chunk received - an
-approximation (vLLM sends about one token per chunk) that bills what was generated, not the
-whole reservation.
+- the upstream refused (status >= 400), or was never reached: nothing;
+- the upstream timed out before answering (504: it had the request, and vLLM generates a whole
+  non-streamed answer before sending a byte): the reservation;
+- the upstream's final usage (a JSON body's, or a stream's last chunk): that;
+- a stream that ended, or was cut while the gateway had read everything the upstream sent: the
+  last usage seen, per sequence (vLLM counts each sequence's tokens in its own chunks), plus,
+  for a cut, one more step for each sequence still running (the engine keeps generating until
+  it hears of the cut: measured against vLLM 0.32's own counters, one step) of the size that
+  sequence's chunks were growing by;
+- anything else - no usage seen at all, or a stream cut while the client was not reading (the
+  upstream may have generated far ahead of what reached the gateway): the reservation.
+
+Counting chunks would under-bill: one chunk may carry several tokens (speculative decoding,
+vLLM's `stream_interval`), so output is only ever counted from reported usage.
 """
 
 from __future__ import annotations
@@ -25,10 +32,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-CHARS_PER_TOKEN = 4
-COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+from serving.gateway.reservation import COMPLETION_PATHS, Reservation
+
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
-_JSON_COPY_LIMIT = 4_000_000  # bodies are small; past this we stop keeping a copy and bill the reservation
 
 
 @dataclass(frozen=True)
@@ -44,34 +50,7 @@ class LimitDecision:
     remaining_tokens: int
     reset_tokens_s: float
     retry_after_s: float | None  # None: this request can never fit (it asks for more than a whole limit)
-
-
-def _text_chars(value: Any) -> int:
-    """Characters of prompt text in a `content` / `prompt` / `input` value (strings, lists of
-    strings, lists of token ids, or chat content parts with `text`)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, int):  # a token id: count it as one token's worth of characters
-        return CHARS_PER_TOKEN
-    if isinstance(value, list):
-        return sum(_text_chars(item) for item in value)
-    if isinstance(value, dict):
-        return _text_chars(value.get("text")) + _text_chars(value.get("content"))
-    return 0
-
-
-def estimate_prompt_tokens(document: dict[str, Any]) -> int:
-    """Estimated prompt tokens: characters / 4 of every message content and prompt/input
-    string, rounded up, at least 1. An estimate only; settlement replaces it with real usage."""
-    chars = _text_chars(document.get("prompt")) + _text_chars(document.get("input"))
-    messages = document.get("messages")
-    if isinstance(messages, list):
-        chars += sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    return max(1, math.ceil(chars / CHARS_PER_TOKEN))
-
-
-def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    scope: str | None = None  # whose limit refused: "key", "tenant", or "shadow" (a shadow key's would-be refusal)
 
 
 def output_allowance(ceiling: int, context_length: int | None) -> tuple[int, int | None]:
@@ -87,36 +66,25 @@ def output_allowance(ceiling: int, context_length: int | None) -> tuple[int, int
     return ceiling, ceiling
 
 
-def requested_output(document: dict[str, Any]) -> int | None:
-    return _positive_int(document.get("max_tokens")) or _positive_int(document.get("max_completion_tokens"))
-
-
-def reserve_tokens(document: dict[str, Any] | None, path: str, default_max_tokens: int) -> int:
-    """Tokens to reserve at admission: prompt estimate + output allowance x choices for
-    completions (choices: n, or best_of when larger, since vLLM generates best_of sequences),
-    the prompt estimate alone for other bodies (embeddings), 0 without a body (GET)."""
-    if document is None:
-        return 0
-    estimate = estimate_prompt_tokens(document)
-    if path not in COMPLETION_PATHS:
-        return estimate
-    output = requested_output(document) or default_max_tokens
-    choices = max(_positive_int(document.get("n")) or 1, _positive_int(document.get("best_of")) or 1)
-    return estimate + output * choices
-
-
 def wants_stream(document: dict[str, Any] | None, path: str) -> bool:
     return document is not None and path in COMPLETION_PATHS and document.get("stream") is True
 
 
-def request_usage_upstream(document: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The body to send upstream with `stream_options.include_usage` on, and whether the
-    client asked for usage itself (if not, the usage chunk is stripped on the way back)."""
+def request_usage_upstream(document: dict[str, Any]) -> dict[str, Any]:
+    """The body to send upstream: usage in every chunk and at the end (vLLM sends per-chunk usage
+    only with include_usage: serve/utils/api_utils.py `should_include_usage`, vLLM 0.32)."""
     options = document.get("stream_options")
     options = dict(options) if isinstance(options, dict) else {}
-    client_asked = options.get("include_usage") is True
-    options["include_usage"] = True
-    return {**document, "stream_options": options}, client_asked
+    options.update(include_usage=True, continuous_usage_stats=True)
+    return {**document, "stream_options": options}
+
+
+def client_usage_wishes(document: dict[str, Any]) -> tuple[bool, bool]:
+    """(the client asked for the final usage chunk, the client asked for usage in every chunk)."""
+    options = document.get("stream_options")
+    options = options if isinstance(options, dict) else {}
+    final = options.get("include_usage") is True
+    return final, final and options.get("continuous_usage_stats") is True
 
 
 def format_reset(seconds: float) -> str:
@@ -174,33 +142,81 @@ def _usage(usage: Any) -> Usage | None:
     return Usage(prompt or 0, completion or 0)
 
 
-class UsageMeter:
-    """Watches one relayed response body and says what to bill.
 
-    `feed(chunk)` returns the bytes to send to the client now; `finish()` the bytes held back
-    to the very end (the JSON body's last chunk, or a stream's `data: [DONE]`), which the relay
-    sends only after settlement, so a client that has the whole answer also sees its refund.
+# A real `usage` key of a JSON document: in valid JSON, a `"` inside a string is always escaped,
+# so `{` or `,` then an unescaped `"usage"` can only be a key. The upstream's responses have
+# exactly one, at the top level, after the choices (whose text the model controls).
+_USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
+_KEY_OVERLAP = 64  # bytes kept from the previous chunk, so a key split across chunks is still found
+_USAGE_MAX_BYTES = 65_536  # a usage object is a few numbers; past this it is not one
+
+
+class _UsageScanner:
+    """Finds a JSON body's `usage` object in bytes passing through, keeping only a few of them."""
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self._tail = b""
+        self._capture: bytearray | None = None
+        self._done = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self._done:
+            return
+        if self._capture is None:
+            window = self._tail + chunk
+            found = _USAGE_KEY.search(window)
+            if found is None:
+                self._tail = window[-_KEY_OVERLAP:]
+                return
+            self._capture = bytearray(window[found.end():])
+        else:
+            self._capture += chunk
+        self._try_decode()
+
+    def _try_decode(self) -> None:
+        assert self._capture is not None
+        try:
+            value, _ = json.JSONDecoder().raw_decode(self._capture.decode("utf-8", "replace"))
+        except ValueError:
+            if len(self._capture) > _USAGE_MAX_BYTES:
+                self._done = True
+            return
+        self.usage, self._done = _usage(value), True
+
+
+class UsageMeter:
+    """Watches one relayed response body and says what to bill (rules in the module docstring).
+
+    `feed(chunk)` returns the bytes to send to the client now; `finish()`, called when the
+    upstream ended its response, the bytes held back to the very end (the JSON body's last
+    chunk, or a stream's `data: [DONE]`), which the relay sends only after settlement, so a
+    client that has the whole answer also sees its refund. The relay keeps `caught_up` true
+    while it waits for the upstream and false while a chunk is on its way to the client.
     """
 
-    def __init__(self, *, stream: bool, strip_usage: bool, prompt_estimate: int, reserved: int) -> None:
-        self.stream, self.strip_usage = stream, strip_usage
-        self.prompt_estimate, self.reserved = prompt_estimate, reserved
+    def __init__(self, *, stream: bool, reservation: Reservation, client_final_usage: bool = True,
+                 client_continuous_usage: bool = True) -> None:
+        self.stream, self.reservation = stream, reservation
+        self.strip_final, self.strip_continuous = not client_final_usage, not client_continuous_usage
         self.status = 200
-        self.usage: Usage | None = None  # as the upstream reported it
-        self.content_chunks = 0
+        self.usage: Usage | None = None  # the upstream's final count
+        self.finished = False
+        self._worked_unanswered = False
+        self.caught_up = True
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
+        self._completion_by_sequence: dict[int, int] = {}
+        self._step_by_sequence: dict[int, int] = {}  # the most tokens one chunk of the sequence added
+        self._finished_sequences: set[int] = set()
+        self._prompt_by_prompt: dict[int, int] = {}
+        self._aggregate: Usage | None = None  # per-chunk usage of chunks with several sequences
         self._pending = b""
         self._done = b""  # a stream's `data: [DONE]`, held back until settlement
-        self._copy: list[bytes] | None = []
-        self._copied = 0
+        self._scanner = _UsageScanner()
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.stream:
-            if self._copy is not None:
-                self._copy.append(chunk)
-                self._copied += len(chunk)
-                if self._copied > _JSON_COPY_LIMIT:
-                    self._copy = None
+            self._scanner.feed(chunk)
             out, self._pending = self._pending, chunk
             return out
         parts = _EVENT_END.split(self._pending + chunk)  # [event, end, event, end, ..., incomplete rest]
@@ -208,55 +224,110 @@ class UsageMeter:
         return b"".join(self._event(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2))
 
     def finish(self) -> bytes:
-        """Held-back bytes; after this, `billed()` is final."""
+        """Held-back bytes; the upstream ended its response, so `billed()` is final."""
+        self.finished = True
         if not self.stream:
-            if self._copy is not None:
-                try:
-                    self.usage = _usage(json.loads(b"".join(self._copy)).get("usage"))
-                except (ValueError, AttributeError):
-                    pass
+            self.usage = self._scanner.usage
             out, self._pending = self._pending, b""
             return out
         rest, self._pending = self._pending, b""
         tail = self._event(rest, b"") if rest.strip() else rest
         return tail + self._done
 
+    def no_answer(self, status: int) -> None:
+        """The upstream never answered; `status` is the gateway's own error. Only a timeout
+        (504) means the upstream had the request and may have been working on it."""
+        self.status = status
+        self._worked_unanswered = status == 504
+
     def billed(self) -> int:
         return self.billed_usage().total
 
     def billed_usage(self) -> Usage:
-        """What this response is billed: the reported usage, else the estimate (see module doc)."""
+        if self._worked_unanswered:
+            return self._reserved()
         if self.status >= 400:
-            return Usage(0, 0)  # the upstream refused: nothing was generated
-        if self.usage is not None:
-            return self.usage
-        if self.stream:
-            return Usage(self.prompt_estimate, self.content_chunks) if self.content_chunks else Usage(0, 0)
-        return Usage(self.prompt_estimate, max(0, self.reserved - self.prompt_estimate))  # no usage: the reservation
+            return Usage(0, 0)  # refused, or never reached the upstream: nothing was generated
+        final = self.usage if self.stream else self._scanner.usage  # a body's usage counts even if its end was cut
+        if final is not None:
+            return final
+        seen = self._seen()
+        # Part of an event received and not yet parsed: the upstream has sent more than was counted.
+        everything_read = self.finished or (self.caught_up and not self._pending.strip())
+        if self.stream and seen is not None and everything_read:
+            return seen
+        return self._reserved()
+
+    def _seen(self) -> Usage | None:
+        """The latest per-chunk usage, summed over sequences and prompts; None if none came."""
+        if not self._completion_by_sequence and self._aggregate is None:
+            return None
+        completion = sum(self._completion_by_sequence.values())
+        if not self.finished:  # cut: each sequence still running may be one step further along
+            sequences = range(self.reservation.prompts * self.reservation.n)
+            running = sum(self._step_by_sequence.get(i, 1) for i in sequences if i not in self._finished_sequences)
+            completion = max(completion, min(completion + running, self.reservation.output))
+        if len(self._prompt_by_prompt) == self.reservation.prompts:
+            prompt = sum(self._prompt_by_prompt.values())
+        else:  # some prompts not heard of yet: they may have been read (prefilled) all the same
+            prompt = self.reservation.prompt
+        if self._aggregate is not None:
+            prompt, completion = max(prompt, self._aggregate.prompt), max(completion, self._aggregate.completion)
+        return Usage(prompt, completion)
+
+    def _reserved(self) -> Usage:
+        """The reservation; the prompt's exact count instead of its bound when it is known."""
+        seen = self._seen()
+        known_prompt = seen is not None and len(self._prompt_by_prompt) == self.reservation.prompts
+        prompt = seen.prompt if known_prompt else self.reservation.prompt
+        completion = max(self.reservation.output, seen.completion if seen is not None else 0)
+        return Usage(prompt, completion)
 
     def _event(self, event: bytes, end: bytes) -> bytes:
         data = event.strip()
         if data == b"data: [DONE]":
             self._done = event + end
             return b""
-        if data.startswith(b"data: {"):
-            try:
-                chunk = json.loads(data[len(b"data: "):])
-            except ValueError:
-                return event + end
-            choices = chunk.get("choices") if isinstance(chunk, dict) else None
-            if isinstance(choices, list) and any(_has_content(c) for c in choices):
-                self.content_chunks += 1
-                if self.first_token_at is None:
-                    self.first_token_at = time.perf_counter()
-            usage = _usage(chunk.get("usage")) if isinstance(chunk, dict) else None
-            if usage is not None:
-                self.usage = usage
-                if self.strip_usage:
-                    if not choices:
-                        return b""  # the usage-only chunk the client did not ask for
-                    return b"data: " + json.dumps({**chunk, "usage": None}).encode() + end
-        return event + end
+        if not data.startswith(b"data: {"):
+            return event + end
+        try:
+            chunk = json.loads(data[len(b"data: "):])
+        except ValueError:
+            return event + end
+        if not isinstance(chunk, dict):
+            return event + end
+        choices = chunk.get("choices")
+        choices = choices if isinstance(choices, list) else []
+        if self.first_token_at is None and any(_has_content(c) for c in choices):
+            self.first_token_at = time.perf_counter()
+        usage = _usage(chunk.get("usage"))
+        if usage is None:
+            return event + end
+        if not choices:  # the final usage chunk: every sequence of every prompt
+            self.usage = usage
+            return b"" if self.strip_final else event + end
+        self._note_sequence_usage(choices, usage)
+        if not self.strip_continuous:
+            return event + end
+        return b"data: " + json.dumps({k: v for k, v in chunk.items() if k != "usage"}).encode() + end
+
+    def _note_sequence_usage(self, choices: list, usage: Usage) -> None:
+        """vLLM's per-chunk usage counts the prompt of the chunk's sequence and that sequence's
+        own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32)."""
+        index = choices[0].get("index") if isinstance(choices[0], dict) else None
+        sequences = self.reservation.prompts * self.reservation.n
+        known = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < sequences
+        if len(choices) != 1 or not known:
+            prev = self._aggregate or Usage(0, 0)
+            self._aggregate = Usage(max(prev.prompt, usage.prompt), max(prev.completion, usage.completion))
+            return
+        prompt_index = index // self.reservation.n
+        before = self._completion_by_sequence.get(index, 0)
+        self._step_by_sequence[index] = max(self._step_by_sequence.get(index, 1), usage.completion - before)
+        self._completion_by_sequence[index] = max(before, usage.completion)
+        if isinstance(choices[0], dict) and choices[0].get("finish_reason") is not None:
+            self._finished_sequences.add(index)
+        self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), usage.prompt)
 
 
 def _has_content(choice: Any) -> bool:

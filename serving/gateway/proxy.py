@@ -117,7 +117,16 @@ class UpstreamStream(StreamingResponse):
 async def _relay(upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
                  metrics: GatewayMetrics) -> AsyncIterator[bytes]:
     try:
-        async for chunk in upstream.content.iter_any():
+        chunks = upstream.content.iter_any()
+        while True:
+            # The meter bills a cut stream its last usage only if the cut found us waiting here,
+            # with everything the upstream sent already read (serving.gateway.metering).
+            meter.caught_up = True
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            meter.caught_up = False
             out = meter.feed(chunk)
             if out:
                 yield out

@@ -1,10 +1,16 @@
-"""The gateway's Redis clients: bounded pools, short timeouts, no blind retries.
+"""The gateway's Redis clients: bounded pools, short timeouts, no blind retries, and a busy pool
+told apart from a Redis outage.
 
 A burst of requests must not open a Redis connection each: hundreds of connects at once on
-a busy replica take longer than the command timeout, so a burst would turn into 503s. A
-`BlockingConnectionPool` keeps at most `MAX_CONNECTIONS` per client and makes the rest wait
-(for at most `TIMEOUT_S`) for a free one; one Redis round trip is far shorter than a
-connect, so waiting for a pooled connection is the fast path under load.
+a busy replica take longer than the command timeout, so a burst would turn into 503s. Each
+client keeps at most `MAX_CONNECTIONS`, and callers take one of that many permits first
+(`GatedRedis.slot`), waiting at most `POOL_WAIT_S`.
+
+A caller that cannot get a permit in time gets `RedisBusy`, never a Redis error: every
+connection is busy answering other requests, which is load, not an outage. Callers answer it
+with 503 + Retry-After, and never with what they do when Redis is down (the outage key cache,
+per-replica limits), which would let a burst of load open a fresh local limiter per replica or
+accept a key revoked minutes ago.
 
 No automatic retries: a command retried after a timeout may have run already, and a
 limiter script that ran twice charges twice. The callers decide what a failure means.
@@ -12,18 +18,51 @@ limiter script that ran twice charges twice. The callers decide what a failure m
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 MAX_CONNECTIONS = 32
-TIMEOUT_S = 2.0  # connect, each command, and the wait for a pooled connection
+TIMEOUT_S = 2.0  # connect and each command
+POOL_WAIT_S = 2.0  # the wait for a free connection (a burst of requests queues here)
 
 
-def redis_client(url: str, *, decode_responses: bool = False) -> Any:
+class RedisBusy(RuntimeError):
+    """Every pooled connection stayed in use for POOL_WAIT_S: the gateway is loaded, Redis is up."""
+
+
+def redis_client(url: str, *, decode_responses: bool = False, max_connections: int | None = None) -> Any:
     import redis.asyncio as redis  # here, so the in-memory key store needs no redis package
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_CONNECTIONS, timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S,
+        url, max_connections=max_connections or MAX_CONNECTIONS, timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S,
         socket_connect_timeout=TIMEOUT_S, decode_responses=decode_responses, retry=Retry(NoBackoff(), 0))
     return redis.Redis(connection_pool=pool)
+
+
+class GatedRedis:
+    """A Redis client whose callers queue for a permit (one per pooled connection) instead of
+    inside the pool, so a full pool surfaces as `RedisBusy`."""
+
+    def __init__(self, url: str, *, decode_responses: bool = False) -> None:
+        self._size = MAX_CONNECTIONS  # read now, so a test can shrink the pool before making a client
+        self.redis = redis_client(url, decode_responses=decode_responses, max_connections=self._size)
+        self._permits = asyncio.Semaphore(self._size)
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[Any]:
+        try:
+            async with asyncio.timeout(POOL_WAIT_S):
+                await self._permits.acquire()
+        except TimeoutError:
+            raise RedisBusy(f"all {self._size} Redis connections busy for {POOL_WAIT_S} s") from None
+        try:
+            yield self.redis
+        finally:
+            self._permits.release()
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()

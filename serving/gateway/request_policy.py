@@ -1,20 +1,27 @@
-"""Request policy (OWASP LLM10 "Unbounded Consumption"): a pure check of the
-JSON body of `/v1/chat/completions` and `/v1/completions`, run at admission before the limiter
-charges anything, so a refused request costs the key no quota.
+"""Request policy (OWASP LLM10 "Unbounded Consumption"): a pure check of the JSON body of
+`/v1/chat/completions` and `/v1/completions`, run at admission before the limiter charges
+tokens, so a refused request costs the key no token quota.
 
 Rules (ceilings come from `GatewaySettings`):
 
 - `max_tokens`, `max_completion_tokens` (and vLLM's `min_tokens`): at most `max_tokens_ceiling`.
-- `n` (and legacy/vLLM `best_of`, which multiplies work the same way): at most `max_n`.
+- `n` (and legacy/vLLM `best_of`, which multiplies work the same way), times the number of
+  prompts (/v1/completions takes a list of prompts, each generating n sequences): at most `max_n`.
 - `logit_bias`: refused when non-empty unless `allow_logit_bias`.
 - `top_logprobs`, legacy integer `logprobs` on /v1/completions (and vLLM's `prompt_logprobs`):
   at most `max_top_logprobs`. On chat, `logprobs` is a boolean.
+- `chat_template`: refused. A template sent with the request can expand a short body into any
+  number of prompt tokens, so no reservation could bound it.
 - The body must be a JSON object. `null` means "not set" for every field above.
 
-Types are checked strictly: only JSON integers (not booleans, floats or numeric strings) pass
-as integers. The upstream (vLLM's pydantic models) would coerce "5000" or 5000.0 to 5000, so
-anything looser here would be a way around the ceilings. Messages never echo the value sent
-(it can be arbitrarily large); they name the parameter and the limit.
+Types are checked strictly for every field the gateway decides on: only JSON integers (not
+booleans, floats or numeric strings) pass as integers, only true/false as booleans (`stream`,
+`stream_options.include_usage` and `continuous_usage_stats`, chat's `logprobs`), `model` is a
+string, `messages` a list of objects, `prompt` a string, a list of strings or token-id lists.
+The upstream (vLLM's lax pydantic models) would coerce "5000" or 5000.0 to 5000 and "true",
+"yes" or 1 to true, so a looser check here would let a request be one thing to the gateway
+(not a stream, within the ceilings) and another to the model server. Messages never echo the
+value sent (it can be arbitrarily large); they name the parameter and the limit.
 
 Nothing else is read from the body; in particular the upstream address never comes from it.
 """
@@ -24,13 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serving.gateway.metering import COMPLETION_PATHS
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.policy import GatewayPolicy
+from serving.gateway.reservation import COMPLETION_PATHS, choices_per_prompt, prompt_count
 
 ABOVE_MAX = "integer_above_max_value"
 BELOW_MIN = "integer_below_min_value"
 INVALID_TYPE = "invalid_type"
 LOGIT_BIAS_REFUSED = "logit_bias_not_allowed"
+CHAT_TEMPLATE_REFUSED = "chat_template_not_allowed"
 NOT_AN_OBJECT = "invalid_request_body"
 
 
@@ -62,13 +70,57 @@ def _bounded_int(document: dict[str, Any], param: str, low: int, high: int, why:
     return None
 
 
-def check_request(document: dict | None, path: str, settings: GatewaySettings) -> PolicyViolation | None:
+def _typed(document: dict[str, Any], param: str, kind: type | tuple[type, ...], what: str) -> PolicyViolation | None:
+    value = document.get(param)
+    if value is None or (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))):
+        return None
+    return PolicyViolation(param, f"'{param}' must be {what} or null.", INVALID_TYPE)
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(i) and i >= 0 for i in value)
+
+
+def _check_shapes(document: dict[str, Any], path: str) -> PolicyViolation | None:
+    """The strict types of the fields the gateway decides on (module docstring)."""
+    for param, kind, what in [("stream", bool, "a boolean"), ("model", str, "a string"),
+                              ("stream_options", dict, "an object")]:
+        violation = _typed(document, param, kind, what)
+        if violation is not None:
+            return violation
+    for option in ("include_usage", "continuous_usage_stats"):
+        violation = _typed(document.get("stream_options") or {}, option, bool, "a boolean")
+        if violation is not None:
+            return PolicyViolation(f"stream_options.{option}", violation.message, INVALID_TYPE)
+    if path == "/v1/chat/completions":
+        messages = document.get("messages")
+        if messages is not None and not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+            return PolicyViolation("messages", "'messages' must be a list of message objects.", INVALID_TYPE)
+        if document.get("logprobs") is not None and not isinstance(document["logprobs"], bool):
+            return PolicyViolation("logprobs", "'logprobs' must be a boolean or null.", INVALID_TYPE)
+    if path == "/v1/completions":
+        prompt = document.get("prompt")
+        if not (prompt is None or isinstance(prompt, str) or _token_ids(prompt) or (
+                isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                         or all(_token_ids(p) for p in prompt)))):
+            return PolicyViolation("prompt", "'prompt' must be a string, a list of strings, a list of token ids "
+                                             "or a list of token-id lists.", INVALID_TYPE)
+    if document.get("chat_template") is not None:
+        return PolicyViolation("chat_template", "'chat_template' is not allowed by this gateway: requests use "
+                                                "the model's own chat template.", CHAT_TEMPLATE_REFUSED)
+    return None
+
+
+def check_request(document: dict | None, path: str, settings: GatewayPolicy) -> PolicyViolation | None:
     """The first policy violation in a completions request body, or None to admit it.
     `document` is the parsed body (None when it is not a JSON object); other paths pass."""
     if path not in COMPLETION_PATHS:
         return None
     if not isinstance(document, dict):
         return PolicyViolation(None, "The request body must be a JSON object.", NOT_AN_OBJECT)
+    violation = _check_shapes(document, path)
+    if violation is not None:
+        return violation
 
     ceiling = settings.max_tokens_ceiling
     tokens_why = f"(this gateway's max_tokens ceiling is {ceiling})"
@@ -89,9 +141,11 @@ def check_request(document: dict | None, path: str, settings: GatewaySettings) -
         violation = _bounded_int(document, param, low, high, why)
         if violation is not None:
             return violation
-    if path == "/v1/chat/completions" and document.get("logprobs") is not None \
-            and not isinstance(document["logprobs"], bool):
-        return PolicyViolation("logprobs", "'logprobs' must be a boolean or null.", INVALID_TYPE)
+    prompts = prompt_count(document, path)
+    if prompts > 1 and choices_per_prompt(document)[1] * prompts > settings.max_n:
+        return PolicyViolation("prompt", f"{prompts} prompts of {choices_per_prompt(document)[1]} sequences each is "
+                                         f"more than the {settings.max_n} sequences this gateway allows per request.",
+                               ABOVE_MAX)
 
     # logit_bias lets a caller push chosen tokens up or down and read how the distribution
     # moves: with logprobs it recovers full-vocabulary logits, a known model-extraction lever

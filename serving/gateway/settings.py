@@ -9,8 +9,9 @@ The Kubernetes Deployment (rendered by `infra/render/gateway.py`) sets three var
 
 `LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_PORT` / `LLMSTACK_GATEWAY_METRICS_PORT` override the
 bind address and ports (local dev, tests).
-The limit fields mirror `infra.spec.KeyLimits` / `Gateway` (this package may not import
-`infra`); they are typed here so a bad render fails at start, and enforced by `serving.gateway.limits`.
+The policy fields (limits, ceilings, timeouts, transport bounds) are
+`serving.gateway.policy.GatewayPolicy`, the model the stack spec extends too; they are validated
+here so a bad render fails at start.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
+
+from serving.gateway.policy import GatewayPolicy
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
@@ -30,143 +33,26 @@ PORT_VAR = "LLMSTACK_GATEWAY_PORT"
 METRICS_PORT_VAR = "LLMSTACK_GATEWAY_METRICS_PORT"
 
 
-# Body fields a stack may not allow: each is an engine input no tenant should set.
-NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors"})
-NEVER_FROM_CLIENTS_WHY = ("request_id names the engine request (a chosen one can collide with, and abort, another "
-                          "tenant's), kv_transfer_params steer disaggregated prefill internals, chat_template is "
-                          "caller-supplied Jinja run on the server, logits_processors load code by name")
-NEVER_FORWARDED_HEADERS = frozenset({
-    "authorization", "x-api-key", "cookie", "host", "content-length", "transfer-encoding", "connection",
-    "keep-alive", "te", "trailer", "upgrade", "expect", "proxy-authorization", "x-request-id", "accept-encoding",
-})
-
-
 class SettingsError(ValueError):
     """A bad environment; the message is one line that names the variable to fix."""
 
 
-class _Strict(BaseModel):
-    # Unknown keys are typos or version skew between the renderer and the image: fail loudly.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class GatewaySettings(GatewayPolicy):
+    """The policy (serving.gateway.policy) plus where this process finds the upstream, Redis and
+    its models."""
 
-
-class KeyLimits(_Strict):
-    """Default per-key limits; a key's own overrides (KeyRecord) win (see serving.gateway.limits)."""
-
-    requests_per_minute: int = Field(default=60, ge=1, description="Request rate (GCRA).")
-    tokens_per_minute: int = Field(default=100_000, ge=1, description="Prompt + output tokens rate.")
-    daily_token_budget: int = Field(default=2_000_000, ge=1, description="Tokens per UTC day.")
-    max_concurrent_requests: int = Field(default=8, ge=1, description="In-flight requests per key.")
-
-
-class GatewaySettings(_Strict):
     upstream_url: str = Field(description="Base URL of Ray Serve's OpenAI ingress, e.g. http://host:8000.")
     redis_url: str | None = Field(
         default=None,
         description="Redis for keys and limits. None: in-memory keys and limits, single process only.",
     )
     host: str = Field(default="127.0.0.1", description="Address to bind; 0.0.0.0 in a container.")
-    port: int = Field(default=8080, ge=1, le=65535, description="Port to listen on.")
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
     model_context_lengths: dict[str, int] = Field(
         default_factory=dict,
-        description="max_model_len per served model: how much output a request without max_tokens can get.",
+        description="max_model_len per served model: how much output a request without max_tokens can get, "
+                    "and the most prompt tokens one prompt can be.",
     )
-    max_body_bytes: int = Field(default=1_000_000, ge=1, description="Largest request body; larger gets 413.")
-    default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
-    max_tokens_ceiling: int = Field(
-        default=4096, ge=1,
-        description="Largest max_tokens accepted (serving.gateway.request_policy); also the output reserved "
-                    "when a request sets none.",
-    )
-    max_n: int = Field(default=4, ge=1, description="Largest n (and best_of) accepted: choices per request.")
-    max_top_logprobs: int = Field(
-        default=5, ge=0,
-        description="Largest top_logprobs (and legacy integer logprobs on /v1/completions) accepted.",
-    )
-    allow_logit_bias: bool = Field(
-        default=False,
-        description="Accept a non-empty logit_bias. Off by default: with logprobs it is a model-extraction lever.",
-    )
-    limiter_fail_mode: Literal["local", "closed"] = Field(
-        default="local",
-        description="When the limiter's Redis fails: per-replica in-memory limits (local), or 503 (closed)."
-    )
-    upstream_idle_timeout_s: float = Field(
-        default=120.0, gt=0,
-        description="Longest silence from the upstream: before its first byte (a long queue) or between two "
-                    "chunks of a stream. Past it the request fails (504 before the first byte; cut stream after).",
-    )
-    request_timeout_s: float = Field(
-        default=600.0, gt=0,
-        description="Longest a whole request may take, stream included; a stream still running is cut. "
-                    "Also bounds how long a crashed gateway's concurrency slot stays taken.",
-    )
-    key_cache_ttl_s: float = Field(
-        default=60.0, ge=0,
-        description="While Redis is unreachable, keys verified this recently are still accepted (0: never). "
-                    "With Redis up every request is checked there, so revocation is immediate.",
-    )
-    log_prompts: bool = Field(
-        default=False,
-        description="Add the request's messages/prompt to its access-log line. Off: prompts are tenants' data.",
-    )
-    shutdown_grace_s: float = Field(
-        default=90.0, ge=0,
-        description="After SIGTERM, how long in-flight streams may run. Below the pod's 120 s grace period.",
-    )
-
-    # --- exposure, transport bounds and what reaches the upstream -------------------------
-    metrics_port: int = Field(
-        default=9090, ge=1, le=65535,
-        description="Port for /metrics and /readyz. Kept off the public port: the Service does not publish it.",
-    )
-    max_connections: int = Field(
-        default=256, ge=1,
-        description="Connections (and requests) served at once; past it uvicorn answers 503. With "
-                    "max_body_bytes it bounds the memory request bodies can take.",
-    )
-    body_timeout_s: float = Field(
-        default=30.0, gt=0,
-        description="Longest a request may take to arrive whole (headers to last body byte); past it, 408.",
-    )
-    max_json_depth: int = Field(
-        default=32, ge=2, le=200,
-        description="Deepest nesting of arrays and objects accepted in a request body; deeper gets 400.",
-    )
-    allowed_body_extensions: list[str] = Field(
-        default_factory=list,
-        description="Top-level body fields beyond OpenAI's (vLLM extensions such as ignore_eos, top_k) "
-                    "the gateway passes on; any other unknown field gets 400.",
-    )
-    forward_request_headers: list[str] = Field(
-        default_factory=list,
-        description="Request headers passed to the upstream besides content-type and accept (e.g. traceparent). "
-                    "Everything else a client sends stays at the gateway.",
-    )
-
-    @field_validator("allowed_body_extensions")
-    @classmethod
-    def _no_engine_internals(cls, value: list[str]) -> list[str]:
-        refused = sorted(set(value) & NEVER_FROM_CLIENTS)
-        if refused:
-            raise ValueError(f"{refused} must never come from a client: {NEVER_FROM_CLIENTS_WHY}")
-        return value
-
-    @field_validator("forward_request_headers")
-    @classmethod
-    def _forwardable_headers(cls, value: list[str]) -> list[str]:
-        names = [name.lower() for name in value]
-        refused = sorted(set(names) & NEVER_FORWARDED_HEADERS)
-        if refused:
-            raise ValueError(f"{refused} are credentials, connection-level or set by the gateway itself")
-        return names
-
-    @model_validator(mode="after")
-    def _separate_ports(self) -> GatewaySettings:
-        if self.metrics_port == self.port:
-            raise ValueError(f"metrics_port and port are both {self.port}: metrics must not share the public port")
-        return self
 
     @field_validator("upstream_url")
     @classmethod

@@ -18,8 +18,8 @@ import redis
 from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
 from ops.devstack.local_redis import die_with_parent, free_port, redis_server_path
 from serving.gateway.keys import RedisKeyStore, create_key_sync
-from serving.gateway.limits import Limiter
-from serving.gateway.settings import KeyLimits
+from serving.gateway.limits import Limiter, Who
+from serving.gateway.policy import KeyLimits, TenantLimits
 
 pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
@@ -116,7 +116,8 @@ def test_the_gateway_does_its_work_as_its_user(acl_redis: int) -> None:
         assert [r.key_id for r in await store.list()] and await store.get(record.key_id)
         errors: list[str] = []
         limiter = Limiter(gateway_url, "closed", request_timeout_s=60, on_redis_error=lambda: errors.append("x"))
-        ticket = await limiter.admit(record.key_id, KeyLimits(), 100)
+        who = Who(key_id=record.key_id, tenant=record.tenant, limits=KeyLimits(), tenant_defaults=TenantLimits())
+        ticket = await limiter.admit(who, 100)
         assert ticket.decision.allowed and not errors  # EVALSHA of the limiter scripts, TIME inside them
         await ticket.settle(40)
         assert not errors

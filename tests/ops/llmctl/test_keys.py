@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import redis
 import typer
 
+from infra.stack_file import PROJECT_ROOT
 from ops.llmctl.keys import resolve_redis_url
 from serving.gateway.keys import RedisKeyStore
-
-LLMCTL = str(Path(sys.executable).parent / "llmctl")
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +22,11 @@ def redis_url(redis_server):
     return redis_server.url
 
 
-def llmctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([LLMCTL, "keys", *args], capture_output=True, text=True, timeout=60)
+def llmctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # `python -m` from the checkout: the `llmctl` script of an editable install runs whichever
+    # checkout was installed, not necessarily this one.
+    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "keys", *args], capture_output=True, text=True,
+                          timeout=60, cwd=PROJECT_ROOT, env={**os.environ, **(env or {})}, check=False)
 
 
 def verify(url: str, key: str):
@@ -150,3 +152,55 @@ def test_tier_and_weight_are_set_at_creation_changed_kept_on_rotation_and_checke
     bad = runner.invoke(app, ["set", new.key_id, "--tier", "Gold Tier", "--redis-url", redis_url])
     assert bad.exit_code == 2 and "--tier" in bad.output
     assert verify(redis_url, rotated.stdout.strip().splitlines()[-1]).tier == "interactive"
+
+
+@pytest.fixture
+def guarded_redis():
+    """A private redis-server that requires a password (AUTH), as a cloud stack's does."""
+    from ops.devstack.local_redis import start_redis
+
+    server = start_redis()
+    try:
+        redis.Redis.from_url(server.url).config_set("requirepass", "s3cret/pass")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_password_comes_from_env_or_a_file_never_the_command_line(guarded_redis, tmp_path):
+    url = guarded_redis.url  # no password in it
+    with_password = url.replace("redis://", "redis://:s3cret%2Fpass@")
+    refused = llmctl("list", "--redis-url", with_password)
+    assert refused.returncode == 2 and "LLMSTACK_REDIS_PASSWORD" in refused.stderr and "s3cret" not in refused.stderr
+    assert llmctl("list", "--redis-url", url).returncode == 1  # no password: Redis says no
+    by_env = llmctl("create", "--tenant", "t", "--name", "env", "--redis-url", url,
+                    env={"LLMSTACK_REDIS_PASSWORD": "s3cret/pass"})
+    assert by_env.returncode == 0, by_env.stderr
+    password_file = tmp_path / "redis-password"
+    password_file.write_text("s3cret/pass\n")
+    listed = llmctl("list", "--json", "--redis-url", url, "--redis-password-file", str(password_file))
+    assert listed.returncode == 0, listed.stderr
+    assert [r["name"] for r in json.loads(listed.stdout)] == ["env"]
+    from_env_file = llmctl("list", "--json", "--redis-url", url,
+                           env={"LLMSTACK_REDIS_PASSWORD_FILE": str(password_file)})
+    assert from_env_file.returncode == 0, from_env_file.stderr
+
+
+def tenants(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "tenants", *args], capture_output=True, text=True,
+                          timeout=60, cwd=PROJECT_ROOT, check=False)
+
+
+def test_tenants_set_show_list(redis_url):
+    changed = tenants("set", "acme corp", "--requests-per-minute", "600", "--daily-token-budget", "5000000",
+                      "--redis-url", redis_url)
+    assert changed.returncode == 0, changed.stderr
+    assert "requests_per_minute=600" in changed.stderr
+    shown = json.loads(tenants("show", "acme corp", "--redis-url", redis_url).stdout)
+    assert shown == {"tenant": "acme corp", "limits": {"requests_per_minute": 600, "daily_token_budget": 5_000_000},
+                     "tokens_today": 0}
+    assert tenants("set", "acme corp", "--requests-per-minute", "0", "--redis-url", redis_url).returncode == 0
+    listed = json.loads(tenants("list", "--json", "--redis-url", redis_url).stdout)
+    assert listed["acme corp"] == {"daily_token_budget": 5_000_000}  # 0 cleared the tenant's own rate
+    nothing = tenants("set", "acme corp", "--redis-url", redis_url)
+    assert nothing.returncode == 2 and "nothing to change" in nothing.stderr

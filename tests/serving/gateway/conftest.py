@@ -1,8 +1,10 @@
-"""Fixtures for the gateway's tests, on the harness in tests/support/gateway.py: a recording
-upstream per module, a gateway in front of it, and keys in the root conftest's redis-server."""
+"""Fixtures for the gateway's tests: `recording_upstream` (tests/support/gateway.py) records every
+request line for the routing and exposure tests; `upstream` (tests/support/vllm_upstream.py) answers
+like vLLM for the billing and limit tests; a gateway in front, keys in the root conftest's redis."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -18,10 +20,13 @@ from tests.support.gateway import (
     serving,
     serving_gateway,
 )
+from tests.support.vllm_upstream import AccessLines, VllmLikeUpstream
+from tests.support.vllm_upstream import serving as serving_app
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[RecordingUpstream]:
+def recording_upstream() -> Iterator[RecordingUpstream]:
+    """An upstream that records every request line and body it gets (tests.support.gateway)."""
     recorder = RecordingUpstream()
     with serving(recorder) as url:
         recorder.url = url
@@ -29,24 +34,24 @@ def upstream() -> Iterator[RecordingUpstream]:
 
 
 @pytest.fixture
-def recorded(upstream: RecordingUpstream) -> RecordingUpstream:
+def recorded(recording_upstream: RecordingUpstream) -> RecordingUpstream:
     """The module's upstream with an empty record and its default answers."""
-    upstream.seen.clear()
-    upstream.answer = default_answer
-    return upstream
+    recording_upstream.seen.clear()
+    recording_upstream.answer = default_answer
+    return recording_upstream
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, upstream) -> Iterator[str]:
+def gateway(redis_server, recording_upstream) -> Iterator[str]:
     """A gateway with default settings in front of the recording upstream: its API URL."""
-    with serving_gateway(gateway_settings(upstream.url, redis_server.url)) as (api, _):
+    with serving_gateway(gateway_settings(recording_upstream.url, redis_server.url)) as (api, _):
         yield api
 
 
 @pytest.fixture(scope="module")
-def start_gateway(redis_server, upstream) -> Callable[..., AbstractContextManager[tuple[str, str]]]:
+def start_gateway(redis_server, recording_upstream) -> Callable[..., AbstractContextManager[tuple[str, str]]]:
     """`with start_gateway(**settings) as (api, metrics):` a gateway with its own settings."""
-    return lambda **overrides: serving_gateway(gateway_settings(upstream.url, redis_server.url, **overrides))
+    return lambda **overrides: serving_gateway(gateway_settings(recording_upstream.url, redis_server.url, **overrides))
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +67,28 @@ def make_key(redis_server) -> Callable[..., str]:
 @pytest.fixture(scope="module")
 def raw() -> Callable[..., tuple[int, dict[str, str], bytes]]:
     return raw_request
+
+
+@pytest.fixture
+def access_lines() -> Iterator[AccessLines]:
+    logger = logging.getLogger("llmstack.gateway.access")
+    handler = AccessLines()
+    # Other tests in a session may import vLLM, whose logging config disables existing loggers.
+    was_disabled, old_level = logger.disabled, logger.level
+    logger.disabled = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.disabled, logger.level = was_disabled, old_level
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[VllmLikeUpstream]:
+    """A vLLM-like upstream steered by `#stub` directives in prompts (tests.support.vllm_upstream)."""
+    fake = VllmLikeUpstream()
+    with serving_app(fake.app()) as url:
+        fake.url = url  # type: ignore[attr-defined]
+        yield fake

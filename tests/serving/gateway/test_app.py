@@ -431,8 +431,10 @@ def test_redis_outage_readyz_and_key_cache(upstream, fail_mode):
             assert caught.value.code == "key_store_unavailable"
             if fail_mode == "closed":
                 assert ready.status_code == 503 and ready.json()["reason"]
-                with pytest.raises(openai.InternalServerError):
+                with pytest.raises(openai.InternalServerError) as refused:  # a cached key, but no limits
                     chat(client(gw, used))
+                assert refused.value.status_code == 503 and refused.value.code == "limiter_unavailable"
+                assert refused.value.response.headers["retry-after"] == "1"
             else:  # degraded, still in the Service: recently verified keys under local limits
                 assert ready.status_code == 200 and ready.json()["status"] == "degraded"
                 assert chat(client(gw, used)).choices[0].message.content

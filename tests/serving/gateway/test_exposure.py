@@ -18,16 +18,15 @@ from pathlib import Path
 
 import httpx
 
+from infra.stack_file import PROJECT_ROOT
 from ops.devstack.local_redis import free_port
 from tests.support.gateway import HANG_BOUND_S, needs_redis
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @contextmanager
 def gateway_process(env: dict[str, str], log: Path, *args: str) -> Iterator[subprocess.Popen]:
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "serving.gateway", *args], cwd=REPO_ROOT,
+        process = subprocess.Popen([sys.executable, "-m", "serving.gateway", *args], cwd=PROJECT_ROOT,
                                    env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield process
@@ -59,9 +58,10 @@ def env_for(upstream: str, redis_url: str, port: int, metrics_port: int) -> dict
 
 
 @needs_redis
-def test_metrics_and_readiness_are_only_on_the_metrics_port(upstream, redis_server, key, tmp_path):
+def test_metrics_and_readiness_are_only_on_the_metrics_port(recording_upstream, redis_server, key, tmp_path):
     port, metrics_port = free_port(), free_port()
-    with gateway_process(env_for(upstream.url, redis_server.url, port, metrics_port), tmp_path / "gw.log") as process:
+    env = env_for(recording_upstream.url, redis_server.url, port, metrics_port)
+    with gateway_process(env, tmp_path / "gw.log") as process:
         public, private = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
         wait_ok(f"{public}/healthz", process)
         assert httpx.get(f"{public}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
@@ -75,13 +75,13 @@ def test_metrics_and_readiness_are_only_on_the_metrics_port(upstream, redis_serv
 
 
 @needs_redis
-def test_a_metrics_port_in_use_stops_the_start_naming_it(upstream, redis_server, tmp_path):
+def test_a_metrics_port_in_use_stops_the_start_naming_it(recording_upstream, redis_server, tmp_path):
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        env = env_for(upstream.url, redis_server.url, free_port(), taken.getsockname()[1])
+        env = env_for(recording_upstream.url, redis_server.url, free_port(), taken.getsockname()[1])
         with gateway_process(env, tmp_path / "gw.log") as process:
             assert process.wait(HANG_BOUND_S) == 1
     assert "metrics_port" in (tmp_path / "gw.log").read_text()
@@ -92,25 +92,25 @@ def dev_env(upstream: str, port: int) -> dict[str, str]:
             "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port())}
 
 
-def test_the_dev_key_file_is_never_written_through_a_symlink(upstream, tmp_path):
+def test_the_dev_key_file_is_never_written_through_a_symlink(recording_upstream, tmp_path):
     elsewhere = tmp_path / "world-readable.txt"
     elsewhere.write_text("untouched\n")
     elsewhere.chmod(0o644)
     key_file = tmp_path / "dev.key"
     key_file.symlink_to(elsewhere)
-    with gateway_process(dev_env(upstream.url, free_port()), tmp_path / "gw.log", "--dev-key-file",
+    with gateway_process(dev_env(recording_upstream.url, free_port()), tmp_path / "gw.log", "--dev-key-file",
                          str(key_file)) as process:
         assert process.wait(HANG_BOUND_S) == 2
     assert elsewhere.read_text() == "untouched\n"  # the old gateway wrote the key through the link
     assert "symlink" in (tmp_path / "gw.log").read_text()
 
 
-def test_an_existing_dev_key_file_becomes_owner_only(upstream, tmp_path):
+def test_an_existing_dev_key_file_becomes_owner_only(recording_upstream, tmp_path):
     key_file = tmp_path / "dev.key"
     key_file.write_text("an old key\n")
     key_file.chmod(0o644)
     port = free_port()
-    with gateway_process(dev_env(upstream.url, port), tmp_path / "gw.log", "--dev-key-file",
+    with gateway_process(dev_env(recording_upstream.url, port), tmp_path / "gw.log", "--dev-key-file",
                          str(key_file)) as process:
         wait_ok(f"http://127.0.0.1:{port}/healthz", process)
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # the old gateway kept 0644

@@ -20,7 +20,7 @@ from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.request_policy import PolicyViolation, check_request
 from serving.gateway.settings import GatewaySettings
 from tests.serving.gateway.test_app import HANG_BOUND_S, serving, settings_for
-from tests.serving.gateway.test_limits import PROMPT, RecordingUpstream
+from tests.serving.gateway.test_limits_http import PROMPT, RecordingUpstream
 
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000")  # defaults: ceiling 4096, n 4, logprobs 5

@@ -1,0 +1,186 @@
+"""The limiter's two Lua scripts and the thin class that runs them (serving.gateway.limits says
+what the limits are and when each phase runs).
+
+Both scripts take the nine keys of `tenants.counter_keys` (one key's counters, its tenant's
+counters and the tenant's stored limits: one Redis Cluster slot). Time comes from Redis `TIME`,
+so every gateway replica shares one clock. Times are integer microseconds (exact in a Lua
+double up to 2^53); numbers are written with %.0f because Lua's tostring would use exponent
+notation. redis-py's `Script` sends EVALSHA and falls back to EVAL once on NOSCRIPT (e.g. after
+a Redis restart).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving.gateway.redis_client import GatedRedis
+from serving.gateway.tenants import counter_keys
+
+_PRELUDE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local day = math.floor(tonumber(t[1]) / 86400)
+local MINUTE = 60000000
+local function num(x) return string.format('%.0f', x) end
+local function tat_of(key)
+  local tat = tonumber(redis.call('GET', key) or now)
+  if tat < now then tat = now end
+  return tat
+end
+local function save_tat(key, tat)
+  if tat > now then redis.call('SET', key, num(tat), 'PX', num(math.ceil((tat - now) / 1000) + 1000))
+  else redis.call('DEL', key) end
+end
+"""
+
+# ARGV: phase ('all' | 'slot' | 'tokens'); the key's rpm, tpm, daily budget, max concurrent;
+# the tenant's default rpm, tpm, daily budget, max concurrent (0: no such limit; the tenant's own
+# limits in KEYS[9] win); cost (tokens); slot id; slot ttl (s); concurrency wait (us); shadow (1/0);
+# shadow max concurrent; whether the slot phase charged the key's request (for the tokens phase).
+ADMIT_LUA = _PRELUDE + """
+local phase = ARGV[1]
+local slots_phase, tokens_phase = phase ~= 'tokens', phase ~= 'slot'
+local key_lim = {rpm = tonumber(ARGV[2]), tpm = tonumber(ARGV[3]), daily = tonumber(ARGV[4]),
+                 conc = tonumber(ARGV[5])}
+local own = redis.call('HMGET', KEYS[9], 'requests_per_minute', 'tokens_per_minute', 'daily_token_budget',
+                       'max_concurrent_requests')
+local function pick(i, default) return tonumber(own[i]) or tonumber(default) end
+local ten_lim = {rpm = pick(1, ARGV[6]), tpm = pick(2, ARGV[7]), daily = pick(3, ARGV[8]), conc = pick(4, ARGV[9])}
+local cost, slot_id, ttl, conc_wait = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
+local shadow, shadow_max, key_request_charged = ARGV[14] == '1', tonumber(ARGV[15]), ARGV[16] == '1'
+
+-- What admitting would do to one scope's counters (KEYS[base..base+3]), and the refusal with
+-- the longest wait (-1: waiting cannot help, which beats any wait).
+local function check(base, lim)
+  local r = {refused = false, wait = 0}
+  local function refuse(name, w)
+    if not r.refused or w < 0 or (r.wait >= 0 and w > r.wait) then r.refused, r.wait = name, w end
+  end
+  if slots_phase then
+    if lim.rpm > 0 then
+      r.new_req = tat_of(KEYS[base]) + MINUTE / lim.rpm
+      -- GCRA: admit when the new theoretical arrival time is within one minute (the burst) of now.
+      if r.new_req - MINUTE > now then refuse('requests', r.new_req - MINUTE - now) end
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[base + 2], '-inf', now)
+    r.in_flight = redis.call('ZCARD', KEYS[base + 2])
+    if lim.conc > 0 and r.in_flight >= lim.conc then refuse('concurrency', conc_wait) end
+  end
+  if tokens_phase then
+    if lim.tpm > 0 then
+      r.new_tok = tat_of(KEYS[base + 1]) + cost * (MINUTE / lim.tpm)
+      if cost > lim.tpm then refuse('tokens', -1)
+      elseif r.new_tok - MINUTE > now then refuse('tokens', r.new_tok - MINUTE - now) end
+    end
+    local daily = redis.call('HMGET', KEYS[base + 3], 'day', 'used')
+    r.used = 0
+    if tonumber(daily[1]) == day then r.used = tonumber(daily[2]) or 0 end
+    if lim.daily > 0 then
+      if cost > lim.daily then refuse('daily_tokens', -1)
+      elseif r.used + cost > lim.daily then refuse('daily_tokens', (day + 1) * 86400 * 1000000 - now) end
+    end
+  end
+  return r
+end
+
+local function charge(base, r, counters)
+  if slots_phase then
+    if counters and r.new_req then save_tat(KEYS[base], r.new_req) end
+    redis.call('ZADD', KEYS[base + 2], num(now + ttl * 1000000), slot_id)
+    redis.call('EXPIRE', KEYS[base + 2], ttl)
+  end
+  if tokens_phase and counters then
+    if r.new_tok then save_tat(KEYS[base + 1], r.new_tok) end
+    redis.call('HSET', KEYS[base + 3], 'day', day, 'used', num(r.used + cost))
+    redis.call('EXPIRE', KEYS[base + 3], 2 * 86400)
+  end
+end
+
+local k, ten = check(1, key_lim), check(5, ten_lim)
+local allowed, refused, scope, wait, key_charged = 1, '', '', 0, 1
+if ten.refused then
+  allowed, refused, scope, wait = 0, ten.refused, 'tenant', ten.wait
+elseif k.refused and not shadow then
+  allowed, refused, scope, wait = 0, k.refused, 'key', k.wait
+elseif k.refused then
+  -- Shadow mode: served, the key's own counters untouched, but its requests still hold slots
+  -- and their number stays bounded.
+  refused, scope, wait, key_charged = k.refused, 'shadow', k.wait, 0
+  if slots_phase and k.in_flight >= shadow_max then allowed, refused, wait = 0, 'concurrency', conc_wait end
+end
+if allowed == 1 then
+  charge(1, k, key_charged == 1)
+  charge(5, ten, true)
+elseif phase == 'tokens' then
+  -- All or nothing: give back what the slot phase took.
+  redis.call('ZREM', KEYS[3], slot_id)
+  redis.call('ZREM', KEYS[7], slot_id)
+  if key_request_charged then save_tat(KEYS[1], tat_of(KEYS[1]) - MINUTE / key_lim.rpm) end
+  if ten_lim.rpm > 0 then save_tat(KEYS[5], tat_of(KEYS[5]) - MINUTE / ten_lim.rpm) end
+end
+local req_tat, tok_tat = tat_of(KEYS[1]), tat_of(KEYS[2])
+return {allowed, refused, scope,
+        math.floor((now + MINUTE - req_tat) / (MINUTE / key_lim.rpm)), num(req_tat - now),
+        math.floor((now + MINUTE - tok_tat) / (MINUTE / key_lim.tpm)), num(tok_tat - now),
+        num(wait), day, key_charged, ten_lim.rpm, ten_lim.tpm, ten_lim.daily, ten_lim.conc}
+"""
+
+# ARGV: key tpm; tenant tpm (0: none); refund (reserved - billed; negative charges extra); slot id;
+# admission day; key tokens charged (1/0); tokens phase ran (1/0); give the request back (1/0);
+# key rpm; tenant rpm (0: none); key request charged (1/0).
+SETTLE_LUA = _PRELUDE + """
+local refund, admitted_day = tonumber(ARGV[3]), tonumber(ARGV[5])
+local function settle_tokens(base, tpm)
+  -- Move the token TAT back by the unused tokens, never below now: a refund cannot bank capacity.
+  if tpm > 0 then save_tat(KEYS[base + 1], tat_of(KEYS[base + 1]) - refund * (MINUTE / tpm)) end
+  -- The refund belongs to the day the reservation was charged to; once another day is being
+  -- counted, that day's counter is not this request's to change.
+  local daily = redis.call('HMGET', KEYS[base + 3], 'day', 'used')
+  if tonumber(daily[1]) == admitted_day then
+    redis.call('HSET', KEYS[base + 3], 'used', num(math.max(0, (tonumber(daily[2]) or 0) - refund)))
+  end
+end
+if ARGV[7] == '1' then
+  if ARGV[6] == '1' then settle_tokens(1, tonumber(ARGV[1])) end
+  settle_tokens(5, tonumber(ARGV[2]))
+end
+if ARGV[8] == '1' then
+  if ARGV[11] == '1' then save_tat(KEYS[1], tat_of(KEYS[1]) - MINUTE / tonumber(ARGV[9])) end
+  if tonumber(ARGV[10]) > 0 then save_tat(KEYS[5], tat_of(KEYS[5]) - MINUTE / tonumber(ARGV[10])) end
+end
+redis.call('ZREM', KEYS[3], ARGV[4])
+redis.call('ZREM', KEYS[7], ARGV[4])
+return 1
+"""
+
+
+def no_limit_as_zero(value: int | None) -> int:
+    return value or 0
+
+
+class RedisLimiter:
+    """Runs the scripts; one EVALSHA per call. The caller (limits.Limiter) builds the admission
+    arguments, turns replies into decisions and Redis failures into its fail mode."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._client = GatedRedis(redis_url)  # no retries: a retried EVALSHA could charge twice
+        self._admit = self._client.redis.register_script(ADMIT_LUA)
+        self._settle = self._client.redis.register_script(SETTLE_LUA)
+
+    async def admit(self, ticket: Any, args: list[object]) -> list:
+        async with self._client.slot():
+            return await self._admit(keys=counter_keys(ticket.who.tenant, ticket.who.key_id), args=args)
+
+    async def settle(self, ticket: Any, billed: int, *, give_back_request: bool) -> None:
+        """End `ticket` (serving.gateway.limits.Ticket): refund what it reserved beyond `billed`
+        and free its slot; `give_back_request` also returns its request to the rate limits."""
+        limits, tenant = ticket.who.limits, ticket.tenant_limits
+        args = [limits.tokens_per_minute, no_limit_as_zero(tenant.tokens_per_minute), ticket.reserved - billed,
+                ticket.slot_id, ticket.day, int(ticket.key_tokens_charged), int(ticket.tokens_phase_done),
+                int(give_back_request), limits.requests_per_minute, no_limit_as_zero(tenant.requests_per_minute),
+                int(ticket.key_request_charged)]
+        async with self._client.slot():
+            await self._settle(keys=counter_keys(ticket.who.tenant, ticket.who.key_id), args=args)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

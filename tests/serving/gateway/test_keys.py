@@ -1,0 +1,91 @@
+"""Key records under concurrent changes, and the outage key cache's lifetime.
+
+Real redis-server; the outage tests run the real gateway under uvicorn and stop its Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from ops.devstack.local_redis import redis_server_path, start_redis
+from serving.gateway.keys import MemoryKeyStore, RecentlyVerifiedKeys, RedisKeyStore, create_key_sync
+from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway
+
+needs_redis = pytest.mark.skipif(redis_server_path() is None,
+                                 reason="needs redis-server (apt-get install redis-server)")
+
+
+def race(store_factory) -> list:
+    """Many `set`-style updates of one key at once, with one revocation among them; the
+    records each round ends with."""
+    async def rounds() -> list:
+        store = store_factory()
+        finals = []
+        try:
+            for _ in range(5):
+                _, record = await store.create("acme", "raced")
+                changes = [store.update(record.key_id, requests_per_minute=i + 1) for i in range(15)]
+                await asyncio.gather(*changes[:7], store.revoke(record.key_id), *changes[7:])
+                finals.append(await store.get(record.key_id))
+        finally:
+            await store.aclose()
+        return finals
+
+    return asyncio.run(rounds())
+
+
+@needs_redis
+def test_a_limit_change_racing_a_revocation_never_undoes_it(redis_server):
+    """`llmctl keys set` and `revoke` used to read, change and write back the whole record: a
+    set that read the record before the revocation wrote it back unrevoked."""
+    for record in race(lambda: RedisKeyStore(redis_server.url)):
+        assert record.revoked, record
+        assert record.requests_per_minute is not None  # and the limit changes applied too
+
+
+def test_the_memory_store_updates_atomically_too():
+    assert all(record.revoked for record in race(MemoryKeyStore))
+
+
+def test_recently_verified_keys_expire(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("serving.gateway.keys.time.monotonic", lambda: now[0])
+    cache = RecentlyVerifiedKeys(ttl_s=60)
+    key, record = asyncio.run(MemoryKeyStore().create("acme", "cached"))
+    cache.remember(key, record)
+    now[0] += 59.9
+    assert cache.recall(key) == record
+    now[0] += 0.2
+    assert cache.recall(key) is None
+    never = RecentlyVerifiedKeys(ttl_s=0)
+    never.remember(key, record)
+    assert never.recall(key) is None
+
+
+@needs_redis
+@pytest.mark.parametrize("ttl_s", [0, 1])
+def test_the_outage_key_cache_forgets_keys_after_its_ttl(upstream, ttl_s):
+    """While Redis is down, a key verified within key_cache_ttl_s still works; after that (and
+    at once with 0) it gets 503, so a key revoked during an outage stops working."""
+    own = start_redis()
+    try:
+        key = create_key_sync(own.url, "acme", "cached")
+        auth = {"Authorization": f"Bearer {key}"}
+        with running_gateway(upstream.url, own.url, key_cache_ttl_s=ttl_s) as gw:
+            assert httpx.get(f"{gw}/v1/models", headers=auth, timeout=HANG_BOUND_S).status_code == 200
+            verified_at = time.monotonic()
+            own.stop()
+            first = httpx.get(f"{gw}/v1/models", headers=auth, timeout=HANG_BOUND_S)
+            if ttl_s:
+                if time.monotonic() - verified_at < ttl_s:  # still within the TTL (a slow machine may be past it)
+                    assert first.status_code == 200
+                time.sleep(max(0.0, verified_at + ttl_s + 0.2 - time.monotonic()))
+                first = httpx.get(f"{gw}/v1/models", headers=auth, timeout=HANG_BOUND_S)
+            assert first.status_code == 503 and first.json()["error"]["code"] == "key_store_unavailable"
+            assert first.headers["retry-after"] == "1"
+    finally:
+        own.stop()

@@ -1,0 +1,251 @@
+"""Billing: what a response is billed (serving.gateway.metering).
+
+Pure tests of the meter, then the attacks through HTTP: the real gateway app under uvicorn,
+the real proxy, a real redis-server and the vLLM-like recording upstream of conftest. What a
+request was billed is read where the gateway records it: its access line and the key's daily
+counter in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from ops.devstack.local_redis import redis_server_path
+from ops.harness.stub_upstream import sse
+from serving.gateway.keys import create_key_sync
+from serving.gateway.metering import UsageMeter, client_usage_wishes, request_usage_upstream
+from serving.gateway.reservation import Reservation
+from serving.gateway.tenants import key_daily_key
+from tests.support.vllm_upstream import (
+    HANG_BOUND_S,
+    daily_used,
+    directive,
+    eventually,
+    key_id_of,
+    running_gateway,
+)
+
+needs_redis = pytest.mark.skipif(redis_server_path() is None,
+                                 reason="needs redis-server (apt-get install redis-server)")
+TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
+
+
+def chunk(index: int, text: str, usage: dict | None = None) -> bytes:
+    payload: dict = {"object": "chat.completion.chunk", "choices": [{"index": index, "delta": {"content": text}}]}
+    if usage is not None:
+        payload["usage"] = usage
+    return sse(payload)
+
+
+def usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def meter(reservation: Reservation, **wishes: bool) -> UsageMeter:
+    return UsageMeter(stream=True, reservation=reservation, **wishes)
+
+
+# --- the meter, pure -------------------------------------------------------------------------------
+
+
+def test_a_cut_stream_is_billed_each_sequences_last_usage():
+    m = meter(Reservation(prompt=100, output=40, n=2, choices=2))
+    m.feed(chunk(0, "a", usage(7, 1)) + chunk(1, "b", usage(7, 2)) + chunk(0, "cd", usage(7, 3))
+           + chunk(1, "efg", usage(7, 5)))
+    assert m.caught_up and not m.finished
+    # vLLM counts each sequence in its own chunks: summed, not the last one; and each sequence,
+    # still running when cut, may be one more step (2 and 3 tokens here) along.
+    assert m.billed() == 7 + (3 + 2) + (5 + 3)
+    m.feed(sse({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}],
+                "usage": usage(7, 4)}))
+    assert m.billed() == 7 + 4 + (5 + 3)  # a finished sequence is not one step further
+
+
+def test_tokens_not_chunks():
+    m = meter(Reservation(prompt=50, output=30))
+    m.feed(chunk(0, "abc", usage(5, 3)) + chunk(0, "def", usage(5, 6)))  # 3 tokens a chunk (speculative decoding)
+    assert m.billed() == 5 + 6 + 3
+    m.feed(sse("[DONE]"))
+    m.finish()
+    assert m.billed() == 5 + 6  # ended: nothing more was generated
+
+
+def test_a_stream_cut_while_the_client_was_not_reading_is_billed_its_reservation():
+    m = meter(Reservation(prompt=50, output=30))
+    m.feed(chunk(0, "a", usage(5, 1)))
+    m.caught_up = False  # cut while a chunk was on its way to the client: the upstream may be far ahead
+    assert m.billed() == 5 + 30  # the prompt's exact count, and all the output it may have generated
+
+
+def test_a_partly_received_event_means_more_was_sent_than_counted():
+    m = meter(Reservation(prompt=50, output=30))
+    whole = chunk(0, "a", usage(5, 1))
+    m.feed(whole + chunk(0, "b", usage(5, 2))[:20])
+    assert m.billed() == 5 + 30
+
+
+def test_a_stream_without_usage_is_billed_its_reservation_never_zero():
+    for finished in (False, True):
+        m = meter(Reservation(prompt=50, output=30))
+        m.feed(chunk(0, "a") + chunk(0, "b"))
+        if finished:
+            m.finish()
+        assert m.billed() == 80
+
+
+def test_final_usage_wins_and_upstream_refusals_cost_nothing():
+    m = meter(Reservation(prompt=50, output=30))
+    m.feed(chunk(0, "a", usage(5, 1)) + sse({"choices": [], "usage": usage(5, 9)}) + sse("[DONE]"))
+    m.finish()
+    assert m.billed() == 14
+    refused = meter(Reservation(prompt=50, output=30))
+    refused.status = 400
+    assert refused.billed() == 0
+
+
+def test_prompt_arrays_map_sequences_to_their_prompts():
+    r = Reservation(prompt=100, output=80, prompts=2, n=2, choices=2)  # indexes: prompt * n + sequence
+    m = meter(r)
+    m.feed(chunk(0, "a", usage(10, 1)) + chunk(1, "b", usage(10, 1)))
+    # Prompt 1 not heard of yet: its prompt may be read already, so the bound; every sequence one step on.
+    assert m.billed() == 100 + 2 + 4
+    m.feed(chunk(2, "c", usage(20, 4)) + chunk(3, "d", usage(20, 1)))
+    assert m.billed() == 10 + 20 + (1 + 1 + 4 + 1) + (1 + 1 + 4 + 1)
+
+
+def test_usage_is_asked_of_the_upstream_and_given_to_the_client_only_as_asked():
+    assert request_usage_upstream({"stream": True})["stream_options"] == {
+        "include_usage": True, "continuous_usage_stats": True}
+    assert client_usage_wishes({}) == (False, False)
+    assert client_usage_wishes({"stream_options": {"include_usage": True}}) == (True, False)
+    assert client_usage_wishes({"stream_options": {"continuous_usage_stats": True}}) == (False, False)  # as vLLM
+    both = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    assert client_usage_wishes(both) == (True, True)
+    stream = chunk(0, "a", usage(5, 1)) + sse({"choices": [], "usage": usage(5, 1)}) + sse("[DONE]")
+    for final, continuous in [(False, False), (True, False), (True, True)]:
+        m = meter(Reservation(prompt=50, output=30), client_final_usage=final, client_continuous_usage=continuous)
+        out = b"".join(m.feed(stream[i:i + 9]) for i in range(0, len(stream), 9)) + m.finish()
+        events = [json.loads(e[len(b"data: "):]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+        assert [e["choices"][0]["delta"]["content"] for e in events if e["choices"]] == ["a"]
+        assert ("usage" in events[0]) is continuous
+        assert any(not e["choices"] for e in events) is final
+        assert m.billed() == 6 and out.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_large_json_body_is_billed_its_usage_without_keeping_a_copy():
+    decoy = 'say "usage": {"prompt_tokens": 1} ' * 50_000  # escaped inside a string: not a key
+    answer = {"id": "x", "choices": [{"index": 0, "message": {"content": decoy}}],
+              "usage": usage(123, 456), "prompt_logprobs": [{"1": -0.5}] * 300_000}
+    body = json.dumps(answer).encode()
+    assert len(body) > 5_000_000  # past the old 4 MB copy, usage far from both ends
+    m = UsageMeter(stream=False, reservation=Reservation(prompt=10, output=10))
+    relayed = b"".join(m.feed(body[i:i + 65_536]) for i in range(0, len(body), 65_536)) + m.finish()
+    assert relayed == body and m.billed() == 123 + 456
+    cut = UsageMeter(stream=False, reservation=Reservation(prompt=10, output=10))
+    cut.feed(body[:len(body) // 2])  # usage is in the first half: known even though the end never came
+    assert cut.billed() == 579
+
+
+# --- through HTTP ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_server, upstream):
+    with running_gateway(upstream.url, redis_server.url, model_context_lengths={"tiny": 100_000}) as url:
+        yield url
+
+
+def chat_body(text: str, **fields) -> bytes:
+    return json.dumps({"model": "tiny", "messages": [{"role": "user", "content": text}], **fields}).encode()
+
+
+def reserved_for(body: bytes, top_level_fields: int, max_tokens: int) -> int:
+    """The reservation worked out by hand for a one-message chat body: its bytes, 4 tokens per
+    JSON value (the root, each top-level field, the message list, the message, its role and
+    content), the chat template's allowance, and max_tokens."""
+    values = 1 + top_level_fields + 1 + 2
+    return len(body) + 4 * values + TEMPLATE_TOKENS + max_tokens
+
+
+def post(gateway: str, key: str, body: bytes, path: str = "/v1/chat/completions") -> httpx.Response:
+    return httpx.post(f"{gateway}{path}", content=body, timeout=HANG_BOUND_S,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+
+
+def read_then_leave(gateway: str, key: str, body: bytes, content_chunks: int) -> list[str]:
+    """Stream `body`, read `content_chunks` events with content, then close the connection."""
+    seen: list[str] = []
+    with httpx.stream("POST", f"{gateway}/v1/chat/completions", content=body, timeout=HANG_BOUND_S,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}) as response:
+        assert response.status_code == 200, response.read()
+        if content_chunks:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    if choices and choices[0]["delta"].get("content"):
+                        seen.append(line)
+                        if len(seen) == content_chunks:
+                            break
+    return seen
+
+
+def billed(access_lines, key: str) -> int:
+    line = eventually(lambda: access_lines.of(key_id_of(key)), "no access line: the request never ended")[-1]
+    return line["prompt_tokens"] + line["completion_tokens"]
+
+
+@needs_redis
+def test_leaving_at_the_headers_is_billed_the_reservation_not_zero(gateway, upstream, redis_server, access_lines):
+    """The attack: a long prompt, streamed, and the connection closed as soon as the headers
+    come. The upstream has read (prefilled) the prompt; no usage ever reaches the gateway."""
+    key = create_key_sync(redis_server.url, "acme", "leaver")
+    body = chat_body(directive(id="leave", pause_after=0) + " " + "long prompt " * 500, stream=True, max_tokens=50)
+    read_then_leave(gateway, key, body, content_chunks=0)
+    expected = reserved_for(body, top_level_fields=4, max_tokens=50)
+    assert billed(access_lines, key) == expected
+    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == expected
+    assert expected >= sum(upstream.generated["leave"].values())
+
+
+@needs_redis
+def test_a_cut_stream_is_billed_the_tokens_generated_not_the_chunks(gateway, upstream, redis_server, access_lines):
+    key = create_key_sync(redis_server.url, "acme", "cutter")
+    body = chat_body(directive(id="spec", tokens=12, per_chunk=3, pause_after=2), stream=True, max_tokens=50)
+    assert len(read_then_leave(gateway, key, body, content_chunks=2)) == 2
+    generated = upstream.generated["spec"]
+    assert generated["completion"] == 6  # two chunks of three tokens
+    eventually(lambda: "spec" in upstream.closed, "the gateway never closed the upstream stream")
+    # The tokens seen, not the 2 chunks; plus the one step of 3 the upstream may have taken before the cut reached it.
+    assert billed(access_lines, key) == generated["prompt"] + 6 + 3
+    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == generated["prompt"] + 9
+    assert upstream.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+@needs_redis
+@pytest.mark.parametrize("value", ["true", 1, "yes", "on"])
+def test_a_stream_flag_vllm_would_coerce_is_refused(gateway, upstream, redis_server, value):
+    """To vLLM's lax pydantic these are all `stream: true`; to the gateway they were not a stream,
+    so it parsed SSE as JSON and billed the reservation only."""
+    key = create_key_sync(redis_server.url, "acme", "coerce")
+    seen = len(upstream.bodies)
+    for body in (chat_body("hi", stream=value), chat_body("hi", stream=True, stream_options={"include_usage": value})):
+        refused = post(gateway, key, body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "invalid_type"
+    assert len(upstream.bodies) == seen
+
+
+@needs_redis
+def test_a_large_answer_is_billed_its_usage(gateway, upstream, redis_server, access_lines):
+    """Usage of a body past 4 MB used to be lost (the gateway stopped copying it), billing the
+    reservation instead of what the upstream reported."""
+    key = create_key_sync(redis_server.url, "acme", "large")
+    body = chat_body(directive(id="large", tokens=7, body_pad=5_000_000), max_tokens=4000)
+    answer = post(gateway, key, body)
+    assert answer.status_code == 200 and len(answer.content) > 5_000_000
+    generated = upstream.generated["large"]
+    assert billed(access_lines, key) == generated["prompt"] + generated["completion"] == sum(
+        answer.json()["usage"][k] for k in ("prompt_tokens", "completion_tokens"))

@@ -1,0 +1,47 @@
+"""One gateway contract: the stack spec and the gateway's settings extend one policy model, so a
+field and its bound are written once, and the rendered settings carry exactly that policy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from infra.render.gateway import gateway_settings
+from infra.spec import Gateway
+from serving.gateway.policy import GatewayPolicy
+from serving.gateway.settings import GatewaySettings, load_settings
+from tests.support.stacks import stack_document, write_stack
+
+
+def test_spec_and_settings_take_every_policy_field_from_the_policy():
+    for name, field in GatewayPolicy.model_fields.items():
+        for model in (Gateway, GatewaySettings):
+            assert model.model_fields[name].metadata == field.metadata, (model.__name__, name)
+            assert model.model_fields[name].default == field.default or name.startswith("default_")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("max_body_bytes", 1023), ("port", 80), ("shutdown_grace_s", 106), ("max_n", 0),
+    ("shadow_max_concurrent_requests", 0), ("chat_template_tokens", -1),
+    ("default_tenant_limits", {"requests_per_minute": 0}),
+])
+def test_a_bound_is_the_same_in_the_stack_and_in_the_gateway(field, value):
+    with pytest.raises(ValidationError, match=field):
+        Gateway(**{field: value})
+    with pytest.raises(ValidationError, match=field):
+        GatewaySettings(upstream_url="http://serve:8000", **{field: value})
+
+
+def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
+    from infra.stack_file import load_stack
+
+    policy = {"allow_plaintext": True, "max_n": 2, "chat_template_tokens": 64, "shadow_max_concurrent_requests": 5,
+              "default_tenant_limits": {"tokens_per_minute": 50_000}, "max_body_bytes": 2048}
+    spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
+    rendered = gateway_settings(spec)
+    assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | {"host", "models", "model_context_lengths"}
+    settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
+    assert settings.policy_settings() == spec.gateway.policy_settings()
+    assert settings.default_tenant_limits.tokens_per_minute == 50_000 and settings.max_n == 2
