@@ -12,7 +12,7 @@ from infra.aws.program import StackRefused
 from infra.images import missing_registry_problem, parse_image
 from infra.stack_file import StackFileError, spec_from_document
 from ops.llmctl.main import app
-from tests.infra.aws.conftest import run_program
+from tests.support.pulumi_program import run_program
 from tests.support.stacks import stack_document, write_stack
 
 ECR = "111122223333.dkr.ecr.eu-west-1.amazonaws.com"

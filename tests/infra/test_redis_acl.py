@@ -16,12 +16,11 @@ import pytest
 import redis
 
 from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
-from ops.devstack.local_redis import die_with_parent, free_port, redis_server_path
+from ops.devstack.local_redis import redis_server_path
+from ops.harness.processes import die_with_parent, free_port
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.limits import Limiter, Who
 from serving.gateway.policy import KeyLimits, TenantLimits
-
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
 PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
 NAMESPACE = "864b004c-6305-42e3-ac46-adfa8eb6f752"  # a RayCluster UID, as KubeRay sets it

@@ -21,10 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import pytest
 import uvicorn
 
-from ops.devstack.local_redis import free_port, redis_server_path
+from ops.harness.processes import free_port
 from serving.gateway.app import create_apps
 from serving.gateway.keys import RedisKeyStore
 from serving.gateway.server import GatewayServer
@@ -36,8 +35,6 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 GENEROUS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 10**9, "daily_token_budget": 10**12,
             "max_concurrent_requests": 100}
 
-needs_redis = pytest.mark.skipif(redis_server_path() is None,
-                                 reason="needs redis-server (apt-get install redis-server)")
 
 
 @dataclass(frozen=True)

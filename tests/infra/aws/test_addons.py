@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra.spec import Versions
-from tests.infra.aws.conftest import CLOUD_STACKS, ProgramRun, example_run, run_program
+from tests.support.pulumi_program import CLOUD_STACKS, ProgramRun, example_run, run_program
 from tests.support.stacks import stack_document, write_stack
 
 LB = "aws-load-balancer-controller"

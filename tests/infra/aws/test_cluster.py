@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.aws.program import StackRefused
-from tests.infra.aws.conftest import ProgramRun, example_run, run_program
+from tests.support.pulumi_program import ProgramRun, example_run, run_program
 from tests.support.stacks import stack_document, write_stack
 
 ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"

@@ -13,7 +13,7 @@ from infra.gpu_catalog import load_catalog
 from infra.gpu_nodes import node_labels
 from infra.spec import CapacityType, GpuNodeGroup
 from infra.stack_file import load_stack
-from tests.infra.aws.conftest import KARPENTER_STACK, NODE_SECURITY_GROUP, ProgramRun, example_run, mock_arn
+from tests.support.pulumi_program import KARPENTER_STACK, NODE_SECURITY_GROUP, ProgramRun, example_run, mock_arn
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.infra.aws.conftest import CLOUD_STACKS, example_run
+from tests.support.pulumi_program import CLOUD_STACKS, example_run
 
 
 @pytest.mark.parametrize("stack", [*CLOUD_STACKS, "karpenter"])

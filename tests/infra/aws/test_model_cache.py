@@ -9,7 +9,7 @@ import yaml
 
 from infra.model_cache import MAX_BUCKET_NAME, bucket_name
 from infra.stack_file import PROJECT_ROOT, StackFileError, spec_from_document
-from tests.infra.aws.conftest import MOCK_ACCOUNT, example_run, mock_arn, run_program
+from tests.support.pulumi_program import MOCK_ACCOUNT, example_run, mock_arn, run_program
 from tests.support.stacks import stack_document, write_stack
 
 BUCKET = "aws:s3/bucket:Bucket"

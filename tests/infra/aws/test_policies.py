@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from infra.render.common import GATEWAY_NAME
-from tests.infra.aws.conftest import MOCK_PASSWORD, REDACTED, ProgramRun, example_run, run_program
+from tests.support.pulumi_program import MOCK_PASSWORD, REDACTED, ProgramRun, example_run, run_program
 from tests.support.stacks import stack_document, write_stack
 
 OPEN = {"0.0.0.0/0", "::/0"}

@@ -24,7 +24,7 @@ from infra.render import render_stack
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
 from infra.stack_file import load_stack
 from infra.versions import KUBERAY_VERSION
-from tests.infra.aws.conftest import (
+from tests.support.pulumi_program import (
     CLOUD_STACKS,
     ELASTICACHE_HOST,
     MOCK_PASSWORD,

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from infra.redis_acl import access_string, gateway_user, ray_user
-from tests.infra.aws.conftest import ELASTICACHE_HOST, MOCK_PASSWORD, example_run
+from tests.support.pulumi_program import ELASTICACHE_HOST, MOCK_PASSWORD, example_run
 
 
 def test_elasticache_has_one_user_per_component_and_the_default_user_off() -> None:

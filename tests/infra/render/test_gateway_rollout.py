@@ -7,7 +7,7 @@ import pytest
 
 from infra.render import render_stack
 from infra.stack_file import load_stack
-from tests.infra.aws.conftest import example_run
+from tests.support.pulumi_program import example_run
 
 
 @pytest.mark.parametrize("stack", ["local", "dev", "prod"])

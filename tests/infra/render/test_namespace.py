@@ -9,7 +9,7 @@ import pytest
 from infra.render import render_stack
 from infra.stack_file import load_stack
 from infra.versions import KUBERNETES_VERSION
-from tests.infra.aws.conftest import example_run
+from tests.support.pulumi_program import example_run
 
 GATE = "elbv2.k8s.aws/pod-readiness-gate-inject"
 

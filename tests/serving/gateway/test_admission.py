@@ -14,12 +14,9 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.keys import create_key_sync
 from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway, serving
 
-needs_redis = pytest.mark.skipif(redis_server_path() is None,
-                                 reason="needs redis-server (apt-get install redis-server)")
 ANSWER = json.dumps({"id": "x", "object": "chat.completion", "choices": [],
                      "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
 
@@ -36,7 +33,6 @@ def gateway(redis_server):
         yield url
 
 
-@needs_redis
 def test_the_body_is_parsed_once(gateway, redis_server, monkeypatch):
     key = create_key_sync(redis_server.url, "acme", "parse")
     body = json.dumps({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "count me"}]})
@@ -55,7 +51,6 @@ def test_the_body_is_parsed_once(gateway, redis_server, monkeypatch):
     assert len(parses) == 1
 
 
-@needs_redis
 def test_nesting_too_deep_to_parse_is_a_400_not_a_traceback(gateway, redis_server):
     key = create_key_sync(redis_server.url, "acme", "deep")
     deep = b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
@@ -64,7 +59,6 @@ def test_nesting_too_deep_to_parse_is_a_400_not_a_traceback(gateway, redis_serve
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "json_too_deep"
 
 
-@needs_redis
 def test_a_key_over_its_request_rate_is_refused_before_its_large_body_is_read(gateway, redis_server):
     key = create_key_sync(redis_server.url, "acme", "spent", limits={"requests_per_minute": 1})
     small = json.dumps({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})

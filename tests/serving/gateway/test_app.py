@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,148 +30,47 @@ import httpx
 import openai
 import pytest
 import redis
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
 
 from infra.render.gateway import gateway_objects
 from infra.stack_file import PROJECT_ROOT
-from ops.devstack.local_redis import redis_server_path, start_redis
+from ops.devstack.local_redis import start_redis
 from ops.harness.processes import free_port
-from ops.harness.stub_upstream import chunk, sse
 from serving.gateway.admission import presented_key, requested_model
-from serving.gateway.app import create_app, create_apps
+from serving.gateway.app import create_app
 from serving.gateway.key_format import KEY_PREFIX, hash_key
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
 from serving.gateway.proxy import FORWARDED_UP, forwardable
-from serving.gateway.server import GatewayServer
-from serving.gateway.settings import GatewaySettings, SettingsError, load_settings
-
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
+from serving.gateway.settings import SettingsError, load_settings
+from tests.support.openai_fakes import (
+    HANG_BOUND_S,
+    USAGE,
+    WORDS,
+    FakeUpstream,
+    client,
+    serving,
+    serving_gateway,
+    settings_for,
+)
 
 REPO_ROOT = PROJECT_ROOT
-WORDS = ["Paged", " attention", " keeps", " the", " KV", " cache", " tidy", "."]
-HANG_BOUND_S = 20  # only bounds a hang; never an assertion about speed
 
 
 # --- a stand-in for Ray Serve's OpenAI ingress ------------------------------------------------
 
 
-USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
 
 
-class FakeUpstream:
-    """Answers like an OpenAI server and records what the gateway sent it."""
-
-    def __init__(self) -> None:
-        self.seen_headers: list[dict[str, str]] = []
-        self.client_has_first_chunk = threading.Event()
-        self.gate_released_by_client: bool | None = None
-        self.last_chunk_sent_at: float | None = None
-        self.endless_ended = threading.Event()
-        self.endless_finished = False
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/models", self.models), Route("/v1/chat/completions", self.chat,
-                                                                          methods=["POST"])])
-
-    async def models(self, request: Request) -> JSONResponse:
-        self.seen_headers.append(dict(request.headers))
-        return JSONResponse({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": "llmstack"} for m in ("tiny", "other")]})
-
-    async def chat(self, request: Request):
-        self.seen_headers.append(dict(request.headers))
-        body = await request.json()
-        model = body["model"]
-        if not body.get("stream"):
-            return JSONResponse({
-                "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model, "usage": USAGE,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "".join(WORDS)}}]})
-        scenario = request.headers.get("x-test-scenario", "plain")
-        stream = self._endless(model) if scenario == "endless" else self._words(model, gated=scenario == "gated")
-        return StreamingResponse(stream, media_type="text/event-stream")
-
-    async def _words(self, model: str, *, gated: bool):
-        yield sse(chunk(model, {"role": "assistant", "content": ""}))
-        yield sse(chunk(model, {"content": WORDS[0]}))
-        if gated:  # hold the rest until the client proves it already has the first chunk
-            self.gate_released_by_client = await asyncio.to_thread(self.client_has_first_chunk.wait, HANG_BOUND_S)
-        for word in WORDS[1:]:
-            await asyncio.sleep(0.01)
-            yield sse(chunk(model, {"content": word}))
-        self.last_chunk_sent_at = time.monotonic()
-        yield sse(chunk(model, {}, finish="stop"))
-        yield sse(chunk(model, usage=USAGE))
-        yield sse("[DONE]")
-
-    async def _endless(self, model: str):
-        try:
-            yield sse(chunk(model, {"role": "assistant", "content": ""}))
-            for i in range(1000):
-                yield sse(chunk(model, {"content": f" tok{i}"}))
-                await asyncio.sleep(0.02)
-            self.endless_finished = True
-        finally:
-            self.endless_ended.set()
 
 
 # --- servers -----------------------------------------------------------------------------
 
 
-@contextmanager
-def serving(app, port: int | None = None) -> Iterator[str]:
-    """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + HANG_BOUND_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on port {port}")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(HANG_BOUND_S)
 
 
-# Headers the tests' upstreams are steered by: the gateway forwards only the headers its
-# stack lists (plus content-type and accept), so the test stack lists these.
-STEERING_HEADERS = ["x-test-scenario", "x-stub-chunks", "x-stub-interval-ms"]
 
 
-def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> GatewaySettings:
-    values = {"models": ["tiny", "other"], "max_body_bytes": 4096, "upstream_idle_timeout_s": 30,
-              "forward_request_headers": STEERING_HEADERS, **overrides}
-    return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, **values)
 
 
-@contextmanager
-def serving_gateway(settings: GatewaySettings, key_store) -> Iterator[tuple[str, str]]:
-    """A gateway as `python -m serving.gateway` runs it (serving.gateway.server: both ports in
-    one event loop), on free ports in a thread: yields (API URL, metrics-port URL)."""
-    settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(),
-                                       "shutdown_grace_s": 5})
-    server = GatewayServer(create_apps(settings, key_store), settings)
-    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + HANG_BOUND_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{settings.port}", f"http://127.0.0.1:{settings.metrics_port}"
-    finally:
-        server.stop()
-        thread.join(HANG_BOUND_S)
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +93,6 @@ def api_key(redis_server) -> str:
     return create_key_sync(redis_server.url, "acme", "tests")
 
 
-def client(gateway: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
 
 
 def chat(llm: openai.OpenAI, model: str = "tiny", **kwargs):

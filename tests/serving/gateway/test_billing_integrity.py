@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.keys import create_key_sync
 from serving.gateway.tenants import key_daily_key, tenant_daily_key
 from tests.support.vllm_upstream import (
@@ -32,7 +31,6 @@ from tests.support.vllm_upstream import (
     running_gateway,
 )
 
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 MAX_TOKENS = 12
 

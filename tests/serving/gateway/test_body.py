@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from serving.gateway.body import BodyError, nesting_within, parse_json, request_document
 from serving.gateway.routes import CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS
 from serving.gateway.settings import GatewaySettings
-from tests.support.gateway import needs_redis
 
 DEPTH = 32
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000")
@@ -170,7 +169,6 @@ def post(raw, gateway: str, key: str, body: bytes, path: str = "/v1/chat/complet
     return status, json.loads(answer)
 
 
-@needs_redis
 @pytest.mark.parametrize("body", [
     b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
     b'{"model": "tiny", "messages": [{"content": ' + b"[" * 30_000 + b"}",
@@ -184,7 +182,6 @@ def test_hostile_bodies_are_400_not_500_and_never_reach_the_upstream(start_gatew
     assert recorded.seen == []
 
 
-@needs_redis
 @pytest.mark.parametrize(("field", "value"), [
     ("priority", -1000), ("request_id", "another-tenants-request"), ("kv_transfer_params", {"do_remote_decode": True}),
     ("chat_template", "{{ cycler.__init__.__globals__ }}"), ("ignore_eos", True), ("vllm_xargs", {"a": 1}),
@@ -195,14 +192,12 @@ def test_vllm_extension_fields_are_refused_unless_the_stack_allows_them(gateway,
     assert recorded.seen == []
 
 
-@needs_redis
 def test_an_allowed_extension_passes(start_gateway, recorded, key, raw):
     with start_gateway(allowed_body_extensions=["ignore_eos"]) as (gateway, _):
         status, _ = post(raw, gateway, key, json.dumps({**CHAT, "max_tokens": 5, "ignore_eos": True}).encode())
     assert status == 200 and json.loads(recorded.seen[-1].body)["ignore_eos"] is True
 
 
-@needs_redis
 @pytest.mark.parametrize("junk", ["", string.ascii_letters])
 def test_a_body_that_is_not_a_json_object_is_refused_on_every_post_route(gateway, recorded, key, raw, junk):
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):

@@ -14,7 +14,6 @@ import pytest
 import redis
 
 from infra.stack_file import PROJECT_ROOT
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.budget_metrics import BudgetUsage
 from serving.gateway.budgets import (
     BUDGET_LUA,
@@ -66,7 +65,6 @@ def test_dollars_and_tokens_at_a_rate():
         tokens_for_usd(Decimal("1"), Decimal("0"))
 
 
-pytestmark_redis = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server")
 
 
 @pytest.fixture
@@ -82,7 +80,6 @@ def admit(db, key_id: str, tokens: int, key_budget_usd: str = "0", tenant_budget
                    nano_usd(Decimal(key_budget_usd)), nano_usd(Decimal(tenant_budget_usd)), spend_expire_at("2026-11"))
 
 
-@pytestmark_redis
 def test_key_budget_refuses_then_settlement_refunds(db):
     # $1 at $0.25/1M tokens buys 4M tokens: four 1M-token reservations fit, a fifth does not.
     assert [admit(db, "k1", 1_000_000, "1")[0] for _ in range(5)] == [1, 1, 1, 1, 0]
@@ -95,7 +92,6 @@ def test_key_budget_refuses_then_settlement_refunds(db):
     assert db.expiretime(spend_key("acme", "2026-11")) == spend_expire_at("2026-11")
 
 
-@pytestmark_redis
 def test_tenant_budget_covers_all_its_keys_and_zero_means_none(db):
     assert admit(db, "k1", 3_000_000, tenant_budget_usd="1")[0] == 1
     assert admit(db, "k2", 2_000_000, tenant_budget_usd="1")[:2] == [0, "tenant"]
@@ -103,7 +99,6 @@ def test_tenant_budget_covers_all_its_keys_and_zero_means_none(db):
     assert admit(db, "k3", 10**9)[0] == 1  # no budget at all
 
 
-@pytestmark_redis
 def test_usd_to_nano_reads_a_stored_decimal(db):
     script = BUDGET_LUA + "return string.format('%.0f', usd_to_nano(ARGV[1]))"
     assert db.eval(script, 0, "12.5") == "12500000000"
@@ -128,7 +123,6 @@ print(admitted)
 """
 
 
-@pytestmark_redis
 def test_two_gateway_processes_share_one_budget(db, redis_server):
     # Two processes race 60 admissions each of $0.25 against one $10 budget: exactly 40 fit.
     key = spend_key("acme", "2026-11")

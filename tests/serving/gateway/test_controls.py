@@ -16,19 +16,33 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore
 from serving.gateway.metering import output_allowance
 from serving.gateway.reservation import reserve
-from tests.serving.gateway.test_app import serving, serving_gateway, settings_for
-from tests.serving.gateway.test_limits_http import PROMPT, USAGE, chat_raw, client, new_key, upstream  # noqa: F401 (fixture)
-
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
+from tests.support.openai_fakes import (
+    PROMPT,
+    USAGE,
+    StreamRecordingUpstream,
+    chat_raw,
+    client,
+    new_key,
+    serving,
+    serving_gateway,
+    settings_for,
+)
 
 
 @pytest.fixture(scope="module")
-def gateway_urls(redis_server, upstream):  # noqa: F811
+def upstream():
+    fake = StreamRecordingUpstream()
+    with serving(fake.app()) as url:
+        fake.url = url
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def gateway_urls(redis_server, upstream):
     settings = settings_for(upstream.url, redis_server.url, max_tokens_ceiling=100,
                             model_context_lengths={"tiny": 4096, "other": 64})
     with serving_gateway(settings, RedisKeyStore(redis_server.url)) as urls:

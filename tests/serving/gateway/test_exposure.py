@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 
 from infra.stack_file import PROJECT_ROOT
-from ops.devstack.local_redis import free_port
-from tests.support.gateway import HANG_BOUND_S, needs_redis
+from ops.harness.processes import free_port
+from tests.support.gateway import HANG_BOUND_S
 
 
 @contextmanager
@@ -57,7 +57,6 @@ def env_for(upstream: str, redis_url: str, port: int, metrics_port: int) -> dict
             "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
 
 
-@needs_redis
 def test_metrics_and_readiness_are_only_on_the_metrics_port(recording_upstream, redis_server, key, tmp_path):
     port, metrics_port = free_port(), free_port()
     env = env_for(recording_upstream.url, redis_server.url, port, metrics_port)
@@ -74,7 +73,6 @@ def test_metrics_and_readiness_are_only_on_the_metrics_port(recording_upstream, 
         assert httpx.get(f"{private}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 404
 
 
-@needs_redis
 def test_a_metrics_port_in_use_stops_the_start_naming_it(recording_upstream, redis_server, tmp_path):
     import socket
 

@@ -18,11 +18,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.fair_queue import FairQueue, QueueRefused, queue_keys
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
-
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
 HANG_BOUND_S = 30
 POLICY = QueuePolicy(tiers=[QueueTier(name="interactive", queue_timeout_s=HANG_BOUND_S),

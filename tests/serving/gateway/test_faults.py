@@ -27,11 +27,9 @@ import openai
 import pytest
 import redis
 
-from ops.devstack.local_redis import redis_server_path, start_redis
+from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, wait_for_http
 from serving.gateway.keys import RedisKeyStore, create_key_sync
-
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
 
 HANG_BOUND_S = 60
 PROMPT = [{"role": "user", "content": "What is a KV cache?"}]  # estimate: 5 tokens

@@ -32,12 +32,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore, create_key_sync
-from tests.serving.gateway.test_app import serving, settings_for
-
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
+from tests.support.openai_fakes import serving, settings_for
 
 CEILING, MAX_N, MAX_TOP_LOGPROBS = 64, 2, 3
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/../admin", "/v1/%2e%2e/x"]

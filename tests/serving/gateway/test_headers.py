@@ -13,10 +13,6 @@ import time
 import httpx
 import pytest
 
-from tests.support.gateway import needs_redis
-
-pytestmark = needs_redis
-
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 HOSTILE = {
     "X-Vllm-Priority": "-1000", "X-data-parallel-rank": "0", "x-session-id": "victim-session",

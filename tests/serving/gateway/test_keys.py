@@ -11,12 +11,9 @@ import time
 import httpx
 import pytest
 
-from ops.devstack.local_redis import redis_server_path, start_redis
+from ops.devstack.local_redis import start_redis
 from serving.gateway.keys import MemoryKeyStore, RecentlyVerifiedKeys, RedisKeyStore, create_key_sync
 from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway
-
-needs_redis = pytest.mark.skipif(redis_server_path() is None,
-                                 reason="needs redis-server (apt-get install redis-server)")
 
 
 def race(store_factory) -> list:
@@ -38,7 +35,6 @@ def race(store_factory) -> list:
     return asyncio.run(rounds())
 
 
-@needs_redis
 def test_a_limit_change_racing_a_revocation_never_undoes_it(redis_server):
     """`llmctl keys set` and `revoke` used to read, change and write back the whole record: a
     set that read the record before the revocation wrote it back unrevoked."""
@@ -66,7 +62,6 @@ def test_recently_verified_keys_expire(monkeypatch):
     assert never.recall(key) is None
 
 
-@needs_redis
 @pytest.mark.parametrize("ttl_s", [0, 1])
 def test_the_outage_key_cache_forgets_keys_after_its_ttl(upstream, ttl_s):
     """While Redis is down, a key verified within key_cache_ttl_s still works; after that (and

@@ -15,16 +15,12 @@ import httpx
 import pytest
 import redis
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.keys import create_key_sync
 from serving.gateway.limits import Limiter, Who
 from serving.gateway.local_limits import LocalLimiter
 from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.tenants import TenantStore, counter_keys, tenant_daily_key
 from tests.support.vllm_upstream import HANG_BOUND_S, daily_used, directive, eventually, key_id_of, running_gateway
-
-needs_redis = pytest.mark.skipif(redis_server_path() is None,
-                                 reason="needs redis-server (apt-get install redis-server)")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +67,6 @@ class HeldStream:
 # --- tenants -------------------------------------------------------------------------------------
 
 
-@needs_redis
 def test_a_tenants_keys_share_its_limits(gateway, redis_server):
     """The attack: a tenant with k keys had k times every limit."""
     set_tenant(redis_server.url, "shared", requests_per_minute=3)
@@ -86,7 +81,6 @@ def test_a_tenants_keys_share_its_limits(gateway, redis_server):
     assert chat(gateway, other).status_code == 200  # other tenants are untouched
 
 
-@needs_redis
 def test_default_tenant_limits_apply_to_every_tenant(redis_server, upstream):
     with running_gateway(upstream.url, redis_server.url, default_tenant_limits={"max_concurrent_requests": 1}) as gw:
         first, second = (create_key_sync(redis_server.url, "defaulted", n) for n in ("a", "b"))
@@ -100,7 +94,6 @@ def test_default_tenant_limits_apply_to_every_tenant(redis_server, upstream):
         eventually(lambda: chat(gw, second).status_code == 200, "the tenant's slot was not freed")
 
 
-@needs_redis
 def test_a_tenant_refusal_charges_neither_the_key_nor_the_tenant(gateway, redis_server):
     set_tenant(redis_server.url, "budgeted", daily_token_budget=2_000)
     key = create_key_sync(redis_server.url, "budgeted", "k")
@@ -123,7 +116,6 @@ def who(key_id: str, tenant: str = "night") -> Who:
     return Who(key_id=key_id, tenant=tenant, limits=KeyLimits(), tenant_defaults=TenantLimits())
 
 
-@needs_redis
 def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_server):
     """A request admitted yesterday and settled today used to subtract its refund from today's
     counter, handing out today's budget twice."""
@@ -176,7 +168,6 @@ def test_the_local_limiter_carries_the_admission_day_too():
 # --- shadow mode -----------------------------------------------------------------------------------
 
 
-@needs_redis
 def test_shadow_keys_hold_slots_and_stay_bounded(gateway, redis_server, access_lines):
     """Shadow keys used to skip concurrency slots entirely: any number of requests in flight."""
     key = create_key_sync(redis_server.url, "acme", "shadow", limits={"max_concurrent_requests": 1})
@@ -216,7 +207,6 @@ def send_headers(gateway: str, key: str, length: int) -> socket.socket:
     return sock
 
 
-@needs_redis
 def test_a_large_body_waits_for_its_keys_slot_before_it_is_read(gateway, redis_server):
     """Slow uploads from one key used to be read (and held in memory) however many it sent. A
     large body is now read only once its key has a concurrency slot for it: the second answer
@@ -235,7 +225,6 @@ def test_a_large_body_waits_for_its_keys_slot_before_it_is_read(gateway, redis_s
     eventually(lambda: _slots(redis_server.url, key) == 0, "the abandoned upload kept its slot")
 
 
-@needs_redis
 def test_a_refusal_after_the_slot_phase_gives_everything_back(gateway, redis_server):
     key = create_key_sync(redis_server.url, "acme", "refused-late", limits={"requests_per_minute": 5})
     names = counter_keys("acme", key_id_of(key))

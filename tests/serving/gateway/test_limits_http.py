@@ -17,12 +17,9 @@ import httpx
 import openai
 import pytest
 import redis
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
 
-from ops.devstack.local_redis import free_port, redis_server_path, start_redis
+from ops.devstack.local_redis import start_redis
+from ops.harness.processes import free_port
 from ops.harness.stub_upstream import chunk, sse
 from serving.gateway.app import create_app
 from serving.gateway.key_format import KeyRecord
@@ -30,68 +27,25 @@ from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
 from serving.gateway.metering import LimitDecision, UsageMeter, format_reset, rate_limit_headers, request_usage_upstream
 from serving.gateway.reservation import Reservation, reserve
 from serving.gateway.tenants import counter_keys
-from tests.serving.gateway.test_app import HANG_BOUND_S, WORDS, client, serving, settings_for
+from tests.support.openai_fakes import (
+    HANG_BOUND_S,
+    PROMPT,
+    RATE_HEADERS,
+    TEMPLATE_TOKENS,
+    WORDS,
+    chat_payload,
+    chat_raw,
+    client,
+    new_key,
+    serving,
+    settings_for,
+)
+from tests.support.openai_fakes import StreamRecordingUpstream as RecordingUpstream
 from tests.support.vllm_upstream import serving_apps
 
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
-
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
-PROMPT = "What is a KV cache?"
-TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
-RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
-                "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 
-class RecordingUpstream:
-    """An OpenAI-like upstream that records request bodies, sends the usage chunk only when
-    asked (as OpenAI and vLLM do), and can stream slowly forever."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        self.slow_started = threading.Event()
-        self.slow_ended = threading.Event()
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    async def chat(self, request: Request):
-        body = await request.json()
-        self.bodies.append(body)
-        model = body["model"]
-        if not body.get("stream"):
-            return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": model, "usage": USAGE,
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": "".join(WORDS)}}]})
-        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-        scenario = request.headers.get("x-test-scenario")
-        if scenario == "silent":  # never answers: headers never come
-            await asyncio.sleep(3600)
-        stream = {"slow": self._slow, "stall": self._stall}.get(scenario)
-        return StreamingResponse(stream(model) if stream else self._words(model, include_usage),
-                                 media_type="text/event-stream")
-
-    async def _words(self, model: str, include_usage: bool):
-        yield sse(chunk(model, {"role": "assistant", "content": ""}))
-        for word in WORDS:
-            yield sse(chunk(model, {"content": word}))
-        yield sse(chunk(model, {}, finish="stop"))
-        if include_usage:
-            yield sse(chunk(model, usage=USAGE))
-        yield sse("[DONE]")
-
-    async def _stall(self, model: str):
-        yield sse(chunk(model, {"role": "assistant", "content": "one"}))
-        await asyncio.sleep(3600)  # then silence
-
-    async def _slow(self, model: str):
-        try:
-            yield sse(chunk(model, {"role": "assistant", "content": ""}))
-            self.slow_started.set()
-            for i in range(1000):
-                yield sse(chunk(model, {"content": f" tok{i}"}))
-                await asyncio.sleep(0.05)
-        finally:
-            self.slow_ended.set()
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +62,8 @@ def gateway(redis_server, upstream):
         yield url
 
 
-def new_key(redis_server, **limits) -> str:
-    return create_key_sync(redis_server.url, "acme", "limits", limits=limits)
 
 
-def chat_payload(**body) -> bytes:
-    return json.dumps({"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], **body}).encode()
 
 
 def reserved_for(payload: bytes) -> int:
@@ -133,9 +83,6 @@ def max_tokens_reserving(total: int, **body) -> int:
     raise AssertionError(f"no max_tokens reserves {total}")
 
 
-def chat_raw(gateway: str, key: str, **body) -> httpx.Response:
-    return httpx.post(f"{gateway}/v1/chat/completions", content=chat_payload(**body), timeout=HANG_BOUND_S,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
 
 
 def key_id_of(key: str) -> str:

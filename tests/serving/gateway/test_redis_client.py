@@ -16,14 +16,11 @@ import httpx
 import pytest
 import redis
 
-from ops.devstack.local_redis import redis_server_path, start_redis
+from ops.devstack.local_redis import start_redis
 from serving.gateway import redis_client
 from serving.gateway.keys import create_key_sync
 from serving.gateway.redis_client import GatedRedis, RedisBusy
 from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway
-
-needs_redis = pytest.mark.skipif(redis_server_path() is None,
-                                 reason="needs redis-server (apt-get install redis-server)")
 
 
 def test_a_caller_that_finds_every_connection_taken_gets_redis_busy(monkeypatch):
@@ -42,7 +39,6 @@ def test_a_caller_that_finds_every_connection_taken_gets_redis_busy(monkeypatch)
     asyncio.run(go())
 
 
-@needs_redis
 def test_a_full_pool_is_answered_503_not_with_the_outage_fallbacks(upstream, monkeypatch):
     monkeypatch.setattr(redis_client, "MAX_CONNECTIONS", 1)  # each Redis client of the gateway: one connection
     monkeypatch.setattr(redis_client, "POOL_WAIT_S", 0.3)

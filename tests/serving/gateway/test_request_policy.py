@@ -14,18 +14,17 @@ import httpx
 import openai
 import pytest
 
-from ops.devstack.local_redis import redis_server_path, running_redis
+from ops.devstack.local_redis import running_redis
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.request_policy import PolicyViolation, check_request
 from serving.gateway.settings import GatewaySettings
-from tests.serving.gateway.test_app import HANG_BOUND_S, serving, settings_for
-from tests.serving.gateway.test_limits_http import PROMPT, RecordingUpstream
+from tests.support.openai_fakes import HANG_BOUND_S, PROMPT, serving, settings_for
+from tests.support.openai_fakes import StreamRecordingUpstream as RecordingUpstream
 
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000")  # defaults: ceiling 4096, n 4, logprobs 5
 MESSAGES = [{"role": "user", "content": PROMPT}]
-needs_redis = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server")
 
 
 def check(path: str = CHAT, settings: GatewaySettings = SETTINGS, **body) -> PolicyViolation | None:
@@ -164,7 +163,6 @@ def stack():
                 yield gateway, fake, redis_server
 
 
-@needs_redis
 def test_refused_request_never_reaches_upstream_and_costs_no_quota(stack):
     gateway, upstream, redis_server = stack
     key = create_key_sync(redis_server.url, "acme", "policy", limits={"requests_per_minute": 3})

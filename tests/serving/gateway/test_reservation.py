@@ -15,13 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.keys import create_key_sync
 from serving.gateway.reservation import Reservation, prompt_bound, reserve
 from tests.support.vllm_upstream import HANG_BOUND_S, directive, running_gateway
 
-needs_redis = pytest.mark.skipif(redis_server_path() is None,
-                                 reason="needs redis-server (apt-get install redis-server)")
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 
 
@@ -148,7 +145,6 @@ SMUGGLED = {
 }
 
 
-@needs_redis
 @pytest.mark.parametrize("where", sorted(SMUGGLED))
 def test_prompt_text_outside_the_message_content_is_reserved(gateway, upstream, redis_server, where):
     """The attack: a key with a small token rate sends a huge prompt where the old estimate did
@@ -163,7 +159,6 @@ def test_prompt_text_outside_the_message_content_is_reserved(gateway, upstream, 
     assert len(upstream.bodies) == seen
 
 
-@needs_redis
 def test_every_prompt_of_a_completions_request_is_reserved_and_counts_against_max_n(gateway, upstream, redis_server):
     """/v1/completions with N prompts generates N x n sequences; the old reservation and the
     max_n ceiling counted n alone."""

@@ -10,9 +10,6 @@ import json
 import pytest
 
 from serving.gateway.routes import ApiRoute, RouteRefusal, is_canonical, resolve
-from tests.support.gateway import needs_redis
-
-pytestmark = needs_redis
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -12,9 +12,7 @@ import openai
 import pytest
 
 from serving.gateway.upstream_errors import rewritten
-from tests.support.gateway import HANG_BOUND_S, Answer, needs_redis
-
-pytestmark = needs_redis
+from tests.support.gateway import HANG_BOUND_S, Answer
 
 SERVE_ADDRESS = "llmstack-serve-svc.llmstack.svc.cluster.local:8000"
 INTERNAL = (SERVE_ADDRESS, "10.0.3.7", "RayActorError", "Internal exception", "original exception",

@@ -10,7 +10,6 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from ops.devstack.local_redis import redis_server_path
 from serving.gateway.usage_ledger import (
     LEDGER_LUA,
     RETENTION_DAYS,
@@ -23,9 +22,8 @@ from serving.gateway.usage_ledger import (
     usage_key,
 )
 
-pytestmark = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server (apt-get install redis-server)")
-
 NOV_5 = datetime(2026, 11, 5, 13, 30, tzinfo=timezone.utc)
+
 # How a settle script uses the ledger: its own work first, then ledger_record last, so that an
 # error in the ledger (a script is not rolled back) can never keep a slot from being freed.
 # Here KEYS[1] stands for the limiter's in-flight slots; KEYS[2] and ARGV[2..6] are record_call's.

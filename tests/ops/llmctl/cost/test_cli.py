@@ -18,7 +18,6 @@ import redis
 from typer.testing import CliRunner
 
 from infra.stack_file import PROJECT_ROOT
-from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import free_port
 from ops.llmctl.main import app
 from serving.gateway.usage_ledger import LEDGER_LUA, record_call
@@ -109,7 +108,6 @@ def test_spot_groups_without_credentials_are_priced_on_demand_and_say_why(tmp_pa
 
 # --- report ----------------------------------------------------------------------------------
 
-needs_redis = pytest.mark.skipif(redis_server_path() is None, reason="needs redis-server")
 
 
 @pytest.fixture
@@ -132,7 +130,6 @@ def report(stack: str, bench, redis_url: str, *extra: str):
                   "l4=3.6", "--bench", str(bench), "--redis-url", redis_url, *extra)
 
 
-@needs_redis
 def test_report_attributes_tokens_in_proportion_and_keeps_idle_apart(stack, bench_file, ledger, redis_server):
     bench = bench_file("llama", {8: (500, 500)})
     ledger("team-a", "k1", "llama", 1_000_000, 1_000_000)
@@ -159,7 +156,6 @@ def test_report_attributes_tokens_in_proportion_and_keeps_idle_apart(stack, benc
     assert "team-a" in table and "(idle)" in table and "total $36.00" in table
 
 
-@needs_redis
 def test_report_without_given_hours_assumes_min_nodes_and_says_so(stack, bench_file, ledger, redis_server):
     ledger("team-a", "k1", "llama", 10, 10)
     bench = bench_file("llama", {8: (500, 500)})
