@@ -21,15 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import uvicorn
-
 from ops.harness.processes import free_port
 from serving.gateway.app import create_apps
 from serving.gateway.keys import RedisKeyStore
 from serving.gateway.server import GatewayServer
 from serving.gateway.settings import GatewaySettings
+from tests.support.servers import HANG_BOUND_S
 
-HANG_BOUND_S = 20  # only bounds a hang; never an assertion about speed
 MODELS = ["tiny", "other"]
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 GENEROUS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 10**9, "daily_token_budget": 10**12,
@@ -101,20 +99,6 @@ class RecordingUpstream:
         await send({"type": "http.response.body", "body": answer.body})
 
 
-@contextmanager
-def serving(app, port: int | None = None) -> Iterator[str]:
-    """`app` under uvicorn on 127.0.0.1 in a thread; always stopped."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        _wait(lambda: server.started, thread, f"uvicorn on port {port}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(HANG_BOUND_S)
 
 
 @contextmanager

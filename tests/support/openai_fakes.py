@@ -14,7 +14,6 @@ from contextlib import contextmanager
 
 import httpx
 import openai
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -26,11 +25,11 @@ from serving.gateway.app import create_apps
 from serving.gateway.keys import create_key_sync
 from serving.gateway.server import GatewayServer
 from serving.gateway.settings import GatewaySettings
+from tests.support.servers import HANG_BOUND_S
 
 WORDS = ["Paged", " attention", " keeps", " the", " KV", " cache", " tidy", "."]
 
 
-HANG_BOUND_S = 20  # only bounds a hang; never an assertion about speed
 
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
@@ -93,24 +92,6 @@ class FakeUpstream:
             self.endless_ended.set()
 
 
-@contextmanager
-def serving(app, port: int | None = None) -> Iterator[str]:
-    """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + HANG_BOUND_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on port {port}")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(HANG_BOUND_S)
 
 
 # Headers the tests' upstreams are steered by: the gateway forwards only the headers its

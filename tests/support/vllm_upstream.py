@@ -34,36 +34,16 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ops.harness.processes import free_port
+from tests.support.servers import HANG_BOUND_S, serving
 
-HANG_BOUND_S = 30  # only bounds a hang; never an assertion about speed
 DIRECTIVE = "#stub "
 
 
-@contextmanager
-def serving(app: Any, port: int | None = None) -> Iterator[str]:
-    """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + HANG_BOUND_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on port {port}")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(HANG_BOUND_S)
 
 
 def eventually(check: Any, what: str) -> Any:

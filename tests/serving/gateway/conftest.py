@@ -17,11 +17,11 @@ from tests.support.gateway import (
     default_answer,
     gateway_settings,
     raw_request,
-    serving,
     serving_gateway,
 )
+from tests.support.servers import serving
+from tests.support.servers import serving as serving_app
 from tests.support.vllm_upstream import AccessLines, VllmLikeUpstream
-from tests.support.vllm_upstream import serving as serving_app
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from serving.gateway.keys import create_key_sync
-from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway, serving
+from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.vllm_upstream import running_gateway
 
 ANSWER = json.dumps({"id": "x", "object": "chat.completion", "choices": [],
                      "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()

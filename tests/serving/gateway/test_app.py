@@ -41,16 +41,8 @@ from serving.gateway.key_format import KEY_PREFIX, hash_key
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
 from serving.gateway.proxy import FORWARDED_UP, forwardable
 from serving.gateway.settings import SettingsError, load_settings
-from tests.support.openai_fakes import (
-    HANG_BOUND_S,
-    USAGE,
-    WORDS,
-    FakeUpstream,
-    client,
-    serving,
-    serving_gateway,
-    settings_for,
-)
+from tests.support.openai_fakes import USAGE, WORDS, FakeUpstream, client, serving_gateway, settings_for
+from tests.support.servers import HANG_BOUND_S, serving
 
 REPO_ROOT = PROJECT_ROOT
 

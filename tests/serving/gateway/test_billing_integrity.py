@@ -21,15 +21,8 @@ from hypothesis import strategies as st
 
 from serving.gateway.keys import create_key_sync
 from serving.gateway.tenants import key_daily_key, tenant_daily_key
-from tests.support.vllm_upstream import (
-    HANG_BOUND_S,
-    daily_used,
-    directive,
-    eventually,
-    key_id_of,
-    redis_day,
-    running_gateway,
-)
+from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, redis_day, running_gateway
 
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 MAX_TOKENS = 12

@@ -27,10 +27,10 @@ from tests.support.openai_fakes import (
     chat_raw,
     client,
     new_key,
-    serving,
     serving_gateway,
     settings_for,
 )
+from tests.support.servers import serving
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import httpx
 
 from infra.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
-from tests.support.gateway import HANG_BOUND_S
+from tests.support.servers import HANG_BOUND_S
 
 
 @contextmanager

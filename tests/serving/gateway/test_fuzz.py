@@ -34,7 +34,8 @@ from starlette.routing import Route
 
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore, create_key_sync
-from tests.support.openai_fakes import serving, settings_for
+from tests.support.openai_fakes import settings_for
+from tests.support.servers import serving
 
 CEILING, MAX_N, MAX_TOP_LOGPROBS = 64, 2, 3
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/../admin", "/v1/%2e%2e/x"]

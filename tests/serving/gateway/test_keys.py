@@ -13,7 +13,8 @@ import pytest
 
 from ops.devstack.local_redis import start_redis
 from serving.gateway.keys import MemoryKeyStore, RecentlyVerifiedKeys, RedisKeyStore, create_key_sync
-from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway
+from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import running_gateway
 
 
 def race(store_factory) -> list:

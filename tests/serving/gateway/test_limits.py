@@ -20,7 +20,8 @@ from serving.gateway.limits import Limiter, Who
 from serving.gateway.local_limits import LocalLimiter
 from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.tenants import TenantStore, counter_keys, tenant_daily_key
-from tests.support.vllm_upstream import HANG_BOUND_S, daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from serving.gateway.metering import LimitDecision, UsageMeter, format_reset, ra
 from serving.gateway.reservation import Reservation, reserve
 from serving.gateway.tenants import counter_keys
 from tests.support.openai_fakes import (
-    HANG_BOUND_S,
     PROMPT,
     RATE_HEADERS,
     TEMPLATE_TOKENS,
@@ -37,10 +36,10 @@ from tests.support.openai_fakes import (
     chat_raw,
     client,
     new_key,
-    serving,
     settings_for,
 )
 from tests.support.openai_fakes import StreamRecordingUpstream as RecordingUpstream
+from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import serving_apps
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}

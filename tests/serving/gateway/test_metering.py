@@ -18,14 +18,8 @@ from serving.gateway.keys import create_key_sync
 from serving.gateway.metering import UsageMeter, client_usage_wishes, request_usage_upstream
 from serving.gateway.reservation import Reservation
 from serving.gateway.tenants import key_daily_key
-from tests.support.vllm_upstream import (
-    HANG_BOUND_S,
-    daily_used,
-    directive,
-    eventually,
-    key_id_of,
-    running_gateway,
-)
+from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
 
 TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
 

@@ -20,7 +20,8 @@ from ops.devstack.local_redis import start_redis
 from serving.gateway import redis_client
 from serving.gateway.keys import create_key_sync
 from serving.gateway.redis_client import GatedRedis, RedisBusy
-from tests.support.vllm_upstream import HANG_BOUND_S, running_gateway
+from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import running_gateway
 
 
 def test_a_caller_that_finds_every_connection_taken_gets_redis_busy(monkeypatch):

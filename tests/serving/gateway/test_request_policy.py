@@ -19,8 +19,9 @@ from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.request_policy import PolicyViolation, check_request
 from serving.gateway.settings import GatewaySettings
-from tests.support.openai_fakes import HANG_BOUND_S, PROMPT, serving, settings_for
+from tests.support.openai_fakes import PROMPT, settings_for
 from tests.support.openai_fakes import StreamRecordingUpstream as RecordingUpstream
+from tests.support.servers import HANG_BOUND_S, serving
 
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000")  # defaults: ceiling 4096, n 4, logprobs 5

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from serving.gateway.keys import create_key_sync
 from serving.gateway.reservation import Reservation, prompt_bound, reserve
-from tests.support.vllm_upstream import HANG_BOUND_S, directive, running_gateway
+from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import directive, running_gateway
 
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tests.support.gateway import HANG_BOUND_S
+from tests.support.servers import HANG_BOUND_S
 
 
 def connect(base_url: str) -> socket.socket:

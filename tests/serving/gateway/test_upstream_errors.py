@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from serving.gateway.upstream_errors import rewritten
-from tests.support.gateway import HANG_BOUND_S, Answer
+from tests.support.gateway import Answer
+from tests.support.servers import HANG_BOUND_S
 
 SERVE_ADDRESS = "llmstack-serve-svc.llmstack.svc.cluster.local:8000"
 INTERNAL = (SERVE_ADDRESS, "10.0.3.7", "RayActorError", "Internal exception", "original exception",

@@ -1,0 +1,35 @@
+"""An ASGI app under a real uvicorn server on 127.0.0.1, in a thread, always stopped: how the
+gateway tests run the gateway and its fake upstreams in-process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from ops.harness.processes import free_port
+
+HANG_BOUND_S = 30  # only bounds a hang; never an assertion about speed
+
+
+@contextmanager
+def serving(app, port: int | None = None) -> Iterator[str]:
+    """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it."""
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + HANG_BOUND_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on port {port}")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(HANG_BOUND_S)
