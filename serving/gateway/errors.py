@@ -142,10 +142,10 @@ def monthly_budget_exceeded(budget_usd: Decimal, retry_after_s: float | None, he
     then cannot help, so the OpenAI SDKs are told not to (x-should-retry: false)."""
     whose = _SCOPE_TEXT[scope]
     if retry_after_s is None:
-        message = (f"Request too large for the monthly budget of {whose} (${budget_usd}): its reservation alone "
+        message = (f"Request too large for the monthly budget of {whose} (${budget_usd:.2f}): its reservation alone "
                    "costs more. Lower max_tokens (or the prompt), or ask your platform team for a higher budget.")
     else:
-        message = (f"The monthly budget of {whose} (${budget_usd}) is spent. It renews at the start of the next "
+        message = (f"The monthly budget of {whose} (${budget_usd:.2f}) is spent. It renews at the start of the next "
                    f"calendar month (UTC), in {retry_after_s:.0f}s; ask your platform team for a higher budget.")
     return openai_error(429, message, "tokens", code=REFUSAL_CODE, headers={**headers, "x-should-retry": "false"})
 

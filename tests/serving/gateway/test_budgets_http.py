@@ -219,3 +219,31 @@ def test_the_ledger_is_written_by_the_settlement_itself(redis_server, upstream):
             chat(url, key, f"l-broken-{n}", 5)
         assert client.get(usage_key("team-d", today)) == "not a hash"
         client.close()
+
+
+def test_a_tenant_budget_set_with_llmctl_covers_all_its_keys(redis_server, upstream):
+    run = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "tenants", "set", "team-e", "--redis-url",
+                          redis_server.url, "--monthly-budget-usd", "0.50"],
+                         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    first, second = (create_key_sync(redis_server.url, "team-e", name, limits=GENEROUS) for name in ("e1", "e2"))
+    with running_gateway(upstream.url, redis_server.url, models=["llama"], chat_template_tokens=0,
+                         model_usd_per_million_tokens={"llama": RATE}) as url:
+        served = 0
+        with pytest.raises(openai.RateLimitError) as refused:
+            while served < 40:
+                chat(url, first, f"e-{served}", 30, max_tokens=30)
+                served += 1
+        error = refused.value.response.json()["error"]
+        assert error["code"] == REFUSAL_CODE and "this API key's tenant (all its keys together) ($0.50)" in \
+            error["message"]
+        assert 0 < served < 40 and spent(redis_server.url, "team-e") <= 500_000_000
+        with pytest.raises(openai.RateLimitError):  # the tenant's other key draws on the same budget
+            chat(url, second, "e-other", 30, max_tokens=30)
+        metrics = httpx.get(f"{url.metrics}/metrics").text
+    assert 'llmstack_gateway_model_usd_per_million_tokens{model="llama"} 1000.0' in metrics
+    assert 'llmstack_gateway_rate_limited_total{limit="monthly_budget",mode="enforced"} 2.0' in metrics
+    ratio = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                 if line.startswith('llmstack_gateway_budget_used_ratio{key_id="",tenant="team-e"}'))
+    # As the last admission saw it: the refused one, after every earlier request had settled.
+    assert ratio == pytest.approx(spent(redis_server.url, "team-e") / 500_000_000) and ratio > 0.5
