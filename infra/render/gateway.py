@@ -20,6 +20,8 @@ import json
 import math
 from typing import Any
 
+from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
     GATEWAY_NAME,
@@ -31,8 +33,6 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
-from infra.planner import StackPlan, plan_stack
 from infra.render.serve_config import SERVE_PORT
 from infra.spec import StackSpec
 
