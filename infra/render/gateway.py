@@ -42,8 +42,8 @@ RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
 
-def gateway_objects(spec: StackSpec) -> list[dict[str, Any]]:
-    return [_deployment(spec), _service(spec), _autoscaler(spec), _disruption_budget(spec),
+def gateway_objects(spec: StackSpec, plan: StackPlan | None = None) -> list[dict[str, Any]]:
+    return [_deployment(spec, plan), _service(spec), _autoscaler(spec), _disruption_budget(spec),
             _gateway_network_policy(spec), _ray_network_policy(spec)]
 
 
@@ -86,7 +86,7 @@ def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
             "prometheus.io/path": "/metrics"}
 
 
-def _deployment(spec: StackSpec) -> dict[str, Any]:
+def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
     g = spec.gateway
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     container = {
@@ -95,7 +95,7 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": g.port}, {"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
-            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec)},
+            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec, plan)},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few

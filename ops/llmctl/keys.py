@@ -24,11 +24,13 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from ops.llmctl.console import ExitCode, err, out
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import RedisKeyStore
+from serving.gateway.policy import TenantLimits
 from serving.gateway.tenants import TenantStore
 
 app = typer.Typer(help="Create, list, show, change, revoke and rotate API keys.", no_args_is_help=True)
@@ -339,5 +341,11 @@ def set_tenant(
     if not changes:
         err.print("nothing to change: give a limit option (e.g. --requests-per-minute 600)")
         raise typer.Exit(2)
+    try:
+        TenantLimits(**{name: value for name, value in changes.items() if value is not None})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
+        raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
     limits = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.set(tenant, changes), TenantStore)
     err.print(f"tenant {tenant}: {_tenant_row(limits)}")

@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -54,7 +54,7 @@ class GatewaySettings(GatewayPolicy):
         description="max_model_len per served model: how much output a request without max_tokens can get, "
                     "and the most prompt tokens one prompt can be.",
     )
-    model_usd_per_million_tokens: dict[str, Decimal] = Field(
+    model_usd_per_million_tokens: dict[str, Annotated[Decimal, Field(ge=0)]] = Field(
         default_factory=dict,
         description="Rate card per served model: USD per 1M prompt + completion tokens (infra.cost.rate_card, "
                     "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
