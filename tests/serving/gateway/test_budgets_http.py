@@ -5,6 +5,7 @@ operator runs it (a subprocess); the shared budget is charged by two gateway pro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -219,6 +220,9 @@ def test_the_ledger_is_written_by_the_settlement_itself(redis_server, upstream):
             chat(url, key, f"l-broken-{n}", 5)
         assert client.get(usage_key("team-d", today)) == "not a hash"
         client.close()
+        # ...and the script did not fail: the gateway saw no limiter error (it counts each one).
+        metrics = httpx.get(f"{url.metrics}/metrics").text
+    assert 'llmstack_gateway_redis_errors_total{component="limiter"} 0.0' in metrics
 
 
 def test_a_tenant_budget_set_with_llmctl_covers_all_its_keys(redis_server, upstream):
@@ -247,3 +251,27 @@ def test_a_tenant_budget_set_with_llmctl_covers_all_its_keys(redis_server, upstr
                  if line.startswith('llmstack_gateway_budget_used_ratio{key_id="",tenant="team-e"}'))
     # As the last admission saw it: the refused one, after every earlier request had settled.
     assert ratio == pytest.approx(spent(redis_server.url, "team-e") / 500_000_000) and ratio > 0.5
+
+
+def test_a_shadow_key_over_its_budget_is_served_and_still_billed(redis_server, upstream):
+    from serving.gateway.keys import RedisKeyStore
+
+    async def make() -> str:
+        store = RedisKeyStore(redis_server.url)
+        try:
+            key, _ = await store.create("team-f", "trial", limits={**GENEROUS, "monthly_budget_usd": Decimal("0.10")},
+                                        shadow=True)
+            return key
+        finally:
+            await store.aclose()
+
+    key = asyncio.run(make())
+    with running_gateway(upstream.url, redis_server.url, models=["llama"], chat_template_tokens=0,
+                         model_usd_per_million_tokens={"llama": RATE}) as url:
+        for n in range(5):
+            chat(url, key, f"f-{n}", 30, max_tokens=30)  # never refused: shadow mode only counts
+        metrics = httpx.get(f"{url.metrics}/metrics").text
+    billed = sum(upstream.generated[f"f-{n}"]["prompt"] + upstream.generated[f"f-{n}"]["completion"] for n in range(5))
+    assert spent(redis_server.url, "team-f", f"key:{key_id_of(key)}") == cost_nano_usd(billed, RATE) > 100_000_000
+    assert ledger(redis_server.url, "team-f")[key_id_of(key)][2] == 5
+    assert 'llmstack_gateway_rate_limited_total{limit="monthly_budget",mode="shadow"}' in metrics
