@@ -20,6 +20,8 @@ import json
 import math
 from typing import Any
 
+from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
     GATEWAY_NAME,
@@ -40,8 +42,8 @@ RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
 
-def gateway_objects(spec: StackSpec) -> list[dict[str, Any]]:
-    return [_deployment(spec), _service(spec), _autoscaler(spec), _disruption_budget(spec),
+def gateway_objects(spec: StackSpec, plan: StackPlan | None = None) -> list[dict[str, Any]]:
+    return [_deployment(spec, plan), _service(spec), _autoscaler(spec), _disruption_budget(spec),
             _gateway_network_policy(spec), _ray_network_policy(spec)]
 
 
@@ -49,14 +51,27 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def gateway_settings(spec: StackSpec) -> str:
+def gateway_settings(spec: StackSpec, plan: StackPlan | None = None) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
     return json.dumps({
         **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
+        "model_usd_per_million_tokens": gateway_rates(spec, plan),
     }, sort_keys=True)
+
+
+def gateway_rates(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, str]:
+    """Each served model's rate card (USD per 1M total tokens, as exact decimal strings) that
+    monthly budgets are charged at: the catalog's on-demand price of its node group over the
+    published throughput estimate, as `llmctl cost --offline` shows it. Rendering asks no cloud
+    API, so spot groups are charged on-demand (budgets err on the side of the tenant's money
+    running out early, never late). Models without a figure (CPU groups, no estimate) are left
+    out: they cost nothing and no budget stops them."""
+    plan = plan or plan_stack(spec)
+    card = rate_card(stack_costs(spec, plan, node_prices(spec), estimated_throughputs(spec)))
+    return {model: str(rate) for model, rate in card.items() if rate is not None and rate > 0}
 
 
 def memory_limit_mib(spec: StackSpec) -> int:
@@ -71,7 +86,7 @@ def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
             "prometheus.io/path": "/metrics"}
 
 
-def _deployment(spec: StackSpec) -> dict[str, Any]:
+def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
     g = spec.gateway
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     container = {
@@ -80,7 +95,7 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": g.port}, {"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
-            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec)},
+            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec, plan)},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few

@@ -24,11 +24,13 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from ops.llmctl.console import ExitCode, err, out
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import RedisKeyStore
+from serving.gateway.policy import TenantLimits
 from serving.gateway.tenants import TenantStore
 
 app = typer.Typer(help="Create, list, show, change, revoke and rotate API keys.", no_args_is_help=True)
@@ -296,7 +298,8 @@ def list_tenants(stack: StackOption = "local", redis_url: RedisOption = None,
     """Every tenant with limits of its own (the others get the stack's gateway.default_tenant_limits)."""
     tenants = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.list(), TenantStore)
     if as_json:
-        print(json.dumps({t: limits.model_dump(exclude_none=True) for t, limits in tenants.items()}, indent=2))
+        print(json.dumps({t: limits.model_dump(mode="json", exclude_none=True) for t, limits in tenants.items()},
+                         indent=2))
         return
     table = Table("tenant", "own limits")
     for tenant, limits in tenants.items():
@@ -310,7 +313,7 @@ def show_tenant(tenant: str, stack: StackOption = "local", redis_url: RedisOptio
     """A tenant's own limits and the tokens its keys were billed today, as JSON."""
     async def read(store: TenantStore) -> dict[str, Any]:
         limits = await store.get(tenant)
-        return {"tenant": tenant, "limits": limits.model_dump(exclude_none=True),
+        return {"tenant": tenant, "limits": limits.model_dump(mode="json", exclude_none=True),
                 "tokens_today": await store.used_today(tenant)}
 
     print(json.dumps(_run(_store_url(redis_url, stack, redis_password_file), read, TenantStore), indent=2))
@@ -326,13 +329,23 @@ def set_tenant(
     tokens_per_minute: Annotated[int | None, typer.Option(min=0, help="0: back to the default.")] = None,
     daily_token_budget: Annotated[int | None, typer.Option(min=0, help="0: back to the default.")] = None,
     max_concurrent_requests: Annotated[int | None, typer.Option(min=0, help="0: back to the default.")] = None,
+    monthly_budget_usd: Annotated[Decimal | None, typer.Option(
+        "--monthly-budget-usd", min=0, help="Dollars per calendar month (UTC) at the models' rate card; "
+        "0: back to the default.")] = None,
 ) -> None:
     """Set limits shared by all the tenant's keys, on top of each key's own (0 removes one)."""
     given = {"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute,
-             "daily_token_budget": daily_token_budget, "max_concurrent_requests": max_concurrent_requests}
+             "daily_token_budget": daily_token_budget, "max_concurrent_requests": max_concurrent_requests,
+             "monthly_budget_usd": monthly_budget_usd}
     changes = {name: (value or None) for name, value in given.items() if value is not None}
     if not changes:
         err.print("nothing to change: give a limit option (e.g. --requests-per-minute 600)")
         raise typer.Exit(2)
+    try:
+        TenantLimits(**{name: value for name, value in changes.items() if value is not None})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
+        raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
     limits = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.set(tenant, changes), TenantStore)
     err.print(f"tenant {tenant}: {_tenant_row(limits)}")

@@ -26,6 +26,7 @@ import json
 import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,6 +34,7 @@ from starlette.responses import Response
 from serving.gateway import errors
 from serving.gateway.access_log import caller_of, note_caller
 from serving.gateway.body import BodyError, request_document
+from serving.gateway.budgets import NANO_PER_USD
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
@@ -152,7 +154,8 @@ class Admitter:
         who = Who(key_id=record.key_id, tenant=record.tenant,
                   limits=effective_limits(record, settings.default_limits),
                   tenant_defaults=settings.default_tenant_limits, shadow=record.shadow,
-                  shadow_max_concurrent=settings.shadow_max_concurrent_requests)
+                  shadow_max_concurrent=settings.shadow_max_concurrent_requests,
+                  monthly_budget_usd=record.monthly_budget_usd)
         ticket = None
         if request.method != "GET" and not declares_small_body(request.headers):
             ticket, refusal = await self._limited(self.limiter.admit_slot(who), record, from_cache)
@@ -191,11 +194,14 @@ class Admitter:
         allowance, added_max_tokens = output_allowance(settings.max_tokens_ceiling, context_length)
         reservation = reserve(document, len(body), path, output_allowance=allowance, context_length=context_length,
                               template_tokens=settings.chat_template_tokens)
+        label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
+        price = {"model": label, "usd_per_million_tokens": settings.model_usd_per_million_tokens.get(label)}
         if ticket is None:
-            ticket, refusal = await self._limited(self.limiter.admit(who, reservation.total), record, from_cache)
+            ticket, refusal = await self._limited(self.limiter.admit(who, reservation.total, **price), record,
+                                                  from_cache)
         else:
-            _, refusal = await self._limited(self.limiter.admit_tokens(ticket, reservation.total), record, from_cache,
-                                             ticket)
+            _, refusal = await self._limited(self.limiter.admit_tokens(ticket, reservation.total, **price), record,
+                                             from_cache, ticket)
         if refusal is not None:
             return refusal
         assert ticket is not None and ticket.decision is not None
@@ -224,6 +230,7 @@ class Admitter:
         ticket = result if result is not None else ticket
         assert ticket is not None and ticket.decision is not None
         self.metrics.degraded.set(1 if from_cache or ticket.local_fallback else 0)
+        self.metrics.observe_budgets(ticket)
         decision = ticket.decision
         if decision.refused is None:
             return ticket, None
@@ -234,8 +241,17 @@ class Admitter:
                                        "tenant": record.tenant, "limit": decision.refused,
                                        "reserved": ticket.reserved}))
             return ticket, None
+        if decision.refused == "monthly_budget":
+            return ticket, errors.monthly_budget_exceeded(self._budget_usd(ticket), decision.retry_after_s,
+                                                          rate_limit_headers(decision), scope=decision.scope or "key")
         return ticket, errors.rate_limited(decision.refused, self._limit_value(ticket), decision.retry_after_s,
                                            rate_limit_headers(decision), scope=decision.scope or "key")
+
+    @staticmethod
+    def _budget_usd(ticket: Ticket) -> Decimal:
+        if ticket.decision is not None and ticket.decision.scope == "tenant" and ticket.spend is not None:
+            return Decimal(ticket.spend.tenant_budget_nano_usd) / NANO_PER_USD
+        return ticket.who.monthly_budget_usd or Decimal(0)
 
     def _limit_value(self, ticket: Ticket) -> int:
         decision, who = ticket.decision, ticket.who

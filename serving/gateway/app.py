@@ -36,6 +36,7 @@ from serving.gateway.admission import Admitter
 from serving.gateway.body import BodyDeadline, BodyTimeout
 from serving.gateway.keys import KeyStore
 from serving.gateway.limits import Limiter
+from serving.gateway.metering import Usage
 from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.routes import RouteRefusal, resolve
@@ -44,6 +45,7 @@ from serving.gateway.settings import GatewaySettings
 log = logging.getLogger("llmstack.gateway")
 
 READY_CHECK_TIMEOUT_S = 2.0
+NOTHING_BILLED = Usage(0, 0)
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first": shows up as such in access logs
 IN_MEMORY_WARNING = (
     "KEYS ARE IN MEMORY: no LLMSTACK_REDIS_URL is set, so this gateway uses its embedded key store. "
@@ -80,6 +82,7 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
 def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     """The apps own `key_store` from here on: `api` closes it (and its upstream pool) at shutdown."""
     metrics = GatewayMetrics(settings.models)
+    metrics.set_prices(settings.model_usd_per_million_tokens)
     proxy = UpstreamProxy(settings, metrics)
     limiter = Limiter(settings.redis_url, settings.limiter_fail_mode, request_timeout_s=settings.request_timeout_s,
                       on_redis_error=metrics.redis_errors.labels(component="limiter").inc)
@@ -123,17 +126,17 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         allowed_models = admission.key.allowed_models
         if route.model is not None and allowed_models is not None and route.model not in allowed_models:
             admission.meter.status = 404
-            await ticket.settle(0)
+            await ticket.settle(NOTHING_BILLED)
             return errors.model_not_found(route.model)
         try:
             response = await proxy.forward(request, route, admission.body, meter=admission.meter, settle=ticket.settle,
                                            extra_headers=admission.headers, allowed_models=allowed_models)
         except BaseException:
-            await ticket.settle(0)  # frees the concurrency slot; nothing was generated
+            await ticket.settle(NOTHING_BILLED)  # frees the concurrency slot; nothing was generated
             raise
         if not isinstance(response, UpstreamStream):  # an error, or a model list filtered for this key
             admission.meter.no_answer(response.status_code)
-            await ticket.settle(admission.meter.billed())
+            await ticket.settle(admission.meter.billed_usage())
             response.headers.update(admission.headers)
         return response
 

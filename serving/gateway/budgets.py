@@ -35,8 +35,9 @@ REFUSAL_CODE = "monthly_budget_exceeded"
 # over ('key' or 'tenant', '' when it fits) and both amounts spent so far.
 BUDGET_LUA = """
 local function usd_to_nano(usd)
-  if usd == false or usd == nil or usd == '' then return 0 end
-  return math.floor(tonumber(usd) * 1000000000 + 0.5)
+  local n = tonumber(usd)  -- nil for a missing field (false) or a value nobody should have stored
+  if n == nil or n <= 0 then return 0 end
+  return math.floor(n * 1000000000 + 0.5)
 end
 local function budget_check(spend_key, key_id, cost, key_budget, tenant_budget)
   local spent = redis.call('HMGET', spend_key, 'key:' .. key_id, 'tenant')

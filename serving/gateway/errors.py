@@ -9,8 +9,11 @@ honouring `Retry-After`. Messages never echo the presented key, not even masked.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from starlette.responses import JSONResponse
 
+from serving.gateway.budgets import REFUSAL_CODE
 from serving.gateway.routes import SERVED_ROUTES
 
 INVALID_REQUEST = "invalid_request_error"
@@ -103,6 +106,7 @@ _REFUSAL_TEXT = {
     "tokens": "tokens per minute (TPM)",
     "concurrency": "concurrent requests",
     "daily_tokens": "daily token budget",
+    "monthly_budget": "monthly budget in dollars",
 }
 
 
@@ -129,6 +133,21 @@ def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers:
         # (which honour x-should-retry) not to retry what can never be admitted.
         headers = {**headers, "x-should-retry": "false"}
     return openai_error(429, message, type_, code=code, headers=headers)
+
+
+def monthly_budget_exceeded(budget_usd: Decimal, retry_after_s: float | None, headers: dict[str, str], *,
+                            scope: str = "key") -> JSONResponse:
+    """429 with its own code (serving.gateway.budgets.REFUSAL_CODE): a quota in dollars, not a
+    rate, renewed at the start of the next UTC month (Retry-After says when). Retrying before
+    then cannot help, so the OpenAI SDKs are told not to (x-should-retry: false)."""
+    whose = _SCOPE_TEXT[scope]
+    if retry_after_s is None:
+        message = (f"Request too large for the monthly budget of {whose} (${budget_usd:.2f}): its reservation alone "
+                   "costs more. Lower max_tokens (or the prompt), or ask your platform team for a higher budget.")
+    else:
+        message = (f"The monthly budget of {whose} (${budget_usd:.2f}) is spent. It renews at the start of the next "
+                   f"calendar month (UTC), in {retry_after_s:.0f}s; ask your platform team for a higher budget.")
+    return openai_error(429, message, "tokens", code=REFUSAL_CODE, headers={**headers, "x-should-retry": "false"})
 
 
 def limiter_unavailable() -> JSONResponse:

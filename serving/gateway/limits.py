@@ -8,7 +8,11 @@ keys does not get k times its limits). Each applies where it is set; the key's a
 - tokens per minute: GCRA, weight = the tokens reserved at admission (see `reservation`);
 - max concurrent requests: a sorted set of in-flight slots, each with an expiry (the request's
   total timeout plus `SLOT_TTL_MARGIN_S`) so a gateway that crashes mid-request cannot leak a slot;
-- daily token budget: a counter for the current UTC day (expires after two days).
+- daily token budget: a counter for the current UTC day (expires after two days);
+- monthly budget in dollars: the reservation's cost at the model's rate card, against what the
+  key and its tenant spent this UTC calendar month (serving.gateway.budgets). A key's budget is
+  its record's `monthly_budget_usd`; a tenant's is its own (`llmctl tenants set`), else the
+  gateway's default.
 
 All limits of a request are checked together and charged together: all or nothing. Admission
 has two phases so that cheap checks come before expensive work: `admit_slot` (requests per
@@ -16,7 +20,9 @@ minute and concurrency) before the gateway reads a large body, `admit_tokens` (t
 daily budget) once the body says what it reserves; a refusal in the second phase gives back
 what the first took. `admit` runs both at once, for requests whose body is already read.
 Settlement, when the response ends, refunds unused reserved tokens to the day the reservation
-was charged to (carried on the ticket) and frees the slot.
+was charged to (carried on the ticket) and frees the slot; in the same script it corrects the
+month's spend to the billed cost (the month is carried on the ticket too) and records the
+request in the usage ledger (serving.gateway.usage_ledger), shadow keys included.
 
 Keys in shadow mode are served when over their own limits, uncharged on their own counters,
 but they still hold concurrency slots, count against their tenant (whose limits are always
@@ -24,8 +30,10 @@ enforced), and are refused past `shadow_max_concurrent_requests` in flight.
 
 When Redis fails, `limiter_fail_mode` decides: `closed` refuses (503 + Retry-After); `local`
 admits under `LocalLimiter`, the same limits in this process's memory, per replica (while
-Redis is down the cluster-wide allowance becomes replicas x limit). A busy connection pool is
-load, not a failure: `LimiterBusy`, answered 503 + Retry-After in either mode.
+Redis is down the cluster-wide allowance becomes replicas x limit). Monthly budgets are not
+enforced by the local limiter and the ledger records nothing while Redis is down: spend and
+usage live in Redis only. A busy connection pool is load, not a failure: `LimiterBusy`,
+answered 503 + Retry-After in either mode.
 """
 
 from __future__ import annotations
@@ -35,11 +43,14 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
 
 import anyio
 
+from serving.gateway.budgets import cost_nano_usd, month_of, month_window, nano_usd, spend_expire_at
 from serving.gateway.local_limits import LocalLimiter
-from serving.gateway.metering import LimitDecision
+from serving.gateway.metering import LimitDecision, Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.redis_client import RedisBusy
 from serving.gateway.redis_limits import RedisLimiter, no_limit_as_zero
@@ -65,7 +76,8 @@ class LimiterBusy(RuntimeError):
 @dataclass(frozen=True)
 class Who:
     """The caller as the limiter sees it: a key, its tenant, the key's effective limits, the
-    tenant's default limits (its stored ones win, in Redis) and whether the key is in shadow mode."""
+    tenant's default limits (its stored ones win, in Redis), whether the key is in shadow mode and
+    the key's monthly budget in dollars."""
 
     key_id: str
     tenant: str
@@ -73,6 +85,17 @@ class Who:
     tenant_defaults: TenantLimits
     shadow: bool = False
     shadow_max_concurrent: int = 64
+    monthly_budget_usd: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class Spend:
+    """The month's spend as the admission saw it (after its own charge), in nano-USD, and the
+    tenant's budget in force (0: none)."""
+
+    key_nano_usd: int
+    tenant_nano_usd: int
+    tenant_budget_nano_usd: int
 
 
 def effective_limits(record: object, defaults: KeyLimits) -> KeyLimits:
@@ -96,6 +119,11 @@ class Ticket:
     key_tokens_charged: bool = False
     tokens_phase_done: bool = False
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)  # effective at admission
+    model: str = ""  # the metrics label of the model: the usage ledger's field
+    usd_per_million_tokens: Decimal | None = None  # the model's rate card; None: no cost, no budget
+    month: str = field(default_factory=lambda: month_of(datetime.now(timezone.utc)))  # charged to
+    reserved_nano_usd: int = 0  # the reservation's cost, charged to `month` at admission
+    spend: Spend | None = None  # seen at admission (Redis only), for the budget-used gauge
     backend: object | None = None
     settled: bool = False
     on_error: Callable[[], None] | None = None  # told when settling in Redis fails
@@ -109,15 +137,20 @@ class Ticket:
         """Admitted by this process's own limits because Redis failed."""
         return isinstance(self.backend, LocalLimiter) and self.on_error is not None
 
-    async def settle(self, billed: int) -> None:
+    def cost_of(self, tokens: int) -> int:
+        """`tokens` at the ticket's rate, in nano-USD (0 without a rate)."""
+        rate = self.usd_per_million_tokens
+        return 0 if rate is None or rate <= 0 else cost_nano_usd(tokens, rate)
+
+    async def settle(self, billed: Usage) -> None:
         await self._end(billed, give_back_request=False)
 
     async def release(self) -> None:
         """The request ended before the upstream saw it (a refusal after the slot phase, a
         client gone while sending its body): free the slot and give back everything charged."""
-        await self._end(0, give_back_request=True)
+        await self._end(Usage(0, 0), give_back_request=True)
 
-    async def _end(self, billed: int, *, give_back_request: bool) -> None:
+    async def _end(self, billed: Usage, *, give_back_request: bool) -> None:
         if self.settled or not self.allowed or self.backend is None:
             return
         self.settled = True
@@ -132,7 +165,7 @@ class Ticket:
 
 def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
     (allowed, refused, scope, rem_req, reset_req, rem_tok, reset_tok, wait, day, key_charged,
-     t_rpm, t_tpm, t_daily, t_conc) = reply
+     t_rpm, t_tpm, t_daily, t_conc, key_spent, tenant_spent, tenant_budget) = reply
     def text(value: object) -> object:
         return value.decode() if isinstance(value, bytes) else value
 
@@ -143,9 +176,12 @@ def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
         reset_requests_s=float(reset_req) / 1e6,
         limit_tokens=limits.tokens_per_minute, remaining_tokens=int(rem_tok), reset_tokens_s=float(reset_tok) / 1e6,
         retry_after_s=None if wait_us < 0 else wait_us / 1e6)
-    tenant = TenantLimits(**{name: int(v) for name, v in zip(TenantLimits.model_fields, (t_rpm, t_tpm, t_daily, t_conc))
-                             if int(v) > 0})
-    return decision, {"day": int(day), "key_charged": bool(int(key_charged)), "tenant_limits": tenant}
+    counts = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
+    # The tenant's budget in force travels in `spend`: only Redis enforces budgets.
+    tenant = TenantLimits(**{name: int(v) for name, v in zip(counts, (t_rpm, t_tpm, t_daily, t_conc)) if int(v) > 0})
+    spend = Spend(int(text(key_spent)), int(text(tenant_spent)), int(text(tenant_budget)))
+    return decision, {"day": int(day), "key_charged": bool(int(key_charged)), "tenant_limits": tenant,
+                      "spend": spend}
 
 
 class Limiter:
@@ -161,9 +197,12 @@ class Limiter:
         # Tenants' own limits as Redis last said them, so the local fallback keeps applying them.
         self._tenant_limits: dict[str, TenantLimits] = {}
 
-    async def admit(self, who: Who, cost: int) -> Ticket:
-        """Every limit at once: the request's body is read and its reservation known."""
-        ticket = Ticket(who=who, reserved=cost)
+    async def admit(self, who: Who, cost: int, *, model: str = "", usd_per_million_tokens: Decimal | None = None
+                    ) -> Ticket:
+        """Every limit at once: the request's body is read and its reservation known. `model`
+        is the ledger's model label, `usd_per_million_tokens` its rate card (None: free)."""
+        ticket = Ticket(who=who)
+        _price(ticket, cost, model, usd_per_million_tokens)
         await self._run(ticket, "all")
         return ticket
 
@@ -173,10 +212,11 @@ class Limiter:
         await self._run(ticket, "slot")
         return ticket
 
-    async def admit_tokens(self, ticket: Ticket, cost: int) -> None:
-        """Token rate and daily budget for a ticket `admit_slot` allowed. A refusal here gives
-        back what the slot phase took (the ticket's decision then says why)."""
-        ticket.reserved = cost
+    async def admit_tokens(self, ticket: Ticket, cost: int, *, model: str = "",
+                           usd_per_million_tokens: Decimal | None = None) -> None:
+        """Token rate, daily and monthly budgets for a ticket `admit_slot` allowed. A refusal
+        here gives back what the slot phase took (the ticket's decision then says why)."""
+        _price(ticket, cost, model, usd_per_million_tokens)
         await self._run(ticket, "tokens")
 
     async def _run(self, ticket: Ticket, phase: str) -> None:
@@ -200,9 +240,12 @@ class Limiter:
                 decision, extra = _decision(ticket.who.limits, reply)
                 self._tenant_limits[ticket.who.tenant] = extra["tenant_limits"]
                 self._apply(ticket, phase, decision, extra["day"], extra["key_charged"], extra["tenant_limits"])
+                if phase != "slot":
+                    ticket.spend = extra["spend"]
                 ticket.backend = self._redis
                 return
         tenant_limits = self._tenant_limits.get(ticket.who.tenant, ticket.who.tenant_defaults)
+        ticket.reserved_nano_usd = 0  # budgets live in Redis: none charged (nor enforced) locally
         decision, day, key_charged = self._local.admit(ticket, phase, tenant_limits, CONCURRENCY_RETRY_S)
         self._apply(ticket, phase, decision, day, key_charged, tenant_limits)
         ticket.backend = self._local
@@ -228,9 +271,24 @@ class Limiter:
                 no_limit_as_zero(defaults.tokens_per_minute), no_limit_as_zero(defaults.daily_token_budget),
                 no_limit_as_zero(defaults.max_concurrent_requests), ticket.reserved, ticket.slot_id, self._slot_ttl_s,
                 int(CONCURRENCY_RETRY_S * 1e6), int(who.shadow), who.shadow_max_concurrent,
-                int(ticket.key_request_charged)]
+                int(ticket.key_request_charged),
+                who.key_id, str(ticket.reserved_nano_usd), str(_budget_nano(who.monthly_budget_usd)),
+                str(_budget_nano(defaults.monthly_budget_usd)), spend_expire_at(ticket.month),
+                int(month_window(ticket.month)[1].timestamp())]
 
     async def aclose(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
+
+
+def _budget_nano(usd: Decimal | None) -> int:
+    return 0 if usd is None else nano_usd(usd)
+
+
+def _price(ticket: Ticket, tokens: int, model: str, usd_per_million_tokens: Decimal | None) -> None:
+    """What the ticket reserves, in tokens and in nano-USD at the model's rate, charged to the
+    current UTC month."""
+    ticket.reserved, ticket.model, ticket.usd_per_million_tokens = tokens, model, usd_per_million_tokens
+    ticket.month = month_of(datetime.now(timezone.utc))
+    ticket.reserved_nano_usd = ticket.cost_of(tokens)
 

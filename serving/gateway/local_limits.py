@@ -1,6 +1,7 @@
 """The limiter's rules in this process's memory: the fallback while Redis is down (fail mode
 `local`), and the limiter of a gateway without Redis. The same phases, limits, shadow rules
-and all-or-nothing charging as the Redis scripts (serving.gateway.redis_limits), per replica.
+and all-or-nothing charging as the Redis scripts (serving.gateway.redis_limits), per replica,
+except monthly budgets in dollars and the usage ledger: those live in Redis only.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.gateway.metering import LimitDecision
+from serving.gateway.metering import LimitDecision, Usage
 from serving.gateway.policy import TenantLimits
 
 _DAY_S = 86_400
@@ -134,11 +135,12 @@ class LocalLimiter:
         if tenant_limits.requests_per_minute:
             tenant.request_tat = max(tenant.request_tat - 60 / tenant_limits.requests_per_minute, now)
 
-    async def settle(self, ticket: Any, billed: int, *, give_back_request: bool) -> None:
+    async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool) -> None:
+        """No spend and no ledger here: they live in Redis."""
         now = self._clock()
         key = self._keys.setdefault(ticket.who.key_id, _Counters())
         tenant = self._tenants.setdefault(ticket.who.tenant, _Counters())
-        refund = ticket.reserved - billed
+        refund = ticket.reserved - billed.total
         if ticket.tokens_phase_done:
             scopes = [(tenant, ticket.tenant_limits.tokens_per_minute)]
             if ticket.key_tokens_charged:

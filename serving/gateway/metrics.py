@@ -16,12 +16,16 @@ and a test checks that they reference nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from serving.gateway.budget_metrics import BudgetUsage
+from serving.gateway.budgets import NANO_PER_USD
 
 OTHER_MODEL = "other"
 # From 5 ms (a refused request) to 10 min (a long stream); TTFT buckets stop at 1 min.
@@ -52,7 +56,7 @@ class GatewayMetrics:
             ["kind", "model", "tenant"], registry=r)
         self.rate_limited = Counter(
             "llmstack_gateway_rate_limited",
-            "Admissions over a limit, by limit (requests|tokens|concurrency|daily_tokens) and mode "
+            "Admissions over a limit, by limit (requests|tokens|concurrency|daily_tokens|monthly_budget) and mode "
             "(enforced: refused with 429; shadow: the key is in shadow mode, so only counted and logged).",
             ["limit", "mode"], registry=r)
         self.redis_errors = Counter(
@@ -95,6 +99,23 @@ class GatewayMetrics:
             self.tokens.labels(kind="prompt", model=label, tenant=tenant or "").inc(prompt)
         if completion:
             self.tokens.labels(kind="completion", model=label, tenant=tenant or "").inc(completion)
+
+    def observe_budgets(self, ticket: Any) -> None:
+        """The budget-used gauge of the key and its tenant, from what an admission in Redis saw
+        (`ticket`: serving.gateway.limits.Ticket); nothing for budgets not set."""
+        spend, who = ticket.spend, ticket.who
+        if spend is None:
+            return
+        now = datetime.now(timezone.utc)
+        if who.monthly_budget_usd is not None:
+            self.budget_used.observe(who.tenant, who.key_id, spend.key_nano_usd, who.monthly_budget_usd, now)
+        if spend.tenant_budget_nano_usd > 0:
+            self.budget_used.observe(who.tenant, "", spend.tenant_nano_usd,
+                                     Decimal(spend.tenant_budget_nano_usd) / NANO_PER_USD, now)
+
+    def set_prices(self, usd_per_million_tokens: Mapping[str, Decimal]) -> None:
+        for model, price in usd_per_million_tokens.items():
+            self.model_price.labels(model=model).set(float(price))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

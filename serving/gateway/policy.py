@@ -9,6 +9,7 @@ enforces at start.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,6 +48,10 @@ class TenantLimits(_Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate of all the tenant's keys.")
     daily_token_budget: int | None = Field(default=None, ge=1, description="Tokens per UTC day, all keys.")
     max_concurrent_requests: int | None = Field(default=None, ge=1, description="In-flight requests, all keys.")
+    monthly_budget_usd: Decimal | None = Field(
+        default=None, gt=0, max_digits=12, decimal_places=2,
+        description="Dollars all the tenant's keys may spend per calendar month (UTC), at each model's rate card "
+                    "(serving.gateway.budgets); stored as a decimal string in the tenant's limits hash.")
 
 
 class GatewayPolicy(_Strict):

@@ -26,7 +26,7 @@ from yarl import URL
 
 from serving.gateway import errors, upstream_errors
 from serving.gateway.access_log import REQUEST_ID_HEADER
-from serving.gateway.metering import UsageMeter
+from serving.gateway.metering import Usage, UsageMeter
 from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.routes import MODELS, ApiRoute
 from serving.gateway.settings import GatewaySettings
@@ -78,7 +78,7 @@ def visible_models(document: object, allowed: Iterable[str]) -> object:
     return {**document, "data": data}
 
 
-Settle = Callable[[int], Awaitable[None]]
+Settle = Callable[[Usage], Awaitable[None]]
 
 
 class UpstreamStream(StreamingResponse):
@@ -111,7 +111,7 @@ class UpstreamStream(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 self._upstream.close()  # a no-op after a full read (the connection went back to the pool)
                 # A stream cut short is billed what the meter saw; a no-op if the relay settled.
-                await self._settle(self._meter.billed())
+                await self._settle(self._meter.billed_usage())
 
 
 async def _relay(upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
@@ -134,7 +134,7 @@ async def _relay(upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Se
         held_back = meter.finish()
         # Settle before the client gets the last bytes: once it has the whole answer, its
         # refund and its freed concurrency slot are already visible to its next request.
-        await settle(meter.billed())
+        await settle(meter.billed_usage())
         if held_back:
             yield held_back
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -171,7 +171,7 @@ class UpstreamProxy:
                       extra_headers: dict[str, str], allowed_models: Iterable[str] | None = None) -> Response:
         """Send `route` (with the already-read `body`) upstream; stream the response back.
         Only the route's canonical path goes upstream, already encoded: never the caller's
-        spelling of it, nor its query string. `settle(billed_tokens)` is called once the
+        spelling of it, nor its query string. `settle(billed_usage)` is called once the
         response ends; the caller settles itself when this returns anything but an
         `UpstreamStream` (an error, or the model list filtered to `allowed_models`)."""
         total_timeout_s = self._settings.request_timeout_s

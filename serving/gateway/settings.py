@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from decimal import Decimal
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -52,6 +53,12 @@ class GatewaySettings(GatewayPolicy):
         default_factory=dict,
         description="max_model_len per served model: how much output a request without max_tokens can get, "
                     "and the most prompt tokens one prompt can be.",
+    )
+    model_usd_per_million_tokens: dict[str, Annotated[Decimal, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="Rate card per served model: USD per 1M prompt + completion tokens (infra.cost.rate_card, "
+                    "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
+                    "it; a model without a rate costs nothing and no budget stops it.",
     )
 
     @field_validator("upstream_url")

@@ -8,6 +8,8 @@ trip). The tenant name is percent-encoded in the tag, so no name can end the tag
 reach another tenant's keys.
 
     llmstack:{tenant:<t>}:limits          hash: the tenant's own limits (TenantLimits fields)
+    llmstack:{tenant:<t>}:spend:<YYYY-MM>  hash: dollars spent this month (serving.gateway.budgets)
+    llmstack:{tenant:<t>}:usage:<date>     hash: the usage ledger (serving.gateway.usage_ledger)
     llmstack:{tenant:<t>}:rpm|tpm|slots|daily            the tenant's counters
     llmstack:{tenant:<t>}:key:<key_id>:rpm|tpm|slots|daily  one key's counters
 """
@@ -15,6 +17,7 @@ reach another tenant's keys.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from urllib.parse import quote, unquote
 
 from serving.gateway.policy import TenantLimits
@@ -58,14 +61,15 @@ class TenantStore:
     async def get(self, tenant: str) -> TenantLimits:
         """The tenant's own limits (None where it has none; the gateway's defaults apply there)."""
         values = await self._client.redis.hmget(tenant_limits_key(tenant), LIMIT_FIELDS)
-        return TenantLimits(**{f: int(v) for f, v in zip(LIMIT_FIELDS, values) if v is not None})
+        return TenantLimits(**{f: v for f, v in zip(LIMIT_FIELDS, values) if v is not None})
 
-    async def set(self, tenant: str, changes: Mapping[str, int | None]) -> TenantLimits:
-        """Set (an int) or clear (None) some of the tenant's limits in one atomic step; returns
+    async def set(self, tenant: str, changes: Mapping[str, int | Decimal | None]) -> TenantLimits:
+        """Set (a number) or clear (None) some of the tenant's limits in one atomic step; returns
         what is stored afterwards. Every gateway replica applies it from the next request."""
-        TenantLimits(**{f: v for f, v in changes.items() if v is not None})  # validate before writing
+        valid = TenantLimits(**{f: v for f, v in changes.items() if v is not None})  # validate before writing
         name = tenant_limits_key(tenant)
-        stored = {f: v for f, v in changes.items() if v is not None}
+        # Decimal strings (the monthly budget): the admit script reads them with tonumber.
+        stored = {f: str(getattr(valid, f)) for f, v in changes.items() if v is not None}
         cleared = [f for f, v in changes.items() if v is None]
         async with self._client.redis.pipeline(transaction=True) as pipe:  # MULTI/EXEC: all or nothing
             if stored:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -18,9 +20,12 @@ import redis
 from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
 from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import die_with_parent, free_port
+from serving.gateway.budgets import month_of, spend_key
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.limits import Limiter, Who
+from serving.gateway.metering import Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
+from serving.gateway.usage_ledger import usage_key
 
 PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
 NAMESPACE = "864b004c-6305-42e3-ac46-adfa8eb6f752"  # a RayCluster UID, as KubeRay sets it
@@ -116,10 +121,17 @@ def test_the_gateway_does_its_work_as_its_user(acl_redis: int) -> None:
         errors: list[str] = []
         limiter = Limiter(gateway_url, "closed", request_timeout_s=60, on_redis_error=lambda: errors.append("x"))
         who = Who(key_id=record.key_id, tenant=record.tenant, limits=KeyLimits(), tenant_defaults=TenantLimits())
-        ticket = await limiter.admit(who, 100)
+        # Priced, so the scripts also charge the month's spend and write the usage ledger.
+        ticket = await limiter.admit(who, 100, model="tiny", usd_per_million_tokens=Decimal("2"))
         assert ticket.decision.allowed and not errors  # EVALSHA of the limiter scripts, TIME inside them
-        await ticket.settle(40)
+        await ticket.settle(Usage(30, 10))
         assert not errors
+        # The settle script swallows errors of its cost writes (so a slot is always freed): check them.
+        written = redis.Redis.from_url(gateway_url, decode_responses=True)
+        today = datetime.now(timezone.utc)
+        assert written.hgetall(usage_key("acme", today.date()))[f"{record.key_id}|completion|tiny"] == "10"
+        assert written.hget(spend_key("acme", month_of(today)), "tenant") == "80000"  # 40 tokens at $2/1M
+        written.close()
         assert await store.revoke(record.key_id)
         assert await store.verify(key) is None
         await limiter.aclose()

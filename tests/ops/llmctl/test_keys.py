@@ -204,3 +204,15 @@ def test_tenants_set_show_list(redis_url):
     assert listed["acme corp"] == {"daily_token_budget": 5_000_000}  # 0 cleared the tenant's own rate
     nothing = tenants("set", "acme corp", "--redis-url", redis_url)
     assert nothing.returncode == 2 and "nothing to change" in nothing.stderr
+
+
+def test_tenants_monthly_budget_is_a_decimal_in_dollars(redis_url):
+    changed = tenants("set", "budgeted", "--monthly-budget-usd", "1250.50", "--redis-url", redis_url)
+    assert changed.returncode == 0 and "monthly_budget_usd=1250.50" in changed.stderr, changed.stderr
+    shown = json.loads(tenants("show", "budgeted", "--redis-url", redis_url).stdout)
+    assert shown["limits"] == {"monthly_budget_usd": "1250.50"}  # exact, never a float
+    assert tenants("set", "budgeted", "--monthly-budget-usd", "0", "--redis-url", redis_url).returncode == 0
+    assert "budgeted" not in json.loads(tenants("list", "--json", "--redis-url", redis_url).stdout)
+    refused = tenants("set", "budgeted", "--monthly-budget-usd", "0.001", "--redis-url", redis_url)
+    assert refused.returncode == 2 and "--monthly-budget-usd: Decimal input should have no more than 2 decimal places" \
+        in refused.stderr

@@ -18,6 +18,7 @@ import redis
 from serving.gateway.keys import create_key_sync
 from serving.gateway.limits import Limiter, Who
 from serving.gateway.local_limits import LocalLimiter
+from serving.gateway.metering import Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.tenants import TenantStore, counter_keys, tenant_daily_key
 from tests.support.servers import HANG_BOUND_S
@@ -126,8 +127,8 @@ def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_serv
             yesterday = await limiter.admit(who("midnight"), 1_000)
             today = await limiter.admit(who("midnight"), 300)
             yesterday.day -= 1  # as if admitted before midnight: the counter now holds today's usage
-            await yesterday.settle(10)
-            await today.settle(300)
+            await yesterday.settle(Usage(10, 0))
+            await today.settle(Usage(100, 200))
         finally:
             await limiter.aclose()
         return yesterday.day + 1, today.day
@@ -161,7 +162,7 @@ def test_the_local_limiter_carries_the_admission_day_too():
     before, _ = admit(1_000)
     clock[0] += 2  # past midnight: a new day's budget
     assert admit(300)[1]
-    asyncio.run(local.settle(before, 10, give_back_request=False))  # yesterday's 990 refund: not today's
+    asyncio.run(local.settle(before, Usage(4, 6), give_back_request=False))  # yesterday's 990 refund: not today's
     assert not admit(1_001)[1]  # 300 + 1,001 > 1,300; had the refund hit today's counter, it would fit
     assert admit(1_000)[1]
 

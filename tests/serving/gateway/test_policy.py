@@ -4,10 +4,13 @@ field and its bound are written once, and the rendered settings carry exactly th
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import pytest
 from pydantic import ValidationError
 
+from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.planner import plan_stack
 from infra.render.gateway import gateway_settings
 from infra.spec import Gateway
 from serving.gateway.policy import GatewayPolicy
@@ -38,10 +41,16 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
     from infra.stack_file import load_stack
 
     policy = {"allow_plaintext": True, "max_n": 2, "chat_template_tokens": 64, "shadow_max_concurrent_requests": 5,
-              "default_tenant_limits": {"tokens_per_minute": 50_000}, "max_body_bytes": 2048}
+              "default_tenant_limits": {"tokens_per_minute": 50_000, "monthly_budget_usd": "1500.50"},
+              "max_body_bytes": 2048}
     spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
     rendered = gateway_settings(spec)
-    assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | {"host", "models", "model_context_lengths"}
+    assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | {"host", "models", "model_context_lengths",
+                                                                           "model_usd_per_million_tokens"}
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
     assert settings.policy_settings() == spec.gateway.policy_settings()
     assert settings.default_tenant_limits.tokens_per_minute == 50_000 and settings.max_n == 2
+    assert settings.default_tenant_limits.monthly_budget_usd == Decimal("1500.50")
+    # The rate card budgets charge at: the plan's L4 price over the published estimate, as `llmctl cost --offline`.
+    costs = stack_costs(spec, plan_stack(spec), node_prices(spec), estimated_throughputs(spec))
+    assert settings.model_usd_per_million_tokens == {"llama": rate_card(costs)["llama"]} != {"llama": None}
