@@ -34,7 +34,7 @@ def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_ad
     if not plan.ok:
         raise RenderRefused(plan)
     return [namespace_object(spec), rayservice(spec, plan, gcs_redis_address, model_cache_bucket),
-            *gateway_objects(spec)]
+            *gateway_objects(spec, plan)]
 
 
 class _ManifestDumper(yaml.SafeDumper):

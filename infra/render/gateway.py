@@ -31,8 +31,10 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
+from infra.planner import StackPlan, plan_stack
 from infra.render.serve_config import SERVE_PORT
 from infra.spec import StackSpec
+from serving.gateway.queue_policy import ModelQueue
 
 PRESTOP_SLEEP_S = 10
 BASE_MEMORY_MIB = 256  # the process itself: Python, the apps, the upstream pool
@@ -40,8 +42,8 @@ RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
 
-def gateway_objects(spec: StackSpec) -> list[dict[str, Any]]:
-    return [_deployment(spec), _service(spec), _autoscaler(spec), _disruption_budget(spec),
+def gateway_objects(spec: StackSpec, plan: StackPlan | None = None) -> list[dict[str, Any]]:
+    return [_deployment(spec, plan), _service(spec), _autoscaler(spec), _disruption_budget(spec),
             _gateway_network_policy(spec), _ray_network_policy(spec)]
 
 
@@ -49,14 +51,30 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def gateway_settings(spec: StackSpec) -> str:
-    """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
+def gateway_settings(spec: StackSpec, plan: StackPlan | None = None) -> str:
+    """Non-secret gateway settings, as one JSON env var the gateway validates at start.
+    `plan` (default: planned here) gives each model's cold-start timeout."""
     return json.dumps({
         **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
+        "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
     }, sort_keys=True)
+
+
+def model_queues(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, ModelQueue]:
+    """Each served model's capacity for the gateway's fair queue, from its autoscaling block, and
+    how long its requests may wait while it starts from zero replicas (the plan's timeout)."""
+    timeouts = {p.model_id: p.cold_start_timeout_s for p in (plan or plan_stack(spec)).models}
+    queues = {}
+    for model in spec.models:
+        scaling = model.autoscaling
+        timeout = timeouts.get(model.id)
+        queues[model.model_name] = ModelQueue(
+            max_ongoing_requests=scaling.max_ongoing_requests, min_replicas=scaling.min_replicas,
+            max_replicas=scaling.max_replicas, **({} if timeout is None else {"cold_start_timeout_s": timeout}))
+    return queues
 
 
 def memory_limit_mib(spec: StackSpec) -> int:
@@ -71,7 +89,7 @@ def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
             "prometheus.io/path": "/metrics"}
 
 
-def _deployment(spec: StackSpec) -> dict[str, Any]:
+def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
     g = spec.gateway
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     container = {
@@ -80,7 +98,7 @@ def _deployment(spec: StackSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": g.port}, {"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
-            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec)},
+            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec, plan)},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from serving.gateway.policy import GatewayPolicy
+from serving.gateway.queue_policy import ModelQueue
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
@@ -52,6 +53,11 @@ class GatewaySettings(GatewayPolicy):
         default_factory=dict,
         description="max_model_len per served model: how much output a request without max_tokens can get, "
                     "and the most prompt tokens one prompt can be.",
+    )
+    model_queues: dict[str, ModelQueue] = Field(
+        default_factory=dict,
+        description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
+                    "not named here is never queued.",
     )
 
     @field_validator("upstream_url")
