@@ -20,6 +20,7 @@ import json
 import math
 from typing import Any
 
+from infra.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
     GATEWAY_NAME,
@@ -31,7 +32,6 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.planner import StackPlan, plan_stack
 from infra.render.serve_config import SERVE_PORT
 from infra.spec import StackSpec
 from serving.gateway.queue_policy import ModelQueue

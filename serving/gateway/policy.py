@@ -16,10 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from serving.gateway.queue_policy import QueuePolicy
 
 # Body fields a stack may not allow: each is an engine input no tenant should set.
-NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors"})
+NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors", "priority"})
 NEVER_FROM_CLIENTS_WHY = ("request_id names the engine request (a chosen one can collide with, and abort, another "
                           "tenant's), kv_transfer_params steer disaggregated prefill internals, chat_template is "
-                          "caller-supplied Jinja run on the server, logits_processors load code by name")
+                          "caller-supplied Jinja run on the server, logits_processors load code by name, priority is "
+                          "the gateway's to set from the key's tier (gateway.queue.engine_priority)")
 NEVER_FORWARDED_HEADERS = frozenset({
     "authorization", "x-api-key", "cookie", "host", "content-length", "transfer-encoding", "connection",
     "keep-alive", "te", "trailer", "upgrade", "expect", "proxy-authorization", "x-request-id", "accept-encoding",
