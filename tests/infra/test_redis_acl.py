@@ -17,9 +17,9 @@ import redis
 
 from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
 from ops.devstack.local_redis import die_with_parent, free_port, redis_server_path
+from serving.gateway.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.limits import Limiter, Who
-from serving.gateway.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused
 from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
 
