@@ -53,7 +53,7 @@ from serving.gateway.reservation import COMPLETION_PATHS, requested_output, rese
 from serving.gateway.settings import GatewaySettings
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"
-# Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.
+# Shadow-mode and queue refusals go to the access log's stream: one JSON object per line, like access lines.
 events = logging.getLogger("llmstack.gateway.access")
 PROMPT_LOG_CHARS = 2000
 # A body that declares at most this many bytes is read before the limiter is asked: reading it
@@ -277,6 +277,9 @@ class Admitter:
             await ticket.settle(0)
             refusal = refused.refusal
             self.metrics.queue_shed.labels(model=model, tenant=record.tenant, status=str(refusal.status)).inc()
+            events.warning(json.dumps({"event": "queue_refused", "key_id": record.key_id, "tenant": record.tenant,
+                                       "model": model, "tier": tier, "status": refusal.status, "code": refusal.code,
+                                       "reason": refusal.reason}))
             headers[QUEUE_WAIT_HEADER] = str(round((loop.time() - started) * 1000))
             return errors.queue_refused(refusal.status, refusal.code, refusal.message, refusal.retry_after_s,
                                         {QUEUE_WAIT_HEADER: headers[QUEUE_WAIT_HEADER]})
