@@ -4,13 +4,15 @@ two gateways sharing Redis never have more in flight than the model's capacity.
 
 The upstream here serves any number of requests at once and counts them (`running`, `peak`):
 it is the gateway that must hold the line at capacity. A request steers it by its message text:
-`hold` (answer when the test opens the gate), `fail` (500), `sleep` (answer after a moment).
+`hold` (answer when the test opens the gate), `fail` (500), `sleep` (answer after a moment),
+`slow` (answer after three idle timeouts of the cold-start test).
 The cut stream comes from the vLLM-like upstream (tests/support/vllm_upstream.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -67,6 +69,8 @@ class CountingUpstream:
                 await asyncio.sleep(0.01)
             if what == "sleep":
                 await asyncio.sleep(0.1)
+            if what == "slow":  # longer than the idle timeout the cold-start test gives a warm model
+                await asyncio.sleep(1.5)
             return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                  "usage": USAGE, "choices": [{"index": 0, "finish_reason": "stop",
                                                               "message": {"role": "assistant", "content": "hi"}}]})
@@ -89,11 +93,12 @@ def fresh(counting: CountingUpstream) -> CountingUpstream:
 
 
 def queued_gateway(upstream, redis_url: str, model: str, capacity: int, *,
-                   max_queue_length: int = 8):
+                   max_queue_length: int = 8, min_replicas: int = 1, **overrides):
     policy = QueuePolicy(tiers=[QueueTier(name="standard", max_queue_length=max_queue_length,
                                           queue_timeout_s=HANG_BOUND_S)])
+    queue = ModelQueue(max_ongoing_requests=capacity, min_replicas=min_replicas, cold_start_timeout_s=HANG_BOUND_S)
     settings = gateway_settings(upstream.url, redis_url, models=[model], model_context_lengths={model: 4096},
-                                queue=policy, model_queues={model: ModelQueue(max_ongoing_requests=capacity)})
+                                queue=policy, model_queues={model: queue}, **overrides)
     return serving_gateway(settings)
 
 
@@ -210,3 +215,24 @@ def test_two_gateways_never_exceed_the_models_capacity(redis_server, fresh):
     assert statuses == [200] * 12
     assert fresh.served == 12 and fresh.peak <= 2
     assert redis_counts(redis_server.url, model) == (0, 0)
+
+
+def test_the_engine_priority_is_the_keys_tier_and_never_the_clients(redis_server, recorded, start_gateway, make_key):
+    key = make_key()  # no tier in its record: the default tier, "standard", rank 1
+    with start_gateway(queue=QueuePolicy(engine_priority=True)) as (api, _):
+        served = chat(api, key, "tiny", "hello")
+        assert served.status_code == 200
+        assert json.loads(recorded.seen[-1].body)["priority"] == 1
+        sent = len(recorded.seen)
+        own = chat(api, key, "tiny", "hello", priority=-100)  # a tenant jumping the engine's queue
+        assert own.status_code == 400 and len(recorded.seen) == sent
+    with pytest.raises(ValueError, match="priority"):  # nor can a stack let clients set it
+        gateway_settings(recorded.url, redis_server.url, allowed_body_extensions=["priority"])
+
+
+@pytest.mark.parametrize(("min_replicas", "status"), [(0, 200), (1, 504)])
+def test_a_model_that_may_be_cold_gets_its_cold_start_as_first_byte_timeout(redis_server, fresh, min_replicas, status):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    with queued_gateway(fresh, redis_server.url, model, capacity=1, min_replicas=min_replicas,
+                        upstream_idle_timeout_s=0.5) as (api, _):
+        assert chat(api, key, model, "slow").status_code == status
