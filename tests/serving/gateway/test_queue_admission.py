@@ -236,3 +236,19 @@ def test_a_model_that_may_be_cold_gets_its_cold_start_as_first_byte_timeout(redi
     with queued_gateway(fresh, redis_server.url, model, capacity=1, min_replicas=min_replicas,
                         upstream_idle_timeout_s=0.5) as (api, _):
         assert chat(api, key, model, "slow").status_code == status
+
+
+@pytest.mark.parametrize(("fail_mode", "status"), [("local", 200), ("closed", 503)])
+def test_without_redis_the_queue_follows_the_limiters_fail_mode(fresh, fail_mode, status):
+    from ops.devstack.local_redis import running_redis
+
+    model = model_name()
+    with running_redis() as own_redis:
+        key = key_for(own_redis.url, "acme")
+        with queued_gateway(fresh, own_redis.url, model, capacity=1, limiter_fail_mode=fail_mode) as (api, metrics):
+            assert chat(api, key, model, "hello").status_code == 200  # the key is now recently verified
+            own_redis.stop()
+            assert chat(api, key, model, "hello").status_code == status
+            exposition = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
+    if fail_mode == "local":  # the limiter fell back to local limits, then the queue could not answer either
+        assert 'llmstack_gateway_redis_errors_total{component="queue"} 1.0' in exposition
