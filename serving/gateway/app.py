@@ -33,13 +33,14 @@ from starlette.routing import Route, request_response
 
 from serving.gateway import errors
 from serving.gateway.access_log import AccessLogMiddleware, caller_of
-from serving.gateway.admission import QUEUE_WAIT_HEADER, Admitter
+from serving.gateway.admission import QUEUE_WAIT_HEADER, Admitter, first_byte_timeout
 from serving.gateway.body import BodyDeadline, BodyTimeout
-from serving.gateway.fair_queue import FairQueue
+from serving.gateway.fair_queue import FairQueue, QueueTicket
 from serving.gateway.keys import KeyStore
 from serving.gateway.limits import Limiter
 from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
+from serving.gateway.queued_stream import QueuedStream
 from serving.gateway.routes import RouteRefusal, resolve
 from serving.gateway.settings import GatewaySettings
 
@@ -135,6 +136,14 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
             return response
         # admission.settle bills the key and gives the model's queue slot back: exactly once,
         # whichever way the response ends (the relay's end, a cut, an upstream error, here).
+        if admission.pending is not None:  # a stream still queued: answer now, keep it alive while it waits
+            async def forward_when_admitted(slot: QueueTicket | None) -> Response:
+                return await proxy.forward(request, route, admission.body, meter=admission.meter,
+                                           settle=admission.settle, extra_headers={},
+                                           allowed_models=allowed_models,
+                                           first_byte_timeout_s=first_byte_timeout(settings, slot))
+
+            return QueuedStream(admission, forward_when_admitted)
         try:
             response = await proxy.forward(request, route, admission.body, meter=admission.meter,
                                            settle=admission.settle, extra_headers=admission.headers,

@@ -93,9 +93,10 @@ def fresh(counting: CountingUpstream) -> CountingUpstream:
 
 
 def queued_gateway(upstream, redis_url: str, model: str, capacity: int, *,
-                   max_queue_length: int = 8, min_replicas: int = 1, **overrides):
+                   max_queue_length: int = 8, min_replicas: int = 1, keepalive_s: float = 10,
+                   queue_timeout_s: float = HANG_BOUND_S, **overrides):
     policy = QueuePolicy(tiers=[QueueTier(name="standard", max_queue_length=max_queue_length,
-                                          queue_timeout_s=HANG_BOUND_S)])
+                                          queue_timeout_s=queue_timeout_s)], keepalive_s=keepalive_s)
     queue = ModelQueue(max_ongoing_requests=capacity, min_replicas=min_replicas, cold_start_timeout_s=HANG_BOUND_S)
     settings = gateway_settings(upstream.url, redis_url, models=[model], model_context_lengths={model: 4096},
                                 queue=policy, model_queues={model: queue}, **overrides)
@@ -252,3 +253,39 @@ def test_without_redis_the_queue_follows_the_limiters_fail_mode(fresh, fail_mode
             exposition = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
     if fail_mode == "local":  # the limiter fell back to local limits, then the queue could not answer either
         assert 'llmstack_gateway_redis_errors_total{component="queue"} 1.0' in exposition
+
+
+# --- streams that wait: keep-alive comments on a response that has begun ---------------------------
+
+
+def stream_request(api: str, key: str, model: str, text: str):
+    return httpx.stream("POST", f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                        json={"model": model, "stream": True, "messages": [{"role": "user", "content": text}]},
+                        timeout=HANG_BOUND_S)
+
+
+@pytest.mark.parametrize("outcome", ["served", "refused", "client_left"])
+def test_a_waiting_stream_gets_keep_alives_then_its_answer_or_its_refusal(redis_server, upstream, outcome):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    timeout = 1.0 if outcome == "refused" else HANG_BOUND_S
+    with queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2,
+                        queue_timeout_s=timeout) as (api, _):
+        with stream_request(api, key, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
+            held = holder.iter_lines()
+            next(held)  # the holder has the model's only slot
+            with stream_request(api, key, model, "hello") as waiting:
+                assert waiting.status_code == 200 and "x-queue-wait-ms" in waiting.headers
+                lines = waiting.iter_lines()
+                assert next(lines).startswith(": queued")  # sent before any slot freed
+                if outcome == "client_left":
+                    pass  # leaving the block closes the connection while it waits
+                elif outcome == "refused":
+                    rest = [line for line in lines if line and not line.startswith(":")]
+                    error = json.loads(rest[-2].removeprefix("data: "))["error"]
+                    assert rest[-3] == "event: error" and rest[-1] == "data: [DONE]"
+                    assert error["code"] == "model_saturated" and error["status"] == 503
+                else:
+                    holder.close()  # the slot frees: the waiting stream is served on the same response
+                    rest = [line for line in lines if line and not line.startswith(":")]
+                    assert rest[-1] == "data: [DONE]" and any('"content"' in line for line in rest)
+        eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "no slot or place left behind")
