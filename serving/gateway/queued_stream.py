@@ -23,6 +23,7 @@ from serving.gateway.fair_queue import QueueTicket
 from serving.gateway.proxy import UpstreamStream
 
 Forward = Callable[[QueueTicket | None], Awaitable[Response]]
+_GONE = object()  # the client left while waiting
 
 
 def comment(waited_s: float) -> bytes:
@@ -56,9 +57,7 @@ class QueuedStream(Response):
         try:
             outcome = await self._wait(pending, gone, send)
         except BaseException:
-            pending.outcome.cancel()  # leaves the queue; the outcome's own handler settles the key
-            with contextlib.suppress(BaseException):
-                await pending.outcome
+            await self._give_up(pending)
             raise
         finally:
             gone.cancel()
@@ -88,14 +87,19 @@ class QueuedStream(Response):
             if pending.outcome in done:
                 return pending.outcome.result()
             if gone in done:
-                pending.outcome.cancel()
-                with contextlib.suppress(BaseException):
-                    await pending.outcome
+                await self._give_up(pending)
                 return _GONE
             await _body(send, comment(signal.result()), more=True)
 
-
-_GONE = object()
+    async def _give_up(self, pending: PendingSlot) -> None:
+        """Leave the queue (the outcome's own handler settles the key); a slot granted at that same
+        moment goes back at once."""
+        pending.outcome.cancel()
+        with contextlib.suppress(BaseException):
+            late = await pending.outcome
+            if isinstance(late, QueueTicket):
+                pending.slot = late
+        await self._admission.settle(0)  # a no-op for whatever was settled already
 
 
 async def _disconnected(receive: Receive) -> None:
