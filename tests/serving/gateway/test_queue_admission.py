@@ -289,3 +289,18 @@ def test_a_waiting_stream_gets_keep_alives_then_its_answer_or_its_refusal(redis_
                     rest = [line for line in lines if line and not line.startswith(":")]
                     assert rest[-1] == "data: [DONE]" and any('"content"' in line for line in rest)
         eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "no slot or place left behind")
+
+
+def test_the_openai_sdk_raises_a_refusal_that_comes_after_keep_alives(redis_server, upstream):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    gateway = queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, queue_timeout_s=1.0)
+    with gateway as (api, _):
+        with stream_request(api, key, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
+            held = holder.iter_lines()
+            next(held)
+            client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0)
+            stream = client.chat.completions.create(model=model, stream=True,
+                                                    messages=[{"role": "user", "content": "hello"}])
+            with pytest.raises(openai.APIError) as refused:
+                list(stream)
+            assert refused.value.body["code"] == "model_saturated"
