@@ -18,6 +18,9 @@ NewCluster upgrade changes, so the pattern is `RAY*`; gateway keys never start w
 
 The gateway's user gets every command outside `@dangerous` (no KEYS, FLUSHALL, CONFIG, DEBUG,
 ...) on `llmstack:*`: its own code evolves, and the boundary that matters is the key prefix.
+It also publishes and subscribes on the fair queue's wake-up channels (serving.gateway.fair_queue):
+Redis 7 starts users with `resetchannels`, so without `&llmstack:fq:wake:*` the queue's script
+fails on PUBLISH. Ray's user gets no channel.
 
 The same rules go into ElastiCache RBAC access strings and into the in-cluster Redis ACL file.
 """
@@ -27,9 +30,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from serving.gateway.fair_queue import CHANNEL_PREFIX
+
 GATEWAY_USER = "llmstack-gateway"
 RAY_USER = "llmstack-ray"
 GATEWAY_KEY_PATTERNS = ("llmstack:*",)
+GATEWAY_CHANNEL_PATTERNS = (CHANNEL_PREFIX + "*",)
 RAY_KEY_PATTERNS = ("RAY*", "DUMMY")
 RAY_COMMANDS = ("ping", "info", "hset", "hsetnx", "hget", "hmget", "hdel", "hscan", "hexists", "incrby",
                 "scan", "del", "unlink")
@@ -41,14 +47,17 @@ class AclUser:
     key_patterns: tuple[str, ...]
     commands: str
     """Redis ACL command rules, e.g. `-@all +ping`."""
+    channel_patterns: tuple[str, ...] = ()
 
     def rules(self) -> str:
-        """The user's rules without its password: keys, then commands."""
-        return " ".join([*(f"~{p}" for p in self.key_patterns), self.commands])
+        """The user's rules without its password: keys, pub/sub channels, then commands."""
+        return " ".join([*(f"~{p}" for p in self.key_patterns), *(f"&{p}" for p in self.channel_patterns),
+                         self.commands])
 
 
 def gateway_user(name: str = GATEWAY_USER) -> AclUser:
-    return AclUser(name=name, key_patterns=GATEWAY_KEY_PATTERNS, commands="+@all -@dangerous")
+    return AclUser(name=name, key_patterns=GATEWAY_KEY_PATTERNS, channel_patterns=GATEWAY_CHANNEL_PATTERNS,
+                   commands="+@all -@dangerous")
 
 
 def ray_user(name: str = RAY_USER) -> AclUser:
@@ -68,5 +77,5 @@ def acl_file(passwords: dict[str, str], users: list[AclUser]) -> str:
     lines = ["user default off resetkeys -@all"]
     for user in users:
         digest = hashlib.sha256(passwords[user.name].encode()).hexdigest()
-        lines.append(f"user {user.name} on #{digest} resetkeys {user.rules()}")
+        lines.append(f"user {user.name} on #{digest} resetkeys resetchannels {user.rules()}")
     return "\n".join(lines) + "\n"

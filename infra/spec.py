@@ -24,7 +24,6 @@ from infra.images import missing_registry_problem
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
 from serving.gateway.policy import GatewayPolicy
-from serving.gateway.queue_policy import QueuePolicy
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -353,7 +352,6 @@ class Gateway(GatewayPolicy):
         description="Serve the internet-facing NLB without TLS (plain HTTP, API keys in clear). AWS stacks "
                     "without `certificate_arn` are refused unless this says true; `llmctl plan` warns.",
     )
-    queue: QueuePolicy = Field(default_factory=QueuePolicy, description="Fair, tiered wait for saturated models.")
 
     metrics_namespace: str = Field(
         default="monitoring", pattern=DNS_LABEL,

@@ -35,6 +35,7 @@ from infra.render.common import (
 )
 from infra.render.serve_config import SERVE_PORT
 from infra.spec import StackSpec
+from serving.gateway.queue_policy import ModelQueue
 
 PRESTOP_SLEEP_S = 10
 BASE_MEMORY_MIB = 256  # the process itself: Python, the apps, the upstream pool
@@ -52,13 +53,15 @@ def _selector() -> dict[str, str]:
 
 
 def gateway_settings(spec: StackSpec, plan: StackPlan | None = None) -> str:
-    """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
+    """Non-secret gateway settings, as one JSON env var the gateway validates at start.
+    `plan` (default: planned here) gives each model's cold-start timeout."""
     return json.dumps({
         **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
+        "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
     }, sort_keys=True)
 
 
@@ -72,6 +75,20 @@ def gateway_rates(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, s
     plan = plan or plan_stack(spec)
     card = rate_card(stack_costs(spec, plan, node_prices(spec), estimated_throughputs(spec)))
     return {model: str(rate) for model, rate in card.items() if rate is not None and rate > 0}
+
+
+def model_queues(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, ModelQueue]:
+    """Each served model's capacity for the gateway's fair queue, from its autoscaling block, and
+    how long its requests may wait while it starts from zero replicas (the plan's timeout)."""
+    timeouts = {p.model_id: p.cold_start_timeout_s for p in (plan or plan_stack(spec)).models}
+    queues = {}
+    for model in spec.models:
+        scaling = model.autoscaling
+        timeout = timeouts.get(model.id)
+        queues[model.model_name] = ModelQueue(
+            max_ongoing_requests=scaling.max_ongoing_requests, min_replicas=scaling.min_replicas,
+            max_replicas=scaling.max_replicas, **({} if timeout is None else {"cold_start_timeout_s": timeout}))
+    return queues
 
 
 def memory_limit_mib(spec: StackSpec) -> int:

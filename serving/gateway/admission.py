@@ -22,6 +22,7 @@ mode are served when over their own limits, and the would-be refusal is logged a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Mapping
@@ -35,10 +36,13 @@ from serving.gateway import errors
 from serving.gateway.access_log import caller_of, note_caller
 from serving.gateway.body import BodyError, request_document
 from serving.gateway.budgets import NANO_PER_USD
+from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, QueueUnavailable
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
 from serving.gateway.metering import (
+    NOTHING_BILLED,
+    Usage,
     UsageMeter,
     client_usage_wishes,
     output_allowance,
@@ -52,7 +56,8 @@ from serving.gateway.request_policy import check_request
 from serving.gateway.reservation import COMPLETION_PATHS, requested_output, reserve
 from serving.gateway.settings import GatewaySettings
 
-# Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"
+# Shadow-mode and queue refusals go to the access log's stream: one JSON object per line, like access lines.
 events = logging.getLogger("llmstack.gateway.access")
 PROMPT_LOG_CHARS = 2000
 # A body that declares at most this many bytes is read before the limiter is asked: reading it
@@ -72,6 +77,42 @@ class Admission:
     ticket: Ticket
     headers: dict[str, str]
     meter: UsageMeter
+    queue_ticket: QueueTicket | None = None  # the model's slot (serving.gateway.fair_queue), when queued
+    first_byte_timeout_s: float | None = None  # a cold model's start, instead of upstream_idle_timeout_s
+    pending: PendingSlot | None = None  # a stream still waiting for its slot
+
+    async def settle(self, billed: Usage) -> None:
+        """End the request once: bill the key's usage and give the model's slot back."""
+        try:
+            await self.ticket.settle(billed)
+        finally:
+            slot = self.queue_ticket if self.pending is None else self.pending.slot
+            if slot is not None:
+                await slot.release()
+
+
+@dataclass
+class PendingSlot:
+    """A streaming request still waiting for its slot: `outcome` ends with the slot (or None: go
+    on without one) or the refusal to send; `signals` gets the seconds waited every keepalive_s."""
+
+    outcome: asyncio.Task
+    signals: asyncio.Queue
+    slot: QueueTicket | None = None  # once the outcome gave one
+
+
+def first_byte_timeout(settings: GatewaySettings, slot: QueueTicket | None) -> float | None:
+    """A model that may have no replica gets its cold start as the upstream's idle timeout."""
+    if slot is None or not slot.cold:
+        return None
+    return max(settings.upstream_idle_timeout_s, settings.model_queues[slot.model].cold_start_timeout_s)
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request waited for a slot."""
+
+
+QUEUE_WAIT_HEADER = "x-queue-wait-ms"
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -125,8 +166,9 @@ class Admitter:
     settings and the metrics (each admission sets the `degraded` gauge from what it saw of Redis)."""
 
     def __init__(self, settings: GatewaySettings, key_store: KeyStore, limiter: Limiter,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, queue: FairQueue | None = None) -> None:
         self.settings, self.key_store, self.limiter, self.metrics = settings, key_store, limiter, metrics
+        self.queue = queue
         self.recent_keys = RecentlyVerifiedKeys(settings.key_cache_ttl_s)
 
     async def _verify(self, key: str) -> tuple[KeyRecord | None, bool]:
@@ -211,12 +253,104 @@ class Admitter:
 
         stream = wants_stream(document, path)
         final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
-        upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens)
+        upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens,
+                                             priority=self._engine_priority(record))
+        queued = await self._queued(request, record, model, ticket, headers, stream=stream)
+        if isinstance(queued, Response):
+            return queued
+        pending = queued if isinstance(queued, PendingSlot) else None
+        queued = None if pending is not None else queued
         if upstream_document is not document:
             body = json.dumps(upstream_document).encode()
         meter = UsageMeter(stream=stream, reservation=reservation, client_final_usage=final_usage,
                            client_continuous_usage=continuous_usage)
-        return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter)
+        return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter,
+                         queue_ticket=queued, first_byte_timeout_s=first_byte_timeout(settings, queued),
+                         pending=pending)
+
+    # --- the fair queue: a slot of the model's capacity, after the limiter admitted --------
+
+    def _engine_priority(self, record: KeyRecord) -> int | None:
+        """vLLM's `priority` (lower runs first) from the key's tier, when the stack enables it."""
+        policy = self.settings.queue
+        return policy.rank(record.tier) if policy.engine_priority else None
+
+    async def _queued(self, request: Request, record: KeyRecord, model: str | None, ticket: Ticket,
+                      headers: dict[str, str], *, stream: bool) -> QueueTicket | None | Response | PendingSlot:
+        """Wait for a slot of `model` (None: the model is not queued, or Redis failed in fail mode
+        local). A refusal settles the limiter ticket with nothing billed and answers 429/503. A
+        stream still waiting after `keepalive_s` gets a `PendingSlot`: the caller answers 200 at
+        once and keeps the connection alive while the wait goes on (serving.gateway.queued_stream)."""
+        queue = self.queue
+        headers[QUEUE_WAIT_HEADER] = "0"
+        if queue is None or not queue.manages(model):
+            return None
+        assert model is not None
+        tier = self.settings.queue.tier(record.tier).name
+        loop = asyncio.get_running_loop()
+        signals: asyncio.Queue[float] = asyncio.Queue()
+
+        async def client_still_there(waited_s: float) -> None:
+            if await request.is_disconnected():
+                raise ClientGone
+
+        async def keep_alive(waited_s: float) -> None:
+            await signals.put(waited_s)  # the stream's writer sends a comment; it notices a client gone
+
+        async def wait_for_slot() -> QueueTicket | None | Response:
+            waiting = self.metrics.queue_waiting.labels(model=model, tier=tier)
+            waiting.inc()
+            started = loop.time()
+            try:
+                slot = await queue.acquire(model, record.tenant, tier=tier, weight=record.weight or 1.0,
+                                           deadline=started + self.settings.request_timeout_s,
+                                           on_wait=keep_alive if stream else client_still_there)
+            except QueueRefused as refused:
+                await ticket.settle(NOTHING_BILLED)
+                refusal = refused.refusal
+                self.metrics.queue_shed.labels(model=model, tenant=record.tenant, status=str(refusal.status)).inc()
+                events.warning(json.dumps({"event": "queue_refused", "key_id": record.key_id,
+                                           "tenant": record.tenant, "model": model, "tier": tier,
+                                           "status": refusal.status, "code": refusal.code, "reason": refusal.reason}))
+                headers[QUEUE_WAIT_HEADER] = str(round((loop.time() - started) * 1000))
+                return errors.queue_refused(refusal.status, refusal.code, refusal.message, refusal.retry_after_s,
+                                            {QUEUE_WAIT_HEADER: headers[QUEUE_WAIT_HEADER]})
+            except QueueUnavailable:
+                self.metrics.redis_errors.labels(component="queue").inc()
+                if self.settings.limiter_fail_mode == "closed":
+                    await ticket.settle(NOTHING_BILLED)
+                    return errors.limiter_unavailable()
+                self.metrics.degraded.set(1)  # served without the model's capacity check
+                return None
+            except ClientGone:
+                await ticket.settle(NOTHING_BILLED)
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            except BaseException:
+                await ticket.settle(NOTHING_BILLED)
+                raise
+            finally:
+                waiting.dec()
+            self.metrics.queue_admitted.labels(model=model, tenant=record.tenant).inc()
+            self.metrics.queue_wait.labels(model=model, tier=tier).observe(slot.wait_s)
+            headers[QUEUE_WAIT_HEADER] = str(round(slot.wait_s * 1000))
+            return slot
+
+        if not stream:
+            return await wait_for_slot()
+        outcome = asyncio.create_task(wait_for_slot())
+        first_signal = asyncio.create_task(signals.get())
+        try:
+            await asyncio.wait({outcome, first_signal}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            outcome.cancel()
+            raise
+        finally:
+            first_signal.cancel()
+        if outcome.done():
+            return outcome.result()
+        headers[QUEUE_WAIT_HEADER] = str(round(first_signal.result() * 1000))  # so far: the stream opens now
+        signals.put_nowait(first_signal.result())
+        return PendingSlot(outcome, signals)
 
     async def _limited(self, call: Awaitable[Ticket | None], record: KeyRecord, from_cache: bool,
                        ticket: Ticket | None = None) -> tuple[Ticket | None, Response | None]:
@@ -265,17 +399,21 @@ class Admitter:
         return getattr(who.limits, field)
 
 
-def upstream_request(document: dict | None, path: str, *, stream: bool, added_max_tokens: int | None
-                     ) -> dict | None:
+def upstream_request(document: dict | None, path: str, *, stream: bool, added_max_tokens: int | None,
+                     priority: int | None = None) -> dict | None:
     """The body to send upstream (the same object when unchanged): streams always ask for usage
-    in every chunk (so even a cut stream can be billed what it used), and a completion without
-    max_tokens gets the ceiling when the model's context would not bound it."""
+    in every chunk (so even a cut stream can be billed what it used), a completion without
+    max_tokens gets the ceiling when the model's context would not bound it, and `priority`
+    (the key's tier rank, for vLLM's priority scheduling) is set by the gateway alone: the body
+    allowlist refuses one sent by a client (serving.gateway.body)."""
     if document is None or path not in COMPLETION_PATHS:
         return document
     if stream:
         document = request_usage_upstream(document)
     if added_max_tokens is not None and requested_output(document) is None:
         document = {**document, "max_tokens": added_max_tokens}
+    if priority is not None:
+        document = {**document, "priority": priority}
     return document
 
 

@@ -5,8 +5,9 @@ Public port (the Service publishes it):
                         outage does not make Kubernetes restart every gateway pod)
     the OpenAI routes   serving.gateway.routes: an explicit allowlist; anything else is 404/405
                         before any key check or upstream call. Then admission
-                        (serving.gateway.admission: key, body, limits), the proxy, and
-                        settlement of the key's tokens and concurrency slot
+                        (serving.gateway.admission: key, body, limits, a slot of the model's
+                        capacity from the fair queue), the proxy, and settlement of the key's
+                        tokens, its concurrency slot and the model's slot
 
 Metrics port (settings.metrics_port; not published, reached by Prometheus and the kubelet):
     GET  /readyz        readiness: 200 "ready" when Redis answers; when it does not, 200 "degraded"
@@ -32,20 +33,21 @@ from starlette.routing import Route, request_response
 
 from serving.gateway import errors
 from serving.gateway.access_log import AccessLogMiddleware, caller_of
-from serving.gateway.admission import Admitter
+from serving.gateway.admission import QUEUE_WAIT_HEADER, Admitter, first_byte_timeout
 from serving.gateway.body import BodyDeadline, BodyTimeout
+from serving.gateway.fair_queue import FairQueue, QueueTicket
 from serving.gateway.keys import KeyStore
 from serving.gateway.limits import Limiter
-from serving.gateway.metering import Usage
+from serving.gateway.metering import NOTHING_BILLED
 from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
+from serving.gateway.queued_stream import QueuedStream
 from serving.gateway.routes import RouteRefusal, resolve
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway")
 
 READY_CHECK_TIMEOUT_S = 2.0
-NOTHING_BILLED = Usage(0, 0)
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first": shows up as such in access logs
 IN_MEMORY_WARNING = (
     "KEYS ARE IN MEMORY: no LLMSTACK_REDIS_URL is set, so this gateway uses its embedded key store. "
@@ -86,7 +88,11 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     proxy = UpstreamProxy(settings, metrics)
     limiter = Limiter(settings.redis_url, settings.limiter_fail_mode, request_timeout_s=settings.request_timeout_s,
                       on_redis_error=metrics.redis_errors.labels(component="limiter").inc)
-    admitter = Admitter(settings, key_store, limiter, metrics)
+    # The fair queue shares each model's capacity across gateway replicas: without Redis there is
+    # nothing to share it through, so an in-memory gateway forwards first come, first served.
+    queue = (FairQueue(settings.redis_url, settings.queue, settings.model_queues)
+             if settings.redis_url and settings.queue.enabled and settings.model_queues else None)
+    admitter = Admitter(settings, key_store, limiter, metrics, queue)
     # While Redis is down, a replica can still serve (recently verified keys, local limits)
     # unless the stack chose fail mode `closed`. Reporting "not ready" then would make
     # Kubernetes pull every replica out of the Service at once: a full outage instead of a degraded one.
@@ -120,23 +126,37 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         except BodyTimeout:
             return errors.body_timeout(settings.body_timeout_s)
         if isinstance(admission, Response):
+            admission.headers.setdefault(QUEUE_WAIT_HEADER, "0")
             return admission
         caller_of(request.scope).meter = admission.meter
-        ticket = admission.ticket
         allowed_models = admission.key.allowed_models
         if route.model is not None and allowed_models is not None and route.model not in allowed_models:
             admission.meter.status = 404
-            await ticket.settle(NOTHING_BILLED)
-            return errors.model_not_found(route.model)
+            await admission.settle(NOTHING_BILLED)
+            response = errors.model_not_found(route.model)
+            response.headers.update(admission.headers)
+            return response
+        # admission.settle bills the key and gives the model's queue slot back: exactly once,
+        # whichever way the response ends (the relay's end, a cut, an upstream error, here).
+        if admission.pending is not None:  # a stream still queued: answer now, keep it alive while it waits
+            async def forward_when_admitted(slot: QueueTicket | None) -> Response:
+                return await proxy.forward(request, route, admission.body, meter=admission.meter,
+                                           settle=admission.settle, extra_headers={},
+                                           allowed_models=allowed_models,
+                                           first_byte_timeout_s=first_byte_timeout(settings, slot))
+
+            return QueuedStream(admission, forward_when_admitted)
         try:
-            response = await proxy.forward(request, route, admission.body, meter=admission.meter, settle=ticket.settle,
-                                           extra_headers=admission.headers, allowed_models=allowed_models)
+            response = await proxy.forward(request, route, admission.body, meter=admission.meter,
+                                           settle=admission.settle, extra_headers=admission.headers,
+                                           allowed_models=allowed_models,
+                                           first_byte_timeout_s=admission.first_byte_timeout_s)
         except BaseException:
-            await ticket.settle(NOTHING_BILLED)  # frees the concurrency slot; nothing was generated
+            await admission.settle(NOTHING_BILLED)  # frees the concurrency and queue slots; nothing was generated
             raise
         if not isinstance(response, UpstreamStream):  # an error, or a model list filtered for this key
             admission.meter.no_answer(response.status_code)
-            await ticket.settle(admission.meter.billed_usage())
+            await admission.settle(admission.meter.billed_usage())
             response.headers.update(admission.headers)
         return response
 
@@ -144,10 +164,14 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if not key_store.shared_across_processes:
             log.warning(IN_MEMORY_WARNING)
+        if queue is not None:
+            await queue.start()
         log.info("gateway ready to proxy the OpenAI routes to %s", settings.upstream_url)
         try:
             yield
         finally:
+            if queue is not None:
+                await queue.aclose()
             await proxy.aclose()
             await limiter.aclose()
             await key_store.aclose()

@@ -161,3 +161,13 @@ def gateway_busy() -> JSONResponse:
     # admitted on a guess; the SDKs retry after Retry-After.
     return openai_error(503, "The gateway is busy right now. Please retry shortly.", SERVER_ERROR,
                         code="gateway_busy", headers={"Retry-After": "1"})
+
+
+def queue_refused(status: int, code: str, message: str, retry_after_s: float,
+                  headers: dict[str, str] | None = None) -> JSONResponse:
+    """No slot of a saturated model (serving.gateway.fair_share.Refusal): 429 when the tenant's own
+    requests are what it waits behind (code tenant_queue_share_exceeded), 503 model_saturated when
+    everyone else's are. Retry-After is the queue's drain time; the SDKs retry after it."""
+    type_ = "requests" if status == 429 else SERVER_ERROR
+    return openai_error(status, message, type_, code=code,
+                        headers={**(headers or {}), "Retry-After": str(max(1, round(retry_after_s)))})

@@ -144,8 +144,16 @@ class FairQueue:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Subscribe and start the background tasks. A Redis that is down now does not stop the
+        gateway from starting (fail mode local serves without it): the listener subscribes later."""
+        from redis.exceptions import RedisError
+
         self._pubsub = self._listener_redis.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(CHANNEL_PREFIX + self.owner)
+        self._subscribed = False
+        try:
+            await self._subscribe()
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("fair queue wake-up channel unavailable at start (%s); subscribing later", type(exc).__name__)
         self._tasks = [asyncio.create_task(self._listen(), name="fair-queue-listener"),
                        asyncio.create_task(self._heartbeat(), name="fair-queue-heartbeat")]
 
@@ -159,6 +167,10 @@ class FairQueue:
             await self._pubsub.aclose()
         await self._listener_redis.aclose()
         await self._redis.aclose()
+
+    async def _subscribe(self) -> None:
+        await self._pubsub.subscribe(CHANNEL_PREFIX + self.owner)
+        self._subscribed = True
 
     def manages(self, model: str | None) -> bool:
         """Only models the stack serves have a queue: a name from a request body never makes Redis keys."""
@@ -326,14 +338,16 @@ class FairQueue:
 
         while True:
             try:
+                if not self._subscribed:
+                    await self._subscribe()
                 message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except (RedisError, OSError, TimeoutError) as exc:  # the heartbeat still learns every outcome
                 log.warning("fair queue wake-up channel failed (%s); resubscribing", type(exc).__name__)
+                self._subscribed = False
                 await asyncio.sleep(min(1.0, self.heartbeat_s))
                 with contextlib.suppress(RedisError, OSError, TimeoutError):
                     await self._pubsub.aclose()
-                    self._pubsub = self._listener_redis.pubsub(ignore_subscribe_messages=True)
-                    await self._pubsub.subscribe(CHANNEL_PREFIX + self.owner)
+                self._pubsub = self._listener_redis.pubsub(ignore_subscribe_messages=True)
                 continue
             if message and message.get("type") == "message":
                 token, state, live = _text(message["data"]).split("|")

@@ -129,6 +129,9 @@ class Usage:
         return self.prompt + self.completion
 
 
+NOTHING_BILLED = Usage(0, 0)  # the request ended before anything was generated
+
+
 def _usage(usage: Any) -> Usage | None:
     """OpenAI's `usage` object as numbers; None when it carries none. A total without parts
     (seen from some servers) is counted as prompt."""

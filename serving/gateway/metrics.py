@@ -60,7 +60,7 @@ class GatewayMetrics:
             "(enforced: refused with 429; shadow: the key is in shadow mode, so only counted and logged).",
             ["limit", "mode"], registry=r)
         self.redis_errors = Counter(
-            "llmstack_gateway_redis_errors", "Redis calls that failed, by component (keys|limiter).",
+            "llmstack_gateway_redis_errors", "Redis calls that failed, by component (keys|limiter|queue).",
             ["component"], registry=r)
         self.upstream_errors = Counter(
             "llmstack_gateway_upstream_errors",
@@ -78,6 +78,21 @@ class GatewayMetrics:
             "llmstack_gateway_model_usd_per_million_tokens",
             "The model's rate card: USD per 1M prompt + completion tokens at full use (from the stack's plan).",
             ["model"], registry=r)
+        # The fair queue (serving.gateway.fair_queue): waiting for a slot of a saturated model.
+        self.queue_waiting = Gauge(
+            "llmstack_gateway_queue_waiting",
+            "Requests of this gateway process waiting for a slot, by model and tier (sum over pods: the queue depth).",
+            ["model", "tier"], registry=r)
+        self.queue_wait = Histogram(
+            "llmstack_gateway_queue_wait_seconds", "Time admitted requests waited for a slot, by model and tier.",
+            ["model", "tier"], buckets=DURATION_BUCKETS, registry=r)
+        self.queue_admitted = Counter(
+            "llmstack_gateway_queue_admitted", "Requests given a slot of a queued model, by model and tenant.",
+            ["model", "tenant"], registry=r)
+        self.queue_shed = Counter(
+            "llmstack_gateway_queue_shed",
+            "Requests refused a slot, by model, tenant and status (429: the tenant's share; 503: model saturated).",
+            ["model", "tenant", "status"], registry=r)
         self.budget_used = BudgetUsage()
         r.register(self.budget_used)
 

@@ -14,11 +14,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.gateway.queue_policy import QueuePolicy
+
 # Body fields a stack may not allow: each is an engine input no tenant should set.
-NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors"})
+NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors", "priority"})
 NEVER_FROM_CLIENTS_WHY = ("request_id names the engine request (a chosen one can collide with, and abort, another "
                           "tenant's), kv_transfer_params steer disaggregated prefill internals, chat_template is "
-                          "caller-supplied Jinja run on the server, logits_processors load code by name")
+                          "caller-supplied Jinja run on the server, logits_processors load code by name, priority is "
+                          "the gateway's to set from the key's tier (gateway.queue.engine_priority)")
 NEVER_FORWARDED_HEADERS = frozenset({
     "authorization", "x-api-key", "cookie", "host", "content-length", "transfer-encoding", "connection",
     "keep-alive", "te", "trailer", "upgrade", "expect", "proxy-authorization", "x-request-id", "accept-encoding",
@@ -114,6 +117,9 @@ class GatewayPolicy(_Strict):
         default=False,
         description="Add the request's messages/prompt to its access-log line. Off: prompts are tenants' data.",
     )
+    queue: QueuePolicy = Field(
+        default_factory=QueuePolicy,
+        description="Fair, tiered wait for saturated models (serving.gateway.fair_queue); needs Redis.")
     shutdown_grace_s: float = Field(
         default=90.0, ge=0, le=105,
         description="After SIGTERM, how long in-flight streams may run: within the pod's 120 s grace period, "

@@ -168,21 +168,28 @@ class UpstreamProxy:
         return self._client
 
     async def forward(self, request: Request, route: ApiRoute, body: bytes, *, meter: UsageMeter, settle: Settle,
-                      extra_headers: dict[str, str], allowed_models: Iterable[str] | None = None) -> Response:
+                      extra_headers: dict[str, str], allowed_models: Iterable[str] | None = None,
+                      first_byte_timeout_s: float | None = None) -> Response:
         """Send `route` (with the already-read `body`) upstream; stream the response back.
         Only the route's canonical path goes upstream, already encoded: never the caller's
         spelling of it, nor its query string. `settle(billed_usage)` is called once the
         response ends; the caller settles itself when this returns anything but an
-        `UpstreamStream` (an error, or the model list filtered to `allowed_models`)."""
+        `UpstreamStream` (an error, or the model list filtered to `allowed_models`).
+        `first_byte_timeout_s`: the idle timeout for a model that may be starting from zero
+        replicas (its cold start) instead of `upstream_idle_timeout_s`."""
         total_timeout_s = self._settings.request_timeout_s
         deadline = time.monotonic() + total_timeout_s
         url = URL(self._settings.upstream_url + route.path, encoded=True)
         allowed = FORWARDED_UP | frozenset(self._settings.forward_request_headers) | {REQUEST_ID_HEADER}
         headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
+        # aiohttp has one read timeout for the first byte and the gaps after it: a cold model's
+        # request gets the longer one for both.
+        timeout = {} if first_byte_timeout_s is None else {"timeout": aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=first_byte_timeout_s)}
         try:
             with anyio.fail_after(total_timeout_s):
                 upstream = await self._session().request(route.method, url, data=body if route.takes_body else None,
-                                                         headers=headers, allow_redirects=False)
+                                                         headers=headers, allow_redirects=False, **timeout)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             return self._failed("unavailable", exc, errors.upstream_unavailable())
         except TimeoutError as exc:  # aiohttp's read timeouts are TimeoutErrors too

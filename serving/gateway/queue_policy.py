@@ -1,7 +1,8 @@
 """What the stack says about waiting for a saturated model: priority tiers, and each model's capacity.
 
-`QueuePolicy` is the stack's `gateway.queue` (infra.spec includes it, and the gateway's settings
-will carry the same object), so the stack file, `llmctl plan` and the gateway read one model.
+`QueuePolicy` is the stack's `gateway.queue`, a field of serving.gateway.policy.GatewayPolicy,
+which both the stack spec and the gateway's settings extend: the stack file, `llmctl plan` and
+the gateway read one model.
 `ModelQueue` is what the gateway needs per served model; the renderer derives it from the
 model's `autoscaling` block (see `infra.cold_start` for the cold-start timeout).
 

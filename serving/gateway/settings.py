@@ -25,6 +25,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator
 
 from serving.gateway.policy import GatewayPolicy
+from serving.gateway.queue_policy import ModelQueue
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
@@ -59,6 +60,11 @@ class GatewaySettings(GatewayPolicy):
         description="Rate card per served model: USD per 1M prompt + completion tokens (infra.cost.rate_card, "
                     "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
                     "it; a model without a rate costs nothing and no budget stops it.",
+    )
+    model_queues: dict[str, ModelQueue] = Field(
+        default_factory=dict,
+        description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
+                    "not named here is never queued.",
     )
 
     @field_validator("upstream_url")

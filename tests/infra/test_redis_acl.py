@@ -21,10 +21,12 @@ from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gat
 from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import die_with_parent, free_port
 from serving.gateway.budgets import month_of, spend_key
+from serving.gateway.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from serving.gateway.limits import Limiter, Who
 from serving.gateway.metering import Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
+from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.usage_ledger import usage_key
 
 PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
@@ -140,6 +142,41 @@ def test_the_gateway_does_its_work_as_its_user(acl_redis: int) -> None:
     asyncio.run(work())
 
 
+def test_the_fair_queue_works_as_the_gateway_user(acl_redis: int) -> None:
+    """Admission, a waiter woken over pub/sub (the script PUBLISHes, the process SUBSCRIBEs), release."""
+    policy = QueuePolicy(tiers=[QueueTier(name="standard", max_queue_length=1, queue_timeout_s=10)])
+
+    async def work() -> None:
+        queue = FairQueue(url(acl_redis, GATEWAY_USER), policy, {"acl-model": ModelQueue(max_ongoing_requests=1)},
+                          lease_s=60, heartbeat_s=20)  # a heartbeat this slow cannot be what wakes the waiter
+        await queue.start()
+        try:
+            first = await queue.acquire("acl-model", "acme")
+            waiting = asyncio.create_task(queue.acquire("acl-model", "acme"))
+            while (await queue.status("acl-model"))["queued"]["standard"] == 0:
+                await asyncio.sleep(0.01)
+            with pytest.raises(QueueRefused):  # the one place in the queue is taken
+                await queue.acquire("acl-model", "other")
+            await first.release()
+            second = await asyncio.wait_for(waiting, 5)
+            await second.release()
+            assert (await queue.status("acl-model"))["in_flight"] == 0
+        finally:
+            await queue.aclose()
+
+    asyncio.run(work())
+
+
+def test_ray_cannot_forge_or_read_queue_wake_ups(acl_redis: int) -> None:
+    ray = as_user(acl_redis, RAY_USER)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        ray.publish(CHANNEL_PREFIX + "some-gateway", "token|A|1")  # would admit a waiter past capacity
+    pubsub = ray.pubsub()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        pubsub.psubscribe(CHANNEL_PREFIX + "*")
+        pubsub.get_message(timeout=1)
+
+
 def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) -> None:
     ray = as_user(acl_redis, RAY_USER)
     # Connecting (redis_context.cc): what kind of Redis, then the primary probe.
@@ -167,7 +204,7 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
 
 
 def test_elasticache_access_strings_are_the_same_rules() -> None:
-    assert access_string(gateway_user()) == "on ~llmstack:* +@all -@dangerous"
+    assert access_string(gateway_user()) == "on ~llmstack:* &llmstack:fq:wake:* +@all -@dangerous"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
 
 

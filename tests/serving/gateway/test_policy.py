@@ -45,8 +45,8 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
               "max_body_bytes": 2048}
     spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
     rendered = gateway_settings(spec)
-    assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | {"host", "models", "model_context_lengths",
-                                                                           "model_usd_per_million_tokens"}
+    extra = {"host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens"}
+    assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | extra
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
     assert settings.policy_settings() == spec.gateway.policy_settings()
     assert settings.default_tenant_limits.tokens_per_minute == 50_000 and settings.max_n == 2

@@ -1,0 +1,305 @@
+"""The fair queue in the gateway, through real HTTP: a saturated model queues and then serves, a
+full queue sheds with 429/503 and Retry-After, a slot comes back however the response ends, and
+two gateways sharing Redis never have more in flight than the model's capacity.
+
+The upstream here serves any number of requests at once and counts them (`running`, `peak`):
+it is the gateway that must hold the line at capacity. A request steers it by its message text:
+`hold` (answer when the test opens the gate), `fail` (500), `sleep` (answer after a moment),
+`slow` (answer after three idle timeouts of the cold-start test).
+The cut stream comes from the vLLM-like upstream (tests/support/vllm_upstream.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serving.gateway.fair_queue import queue_keys
+from serving.gateway.keys import create_key_sync
+from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
+from tests.support.gateway import GENEROUS, gateway_settings, serving_gateway
+from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.vllm_upstream import directive
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+class CountingUpstream:
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.running = self.peak = self.served = 0
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    def _enter(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.running -= 1
+            self.served += 1
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        what = body["messages"][0]["content"]
+        self._enter()
+        try:
+            if what == "fail":
+                return JSONResponse({"error": {"message": "boom", "type": "InternalServerError"}}, status_code=500)
+            while what == "hold" and not self.gate.is_set():
+                await asyncio.sleep(0.01)
+            if what == "sleep":
+                await asyncio.sleep(0.1)
+            if what == "slow":  # longer than the idle timeout the cold-start test gives a warm model
+                await asyncio.sleep(1.5)
+            return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                 "usage": USAGE, "choices": [{"index": 0, "finish_reason": "stop",
+                                                              "message": {"role": "assistant", "content": "hi"}}]})
+        finally:
+            self._leave()
+
+@pytest.fixture(scope="module")
+def counting() -> Iterator[CountingUpstream]:
+    counting = CountingUpstream()
+    with serving(counting.app()) as url:
+        counting.url = url  # type: ignore[attr-defined]
+        yield counting
+
+
+@pytest.fixture
+def fresh(counting: CountingUpstream) -> CountingUpstream:
+    counting.gate.clear()
+    counting.running = counting.peak = counting.served = 0
+    return counting
+
+
+def queued_gateway(upstream, redis_url: str, model: str, capacity: int, *,
+                   max_queue_length: int = 8, min_replicas: int = 1, keepalive_s: float = 10,
+                   queue_timeout_s: float = HANG_BOUND_S, **overrides):
+    policy = QueuePolicy(tiers=[QueueTier(name="standard", max_queue_length=max_queue_length,
+                                          queue_timeout_s=queue_timeout_s)], keepalive_s=keepalive_s)
+    queue = ModelQueue(max_ongoing_requests=capacity, min_replicas=min_replicas, cold_start_timeout_s=HANG_BOUND_S)
+    settings = gateway_settings(upstream.url, redis_url, models=[model], model_context_lengths={model: 4096},
+                                queue=policy, model_queues={model: queue}, **overrides)
+    return serving_gateway(settings)
+
+
+def key_for(redis_url: str, tenant: str) -> str:
+    return create_key_sync(redis_url, tenant, "queue-test", limits=GENEROUS)
+
+
+def chat(api: str, key: str, model: str, what: str, **extra) -> httpx.Response:
+    return httpx.post(f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                      json={"model": model, "messages": [{"role": "user", "content": what}], **extra},
+                      timeout=HANG_BOUND_S)
+
+
+def redis_counts(redis_url: str, model: str) -> tuple[int, int]:
+    """(in flight, queued) of a model, as Redis holds them."""
+    keys = queue_keys(model, 1)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return client.zcard(keys[1]), client.zcard(keys[6])
+    finally:
+        client.close()
+
+
+def eventually(check, what: str) -> None:
+    deadline = time.monotonic() + HANG_BOUND_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        time.sleep(0.02)
+
+
+def model_name() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"  # fresh queue keys for each test
+
+
+def test_a_saturated_model_queues_then_serves(redis_server, fresh):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    with queued_gateway(fresh, redis_server.url, model, capacity=2) as (api, _), ThreadPoolExecutor(4) as pool:
+        held = [pool.submit(chat, api, key, model, "hold") for _ in range(2)]
+        eventually(lambda: fresh.running == 2, "two requests reach the upstream")
+        waiting = pool.submit(chat, api, key, model, "hold")
+        eventually(lambda: redis_counts(redis_server.url, model) == (2, 1), "the third request waits in the queue")
+        assert fresh.running == 2  # the gateway held it back
+        fresh.gate.set()
+        responses = [f.result() for f in [*held, waiting]]
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert responses[0].headers["x-queue-wait-ms"] == "0"
+    assert int(responses[2].headers["x-queue-wait-ms"]) > 0
+    assert fresh.peak == 2
+    assert redis_counts(redis_server.url, model) == (0, 0)
+
+
+def test_a_full_queue_sheds_with_429_or_503_and_retry_after(redis_server, fresh):
+    model = model_name()
+    flooder, other = key_for(redis_server.url, "flooder"), key_for(redis_server.url, "quiet")
+    with queued_gateway(fresh, redis_server.url, model, capacity=1, max_queue_length=1) as (api, _), \
+            ThreadPoolExecutor(4) as pool:
+        running = pool.submit(chat, api, flooder, model, "hold")
+        eventually(lambda: fresh.running == 1, "one request runs")
+        waiting = pool.submit(chat, api, flooder, model, "hold")
+        eventually(lambda: redis_counts(redis_server.url, model) == (1, 1), "one request waits")
+
+        own = chat(api, flooder, model, "hold")  # its tenant already waits: its own share is used up
+        assert own.status_code == 429 and int(own.headers["retry-after"]) >= 1
+        assert own.json()["error"]["code"] == "tenant_queue_share_exceeded"
+        assert "x-queue-wait-ms" in own.headers
+
+        client = openai.OpenAI(base_url=f"{api}/v1", api_key=other, max_retries=0)
+        with pytest.raises(openai.InternalServerError) as saturated:  # everyone else's requests fill the model
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hold"}])
+        assert saturated.value.status_code == 503 and saturated.value.code == "model_saturated"
+        assert int(saturated.value.response.headers["retry-after"]) >= 1
+        fresh.gate.set()
+        assert running.result().status_code == waiting.result().status_code == 200
+    assert fresh.peak == 1
+    assert redis_counts(redis_server.url, model) == (0, 0)
+
+
+def test_the_slot_comes_back_after_a_cut_stream(redis_server, upstream):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    cut = {"model": model, "stream": True, "messages": [{"role": "user", "content": directive(id="q1", pause_after=1)}]}
+    with queued_gateway(upstream, redis_server.url, model, capacity=1) as (api, _):
+        with httpx.stream("POST", f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                          json=cut, timeout=HANG_BOUND_S) as stream:
+            assert stream.status_code == 200
+            chunks = stream.iter_raw()  # held: a dropped iterator would close the response at once
+            next(chunks)
+            assert redis_counts(redis_server.url, model) == (1, 0)  # the stream holds the model's one slot
+        # the client went away mid-stream: the gateway gives the slot back
+        eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the cut stream's slot is released")
+        served = chat(api, key, model, "hello")  # capacity is whole again: no wait
+        assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
+
+
+def test_the_slot_comes_back_after_an_upstream_error(redis_server, fresh):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    with queued_gateway(fresh, redis_server.url, model, capacity=1) as (api, _):
+        for _ in range(3):  # a leaked slot would make the second one wait, then time out
+            failed = chat(api, key, model, "fail")
+            assert failed.status_code == 500 and failed.headers["x-queue-wait-ms"] == "0"
+            assert redis_counts(redis_server.url, model) == (0, 0)
+        fresh.gate.set()
+        served = chat(api, key, model, "hold")
+        assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
+
+
+def test_two_gateways_never_exceed_the_models_capacity(redis_server, fresh):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    with queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=16) as (first, _), \
+            queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=16) as (second, _), \
+            ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(chat, api, key, model, "sleep") for api in [first, second] * 6]
+        statuses = [f.result().status_code for f in futures]
+    assert statuses == [200] * 12
+    assert fresh.served == 12 and fresh.peak <= 2
+    assert redis_counts(redis_server.url, model) == (0, 0)
+
+
+def test_the_engine_priority_is_the_keys_tier_and_never_the_clients(redis_server, recorded, start_gateway, make_key):
+    key = make_key()  # no tier in its record: the default tier, "standard", rank 1
+    with start_gateway(queue=QueuePolicy(engine_priority=True)) as (api, _):
+        served = chat(api, key, "tiny", "hello")
+        assert served.status_code == 200
+        assert json.loads(recorded.seen[-1].body)["priority"] == 1
+        sent = len(recorded.seen)
+        own = chat(api, key, "tiny", "hello", priority=-100)  # a tenant jumping the engine's queue
+        assert own.status_code == 400 and len(recorded.seen) == sent
+    with pytest.raises(ValueError, match="priority"):  # nor can a stack let clients set it
+        gateway_settings(recorded.url, redis_server.url, allowed_body_extensions=["priority"])
+
+
+@pytest.mark.parametrize(("min_replicas", "status"), [(0, 200), (1, 504)])
+def test_a_model_that_may_be_cold_gets_its_cold_start_as_first_byte_timeout(redis_server, fresh, min_replicas, status):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    with queued_gateway(fresh, redis_server.url, model, capacity=1, min_replicas=min_replicas,
+                        upstream_idle_timeout_s=0.5) as (api, _):
+        assert chat(api, key, model, "slow").status_code == status
+
+
+@pytest.mark.parametrize(("fail_mode", "status"), [("local", 200), ("closed", 503)])
+def test_without_redis_the_queue_follows_the_limiters_fail_mode(fresh, fail_mode, status):
+    from ops.devstack.local_redis import running_redis
+
+    model = model_name()
+    with running_redis() as own_redis:
+        key = key_for(own_redis.url, "acme")
+        with queued_gateway(fresh, own_redis.url, model, capacity=1, limiter_fail_mode=fail_mode) as (api, metrics):
+            assert chat(api, key, model, "hello").status_code == 200  # the key is now recently verified
+            own_redis.stop()
+            assert chat(api, key, model, "hello").status_code == status
+            exposition = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
+    if fail_mode == "local":  # the limiter fell back to local limits, then the queue could not answer either
+        assert 'llmstack_gateway_redis_errors_total{component="queue"} 1.0' in exposition
+
+
+# --- streams that wait: keep-alive comments on a response that has begun ---------------------------
+
+
+def stream_request(api: str, key: str, model: str, text: str):
+    return httpx.stream("POST", f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                        json={"model": model, "stream": True, "messages": [{"role": "user", "content": text}]},
+                        timeout=HANG_BOUND_S)
+
+
+@pytest.mark.parametrize("outcome", ["served", "refused", "client_left"])
+def test_a_waiting_stream_gets_keep_alives_then_its_answer_or_its_refusal(redis_server, upstream, outcome):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    timeout = 1.0 if outcome == "refused" else HANG_BOUND_S
+    with queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2,
+                        queue_timeout_s=timeout) as (api, _):
+        with stream_request(api, key, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
+            held = holder.iter_lines()
+            next(held)  # the holder has the model's only slot
+            with stream_request(api, key, model, "hello") as waiting:
+                assert waiting.status_code == 200 and "x-queue-wait-ms" in waiting.headers
+                lines = waiting.iter_lines()
+                assert next(lines).startswith(": queued")  # sent before any slot freed
+                if outcome == "client_left":
+                    pass  # leaving the block closes the connection while it waits
+                elif outcome == "refused":
+                    rest = [line for line in lines if line and not line.startswith(":")]
+                    error = json.loads(rest[-2].removeprefix("data: "))["error"]
+                    assert rest[-3] == "event: error" and rest[-1] == "data: [DONE]"
+                    assert error["code"] == "model_saturated" and error["status"] == 503
+                else:
+                    holder.close()  # the slot frees: the waiting stream is served on the same response
+                    rest = [line for line in lines if line and not line.startswith(":")]
+                    assert rest[-1] == "data: [DONE]" and any('"content"' in line for line in rest)
+        eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "no slot or place left behind")
+
+
+def test_the_openai_sdk_raises_a_refusal_that_comes_after_keep_alives(redis_server, upstream):
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    gateway = queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, queue_timeout_s=1.0)
+    with gateway as (api, _):
+        with stream_request(api, key, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
+            held = holder.iter_lines()
+            next(held)
+            client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0)
+            stream = client.chat.completions.create(model=model, stream=True,
+                                                    messages=[{"role": "user", "content": "hello"}])
+            with pytest.raises(openai.APIError) as refused:
+                list(stream)
+            assert refused.value.body["code"] == "model_saturated"
