@@ -35,8 +35,8 @@ def test_in_cluster_redis_acl_file_holds_hashes_of_each_users_password() -> None
     digest = hashlib.sha256(MOCK_PASSWORD.encode()).hexdigest()
     assert acl.splitlines() == [
         "user default off resetkeys -@all",
-        f"user llmstack-gateway on #{digest} resetkeys {gateway_user().rules()}",
-        f"user llmstack-ray on #{digest} resetkeys {ray_user().rules()}",
+        f"user llmstack-gateway on #{digest} resetkeys resetchannels {gateway_user().rules()}",
+        f"user llmstack-ray on #{digest} resetkeys resetchannels {ray_user().rules()}",
     ]
     deployment = run.one("kubernetes:apps/v1:Deployment", "llmstack-redis").inputs["spec"]["template"]["spec"]
     [volume] = [v for v in deployment["volumes"] if v["name"] == "acl"]
