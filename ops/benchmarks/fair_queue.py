@@ -51,35 +51,78 @@ PROCESSES = 2
 # --- the upstream: finite capacity, first come first served -----------------------------------------
 
 
-def upstream_app(capacity: int, service_s: float):
+def upstream_app(capacity: int, service_s: float, tokens: int = 16):
+    """At most `capacity` requests run at once, the rest wait first come first served (as Ray
+    Serve's router and vLLM's scheduler do). A running request streams OpenAI chunks: the first
+    after a tenth of `service_s` (prefill), then `tokens` more at a fixed pace. /stats says how
+    many ran at once (`running`, `peak`) and how many waited here for a place (`fifo_waited`):
+    behind a queue that works, nothing waits here."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     slots = asyncio.Semaphore(capacity)  # wakes waiters in arrival order
-    stats = {"running": 0, "peak": 0, "served": 0}
+    stats = {"running": 0, "peak": 0, "served": 0, "fifo_waited": 0, "fifo_wait_max_s": 0.0}
+    step = service_s * 9 / 10 / tokens
+
+    def chunk(model: str, delta: dict | None, usage: dict | None = None, **extra: float) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]
+        return b"data: " + json.dumps({"id": "chatcmpl-fq", "object": "chat.completion.chunk", "created": 0,
+                                       "model": model, "choices": choices, "usage": usage, **extra}).encode() + b"\n\n"
 
     async def chat(request):
-        await request.body()
+        body = await request.json()
+        model = body.get("model", MODEL)
+        usage = {"prompt_tokens": 5, "completion_tokens": tokens + 1, "total_tokens": tokens + 6}
+
+        async def take_a_place() -> None:
+            arrived, full = time.monotonic(), slots.locked()
+            await slots.acquire()
+            if full:
+                stats["fifo_waited"] += 1
+                stats["fifo_wait_max_s"] = max(stats["fifo_wait_max_s"], time.monotonic() - arrived)
+            stats["running"] += 1
+            stats["peak"] = max(stats["peak"], stats["running"])
+
+        def leave(served: bool) -> None:
+            stats["running"] -= 1
+            stats["served"] += served
+            slots.release()
+
+        if not body.get("stream"):
+            await take_a_place()
+            try:
+                await asyncio.sleep(service_s)
+            finally:
+                leave(True)
+            return JSONResponse({"id": "chatcmpl-fq", "object": "chat.completion", "created": 0, "model": model,
+                                 "usage": usage, "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                                     "role": "assistant", "content": "a" * (tokens + 1)}}]})
+        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+
+        arrived = time.time()  # wall clock, so a client on this machine can split its TTFT
 
         async def stream():
-            async with slots:
-                stats["running"] += 1
-                stats["peak"] = max(stats["peak"], stats["running"])
-                try:
-                    await asyncio.sleep(service_s / 10)
-                    yield b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
-                    await asyncio.sleep(service_s * 9 / 10)
-                    yield b"data: [DONE]\n\n"
-                    stats["served"] += 1
-                finally:
-                    stats["running"] -= 1
+            await take_a_place()
+            served = False
+            try:
+                await asyncio.sleep(service_s / 10)
+                yield chunk(model, {"role": "assistant", "content": "a"}, arrived=arrived, first_at=time.time())
+                for _ in range(tokens):
+                    await asyncio.sleep(step)
+                    yield chunk(model, {"content": "a"})
+                if include_usage:
+                    yield chunk(model, None, usage)
+                served = True
+            finally:
+                leave(served)
+            yield b"data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     async def read_stats(request):
         if request.method == "POST":
-            stats.update(peak=stats["running"], served=0)
+            stats.update(peak=stats["running"], served=0, fifo_waited=0, fifo_wait_max_s=0.0)
         return JSONResponse(stats)
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -136,7 +179,7 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
             if queue is not None:
                 ticket = await queue.acquire(scenario["model"], tenant, tier=tier)
             record["wait"] = loop.time() - sent
-            async with client.stream("POST", "/v1/chat/completions", json={"model": MODEL}) as response:
+            async with client.stream("POST", "/v1/chat/completions", json={"model": MODEL, "stream": True}) as response:
                 async for _ in response.aiter_raw():
                     record.setdefault("ttft", loop.time() - sent)
             record["status"] = response.status_code
