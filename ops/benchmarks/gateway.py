@@ -11,7 +11,9 @@ Measurements per target, all with 100 concurrent connections (clients):
   <= 1 ms and <= 5 ms). Real LLM clients wait seconds per answer, so 100 of them offer far
   less than the stub-driven 500/s; the sweep shows where the target holds and where not.
 - saturated: clients send back to back; requests/s is the most each target serves here.
-Plus one client sending one request at a time to direct, the gateway and a gateway without
+The gateway runs twice: as is (no queued model) and with the fair queue on for the model at a
+capacity the load never reaches (`gateway_queue`): what the queue costs a request that never waits.
+Plus one client sending one request at a time to direct, both gateways and a gateway without
 Redis, which splits the added latency into the proxy hop and the Redis round trips; and Redis
 commands per request: what clients send (MONITOR), not what scripts run inside Redis;
 and CPU milliseconds per request of the gateway's and LiteLLM's processes in the saturated run.
@@ -44,6 +46,7 @@ from ops.harness.stub_upstream import CHAT_BODY as BODY
 from serving.gateway.keys import create_key_sync
 
 CONNECTIONS = 100
+UNSATURATED = 1_000_000  # a model capacity no run here reaches
 GENEROUS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000, "daily_token_budget": 10**12,
             "max_concurrent_requests": 10_000}
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
@@ -151,12 +154,24 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
         gateway = stack.enter_context(background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log",
                                                  gateway_env))
+        # The same gateway with the fair queue on for the model, at a capacity no run here reaches:
+        # what the queue costs a request that never waits.
+        queue_port = free_port()
+        queue_env = {**gateway_env, "LLMSTACK_GATEWAY_PORT": str(queue_port),
+                     "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+                     "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
+                         {"models": ["tiny"], "model_queues": {"tiny": {"max_ongoing_requests": UNSATURATED}}})}
+        queued = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
+                                                folder / "gateway-queue.log", queue_env))
         key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
-        targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key)}
-        pids = {"gateway": gateway.pid}
+        targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key),
+                   "gateway_queue": (f"http://127.0.0.1:{queue_port}", key)}
+        pids = {"gateway": gateway.pid, "gateway_queue": queued.pid}
         wait_for_http(f"{stub}/v1/models", stub_process)
         wait_for_http(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
-        results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"])
+        wait_for_http(f"http://127.0.0.1:{queue_port}/healthz", queued)
+        results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"],
+                                                     targets["gateway_queue"])
         if litellm:
             litellm_port = free_port()
             config = folder / "litellm.yaml"
@@ -199,10 +214,12 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
     return results
 
 
-def sequential_breakdown(stack: ExitStack, folder: Path, stub: str, gateway: tuple[str, str]) -> dict:
-    """One client, one request at a time (no queueing): direct, the gateway, and a second
-    gateway without Redis (in-memory keys and limits), so the latency the gateway adds splits
-    into its proxy hop and its Redis round trips. 1,000 requests each, interleaved twice."""
+def sequential_breakdown(stack: ExitStack, folder: Path, stub: str, gateway: tuple[str, str],
+                         gateway_queue: tuple[str, str]) -> dict:
+    """One client, one request at a time (no queueing): direct, the gateway, the gateway with the
+    fair queue on, and a gateway without Redis (in-memory keys and limits), so the latency the
+    gateway adds splits into its proxy hop and its Redis round trips. 1,000 requests each,
+    interleaved twice."""
     port = free_port()
     env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
@@ -211,7 +228,7 @@ def sequential_breakdown(stack: ExitStack, folder: Path, stub: str, gateway: tup
     memory = stack.enter_context(background([sys.executable, "-m", "serving.gateway", "--dev-key-file", str(key_file)],
                                             folder / "memory-gateway.log", env))
     wait_for_http(f"http://127.0.0.1:{port}/healthz", memory)
-    targets = {"direct": (stub, "unused"), "gateway": gateway,
+    targets = {"direct": (stub, "unused"), "gateway": gateway, "gateway_queue": gateway_queue,
                "gateway_without_redis": (f"http://127.0.0.1:{port}", key_file.read_text().strip())}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     for _ in range(2):
@@ -249,6 +266,12 @@ def summary(targets: dict) -> dict:
                                                / direct["saturated"]["requests_per_s"], 3),
         "redis_commands_per_request": gateway["redis_commands_per_request"],
     }
+    if "gateway_queue" in targets:  # the fair queue on an unsaturated model vs off, same run
+        queued = targets["gateway_queue"]
+        result["queue_saturated_over_no_queue"] = round(queued["saturated"]["requests_per_s"]
+                                                        / gateway["saturated"]["requests_per_s"], 3)
+        result["queue_added_ms_by_pace"] = added(queued, gateway)
+        result["queue_redis_commands_per_request"] = queued["redis_commands_per_request"]
     if "litellm" in targets:
         result["gateway_over_litellm_saturated"] = round(
             gateway["saturated"]["requests_per_s"] / max(targets["litellm"]["saturated"]["requests_per_s"], 1e-9), 2)
