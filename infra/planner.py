@@ -25,6 +25,7 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 from infra.gpu_catalog import InstanceType, load_catalog, usable_gpu_memory_bytes
+from infra.ingress_plan import IngressPlan, plan_ingress
 from infra.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.spec import (
     Architecture,
@@ -106,6 +107,7 @@ class StackPlan(BaseModel):
     models: list[ModelPlan]
     node_groups: list[NodeGroupPlan]
     problems: list[Problem]
+    ingress: IngressPlan | None = Field(default=None, description="Serving ingress sizing (infra.ingress_plan).")
 
     @property
     def ok(self) -> bool:
@@ -198,7 +200,8 @@ def plan_stack(spec: StackSpec) -> StackPlan:
             plan = plan.model_copy(update={"blue_green": "n/a (local stack)"})
         group_plans.append(plan)
         problems += found
-    return StackPlan(stack=spec.name, models=model_plans, node_groups=group_plans, problems=problems)
+    ingress = plan_ingress(model_plans, group_plans, local=spec.cloud.provider == "local")
+    return StackPlan(stack=spec.name, models=model_plans, node_groups=group_plans, problems=problems, ingress=ingress)
 
 
 def plan_model(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup) -> tuple[ModelPlan | None, list[Problem]]:

@@ -11,6 +11,10 @@ Shape, and why:
   engine bundles ask for it (see serve_config.py), which pins models to their group.
 - Replica bounds come from the capacity plan: nodes at each model's min and max replicas.
 - GCS fault tolerance on Redis, so a head restart keeps Serve applications running.
+- Every Ray container gets the serving path's environment (`serve_config.serving_env`: HAProxy
+  as Serve's proxy, direct streaming, LLMRouter replicas per node from the plan), because Ray
+  reads it at import time in every process. HAProxy takes the head's Serve port; replicas
+  listen on their own ports (30000-31000), which the NetworkPolicy's Ray-to-Ray rule allows.
 - On AWS every Ray pod runs as the `llmstack-ray` service account, which the Pulumi program
   binds (IRSA) to a role that may only read the stack's model cache bucket.
 """
@@ -37,7 +41,13 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.render.serve_config import SERVE_PORT, node_group_resource, serve_config
+from infra.render.serve_config import (
+    HAPROXY_METRICS_PORT,
+    SERVE_PORT,
+    node_group_resource,
+    serve_config,
+    serving_env,
+)
 from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
 from infra.versions import RAY_VERSION
 
@@ -70,7 +80,8 @@ def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dic
 def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None,
                model_cache_bucket: str | None = None) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
-    workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max)
+    env = serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1)
+    workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max, env)
                for g in spec.node_groups]
     blue_green_fits = all(not g.blue_green.startswith("does not fit") for g in plan.node_groups)
     annotations = {} if blue_green_fits else {
@@ -91,19 +102,21 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
                     "redisAddress": gcs_redis_address or redis_address(spec),
                     "redisPassword": {"valueFrom": {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}},
                 },
-                "headGroupSpec": _head_group(spec),
+                "headGroupSpec": _head_group(spec, env),
                 "workerGroupSpecs": workers,
             },
         },
     }
 
 
-def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
+def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]],
+               env: dict[str, str]) -> dict[str, Any]:
     return {
         "name": name,
         "image": spec.versions.serving_image,
         "resources": {"requests": resources, "limits": resources},
-        "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True)],
+        "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True),
+                *({"name": k, "value": v} for k, v in sorted(env.items()))],
         "ports": ports,
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -128,10 +141,12 @@ def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, st
     return pod
 
 
-def _head_group(spec: StackSpec) -> dict[str, Any]:
+def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
     ports = [{"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
              {"containerPort": 10001, "name": "client"}, {"containerPort": SERVE_PORT, "name": "serve"}]
-    container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports)
+    if "RAY_SERVE_ENABLE_HA_PROXY" in env:
+        ports.append({"containerPort": HAPROXY_METRICS_PORT, "name": "haproxy-metrics"})
+    container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports, env)
     return {
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
         "template": _pod(spec, container, {}, []),
@@ -139,7 +154,7 @@ def _head_group(spec: StackSpec) -> dict[str, Any]:
 
 
 def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes: int,
-                  max_nodes: int) -> dict[str, Any]:
+                  max_nodes: int, env: dict[str, str]) -> dict[str, Any]:
     if isinstance(group, GpuNodeGroup):
         instance = load_catalog()[group.instance_type]
         cpus, memory_gib, gpus = instance.vcpus, instance.memory_gib, instance.gpus
@@ -153,7 +168,7 @@ def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes
     if gpus:
         resources["nvidia.com/gpu"] = str(gpus)
     custom = {node_group_resource(group.name): gpus or pod_cpus}
-    container = _container(spec, "ray-worker", resources, [])
+    container = _container(spec, "ray-worker", resources, [], env)
     return {
         "groupName": group.name,
         "replicas": min_nodes,
