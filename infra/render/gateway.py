@@ -22,7 +22,7 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.render.serve_config import SERVE_PORT
+from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, model_routes
 from infra.spec import StackSpec
 
 PRESTOP_SLEEP_S = 10
@@ -39,8 +39,9 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def gateway_settings(spec: StackSpec) -> str:
-    """Non-secret gateway settings, as one JSON env var the gateway validates at start."""
+def gateway_settings(spec: StackSpec, path: ServingPath = SERVING_PATH) -> str:
+    """Non-secret gateway settings, as one JSON env var the gateway validates at start.
+    `path`: the serving path the Serve config was rendered for (where each model lives)."""
     g = spec.gateway
     return json.dumps({
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
@@ -58,6 +59,7 @@ def gateway_settings(spec: StackSpec) -> str:
         "log_prompts": g.log_prompts,
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
+        "model_routes": model_routes(spec, path),
     }, sort_keys=True)
 
 

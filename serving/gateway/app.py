@@ -93,7 +93,7 @@ def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
         ticket = admission.ticket
         try:
             response = await proxy.forward(request, admission.body, meter=admission.meter, settle=ticket.settle,
-                                           extra_headers=admission.headers)
+                                           extra_headers=admission.headers, model=admission.model)
         except BaseException:
             await ticket.settle(0)  # frees the concurrency slot; nothing was generated
             raise

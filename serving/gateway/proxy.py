@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from serving.gateway import errors
 from serving.gateway.metering import UsageMeter
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.routes import upstream_prefix_for
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway.proxy")
@@ -151,7 +152,7 @@ class UpstreamProxy:
         return self._client
 
     async def forward(self, request: Request, body: bytes, *, meter: UsageMeter, settle: Settle,
-                      extra_headers: dict[str, str]) -> Response:
+                      extra_headers: dict[str, str], model: str | None = None) -> Response:
         """Send `request` (with the already-read `body`) upstream; stream the response back.
         `settle(billed_tokens)` is called once the response ends; the caller settles itself
         when this returns an error response instead of an `UpstreamStream`."""
@@ -161,7 +162,8 @@ class UpstreamProxy:
         if not is_safe_api_path(path):
             return errors.not_found(path)
         headers = forwardable(request.headers.items(), NOT_FORWARDED_UP) + [("accept-encoding", "identity")]
-        target = path + (f"?{request.url.query}" if request.url.query else "")
+        target = upstream_prefix_for(model, self._settings.model_routes) + path
+        target += f"?{request.url.query}" if request.url.query else ""
         try:
             with anyio.fail_after(total_timeout_s):
                 upstream = await self._session().request(request.method, target, data=body, headers=headers,

@@ -59,6 +59,11 @@ class GatewaySettings(_Strict):
         default_factory=dict,
         description="max_model_len per served model: how much output a request without max_tokens can get.",
     )
+    model_routes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Route prefix of each model's own Serve application (direct serving path), e.g. "
+                    "{\"tiny-chat\": \"/tiny-chat\"}; models not listed go to `/` (serving.gateway.routes).",
+    )
     max_body_bytes: int = Field(default=1_000_000, ge=1, description="Largest request body; larger gets 413.")
     default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
     max_tokens_ceiling: int = Field(
@@ -112,6 +117,15 @@ class GatewaySettings(_Strict):
         if "/" in value.split("://", 1)[1] or "?" in value:
             # The gateway forwards /v1/... as is: a path here would be silently replaced.
             raise ValueError(f"must be scheme://host[:port] with no path (the gateway appends /v1/...), got {value!r}")
+        return value
+
+    @field_validator("model_routes")
+    @classmethod
+    def _route_prefixes(cls, value: dict[str, str]) -> dict[str, str]:
+        for model, prefix in value.items():
+            segments = prefix.split("/")
+            if not prefix.startswith("/") or any(s in (".", "..") for s in segments) or "?" in prefix or "\\" in prefix:
+                raise ValueError(f"route prefix of {model!r} must be a plain absolute path like /my-model, got {prefix!r}")
         return value
 
     @field_validator("redis_url")
