@@ -221,10 +221,13 @@ def start_bare_vllm(port: int, log: Path) -> subprocess.Popen:
 
     spec = load_stack(STACK)
     config = llm_config(spec.model(MODEL), spec)
+    # Ray Serve LLM runs CPU engines with vLLM's multiprocessing executor, whatever engine_kwargs
+    # say (ray.llm _internal/serve/engines/vllm/vllm_models.py): the baseline runs the same.
+    engine_kwargs = {**config["engine_kwargs"], "distributed_executor_backend": "mp"}
     env = {**os.environ, **config.get("runtime_env", {}).get("env_vars", {}), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", config["model_loading_config"]["model_source"], "--served-model-name", MODEL,
-               *engine_cli_flags(config["engine_kwargs"]), "--host", "127.0.0.1", "--port", str(port)]
+               *engine_cli_flags(engine_kwargs), "--host", "127.0.0.1", "--port", str(port)]
     say("starting bare vLLM: " + " ".join(command))
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -20,8 +20,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 LAYERS = ("client", "gateway", "serve ingress", "replica", "engine", "ray background", "other")
-# The "serving layers": everything between the gateway and the engine.
-SERVING_LAYERS = ("serve ingress", "replica", "ray background")
+# The hops a token takes between the gateway and the engine (BENCHMARKS.md's "serving layers";
+# Ray's background upkeep is reported beside them, not in them, as it was before this split).
+SERVING_LAYERS = ("serve ingress", "replica")
 
 _INGRESS_MARKS = ("haproxy", "ray::ProxyActor", "ray::HAProxyManager", ":LLMRouter", ":OpenAiIngress", ":ModelList")
 _RAY_MARKS = ("raylet", "gcs_server", "ray::ServeController", "ray::IDLE", "ray::TelemetryAgent", "dashboard",

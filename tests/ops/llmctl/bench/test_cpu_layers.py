@@ -40,7 +40,7 @@ def test_per_token_figures_and_the_serving_layers_sum():
     per_token = cpu_ms_per_token({"engine": 2.0, "replica": 0.5, "serve ingress": 0.3, "ray background": 0.2,
                                   "gateway": 0.4}, 4000)
     assert per_token["engine"] == 0.5 and per_token["gateway"] == 0.1
-    assert per_token["serving layers"] == pytest.approx(0.25)  # ingress + replica + Ray, not engine or gateway
+    assert per_token["serving layers"] == pytest.approx(0.2)  # ingress + replica: not engine, gateway or Ray upkeep
     assert per_token["total"] == pytest.approx(0.85)
     assert set(LAYERS) <= per_token.keys()
     assert cpu_ms_per_token({"engine": 1.0}, 0) == {}
