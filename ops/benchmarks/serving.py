@@ -177,7 +177,7 @@ def ratios(results: list[dict[str, Any]], path: str) -> dict[str, float | None]:
 
 def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[str, float | None]]) -> str:
     """The throughput table, the CPU-by-layer table (c=32) and each path's ratios with its targets."""
-    from ops.llmctl.bench.cpu_layers import LAYERS
+    from ops.llmctl.bench.cpu_layers import LAYERS, ROUTER
 
     def num(value: float | None, fmt: str = "{:,.0f}") -> str:
         return "n/a" if value is None else fmt.format(value)
@@ -193,7 +193,7 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[
         lines += ["", "CPU-ms per output token at concurrency 32, by layer:", "",
                   "| layer | " + " | ".join(label(r["target"]) for r in measured) + " |",
                   "|---|" + "---:|" * len(measured)]
-        for layer in (*LAYERS, "serving layers", "total"):
+        for layer in (*LAYERS, "serving layers", "total", ROUTER):
             cells = [num(r["cpu_ms_per_output_token"].get(layer), "{:.3f}") for r in measured]
             lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     for path, values in ratio_values.items():

@@ -11,6 +11,9 @@ machine stays out. `cpu_ms_per_token` is pure; `CpuSampler` is the thin psutil s
     replica         the LLMServer replica (vLLM's OpenAI app runs in it); bare vLLM: its API server
     engine          vLLM's engine core and workers (the model itself)
     ray background  Serve's controller, raylet, GCS, idle workers and agents
+Within the Serve ingress, the Python process that handles each request (the LLMRouter on the
+direct path, the OpenAI ingress on the others) is also reported on its own as `ingress router`:
+it is what `infra/serving_estimates.yaml` sizes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ LAYERS = ("client", "gateway", "serve ingress", "replica", "engine", "ray backgr
 # Ray's background upkeep is reported beside them, not in them, as it was before this split).
 SERVING_LAYERS = ("serve ingress", "replica")
 
-_INGRESS_MARKS = ("haproxy", "ray::ProxyActor", "ray::HAProxyManager", ":LLMRouter", ":OpenAiIngress", ":ModelList")
+_ROUTER_MARKS = (":LLMRouter", ":OpenAiIngress")
+_INGRESS_MARKS = ("haproxy", "ray::ProxyActor", "ray::HAProxyManager", ":ModelList", *_ROUTER_MARKS)
+ROUTER = "ingress router"  # a part of `serve ingress`, reported beside the layers
 _RAY_MARKS = ("raylet", "gcs_server", "ray::ServeController", "ray::IDLE", "ray::TelemetryAgent", "dashboard",
               "log_monitor", "runtime_env", "ray/_private", "ray::")
 
@@ -52,7 +57,7 @@ def cpu_ms_per_token(cpu_s_by_layer: Mapping[str, float], output_tokens: int) ->
     sum and the `total`. Empty when no token was generated. Pure."""
     if output_tokens <= 0:
         return {}
-    per_token = {layer: round(1000 * cpu_s_by_layer.get(layer, 0.0) / output_tokens, 4) for layer in LAYERS}
+    per_token = {layer: round(1000 * cpu_s_by_layer.get(layer, 0.0) / output_tokens, 4) for layer in (*LAYERS, ROUTER)}
     per_token["serving layers"] = round(sum(per_token[layer] for layer in SERVING_LAYERS), 4)
     per_token["total"] = round(sum(per_token[layer] for layer in LAYERS), 4)
     return per_token
@@ -68,10 +73,10 @@ class CpuSampler:
         self._include_self = include_self
         self._before: dict[tuple[int, float], float] = {}
 
-    def _snapshot(self) -> dict[tuple[int, float], tuple[str, float]]:
+    def _snapshot(self) -> dict[tuple[int, float], tuple[str, bool, float]]:
         import psutil
 
-        seen: dict[tuple[int, float], tuple[str, float]] = {}
+        seen: dict[tuple[int, float], tuple[str, bool, float]] = {}
         for root in self._roots:
             try:
                 top = psutil.Process(root)
@@ -85,17 +90,22 @@ class CpuSampler:
                     with process.oneshot():
                         times = process.cpu_times()
                         key = (process.pid, process.create_time())  # a reused pid is another process
-                        seen[key] = (layer_of(process.name(), process.cmdline()), times.user + times.system)
+                        cmdline = process.cmdline()
+                        router = any(mark in " ".join(cmdline) for mark in _ROUTER_MARKS)
+                        seen[key] = (layer_of(process.name(), cmdline), router, times.user + times.system)
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
         return seen
 
     def start(self) -> None:
-        self._before = {key: cpu for key, (_, cpu) in self._snapshot().items()}
+        self._before = {key: cpu for key, (_, _, cpu) in self._snapshot().items()}
 
     def stop(self) -> dict[str, float]:
-        """CPU seconds per layer since `start()`."""
+        """CPU seconds per layer (and of the ingress router, also counted in its layer) since `start()`."""
         used: dict[str, float] = defaultdict(float)
-        for key, (layer, cpu) in self._snapshot().items():
-            used[layer] += max(0.0, cpu - self._before.get(key, 0.0))
+        for key, (layer, router, cpu) in self._snapshot().items():
+            delta = max(0.0, cpu - self._before.get(key, 0.0))
+            used[layer] += delta
+            if router:
+                used[ROUTER] += delta
         return dict(used)

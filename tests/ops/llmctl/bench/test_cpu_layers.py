@@ -44,6 +44,8 @@ def test_per_token_figures_and_the_serving_layers_sum():
     assert per_token["total"] == pytest.approx(0.85)
     assert set(LAYERS) <= per_token.keys()
     assert cpu_ms_per_token({"engine": 1.0}, 0) == {}
+    # The ingress router is a part of the ingress layer, shown beside the sums, not added to them.
+    assert cpu_ms_per_token({"serve ingress": 0.3, "ingress router": 0.1}, 1000)["total"] == pytest.approx(0.3)
 
 
 def test_sampler_counts_a_busy_descendant_in_its_layer():
