@@ -54,15 +54,15 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Per model over all rounds: hit rate (token-weighted) and the median of the rounds' TTFT p50."""
+    """Per model over all rounds: hit rate (token-weighted) and the mean of the rounds' TTFT p50."""
     out: dict[str, dict[str, float | None]] = {}
     for model in MODELS:
         mine = [r for r in runs if r["model"] == model and r.get("ok")]
         prompt = sum(r["prompt_tokens"] for r in mine)
         cached = sum(r["cached_prompt_tokens"] or 0 for r in mine)
-        ttfts = sorted(r["ttft_p50_ms"] for r in mine if r["ttft_p50_ms"] is not None)
+        ttfts = [r["ttft_p50_ms"] for r in mine if r["ttft_p50_ms"] is not None]
         out[model] = {"hit_rate": round(cached / prompt, 4) if prompt else None,
-                      "ttft_p50_ms": ttfts[len(ttfts) // 2] if ttfts else None, "rounds": len(mine)}
+                      "ttft_p50_ms": round(sum(ttfts) / len(ttfts), 1) if ttfts else None, "rounds": len(mine)}
     return out
 
 
@@ -78,7 +78,7 @@ def markdown_report(runs: list[dict[str, Any]]) -> str:
     lines.append("")
     for model, s in summary(runs).items():
         hit = "n/a" if s["hit_rate"] is None else f"{s['hit_rate']:.1%}"
-        lines.append(f"- {model}: hit rate {hit}, TTFT p50 (median of rounds) {s['ttft_p50_ms']} ms")
+        lines.append(f"- {model}: hit rate {hit}, TTFT p50 (mean of rounds) {s['ttft_p50_ms']} ms")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,9 +108,9 @@ def test_the_env_names_are_what_ray_reads():
     """Each variable we set is read by the installed Ray (a renamed one would be ignored silently)."""
     import ray
 
-    root = os.path.dirname(ray.__file__)
-    sources = "".join(open(os.path.join(root, *parts)).read() for parts in (
-        ("serve", "_private", "constants.py"), ("llm", "_internal", "serve", "constants.py")))
+    root = Path(ray.__file__).parent
+    sources = (root / "serve" / "_private" / "constants.py").read_text() + (
+        root / "llm" / "_internal" / "serve" / "constants.py").read_text()
     spec = spec_with(routing="prefix", autoscaling={"min_replicas": 0})
     for name in serving_env(spec):
         assert f'"{name}"' in sources, name
