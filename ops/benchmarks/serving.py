@@ -46,14 +46,15 @@ import httpx
 
 from infra.render.serve_config import SERVING_PATH, ServingPath
 from ops.harness.processes import free_port, stop_tree, wait_for_http
-from ops.llmctl.bench.cpu_layers import CpuSampler, cpu_ms_per_token
+from ops.llmctl.bench.cpu_layers import ROUTER, CpuSampler, cpu_ms_per_token
 
 MODEL = "tiny-chat"
 # make dev's local stack with tiny-chat alone: a second, idle model's upkeep would blur the split.
 STACK = "tests/stacks/Pulumi.one-model.yaml"
 BACKEND, ENDPOINT = "openai", "/v1/completions"  # the completions API, through every target
 INPUT_LEN = OUTPUT_LEN = 64
-PROMPTS = {1: 16, 32: 256}  # concurrency -> number of prompts (enough at 32 for a stable CPU split)
+PROMPTS = {1: 16, 32: 256}
+WARM_UP_REQUESTS = 4  # concurrency -> number of prompts (enough at 32 for a stable CPU split)
 QUICK_PROMPTS = {1: 4, 32: 32}
 # Targets (issue "serving fast path"), ratios within one run; higher is better except CPU.
 RATIO_GOALS = {"gateway_vs_vllm_c32": 0.80, "serve_vs_vllm_c32": 0.85, "gateway_c32_vs_c1": 6.0}
@@ -177,7 +178,7 @@ def ratios(results: list[dict[str, Any]], path: str) -> dict[str, float | None]:
 
 def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[str, float | None]]) -> str:
     """The throughput table, the CPU-by-layer table (c=32) and each path's ratios with its targets."""
-    from ops.llmctl.bench.cpu_layers import LAYERS, ROUTER
+    from ops.llmctl.bench.cpu_layers import LAYERS
 
     def num(value: float | None, fmt: str = "{:,.0f}") -> str:
         return "n/a" if value is None else fmt.format(value)
@@ -359,12 +360,32 @@ def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str
                  prompts: dict[int, int], work: Path, client_name: str = "vllm") -> list[dict[str, Any]]:
     """Warm up, then every concurrency; a target that cannot serve is recorded, not fatal."""
     try:
-        warm_up(root_url, api_key)
+        for _ in range(WARM_UP_REQUESTS):
+            warm_up(root_url, api_key)
     except (RuntimeError, httpx.HTTPError) as exc:
         say(f"{label(target)}: warm-up failed: {exc}")
         return [{"target": target, "concurrency": c, "num_prompts": n, "completed": 0, "failed": n,
                  "error": str(exc)} for c, n in prompts.items()]
-    return [bench(target, root_url, api_key, tokenizer, c, n, work, client_name) for c, n in prompts.items()]
+    results = []
+    for c, n in prompts.items():
+        settle()
+        results.append(bench(target, root_url, api_key, tokenizer, c, n, work, client_name))
+    return results
+
+
+def settle(idle_cores: float = 0.3, timeout_s: float = 90) -> None:
+    """Wait until what this benchmark started is idle (below `idle_cores` over 2 s): a stack that
+    was just deployed keeps Ray busy for a while (controller, agents), and a run measured
+    then would charge that to the layers, and to the engine's share of the cores."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sampler = CpuSampler([os.getpid()])
+        sampler.start()
+        time.sleep(2)
+        busy = sum(cpu for layer, cpu in sampler.stop().items() if layer != ROUTER) / 2  # the router is in its layer
+        if busy < idle_cores:
+            return
+    say(f"  still busy after {timeout_s:.0f} s ({busy:.2f} cores); measuring anyway")
 
 
 def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]], client_name: str = "vllm",
