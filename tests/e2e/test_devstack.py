@@ -94,7 +94,7 @@ def test_serve_lists_every_model_at_its_root_and_serves_each_under_its_prefix(st
 
 
 def test_a_repeated_prompt_is_served_from_the_prefix_cache(client):
-    long_prompt = " ".join(["the KV cache keeps every token of a conversation"] * 40)  # several 128-token blocks
+    long_prompt = " ".join(["the KV cache keeps every token of a conversation"] * 20)  # two 128-token blocks and more
     usages = [client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": long_prompt}],
                                              max_tokens=2).usage for _ in range(2)]
     assert usages[1].prompt_tokens_details.cached_tokens >= 128
