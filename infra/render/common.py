@@ -22,6 +22,9 @@ KUBERAY_NAMESPACE = "kuberay-operator"
 
 # KubeRay names the Service that fronts Ray Serve "<rayservice>-serve-svc".
 SERVE_SERVICE = f"{RAYSERVICE_NAME}-serve-svc"
+# ... and the RayService's own head Service (dashboard, port 8265) "<rayservice>-head-svc"
+# (KubeRay ray-operator/controllers/ray/utils/util.go GenerateHeadServiceName, case RayServiceCRD).
+HEAD_SERVICE = f"{RAYSERVICE_NAME}-head-svc"
 
 
 def labels(component: str, stack: str) -> dict[str, str]:

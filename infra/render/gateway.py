@@ -25,6 +25,7 @@ from infra.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
     GATEWAY_NAME,
+    HEAD_SERVICE,
     KUBERAY_NAMESPACE,
     NAMESPACE,
     REDIS_SECRET,
@@ -33,7 +34,7 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, model_routes
+from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, llm_deployment_name, model_routes
 from infra.spec import StackSpec
 from serving.gateway.queue_policy import ModelQueue
 
@@ -52,10 +53,18 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH) -> str:
+# Where the gateway reads live replica counts (serving.gateway.replica_feed): Ray's REST API on the
+# head's dashboard port, inside the cluster.
+SERVE_DASHBOARD_URL = f"http://{HEAD_SERVICE}.{NAMESPACE}.svc.cluster.local:{RAY_DASHBOARD_PORT}"
+
+
+def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH, *,
+                     serve_dashboard_url: str = SERVE_DASHBOARD_URL) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start.
     `plan` (default: planned here) gives each model's cold-start timeout; `path`: the serving path
-    the Serve config was rendered for (where each model lives)."""
+    the Serve config was rendered for (where each model lives); `serve_dashboard_url`: where the
+    gateway polls each model's live replicas (the head Service in the cluster; `make dev` passes
+    its local Ray's)."""
     return json.dumps({
         **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
@@ -64,6 +73,8 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
         "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
         "model_routes": model_routes(spec, path),
+        "serve_dashboard_url": serve_dashboard_url,
+        "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
     }, sort_keys=True)
 
 
@@ -239,6 +250,10 @@ def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
                 {"from": [{"podSelector": ray_pods}]},
                 {"from": [{"podSelector": {"matchLabels": _selector()}}],
                  "ports": [{"protocol": "TCP", "port": SERVE_PORT}]},
+                # The gateway polls live replica counts from the dashboard's REST API (GET only; the port
+                # also takes writes, so a NetworkPolicy cannot make it read-only: serving.gateway.replica_feed).
+                {"from": [{"podSelector": {"matchLabels": _selector()}}],
+                 "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]},
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": p}
                                                for p in (RAY_DASHBOARD_PORT, RAY_DASHBOARD_AGENT_PORT, SERVE_PORT)]},
             ],

@@ -72,7 +72,11 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPat
     say(f"starting Ray ({ray_cpus(spec)} logical CPUs, serving path {path.value}) ...")
     for noisy in ("ray", "ray.serve", "ray.llm", "httpx"):  # keep the terminal to our progress lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    ray.init(num_cpus=ray_cpus(spec), include_dashboard=False, object_store_memory=512 * 1024**2,
+    # The dashboard serves Ray's REST API, where the gateway reads each model's live replicas
+    # (serving.gateway.replica_feed), as it does from the head Service in the cluster. Loopback only.
+    dashboard_port = free_port()
+    ray.init(num_cpus=ray_cpus(spec), include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=dashboard_port, object_store_memory=512 * 1024**2,
              logging_level="warning", log_to_driver=False)
     # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so SIGTERM
     # stops everything in order, like Ctrl-C, even while the engines are still loading.
@@ -82,16 +86,19 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPat
     for app in config["applications"]:
         local_serve.wait_running(app["name"], timeout_s=DEPLOY_TIMEOUT_S, on_change=say)
     return {"ray_address": ray.get_runtime_context().gcs_address,
-            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port, "serving_path": path.value}
+            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port, "serving_path": path.value,
+            "dashboard_url": f"http://127.0.0.1:{dashboard_port}"}
 
 
 def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: str, redis_url: str | None,
-                  dev_key_file: Path | None, path: ServingPath = SERVING_PATH) -> subprocess.Popen[bytes]:
+                  dev_key_file: Path | None, path: ServingPath = SERVING_PATH,
+                  dashboard_url: str | None = None) -> subprocess.Popen[bytes]:
     """The gateway as its own process, configured as the rendered Deployment configures it,
     but bound to loopback (/metrics and /readyz on `metrics_port`). With the in-memory store
     only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600)."""
     env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream,
-           "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec, path=path),
+           "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(
+               spec, path=path, **({"serve_dashboard_url": dashboard_url} if dashboard_url else {})),
            "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
     env.pop("LLMSTACK_REDIS_URL", None)
@@ -181,7 +188,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             metrics_url = f"http://127.0.0.1:{metrics_port}"
             gateway = start_gateway(spec, port=port, metrics_port=metrics_port,
                                     upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
-                                    dev_key_file=key_file, path=path)
+                                    dev_key_file=key_file, path=path, dashboard_url=ray_info["dashboard_url"])
             cleanup.callback(terminate, gateway)
             if key_file:
                 cleanup.callback(key_file.unlink, missing_ok=True)
@@ -204,7 +211,8 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                                   # each model's own OpenAI base URL on Serve (direct path: its route prefix)
                                   "model_urls": {m.model_name: serve_root + route_prefix(m, path).rstrip("/") + "/v1"
                                                  for m in spec.models},
-                                  "serving_path": path.value, "redis_url": redis_url, "pid": os.getpid()}), flush=True)
+                                  "serving_path": path.value, "redis_url": redis_url,
+                                  "dashboard_url": ray_info["dashboard_url"], "pid": os.getpid()}), flush=True)
             while gateway.poll() is None:
                 time.sleep(1)
             say(f"gateway exited with {gateway.returncode}; stopping")

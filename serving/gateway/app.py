@@ -42,6 +42,7 @@ from serving.gateway.metering import NOTHING_BILLED
 from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.queued_stream import QueuedStream
+from serving.gateway.replica_feed import ReplicaFeed
 from serving.gateway.routes import RouteRefusal, resolve
 from serving.gateway.settings import GatewaySettings
 
@@ -93,6 +94,10 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     queue = (FairQueue(settings.redis_url, settings.queue, settings.model_queues)
              if settings.redis_url and settings.queue.enabled and settings.model_queues else None)
     admitter = Admitter(settings, key_store, limiter, metrics, queue)
+    feed = (ReplicaFeed(settings.serve_dashboard_url, settings.model_deployments, queue.set_replicas,
+                        poll_s=settings.replica_poll_s, on_error=metrics.replica_feed_errors.inc,
+                        on_count=lambda model, n: metrics.model_replicas.labels(model=model).set(n))
+            if queue is not None and settings.serve_dashboard_url and settings.model_deployments else None)
     # While Redis is down, a replica can still serve (recently verified keys, local limits)
     # unless the stack chose fail mode `closed`. Reporting "not ready" then would make
     # Kubernetes pull every replica out of the Service at once: a full outage instead of a degraded one.
@@ -166,10 +171,14 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
             log.warning(IN_MEMORY_WARNING)
         if queue is not None:
             await queue.start()
+        if feed is not None:
+            await feed.start()
         log.info("gateway ready to proxy the OpenAI routes to %s", settings.upstream_url)
         try:
             yield
         finally:
+            if feed is not None:
+                await feed.aclose()
             if queue is not None:
                 await queue.aclose()
             await proxy.aclose()

@@ -93,6 +93,15 @@ class GatewayMetrics:
             "llmstack_gateway_queue_shed",
             "Requests refused a slot, by model, tenant and status (429: the tenant's share; 503: model saturated).",
             ["model", "tenant", "status"], registry=r)
+        # Live replicas (serving.gateway.replica_feed): what each model's queue capacity follows.
+        self.model_replicas = Gauge(
+            "llmstack_gateway_model_replicas",
+            "Replicas Ray Serve reports RUNNING for the model, at the last successful poll of its REST API.",
+            ["model"], registry=r)
+        self.replica_feed_errors = Counter(
+            "llmstack_gateway_replica_feed_errors",
+            "Polls of Ray's REST API that failed: capacity falls back to the stack's figure once counts expire.",
+            registry=r)
         self.budget_used = BudgetUsage()
         r.register(self.budget_used)
 

@@ -72,6 +72,17 @@ class GatewaySettings(GatewayPolicy):
         description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
                     "not named here is never queued.",
     )
+    serve_dashboard_url: str | None = Field(
+        default=None,
+        description="Ray dashboard base URL (e.g. http://<head service>:8265) whose REST API says how many replicas "
+                    "each model runs (serving.gateway.replica_feed). None: capacity stays the stack's figure.",
+    )
+    model_deployments: dict[str, str] = Field(
+        default_factory=dict,
+        description="Serve deployment that runs each served model (LLMServer:<name>), for the replica feed.",
+    )
+    replica_poll_s: float = Field(
+        default=5.0, gt=0, description="How often the replica feed asks the dashboard.")
 
     @field_validator("upstream_url")
     @classmethod
@@ -82,6 +93,13 @@ class GatewaySettings(GatewayPolicy):
         if "/" in value.split("://", 1)[1] or "?" in value:
             # The gateway forwards /v1/... as is: a path here would be silently replaced.
             raise ValueError(f"must be scheme://host[:port] with no path (the gateway appends /v1/...), got {value!r}")
+        return value
+
+    @field_validator("serve_dashboard_url")
+    @classmethod
+    def _dashboard_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {value!r}")
         return value
 
     @field_validator("model_routes")
