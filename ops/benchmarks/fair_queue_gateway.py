@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import sys
@@ -49,13 +50,21 @@ def scenarios(capacity: int, service_s: float, interactive_s: float) -> dict[str
     """The module benchmark's scenarios, except that the interactive key's "alone" and "beside a
     batch flood" figures come from one scenario: the batch load switches on and off every
     `on_s`, so both halves see the same machine (shared cores make minutes apart incomparable).
-    Requests sent while the batch queue fills or drains (`settle_s`) count for neither."""
+    Requests sent while the batch queue fills or drains (`settle_s`) count for neither.
+    `noisy_switching` does the same for tenant B beside A's flood; `b_alone` / `noisy_fcfs` /
+    `noisy_fair` stay as they were (the "before" figure, A's share, the 5xx count)."""
     plan = {name: scenario for name, scenario in module_scenarios(capacity, service_s).items()
             if not name.startswith("interactive")}
     batch = {"kind": "closed", "tenant": "batch", "tier": "batch", "outstanding": 3 * capacity,
              "on_s": 10.0, "off_s": 10.0, "settle_s": 4.0}
     interactive = {"kind": "open", "tenant": "interactive", "tier": "interactive", "rate": 0.1 * capacity / service_s}
-    plan["interactive"] = {"queue": True, "loads": [batch, interactive], "duration": interactive_s}
+    plan["interactive"] = {"queue": True, "loads": [batch, interactive], "duration": interactive_s,
+                           "probe": "interactive"}
+    # B's "alone" and "beside A's flood" the same way (A's 64-deep queue drains in about 4 s).
+    flood = {**next(load for load in plan["noisy_fair"]["loads"] if load["tenant"] == "a"),
+             "on_s": 10.0, "off_s": 10.0, "settle_s": 5.0}
+    b = next(load for load in plan["noisy_fair"]["loads"] if load["tenant"] == "b")
+    plan["noisy_switching"] = {"queue": True, "loads": [flood, b], "duration": interactive_s, "probe": "b"}
     return plan
 
 
@@ -151,19 +160,23 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
         record["done"] = time.time() - start
         records.append(record)
 
-    async def open_loop(tenant: str, rate: float) -> None:
-        rng, pending = random.Random(f"{tenant}{index}"), []
+    def off(load: dict[str, Any], now: float) -> bool:
+        return "on_s" in load and (now - start) % (load["on_s"] + load["off_s"]) >= load["on_s"]
+
+    async def open_loop(load: dict[str, Any], rate: float) -> None:
+        rng, pending = random.Random(f"{load['tenant']}{index}"), []
         while True:
             await asyncio.sleep(rng.expovariate(rate))
-            if time.time() >= stop_at:
+            if (now := time.time()) >= stop_at:
                 break
-            pending.append(asyncio.create_task(one(tenant)))
+            if not off(load, now):
+                pending.append(asyncio.create_task(one(load["tenant"])))
         await asyncio.gather(*pending)
 
     async def closed_loop(load: dict[str, Any], outstanding: int) -> None:
         async def caller() -> None:
             while (now := time.time()) < stop_at:
-                if "on_s" in load and (now - start) % (load["on_s"] + load["off_s"]) >= load["on_s"]:
+                if off(load, now):
                     await asyncio.sleep(0.05)  # off: send nothing
                     continue
                 await one(load["tenant"])
@@ -171,7 +184,7 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
         await asyncio.gather(*(caller() for _ in range(outstanding)))
 
     share = 1 / PROCESSES
-    jobs = [open_loop(load["tenant"], load["rate"] * share) if load["kind"] == "open"
+    jobs = [open_loop(load, load["rate"] * share) if load["kind"] == "open"
             else closed_loop(load, max(1, round(load["outstanding"] * share)))
             for load in scenario["loads"]]
     try:
@@ -191,11 +204,12 @@ def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
 # --- figures ---------------------------------------------------------------------------------------
 
 
-def summarize(records: list[dict[str, Any]], tenants: list[str], window: tuple[float, float]) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], tenants: list[str], window: tuple[float, float],
+              probe: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     groups = [(t, lambda r, t=t: r["tenant"] == t) for t in tenants]
-    if any("phase" in r for r in records):  # the switching scenario: the probe beside the batch load and alone
-        groups += [(f"interactive_{state}", lambda r, state=state: r["tenant"] == "interactive"
+    if probe is not None:  # a switching scenario: the probe beside the other load, and alone
+        groups += [(f"{probe}_{state}", lambda r, state=state: r["tenant"] == probe
                     and r.get("phase") == {"loaded": "on", "alone": "off"}[state]) for state in ("loaded", "alone")]
     for tenant, mine_ in groups:
         mine = [r for r in records if mine_(r)]
@@ -226,16 +240,21 @@ def figures(s: dict[str, Any], capacity: int, service_s: float, duration: float)
     full = capacity / service_s * window_s
     jain = [s["jain"]["tenants"][f"t{i}"]["served_in_window"] for i in range(4)]
     queued = {k: v for k, v in s.items() if k != "noisy_fcfs"}
+    def ratio(scenario: str, probe: str, q: str) -> float:
+        tenants = s[scenario]["tenants"]
+        return round((tenants[f"{probe}_loaded"][q] or math.nan) / (tenants[f"{probe}_alone"][q] or math.nan), 2)
+
     return {
+        "b_p99_ratio_beside_flood_vs_alone_interleaved": ratio("noisy_switching", "b", "ttft_p99_s"),
+        "b_p50_ratio_beside_flood_vs_alone_interleaved": ratio("noisy_switching", "b", "ttft_p50_s"),
         "b_p99_ratio_fair_vs_alone": round(p99("noisy_fair", "b") / p99("b_alone", "b"), 2),
         "b_p99_ratio_fcfs_vs_alone": round(p99("noisy_fcfs", "b") / p99("b_alone", "b"), 2),
         "noisy_fair_5xx": sum(t["status_5xx"] for t in s["noisy_fair"]["tenants"].values()),
         "a_share_of_capacity_fair": round(s["noisy_fair"]["tenants"]["a"]["served_in_window"] / full, 3),
         "jain_index": round(jain_index(jain), 4),
-        "interactive_p99_ratio_vs_alone": round(p99("interactive", "interactive_loaded")
-                                                / p99("interactive", "interactive_alone"), 2),
-        "interactive_p50_ratio_vs_alone": round(s["interactive"]["tenants"]["interactive_loaded"]["ttft_p50_s"]
-                                                / s["interactive"]["tenants"]["interactive_alone"]["ttft_p50_s"], 2),
+        "interactive_p99_ratio_vs_alone": ratio("interactive", "interactive", "ttft_p99_s"),
+        "interactive_p50_ratio_vs_alone": ratio("interactive", "interactive", "ttft_p50_s"),
+        "interactive_queued_share_loaded": s["interactive"]["tenants"]["interactive_loaded"]["queued_share"],
         "upstream_peak_max_with_queue": max(v["upstream"]["peak"] for v in queued.values()),
         "upstream_fifo_waited_with_queue": sum(v["upstream"]["fifo_waited"] for v in queued.values()),
     }
@@ -294,7 +313,8 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
                 upstream_stats = httpx.get(f"{base}/stats").json()
                 cpu = {role: round(used - cpu_before[role], 1) for role, used in cpu_seconds(pids).items()}
                 names = sorted({load["tenant"] for load in scenario["loads"]})
-                summary = summarize(records, names, (seconds / 5, seconds))  # skip the fill, and the drain
+                summary = summarize(records, names, (seconds / 5, seconds),  # skip the fill, and the drain
+                                    scenario.get("probe"))
                 results["scenarios"][name] = {"tenants": summary, "upstream": upstream_stats, "cpu_s": cpu,
                                               "loadavg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
                 print(f"{name}: upstream peak {upstream_stats['peak']}/{capacity} "

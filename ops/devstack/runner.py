@@ -90,9 +90,20 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPat
             "dashboard_url": f"http://127.0.0.1:{dashboard_port}"}
 
 
+def ray_auth_token() -> str | None:
+    """This Ray's token when token authentication is on (Ray 2.60 turns it on for a local
+    `ray.init`): the dashboard's REST API wants it as a bearer token. Ray's own HTTP clients get
+    the header the same way (ray/_private/authentication/http_token_authentication.py)."""
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+    headers = {k.lower(): v for k, v in get_auth_headers_if_auth_enabled({}).items()}
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
+
+
 def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: str, redis_url: str | None,
                   dev_key_file: Path | None, path: ServingPath = SERVING_PATH,
-                  dashboard_url: str | None = None) -> subprocess.Popen[bytes]:
+                  dashboard_url: str | None = None, dashboard_token: str | None = None) -> subprocess.Popen[bytes]:
     """The gateway as its own process, configured as the rendered Deployment configures it,
     but bound to loopback (/metrics and /readyz on `metrics_port`). With the in-memory store
     only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600)."""
@@ -102,6 +113,9 @@ def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: st
            "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
     env.pop("LLMSTACK_REDIS_URL", None)
+    env.pop("LLMSTACK_RAY_AUTH_TOKEN", None)
+    if dashboard_token:
+        env["LLMSTACK_RAY_AUTH_TOKEN"] = dashboard_token
     if redis_url:
         env["LLMSTACK_REDIS_URL"] = redis_url
     extra = ["--dev-key-file", str(dev_key_file)] if dev_key_file else []
@@ -188,7 +202,8 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             metrics_url = f"http://127.0.0.1:{metrics_port}"
             gateway = start_gateway(spec, port=port, metrics_port=metrics_port,
                                     upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
-                                    dev_key_file=key_file, path=path, dashboard_url=ray_info["dashboard_url"])
+                                    dev_key_file=key_file, path=path, dashboard_url=ray_info["dashboard_url"],
+                                    dashboard_token=ray_auth_token())
             cleanup.callback(terminate, gateway)
             if key_file:
                 cleanup.callback(key_file.unlink, missing_ok=True)

@@ -57,9 +57,12 @@ class ReplicaFeed:
     """Polls the dashboard at `url` every `poll_s` and publishes each model's running replicas."""
 
     def __init__(self, url: str, deployments: Mapping[str, str], publish: Publish, *, poll_s: float,
-                 on_error: Callable[[], None] = lambda: None,
+                 token: str | None = None, on_error: Callable[[], None] = lambda: None,
                  on_count: Callable[[str, int], None] = lambda model, count: None) -> None:
         self.url = url.rstrip("/") + APPLICATIONS_PATH
+        # Ray's token authentication reads `Authorization: Bearer <token>` (Ray 2.60,
+        # ray/_private/authentication/http_token_authentication.py).
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.deployments, self.publish, self.poll_s = dict(deployments), publish, poll_s
         self.on_error, self.on_count = on_error, on_count
         self._failing = False
@@ -69,7 +72,8 @@ class ReplicaFeed:
     async def start(self) -> None:
         import aiohttp
 
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(1.0, self.poll_s)))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(1.0, self.poll_s)),
+                                              headers=self._headers)
         self._task = asyncio.create_task(self._run(), name="replica-feed")
 
     async def aclose(self) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from serving.gateway.policy import GatewayPolicy
 from serving.gateway.queue_policy import ModelQueue
@@ -34,6 +34,7 @@ REDIS_VAR = "LLMSTACK_REDIS_URL"
 HOST_VAR = "LLMSTACK_GATEWAY_HOST"
 PORT_VAR = "LLMSTACK_GATEWAY_PORT"
 METRICS_PORT_VAR = "LLMSTACK_GATEWAY_METRICS_PORT"
+RAY_AUTH_TOKEN_VAR = "LLMSTACK_RAY_AUTH_TOKEN"
 
 
 class SettingsError(ValueError):
@@ -83,6 +84,10 @@ class GatewaySettings(GatewayPolicy):
     )
     replica_poll_s: float = Field(
         default=5.0, gt=0, description="How often the replica feed asks the dashboard.")
+    ray_auth_token: SecretStr | None = Field(
+        default=None,
+        description="Ray's token (token authentication: Ray 2.60's default for a local ray.init, off for "
+                    "`ray start` without a token), sent to the dashboard as a bearer token. Environment only.")
 
     @field_validator("upstream_url")
     @classmethod
@@ -123,7 +128,7 @@ class GatewaySettings(GatewayPolicy):
 
 
 # Keys that only the dedicated variables may set: secrets and the upstream stay out of the JSON.
-_ENV_ONLY = {"upstream_url": UPSTREAM_VAR, "redis_url": REDIS_VAR}
+_ENV_ONLY = {"upstream_url": UPSTREAM_VAR, "redis_url": REDIS_VAR, "ray_auth_token": RAY_AUTH_TOKEN_VAR}
 
 
 def load_settings(environ: Mapping[str, str] = os.environ) -> GatewaySettings:
@@ -145,6 +150,7 @@ def load_settings(environ: Mapping[str, str] = os.environ) -> GatewaySettings:
     take(HOST_VAR, "host")
     take(PORT_VAR, "port")
     take(METRICS_PORT_VAR, "metrics_port")
+    take(RAY_AUTH_TOKEN_VAR, "ray_auth_token")
     try:
         return GatewaySettings.model_validate(values)
     except ValidationError as exc:

@@ -86,7 +86,10 @@ def test_a_body_that_is_not_serve_details_is_refused(body):
 
 
 class Dashboard:
-    """Answers the REST API with `running` replicas of the model's deployment, or 500 when `failing`."""
+    """Answers the REST API with `running` replicas of the model's deployment, 503 when `failing`,
+    401 without Ray's token (token authentication on, as Ray 2.60's local ray.init has it)."""
+
+    TOKEN = "ray-token-for-tests"
 
     def __init__(self, model: str) -> None:
         self.model, self.running, self.failing, self.polls = model, 1, False, 0
@@ -96,6 +99,8 @@ class Dashboard:
 
     async def applications(self, request: Request) -> Response:
         self.polls += 1
+        if request.headers.get("authorization") != f"Bearer {self.TOKEN}":
+            return Response("Unauthorized: Missing authentication token", status_code=401)
         if self.failing:
             return Response("Failed to get a response from the controller.", status_code=503)
         body = details([application(self.model, f"/{self.model}",
@@ -151,7 +156,8 @@ def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fai
     with serving(dashboard.app()) as dashboard_url, serving(upstream.app()) as upstream_url:
         settings = gateway_settings(upstream_url, redis_server.url, models=[model], model_context_lengths={model: 4096},
                                     queue=policy, model_queues={model: queue}, serve_dashboard_url=dashboard_url,
-                                    model_deployments={model: f"LLMServer:{model}"}, replica_poll_s=0.2)
+                                    model_deployments={model: f"LLMServer:{model}"}, replica_poll_s=0.2,
+                                    ray_auth_token=Dashboard.TOKEN)
         with serving_gateway(settings) as (api, metrics), ThreadPoolExecutor(4) as pool:
             eventually(lambda: store.get(keys[5]) == b"1", "the dashboard's one replica reaches Redis")
             first = pool.submit(chat, api)
