@@ -59,9 +59,13 @@ def test_a_burst_of_first_requests_to_a_model_at_zero_is_served():
     try:
         ready = dev.ready
         deadline = time.monotonic() + SCALE_DOWN_BOUND_S
-        while replicas_reported(ready["metrics_url"]) != 0:  # the start's own first request woke it
-            assert time.monotonic() < deadline, "Serve never reported the model at zero replicas"
-            time.sleep(2)
+        # The start's own first request woke the model: see its replica running, then gone. A 0
+        # read before the 1 can be a poll from while that replica was still starting.
+        seen = []
+        while seen[-1:] != [0] or 1 not in seen:
+            assert time.monotonic() < deadline, f"Serve never reported the model back at zero replicas: {seen}"
+            seen.append(replicas_reported(ready["metrics_url"]))
+            time.sleep(1)
 
         client = openai.OpenAI(base_url=ready["base_url"], api_key=ready["api_key"], max_retries=0, timeout=600)
         started = time.monotonic()
