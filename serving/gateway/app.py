@@ -95,7 +95,8 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
              if settings.redis_url and settings.queue.enabled and settings.model_queues else None)
     admitter = Admitter(settings, key_store, limiter, metrics, queue)
     feed = (ReplicaFeed(settings.serve_dashboard_url, settings.model_deployments, queue.set_replicas,
-                        poll_s=settings.replica_poll_s, on_error=metrics.replica_feed_errors.inc,
+                        poll_s=settings.replica_poll_s,
+                        on_error=lambda kind: metrics.replica_feed_errors.labels(kind=kind).inc(),
                         token=settings.ray_auth_token.get_secret_value() if settings.ray_auth_token else None,
                         on_count=lambda model, n: metrics.model_replicas.labels(model=model).set(n))
             if queue is not None and settings.serve_dashboard_url and settings.model_deployments else None)

@@ -100,8 +100,9 @@ class GatewayMetrics:
             ["model"], registry=r)
         self.replica_feed_errors = Counter(
             "llmstack_gateway_replica_feed_errors",
-            "Polls of Ray's REST API that failed: capacity falls back to the stack's figure once counts expire.",
-            registry=r)
+            "Polls of Ray's REST API that failed, by kind (unreachable|status|body|queue): capacity falls back "
+            "to the stack's figure once counts expire.",
+            ["kind"], registry=r)
         self.budget_used = BudgetUsage()
         r.register(self.budget_used)
 

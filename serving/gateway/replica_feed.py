@@ -57,7 +57,7 @@ class ReplicaFeed:
     """Polls the dashboard at `url` every `poll_s` and publishes each model's running replicas."""
 
     def __init__(self, url: str, deployments: Mapping[str, str], publish: Publish, *, poll_s: float,
-                 token: str | None = None, on_error: Callable[[], None] = lambda: None,
+                 token: str | None = None, on_error: Callable[[str], None] = lambda kind: None,
                  on_count: Callable[[str, int], None] = lambda model, count: None) -> None:
         self.url = url.rstrip("/") + APPLICATIONS_PATH
         # Ray's token authentication reads `Authorization: Bearer <token>` (Ray 2.60,
@@ -101,7 +101,7 @@ class ReplicaFeed:
                 await self.publish(model, count, self.poll_s * VALID_POLLS)
                 self.on_count(model, count)
         except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError) as exc:
-            self.on_error()
+            self.on_error(_kind(exc))
             if not self._failing:  # once per outage: a dashboard down for an hour is one line, plus the metric
                 log.warning("live replica counts unavailable from %s (%s: %s); each model's capacity falls back "
                             "to its stack figure (max_replicas x max_ongoing_requests)", self.url,
@@ -112,3 +112,16 @@ class ReplicaFeed:
             log.info("live replica counts from %s again", self.url)
         self._failing = False
         return counts
+
+
+def _kind(exc: BaseException) -> str:
+    """The metric label of a failed poll."""
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "status"  # e.g. 401 without Ray's token, 503 while the controller restarts
+    if isinstance(exc, ValueError):
+        return "body"
+    if isinstance(exc, RuntimeError):
+        return "queue"  # Redis did not take the count (serving.gateway.fair_queue.QueueUnavailable)
+    return "unreachable"

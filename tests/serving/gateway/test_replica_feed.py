@@ -177,7 +177,7 @@ def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fai
             eventually(lambda: store.get(keys[5]) is None, "the last count expires: the stack's figure holds")
             exposition = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
             errors = [line for line in exposition.splitlines()
-                      if line.startswith("llmstack_gateway_replica_feed_errors_total ")]
+                      if line.startswith('llmstack_gateway_replica_feed_errors_total{kind="status"} ')]
             assert errors and float(errors[0].split()[1]) >= 3
             third = pool.submit(chat, api)  # capacity is max_replicas x 1 = 4 again: runs at once
             eventually(lambda: upstream.running == 3, "a third runs under the stack's capacity")
