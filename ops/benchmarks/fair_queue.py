@@ -51,12 +51,14 @@ PROCESSES = 2
 # --- the upstream: finite capacity, first come first served -----------------------------------------
 
 
-def upstream_app(capacity: int, service_s: float, tokens: int = 16):
+def upstream_app(capacity: int, service_s: float, tokens: int = 16, spread: float = 0.0):
     """At most `capacity` requests run at once, the rest wait first come first served (as Ray
     Serve's router and vLLM's scheduler do). A running request streams OpenAI chunks: the first
     after a tenth of `service_s` (prefill), then `tokens` more at a fixed pace. /stats says how
     many ran at once (`running`, `peak`) and how many waited here for a place (`fifo_waited`):
-    behind a queue that works, nothing waits here."""
+    behind a queue that works, nothing waits here. `spread`: each request's decode time is drawn
+    uniformly within +-spread of its mean (answers differ in length), so that requests admitted
+    together do not all finish together."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
@@ -64,6 +66,7 @@ def upstream_app(capacity: int, service_s: float, tokens: int = 16):
     slots = asyncio.Semaphore(capacity)  # wakes waiters in arrival order
     stats = {"running": 0, "peak": 0, "served": 0, "fifo_waited": 0, "fifo_wait_max_s": 0.0}
     step = service_s * 9 / 10 / tokens
+    lengths = random.Random(0)
 
     def chunk(model: str, delta: dict | None, usage: dict | None = None, **extra: float) -> bytes:
         choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]
@@ -108,8 +111,9 @@ def upstream_app(capacity: int, service_s: float, tokens: int = 16):
             try:
                 await asyncio.sleep(service_s / 10)
                 yield chunk(model, {"role": "assistant", "content": "a"}, arrived=arrived, first_at=time.time())
+                pace = step * lengths.uniform(1 - spread, 1 + spread)
                 for _ in range(tokens):
-                    await asyncio.sleep(step)
+                    await asyncio.sleep(pace)
                     yield chunk(model, {"content": "a"})
                 if include_usage:
                     yield chunk(model, None, usage)
@@ -332,12 +336,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capacity", type=int, default=8)
     parser.add_argument("--service-ms", type=int, default=500)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--spread", type=float, default=0.0, help="upstream: decode time within +-this fraction")
     parser.add_argument("--out", type=Path, default=Path("build/bench/fair_queue.json"))
     args = parser.parse_args(argv)
     if args.role == "upstream":
         import uvicorn
 
-        uvicorn.run(upstream_app(args.capacity, args.service_ms / 1000), host="127.0.0.1", port=args.port,
+        uvicorn.run(upstream_app(args.capacity, args.service_ms / 1000, spread=args.spread), host="127.0.0.1",
+                    port=args.port,
                     log_level="warning")
         return
     results = run(args.duration, args.capacity, args.service_ms / 1000, args.out)

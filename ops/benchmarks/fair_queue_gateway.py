@@ -261,7 +261,7 @@ def figures(s: dict[str, Any], capacity: int, service_s: float, duration: float)
 
 
 def run(duration: float, capacity: int, service_s: float, out: Path, only: list[str] | None = None, *,
-        interactive_s: float = 240, batch_share: float = 0.75) -> dict[str, Any]:
+        interactive_s: float = 240, batch_share: float = 0.75, spread: float = 0.0) -> dict[str, Any]:
     import httpx
 
     from ops.devstack.local_redis import start_redis
@@ -272,6 +272,7 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
     models = {name: f"fq-{name}".replace("_", "-") for name in plan}
     results: dict[str, Any] = {"duration_s": duration, "capacity": capacity, "service_s": service_s,
                                "interactive_duration_s": interactive_s, "batch_capacity_share": batch_share,
+                               "service_spread": spread,
                                "processes": PROCESSES, "gateways_per_mode": PROCESSES, "scenarios": {}}
     logs = Path(tempfile.mkdtemp(prefix="llmstack-fq-gateway-bench-"))
     with ExitStack() as stack:
@@ -280,7 +281,8 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
         port = free_port()
         upstream = stack.enter_context(background(
             [sys.executable, "-m", "ops.benchmarks.fair_queue", "upstream", "--port", str(port),
-             "--capacity", str(capacity), "--service-ms", str(int(service_s * 1000))], logs / "upstream.log"))
+             "--capacity", str(capacity), "--service-ms", str(int(service_s * 1000)), "--spread", str(spread)],
+            logs / "upstream.log"))
         base = f"http://127.0.0.1:{port}"
         wait_for_http(f"{base}/stats", upstream, timeout_s=60)
         gateways: dict[str, list[str]] = {"fair": [], "fcfs": []}
@@ -341,11 +343,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interactive-duration", type=float, default=240,
                         help="seconds of the interactive scenario (half of it counts: alone and loaded)")
     parser.add_argument("--batch-share", type=float, default=0.75, help="the batch tier's capacity_share")
+    parser.add_argument("--spread", type=float, default=0.0,
+                        help="each answer's decode time within +-this fraction of the mean (0: all the same)")
     parser.add_argument("--only", type=lambda text: text.split(","), help="scenarios to run (no figures)")
     args = parser.parse_args(argv)
     started = time.time()
     results = run(args.duration, args.capacity, args.service_ms / 1000, args.out, args.only,
-                  interactive_s=args.interactive_duration, batch_share=args.batch_share)
+                  interactive_s=args.interactive_duration, batch_share=args.batch_share, spread=args.spread)
     print(json.dumps({**results.get("figures", {}), "seconds": round(time.time() - started)}, indent=2))
 
 
