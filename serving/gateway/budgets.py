@@ -99,6 +99,12 @@ def spend_key(tenant: str, month: str) -> str:
 
 
 @lru_cache(maxsize=64)
+def month_end_s(month: str) -> int:
+    """Epoch seconds when `month` ends (UTC)."""
+    return int(month_window(month)[1].timestamp())
+
+
+@lru_cache(maxsize=64)
 def spend_expire_at(month: str) -> int:
     return int((month_window(month)[1] + timedelta(days=SPEND_RETENTION_DAYS)).timestamp())
 
