@@ -162,6 +162,7 @@ def _usage(usage: Any) -> Usage | None:
 _USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
 _KEY_OVERLAP = 64  # bytes kept from the previous chunk, so a key split across chunks is still found
 _USAGE_MAX_BYTES = 65_536  # a usage object is a few numbers; past this it is not one
+_JSON = json.JSONDecoder()
 
 
 class _UsageScanner:
@@ -190,7 +191,7 @@ class _UsageScanner:
     def _try_decode(self) -> None:
         assert self._capture is not None
         try:
-            value, _ = json.JSONDecoder().raw_decode(self._capture.decode("utf-8", "replace"))
+            value, _ = _JSON.raw_decode(self._capture.decode("utf-8", "replace"))
         except ValueError:
             if len(self._capture) > _USAGE_MAX_BYTES:
                 self._done = True
