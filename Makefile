@@ -70,6 +70,7 @@ bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.benchmarks.kv_capacity --stack tests/stacks/Pulumi.draft.yaml
 	$(PY) -m ops.benchmarks.http_clients
 	$(PY) -m ops.benchmarks.gateway --litellm $(LITELLM) --out build/bench/gateway.json
+	$(PY) -m ops.benchmarks.gateway_stream --out build/bench/gateway_stream.json
 	$(PY) -m ops.benchmarks.serving --out build/bench/serving.json
 	$(PY) -m ops.benchmarks.model_sync --out build/bench/model_sync.json
 
