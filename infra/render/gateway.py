@@ -33,7 +33,7 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.render.serve_config import SERVE_PORT
+from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, model_routes
 from infra.spec import StackSpec
 from serving.gateway.queue_policy import ModelQueue
 
@@ -52,9 +52,10 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def gateway_settings(spec: StackSpec, plan: StackPlan | None = None) -> str:
+def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start.
-    `plan` (default: planned here) gives each model's cold-start timeout."""
+    `plan` (default: planned here) gives each model's cold-start timeout; `path`: the serving path
+    the Serve config was rendered for (where each model lives)."""
     return json.dumps({
         **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
@@ -62,6 +63,7 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None) -> str:
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
         "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
+        "model_routes": model_routes(spec, path),
     }, sort_keys=True)
 
 
