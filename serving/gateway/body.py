@@ -70,10 +70,6 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-# Made once: json.loads with these options would build a decoder per request.
-_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant)
-
-
 def nesting_within(body: bytes, max_depth: int) -> bool | None:
     """True when arrays and objects in `body` nest at most `max_depth` deep, False when they
     nest deeper, None when the brackets outside strings do not pair up (not JSON, and not
@@ -110,7 +106,7 @@ def parse_json(body: bytes, *, max_bytes: int, max_depth: int) -> Any:
         return BodyError(INVALID_JSON_MESSAGE, INVALID_JSON)
     try:
         text = body.decode("utf-8")
-        return _DECODER.decode(text)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_refuse_constant)
     except _DuplicateKey as exc:
         return BodyError(f"The request body repeats the key {str(exc)[:100]!r}.", INVALID_JSON)
     except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
