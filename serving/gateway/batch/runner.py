@@ -171,15 +171,23 @@ class BatchRunner:
             if record is None or record.status in TERMINAL:
                 await self.store.retire(batch_id)
             elif record.status in ("validating", "in_progress") and now() >= record.expires_at:
-                await self.finalize(batch_id, "expired")
+                # No line of it starts from here on; the ones running get lease_s to finish.
+                await self.store.transition(batch_id, ("validating", "in_progress"), status="finalizing",
+                                            finalizing_at=now(), ending="expired")
             elif record.status == "validating" or (record.status == "in_progress" and not record.enqueued):
                 await self.prepare(batch_id)
-            elif record.status == "cancelling":
+            elif record.status == "cancelling" and await self._drained(batch_id, record.cancelling_at):
                 await self.finalize(batch_id, "cancelled")
-            elif record.status == "finalizing":
+            elif record.status == "finalizing" and (record.ending in (None, "completed") or
+                                                    await self._drained(batch_id, record.finalizing_at)):
                 await self.finalize(batch_id, record.ending or "completed")
             elif record.status == "in_progress" and sum(await self.store.counts(batch_id)) >= record.total:
                 await self._finish(batch_id)
+
+    async def _drained(self, batch_id: str, since: int | None) -> bool:
+        """No line of a stopping batch is still being sent (or lease_s passed: a worker that died
+        leaves its count behind), so what completed is in before the files are written."""
+        return await self.store.running(batch_id, 0) <= 0 or now() - (since or 0) >= self.policy.lease_s
 
     async def prepare(self, batch_id: str) -> None:
         """Check the input file and enqueue its lines: validating -> in_progress (or failed)."""
@@ -241,8 +249,7 @@ class BatchRunner:
         """A quota refused a line: no more lines run; the unfinished ones fail with `code`."""
         if await self.store.transition(batch_id, ("in_progress",), status="finalizing", finalizing_at=now(),
                                        ending="stopped", stop_code=code, stop_message=message):
-            log.warning("batch %s stopped: %s", batch_id, code)
-            await self.finalize(batch_id, "stopped")
+            log.warning("batch %s stopped: %s", batch_id, code)  # the sweeper finalizes it once drained
 
     async def finalize(self, batch_id: str, ending: str) -> None:
         """Fail the lines without an answer (cancelled, expired, stopped), write the output and
@@ -255,10 +262,6 @@ class BatchRunner:
             if record is None or record.status in TERMINAL:
                 await self.store.retire(batch_id)
                 return
-            if ending == "expired":
-                # Stop the workers first: from here on no line of this batch starts.
-                await self.store.transition(batch_id, ("validating", "in_progress"), status="finalizing",
-                                            finalizing_at=now(), ending="expired")
             await self._write_results(record, ending)
         finally:
             await self.store.unlock(batch_id, owner)
@@ -338,6 +341,14 @@ class BatchRunner:
         if record is None or record.status != "in_progress" or now() >= record.expires_at or \
                 await self.store.answered(batch_id, custom_id):
             return  # cancelled, expired, stopped or done: the finalizer answers what never ran
+        await self.store.running(batch_id, 1)
+        try:
+            await self._answer(record, custom_id, body)
+        finally:
+            await self.store.running(batch_id, -1)
+
+    async def _answer(self, record: BatchRecord, custom_id: str, body: bytes) -> None:
+        batch_id, tenant = record.id, record.tenant
         answer = await self._send(record, body)
         if answer is None:
             return

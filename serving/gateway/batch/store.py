@@ -1,7 +1,7 @@
 """Batch state and the work stream in Redis.
 
     llmstack:{file:<id>}              FileRecord JSON (the bytes are in storage.py's storage)
-    llmstack:{batch:<id>}             hash: BatchRecord, one JSON value per field
+    llmstack:{batch:<id>}             hash: BatchRecord, one JSON value per field, and `running`
     llmstack:{batch:<id>}:ids         list: every custom_id in file order (the output files' order)
     llmstack:{batch:<id>}:done        hash custom_id -> output line (2xx answers)
     llmstack:{batch:<id>}:failed      hash custom_id -> error line (anything else)
@@ -204,6 +204,11 @@ class BatchStore:
                     pipe.xadd(WORK_STREAM, {"batch": batch_id, "tenant": tenant, "custom_id": custom_id,
                                             "body": body.decode()})
                 await pipe.execute()
+
+    async def running(self, batch_id: str, delta: int) -> int:
+        """Lines of the batch being sent now (a worker that dies leaves its count behind: callers
+        wait for zero at most lease_s)."""
+        return int(await self.redis.hincrby(batch_key(batch_id), "running", delta))
 
     async def answered(self, batch_id: str, custom_id: str) -> bool:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -93,3 +93,105 @@ def test_a_file_that_cannot_be_a_batch_fails_it_naming_the_lines(client_for, mak
     failed = wait_for(client, batch.id, {"failed", "completed"})
     assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
     assert [(e.code, e.line) for e in failed.errors.data] == [("invalid_custom_id", 2), ("duplicate_custom_id", 3)]
+
+
+def slow(seen) -> object:
+    """The recording upstream's usual answer, after a pause (it answers one request at a time)."""
+    from tests.support.gateway import default_answer
+
+    time.sleep(0.05)
+    return default_answer(seen)
+
+
+def test_cancel_stops_new_lines_and_finalizes_what_completed(client_for, make_key, recorded) -> None:
+    recorded.answer = slow
+    client = client_for(make_key())
+    ids = [f"c-{n}" for n in range(200)]
+    uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(i) for i in ids])), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    deadline = time.monotonic() + HANG_BOUND_S
+    while (client.batches.retrieve(batch.id).request_counts.completed or 0) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
+    cancelled = wait_for(client, batch.id, {"cancelled"})
+    assert cancelled.status == "cancelled" and cancelled.cancelled_at is not None
+    counts = cancelled.request_counts
+    assert counts is not None and counts.total == 200 and 5 <= counts.completed < 200
+    output, errors = lines_of(client, cancelled.output_file_id), lines_of(client, cancelled.error_file_id)
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(ids)  # each exactly once
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    assert len(output) == counts.completed
+    sent = len(recorded.seen)
+    time.sleep(1)  # several sweeps and worker turns: nothing of the batch starts any more
+    assert len(recorded.seen) == sent
+    assert client.batches.cancel(batch.id).status == "cancelled"  # cancelling again is no error
+
+
+def test_a_batch_past_its_window_expires_and_its_unfinished_lines_fail(start_gateway, make_key, recorded) -> None:
+    recorded.answer = slow
+    with start_gateway(batch={"completion_window_s": 1}) as (api, _):
+        client = openai.OpenAI(base_url=f"{api}/v1", api_key=make_key(), max_retries=0, timeout=HANG_BOUND_S)
+        ids = [f"e-{n}" for n in range(200)]
+        uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(i) for i in ids])), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        assert batch.expires_at is not None and batch.expires_at - batch.created_at == 1
+        expired = wait_for(client, batch.id, {"expired", "completed"})
+        output, errors = lines_of(client, expired.output_file_id), lines_of(client, expired.error_file_id)
+    assert expired.status == "expired" and expired.expired_at is not None
+    counts = expired.request_counts
+    assert counts is not None and counts.completed + counts.failed == 200 and counts.failed > 0
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(ids)
+    assert {line["error"]["code"] for line in errors} == {"batch_expired"}
+
+
+def test_another_tenants_key_sees_nothing(client_for, make_key) -> None:
+    owner, other = client_for(make_key("owner-co")), client_for(make_key("other-co"))
+    uploaded = owner.files.create(file=("in.jsonl", jsonl([chat_line("x")])), purpose="batch")
+    batch = owner.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                 completion_window="24h")
+    done = wait_for(owner, batch.id, {"completed"})
+    assert done.output_file_id is not None
+    for call in (lambda: other.batches.retrieve(batch.id), lambda: other.batches.cancel(batch.id),
+                 lambda: other.files.retrieve(uploaded.id), lambda: other.files.content(uploaded.id),
+                 lambda: other.files.content(done.output_file_id), lambda: other.files.delete(uploaded.id),
+                 lambda: other.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                              completion_window="24h")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert [b.id for b in other.batches.list()] == []
+    assert owner.files.content(uploaded.id).content == jsonl([chat_line("x")])  # untouched by the attempts
+
+
+def test_list_is_newest_first_with_openai_cursor_pagination(client_for, make_key) -> None:
+    client = client_for(make_key("pager-co"))
+    uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line("x")])), purpose="batch")
+    made = [client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h").id for _ in range(3)]
+    first = client.batches.list(limit=2)
+    assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
+    assert [b.id for b in client.batches.list(limit=2, after=first.data[-1].id).data] == made[:1]
+    assert [b.id for b in client.batches.list(limit=2)] == made[::-1]  # the SDK's own auto-pagination
+
+
+def test_a_spent_daily_budget_stops_the_batch_and_fails_the_rest(client_for, redis_server, recorded) -> None:
+    from serving.gateway.keys import create_key_sync
+    from tests.support.gateway import GENEROUS
+
+    key = create_key_sync(redis_server.url, "thrifty-co", "budget", limits={**GENEROUS, "daily_token_budget": 1000})
+    client = client_for(key)
+    ids = [f"b-{n}" for n in range(60)]
+    uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(i, max_tokens=10) for i in ids])),
+                                   purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    done = wait_for(client, batch.id, {"completed", "failed"})
+    assert done.status == "completed" and done.request_counts is not None
+    assert 0 < done.request_counts.completed < 60 and done.request_counts.failed > 0
+    output, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(ids)
+    assert {line["error"]["code"] for line in errors if line["error"]} == {"daily_token_budget_exceeded"}
+    assert "daily token budget" in errors[-1]["error"]["message"]
+    assert len(recorded.seen) == len(output)  # billed and sent: only what completed
