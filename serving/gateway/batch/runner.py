@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -56,7 +56,6 @@ from serving.gateway.settings import GatewaySettings
 log = logging.getLogger("llmstack.gateway.batch")
 
 READ_BLOCK_MS = 1000  # below the Redis client's 2 s socket timeout
-LOCK_TTL_S = 300.0
 # A quota, not a rate: waiting minutes cannot help, so the batch stops and its other lines fail.
 QUOTA_CODES = frozenset({"daily_token_budget_exceeded", REFUSAL_CODE})
 # The model or the gateway is full: wait as long as the batch may run, without counting attempts.
@@ -189,15 +188,34 @@ class BatchRunner:
         leaves its count behind), so what completed is in before the files are written."""
         return await self.store.running(batch_id, 0) <= 0 or now() - (since or 0) >= self.policy.lease_s
 
+    @contextlib.asynccontextmanager
+    async def _locked(self, batch_id: str) -> AsyncIterator[bool]:
+        """The batch's lock for one step (True), or False when another process holds it. Held
+        for lease_s and renewed every lease_s / 3, so a process that dies holding it blocks the
+        step for lease_s at most."""
+        owner, ttl_s = uuid.uuid4().hex, self.policy.lease_s
+        if not await self.store.lock(batch_id, owner, ttl_s):
+            yield False
+            return
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(ttl_s / 3)
+                with contextlib.suppress(Exception):
+                    await self.store.renew(batch_id, owner, ttl_s)
+
+        renewing = asyncio.create_task(renew())
+        try:
+            yield True
+        finally:
+            renewing.cancel()
+            await self.store.unlock(batch_id, owner)
+
     async def prepare(self, batch_id: str) -> None:
         """Check the input file and enqueue its lines: validating -> in_progress (or failed)."""
-        owner = uuid.uuid4().hex
-        if not await self.store.lock(batch_id, owner, LOCK_TTL_S):
-            return
-        try:
-            await self._prepare(batch_id)
-        finally:
-            await self.store.unlock(batch_id, owner)
+        async with self._locked(batch_id) as mine:
+            if mine:
+                await self._prepare(batch_id)
 
     async def _prepare(self, batch_id: str) -> None:
         record = await self.store.batch(batch_id)
@@ -254,17 +272,14 @@ class BatchRunner:
     async def finalize(self, batch_id: str, ending: str) -> None:
         """Fail the lines without an answer (cancelled, expired, stopped), write the output and
         error files, and set the final status. Redone whole if this process dies half way."""
-        owner = uuid.uuid4().hex
-        if not await self.store.lock(batch_id, owner, LOCK_TTL_S):
-            return
-        try:
+        async with self._locked(batch_id) as mine:
+            if not mine:
+                return
             record = await self.store.batch(batch_id)
             if record is None or record.status in TERMINAL:
                 await self.store.retire(batch_id)
                 return
             await self._write_results(record, ending)
-        finally:
-            await self.store.unlock(batch_id, owner)
 
     async def _write_results(self, record: BatchRecord, ending: str) -> None:
         batch_id = record.id

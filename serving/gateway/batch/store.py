@@ -56,6 +56,10 @@ else
 end
 return {1, redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
 """
+RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -91,6 +95,7 @@ class BatchStore:
         self._transition = redis.register_script(TRANSITION_LUA)
         self._record = redis.register_script(RECORD_LUA)
         self._release = redis.register_script(RELEASE_LUA)
+        self._renew = redis.register_script(RENEW_LUA)
 
     async def ensure_group(self) -> None:
         from redis.exceptions import ResponseError
@@ -178,6 +183,9 @@ class BatchStore:
 
     async def lock(self, batch_id: str, owner: str, ttl_s: float) -> bool:
         return bool(await self.redis.set(batch_key(batch_id, "lock"), owner, nx=True, px=int(ttl_s * 1000)))
+
+    async def renew(self, batch_id: str, owner: str, ttl_s: float) -> bool:
+        return bool(await self._renew(keys=[batch_key(batch_id, "lock")], args=[owner, int(ttl_s * 1000)]))
 
     async def unlock(self, batch_id: str, owner: str) -> None:
         await self._release(keys=[batch_key(batch_id, "lock")], args=[owner])
