@@ -17,6 +17,7 @@ from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_warnings import stack_warnings
+from ops.llmctl.batches import app as batches_app
 from ops.llmctl.bench.cli import bench
 from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
 from ops.llmctl.cost.cli import app as cost_app
@@ -31,6 +32,7 @@ app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_h
                   pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(batches_app, name="batches")
 app.add_typer(models_app, name="models")
 app.add_typer(cost_app, name="cost")
 app.command()(status)
