@@ -122,7 +122,7 @@ class BatchApi:
         if problem is not None:
             return _bad(problem, "file", code="invalid_file_format")
         record = FileRecord(id=new_file_id(), tenant=key.tenant, bytes=len(content), created_at=now(),
-                            filename=filename, purpose="batch")
+                            filename=filename, purpose="batch", expires_at=self.runner.expires_at())
         await self.storage.put(record.id, content)
         await self.store.put_file(record)
         return JSONResponse(record.api())

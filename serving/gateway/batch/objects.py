@@ -55,11 +55,12 @@ class FileRecord(_Record):
     created_at: int
     filename: str
     purpose: Literal["batch", "batch_output"]
+    expires_at: int | None = None
 
     def api(self) -> dict[str, Any]:
         return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
-                "filename": self.filename, "purpose": self.purpose, "status": "processed", "expires_at": None,
-                "status_details": None}
+                "filename": self.filename, "purpose": self.purpose, "status": "processed",
+                "expires_at": self.expires_at, "status_details": None}
 
 
 class LineError(BaseModel):

@@ -32,6 +32,10 @@ class BatchPolicy(BaseModel):
     sweep_interval_s: float = Field(
         default=1.0, gt=0, le=60,
         description="How often each gateway looks for batches to validate, finalize, cancel or expire.")
+    retention_days: int = Field(
+        default=30, ge=1, le=365,
+        description="Files (inputs and results) and finished batches are kept this long, then deleted: their "
+                    "Redis records expire and, on AWS, an S3 lifecycle rule removes the bytes under batches/.")
     max_attempts: int = Field(
         default=3, ge=1, le=20,
         description="Tries per line when the upstream fails (5xx, unreachable); rate-limit waits do not count.")

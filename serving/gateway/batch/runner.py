@@ -136,6 +136,10 @@ class BatchRunner:
         self.app: ASGIApp | None = None
         self._tasks: list[asyncio.Task] = []
 
+    def expires_at(self) -> int:
+        """When what is made now (a file, a finished batch) is deleted: gateway.batch.retention_days."""
+        return now() + self.policy.retention_days * 86_400
+
     async def start(self, app: ASGIApp) -> None:
         self.app = app
         await self.store.ensure_group()
@@ -303,12 +307,13 @@ class BatchRunner:
                 await self.storage.put(file_id, content)
                 await self.store.put_file(FileRecord(id=file_id, tenant=record.tenant, bytes=len(content),
                                                      created_at=now(), filename=f"{batch_id}_{kind}.jsonl",
-                                                     purpose="batch_output"))
+                                                     purpose="batch_output", expires_at=self.expires_at()))
                 files[f"{kind}_file_id"] = file_id
         allowed = ("validating", "in_progress", "finalizing", "cancelling")
         final = {FINAL_TIME.get(ending, "completed_at"): now()}
         await self.store.transition(batch_id, allowed, status=FINAL_STATUS[ending], completed=len(done),
                                     failed=len(failed), **files, **final)
+        await self.store.keep_until(batch_id, self.expires_at())
         await self.store.retire(batch_id)
         log.info("batch %s %s: %d completed, %d failed", batch_id, FINAL_STATUS[ending], len(done), len(failed))
 

@@ -109,7 +109,8 @@ class BatchStore:
     # --- files -------------------------------------------------------------------------
 
     async def put_file(self, record: FileRecord) -> None:
-        await self.redis.set(file_key(record.id), record.model_dump_json())
+        expiry = {} if record.expires_at is None else {"exat": record.expires_at}
+        await self.redis.set(file_key(record.id), record.model_dump_json(), **expiry)
 
     async def file(self, file_id: str, tenant: str) -> FileRecord | None:
         """The file if it exists and belongs to `tenant`: another tenant's file does not exist for it."""
@@ -169,9 +170,20 @@ class BatchStore:
             if score is None:
                 return [], False
             top = f"({int(score)}"
-        ids = await self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
-        records = [r for r in [await self.batch(batch_id, tenant) for batch_id in ids[:limit]] if r is not None]
-        return records, len(ids) > limit
+        while True:
+            ids = await self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
+            found = {batch_id: await self.batch(batch_id, tenant) for batch_id in ids[:limit]}
+            gone = [batch_id for batch_id, record in found.items() if record is None]
+            if not gone:
+                return [record for record in found.values() if record is not None], len(ids) > limit
+            await self.redis.zrem(key, *gone)  # expired after retention_days: out of the index too, then read again
+
+    async def keep_until(self, batch_id: str, expires_at: int) -> None:
+        """A finished batch's records (and results) are deleted at `expires_at`."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for part in ("", "ids", "done", "failed"):
+                pipe.expireat(batch_key(batch_id, part), expires_at)
+            await pipe.execute()
 
     async def active(self) -> list[str]:
         return sorted(await self.redis.smembers(ACTIVE))
