@@ -71,6 +71,9 @@ bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.benchmarks.http_clients
 	$(PY) -m ops.benchmarks.gateway --litellm $(LITELLM) --out build/bench/gateway.json
 	$(PY) -m ops.benchmarks.serving --out build/bench/serving.json
+	$(PY) -m ops.benchmarks.serving --client llmctl --paths direct --out build/bench/serving-llmctl.json
+	$(PY) -m ops.benchmarks.prefix_routing --out build/bench/prefix_routing.json
+	$(PY) -m ops.benchmarks.autoscale_demo --out build/bench/autoscale.json
 	$(PY) -m ops.benchmarks.model_sync --out build/bench/model_sync.json
 
 # The gateway benchmark drives load with Debian's wrk, and compares with LiteLLM proxy, which

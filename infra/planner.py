@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from infra.cold_start import cold_start_timeout_s, expected_cold_start
 from infra.gpu_catalog import InstanceType, gpu_class_info, load_catalog
+from infra.ingress_plan import IngressPlan, plan_ingress
 from infra.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.spec import (
     Architecture,
@@ -110,6 +111,7 @@ class StackPlan(BaseModel):
     models: list[ModelPlan]
     node_groups: list[NodeGroupPlan]
     problems: list[Problem]
+    ingress: IngressPlan | None = Field(default=None, description="Serving ingress sizing (infra.ingress_plan).")
 
     @property
     def ok(self) -> bool:
@@ -184,8 +186,9 @@ def plan_stack(spec: StackSpec, *, vllm_version: str = CLUSTER_VLLM_VERSION) -> 
         group_plans.append(plan)
         problems += found
     model_plans, found = _with_cold_starts(spec, model_plans, group_plans)
+    ingress = plan_ingress(model_plans, group_plans, local=spec.cloud.provider == "local")
     return StackPlan(stack=spec.name, vllm_version=vllm_version, models=model_plans, node_groups=group_plans,
-                     problems=problems + found)
+                     problems=problems + found, ingress=ingress)
 
 
 def _with_cold_starts(spec: StackSpec, models: list[ModelPlan], groups: list[NodeGroupPlan]

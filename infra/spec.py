@@ -239,6 +239,13 @@ class Autoscaling(_Spec):
         return self
 
 
+class Routing(str, Enum):
+    """How Serve picks a replica for each request of a model (`request_router_config`)."""
+
+    POW2 = "pow2"  # Serve's default: the less busy of two random replicas
+    PREFIX = "prefix"  # Ray Serve LLM's PrefixCacheAffinityRouter: same prompt prefix, same replica
+
+
 class Architecture(_Spec):
     """Explicit model shape, for models neither local nor in the built-in table."""
 
@@ -282,6 +289,12 @@ class ModelSpec(_Spec):
     quantization: Quantization | None = Field(default=None, description="Weight quantization, if any.")
     speculative_decoding: Speculation | None = Field(default=None, description="Optional speculation.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="Replica autoscaling.")
+    routing: Routing = Field(
+        default=Routing.POW2,
+        description="Replica choice per request: pow2 (least busy of two) or prefix (requests sharing a "
+                    "prompt prefix go to the replica that has it cached; for multi-turn chat and long shared "
+                    "system prompts, with two or more replicas).",
+    )
     architecture: Architecture | None = Field(default=None, description="Explicit shape if not known.")
     cached: bool = Field(
         default=False,

@@ -35,7 +35,7 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.render.serve_config import SERVE_PORT
+from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, model_routes
 from infra.spec import StackSpec
 from serving.gateway.queue_policy import ModelQueue
 
@@ -57,10 +57,12 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, batch_storage_url: str | None = None) -> str:
+def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH,
+                     batch_storage_url: str | None = None) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start.
-    `plan` (default: planned here) gives each model's cold-start timeout; `batch_storage_url`,
-    where Batch API files live (none: no Batch API)."""
+    `plan` (default: planned here) gives each model's cold-start timeout; `path`: the serving path
+    the Serve config was rendered for (where each model lives); `batch_storage_url`, where Batch
+    API files live (none: no Batch API)."""
     return json.dumps({
         **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
         **spec.gateway.policy_settings(),
@@ -69,6 +71,7 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, batch_stora
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
         "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
+        "model_routes": model_routes(spec, path),
     }, sort_keys=True)
 
 
@@ -120,7 +123,7 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
             {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(
-                spec, plan, None if model_cache_bucket is None else batches_uri(model_cache_bucket))},
+                spec, plan, batch_storage_url=None if model_cache_bucket is None else batches_uri(model_cache_bucket))},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few

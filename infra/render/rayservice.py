@@ -16,6 +16,10 @@ Shape, and why:
   cannot connect and the head never starts (Ray docs, kuberay-gcs-ft.md "Connect to Redis over
   TLS"). KubeRay builds its Redis cleanup Job from the head's pod template, so the Job gets
   the same variables.
+- Every Ray container gets the serving path's environment (`serve_config.serving_env`: HAProxy
+  as Serve's proxy, direct streaming, LLMRouter replicas per node from the plan), because Ray
+  reads it at import time in every process. HAProxy takes the head's Serve port; replicas
+  listen on their own ports (30000-31000), which the NetworkPolicy's Ray-to-Ray rule allows.
 - On AWS every Ray pod runs as the `llmstack-ray` service account, which the Pulumi program
   binds (IRSA) to a role that may only read the stack's model cache bucket.
 """
@@ -42,7 +46,13 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
-from infra.render.serve_config import SERVE_PORT, node_group_resource, serve_config
+from infra.render.serve_config import (
+    HAPROXY_METRICS_PORT,
+    SERVE_PORT,
+    node_group_resource,
+    serve_config,
+    serving_env,
+)
 from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
 from infra.versions import RAY_VERSION
 
@@ -98,14 +108,15 @@ def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dic
 def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None,
                model_cache_bucket: str | None = None) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
-    workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max)
+    env = serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1)
+    workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max, env)
                for g in spec.node_groups]
     blue_green_fits = all(not g.blue_green.startswith("does not fit") for g in plan.node_groups)
     annotations = {} if blue_green_fits else {
         "llmstack.dev/upgrade-note": "NewCluster upgrades need a second cluster that the node groups "
                                      "cannot hold; cluster changes apply in place (see llmctl plan)."}
     address = gcs_redis_address or redis_address(spec)
-    head = _head_group(spec)
+    head = _head_group(spec, env)
     _with_tls_env(head, address)
     return {
         "apiVersion": "ray.io/v1",
@@ -131,12 +142,14 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
     }
 
 
-def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
+def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]],
+               env: dict[str, str]) -> dict[str, Any]:
     return {
         "name": name,
         "image": spec.versions.serving_image,
         "resources": {"requests": resources, "limits": resources},
-        "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True)],
+        "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True),
+                *({"name": k, "value": v} for k, v in sorted(env.items()))],
         "ports": ports,
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -161,10 +174,12 @@ def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, st
     return pod
 
 
-def _head_group(spec: StackSpec) -> dict[str, Any]:
+def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
     ports = [{"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
              {"containerPort": 10001, "name": "client"}, {"containerPort": SERVE_PORT, "name": "serve"}]
-    container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports)
+    if "RAY_SERVE_ENABLE_HA_PROXY" in env:
+        ports.append({"containerPort": HAPROXY_METRICS_PORT, "name": "haproxy-metrics"})
+    container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports, env)
     return {
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
         "template": _pod(spec, container, {}, []),
@@ -172,7 +187,7 @@ def _head_group(spec: StackSpec) -> dict[str, Any]:
 
 
 def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes: int,
-                  max_nodes: int) -> dict[str, Any]:
+                  max_nodes: int, env: dict[str, str]) -> dict[str, Any]:
     if isinstance(group, GpuNodeGroup):
         instance = load_catalog()[group.instance_type]
         cpus, memory_gib, gpus = instance.vcpus, instance.memory_gib, instance.gpus
@@ -186,7 +201,7 @@ def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes
     if gpus:
         resources["nvidia.com/gpu"] = str(gpus)
     custom = {node_group_resource(group.name): gpus or pod_cpus}
-    container = _container(spec, "ray-worker", resources, [])
+    container = _container(spec, "ray-worker", resources, [], env)
     return {
         "groupName": group.name,
         "replicas": min_nodes,

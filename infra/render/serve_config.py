@@ -23,19 +23,52 @@ A model with `cached: true` loads from the stack's S3 model cache: its `model_so
 Serve LLM's cloud mirror config (`{"bucket_uri": "s3://..."}`, `CloudMirrorConfig`), which
 Ray downloads with boto3 on the replica's node, using the pod's IRSA role. Its
 `model_loading_config.model_id` stays the served name, so clients see no difference.
+
+The serving path (`ServingPath`, chosen by measurement, see BENCHMARKS.md) decides the shape.
+On the default `direct` path each model is its own Serve application under `/<model id>`:
+HAProxy forwards each request straight to an `LLMServer` replica, whose own vLLM HTTP app
+streams the answer (Ray Serve LLM's direct streaming; its `LLMRouter` only picks the replica,
+once per request). One more small application at `/` lists every model (`GET /v1/models`),
+and the gateway routes by the body's `model` with `model_routes`. Ray reads the switches from
+the environment of every Ray process at import time, so they are pod env (`serving_env`), not
+part of the Serve config.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from infra.model_cache import model_uri
 from infra.model_source import resolve_local_source
-from infra.spec import CpuNodeGroup, DraftModelSpeculation, Dtype, ModelSpec, NgramSpeculation, StackSpec
+from infra.spec import CpuNodeGroup, DraftModelSpeculation, Dtype, ModelSpec, NgramSpeculation, Routing, StackSpec
 
-APP_NAME = "llm"
+APP_NAME = "llm"  # the one application of the paths through an OpenAI ingress
+MODELS_APP_NAME = "models"  # direct path: `GET /v1/models` for every model, at `/`
 APP_IMPORT_PATH = "serving.app:build_app"
+MODELS_APP_IMPORT_PATH = "serving.app:build_model_list_app"
 SERVE_PORT = 8000
+
+
+class ServingPath(str, Enum):
+    """How a request travels from Serve's HTTP port to the vLLM engine."""
+
+    DIRECT = "direct"  # HAProxy -> LLMServer replica (vLLM's HTTP app); one application per model
+    HAPROXY = "haproxy"  # HAProxy -> OpenAI ingress replica -> LLMServer replica; one application
+    RAY_PROXY = "ray_proxy"  # Serve's Python proxy -> OpenAI ingress -> LLMServer (Ray's default)
+
+
+# The path `llmctl render` and `make dev` run; the others stay renderable so that
+# `python -m ops.benchmarks.serving --paths ...` can measure them against it.
+SERVING_PATH = ServingPath.DIRECT
+
+# Serve request routers (`request_router_config.request_router_class`) per `routing:`.
+# pow2 is Serve's own default, named explicitly because direct streaming otherwise picks
+# round-robin (ray.llm core/ingress/builder.py, `_get_direct_streaming_serve_options`).
+REQUEST_ROUTERS = {
+    Routing.POW2: "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    Routing.PREFIX: "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+}
 
 
 def node_group_resource(group_name: str) -> str:
@@ -72,12 +105,19 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
         # refuses a non-zero priority unless the engine schedules by it (vLLM EngineArgs
         # `scheduling_policy`, "lower value means earlier handling").
         engine["scheduling_policy"] = "priority"
+    # Prefix caching is what `routing: prefix` routes for; usage then reports the cached prompt
+    # tokens (`prompt_tokens_details.cached_tokens`), which is how a hit rate is measured.
+    engine["enable_prefix_caching"] = True
+    engine["enable_prompt_tokens_details"] = True
     engine.update(model.engine_args)
 
     config: dict[str, Any] = {
         "model_loading_config": {"model_id": model.model_name, "model_source": _model_source(
             model, local=local, model_cache_bucket=model_cache_bucket)},
         "engine_kwargs": engine,
+        # In the LLMConfig rather than in `deployments:` because Ray's direct-streaming builder
+        # reads it from there. So a routing change restarts the model's replicas.
+        "deployment_config": {"request_router_config": {"request_router_class": REQUEST_ROUTERS[model.routing]}},
     }
     if on_cpu:
         config["placement_group_config"] = {"bundle_per_worker": {"CPU": 1}, "strategy": "PACK"}
@@ -153,16 +193,93 @@ def serving_args(spec: StackSpec, model_cache_bucket: str | None = None) -> dict
     return {"llm_configs": [llm_config(m, spec, model_cache_bucket) for m in spec.models]}
 
 
-def serve_config(spec: StackSpec, model_cache_bucket: str | None = None) -> dict[str, Any]:
-    """A Serve deploy config (`ServeDeploySchema`): what `serveConfigV2` holds and `make dev` runs."""
+def app_name(model: ModelSpec, path: ServingPath = SERVING_PATH) -> str:
+    """The Serve application that serves `model`."""
+    return model.id if path is ServingPath.DIRECT else APP_NAME
+
+
+def route_prefix(model: ModelSpec, path: ServingPath = SERVING_PATH) -> str:
+    """Where Serve's HTTP port serves `model`'s OpenAI API (`<prefix>/v1/...`)."""
+    return f"/{model.id}" if path is ServingPath.DIRECT else "/"
+
+
+def model_routes(spec: StackSpec, path: ServingPath = SERVING_PATH) -> dict[str, str]:
+    """Served name -> route prefix, for the gateway; empty when every model shares `/`."""
+    if path is not ServingPath.DIRECT:
+        return {}
+    return {m.model_name: route_prefix(m, path) for m in spec.models}
+
+
+def _model_list_app(spec: StackSpec) -> dict[str, Any]:
     return {
-        "proxy_location": "EveryNode",
-        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
-        "applications": [{
+        "name": MODELS_APP_NAME,
+        "route_prefix": "/",
+        "import_path": MODELS_APP_IMPORT_PATH,
+        "args": {"models": [{"id": m.model_name, "route_prefix": route_prefix(m), "max_model_len": m.max_model_len}
+                            for m in spec.models]},
+    }
+
+
+def applications(spec: StackSpec, model_cache_bucket: str | None = None,
+                 path: ServingPath = SERVING_PATH) -> list[dict[str, Any]]:
+    """The Serve applications (`ServeApplicationSchema`s) of the stack on `path`."""
+    if path is not ServingPath.DIRECT:
+        return [{
             "name": APP_NAME,
             "route_prefix": "/",
             "import_path": APP_IMPORT_PATH,
             "args": serving_args(spec, model_cache_bucket),
             "deployments": [*(deployment_overrides(m) for m in spec.models), *ingress_overrides(spec)],
-        }],
+        }]
+    # Direct streaming serves exactly one model per application (ray.llm's build_openai_app).
+    per_model = [{
+        "name": app_name(m, path),
+        "route_prefix": route_prefix(m, path),
+        "import_path": APP_IMPORT_PATH,
+        "args": {"llm_configs": [llm_config(m, spec, model_cache_bucket)]},
+        "deployments": [deployment_overrides(m)],
+    } for m in spec.models]
+    return [*per_model, _model_list_app(spec)]
+
+
+def serve_config(spec: StackSpec, model_cache_bucket: str | None = None,
+                 path: ServingPath = SERVING_PATH) -> dict[str, Any]:
+    """A Serve deploy config (`ServeDeploySchema`): what `serveConfigV2` holds and `make dev` runs."""
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
+        "applications": applications(spec, model_cache_bucket, path),
     }
+
+
+# HAProxy's own ports (ray.serve constants RAY_SERVE_HAPROXY_STATS_PORT / _METRICS_PORT defaults).
+# It binds them on all interfaces: alone in a pod that is fine; two stacks on one machine must
+# move them (ops.devstack does).
+HAPROXY_STATS_PORT = 8404
+HAPROXY_METRICS_PORT = 9101
+
+
+def serving_env(spec: StackSpec, path: ServingPath = SERVING_PATH, *, routers_per_node: int = 1) -> dict[str, str]:
+    """Environment every Ray process of the stack needs for `path`: pod env in the cluster,
+    `os.environ` before `ray.init` locally. Ray reads these at import time
+    (ray.serve._private.constants, ray.llm._internal.serve.constants). `routers_per_node`:
+    LLMRouter replicas of each model on each node that runs a proxy (`infra.ingress_plan`)."""
+    if path is ServingPath.RAY_PROXY:
+        return {}
+    # Ray's "high throughput" settings, on head and workers alike (Ray docs, "Enable High
+    # Throughput on Ray Serve with KubeRay"; kuberay ray-operator/config/samples/
+    # ray-service.high-throughput-llm.yaml). THROUGHPUT_OPTIMIZED runs replica code on the
+    # replica's own event loop, buffers request logs and logs to files only, not stderr.
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    if path is ServingPath.DIRECT:
+        env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
+        env["RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE"] = str(routers_per_node)
+        if any(m.routing is Routing.PREFIX for m in spec.models):
+            # HAProxy hands the LLMRouter the request body only when asked to; a prefix
+            # router without it silently falls back to load balancing.
+            env["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"] = "1"
+        if any(m.autoscaling.min_replicas == 0 for m in spec.models):
+            # A model scaled to zero has no replica to pick until one starts: let HAProxy wait
+            # for the router as long as the gateway waits for a first byte, instead of 5 s.
+            env["RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S"] = str(int(spec.gateway.upstream_idle_timeout_s))
+    return env

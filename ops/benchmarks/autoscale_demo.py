@@ -38,11 +38,17 @@ from typing import Any, Callable, Literal
 
 import psutil
 
+from infra.render.serve_config import SERVING_PATH, app_name, route_prefix
 from infra.spec import CpuNodeGroup, StackSpec
 from infra.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.autoscale_timeline import Sample, findings
 from ops.devstack import serve as local_serve
-from ops.devstack.serve import DEPLOY_TIMEOUT_S, local_serve_config  # one deploy path with make dev
+from ops.devstack.serve import (  # make dev's deploy path
+    DEPLOY_TIMEOUT_S,
+    haproxy_dir,
+    local_serve_config,
+    local_serving_env,
+)
 from ops.harness.processes import free_port, stop_tree
 from ops.llmctl.bench.loadgen import LoadSpec, run_level
 from ops.llmctl.bench.stats import LengthDistribution, RequestResult, summarise
@@ -119,9 +125,10 @@ def deploy(spec: StackSpec, serve_port: int) -> tuple[str, str]:
     from ray import serve
 
     config = local_serve_config(spec, serve_port) | {"proxy_location": "HeadOnly"}
-    for llm in config["applications"][0]["args"]["llm_configs"]:
-        llm["runtime_env"]["env_vars"].update(ENGINE_ENV_ON_SHARED_HOST)
-    app = config["applications"][0]["name"]
+    for application in config["applications"]:
+        for llm in application["args"].get("llm_configs", []):
+            llm["runtime_env"]["env_vars"].update(ENGINE_ENV_ON_SHARED_HOST)
+    app = app_name(spec.models[0])
     serve.start(proxy_location=config["proxy_location"], http_options=config["http_options"])
     # Declaratively, as make dev and KubeRay deploy: the autoscaling lives in the config's
     # `deployments:` overrides, which only a declarative deploy applies.
@@ -186,6 +193,8 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
     assert isinstance(group, CpuNodeGroup), "the demo runs CPU node groups on this machine"
     # A private token: our cluster neither trusts nor is reachable with another cluster's.
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    # make dev's serving path; Ray reads it at import in every process, so `ray start` gets it too.
+    os.environ.update(local_serving_env(spec, SERVING_PATH, haproxy_dir()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     record.update(engine_env_override=ENGINE_ENV_ON_SHARED_HOST, stack=stack, model=model.id,
                   autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
@@ -202,7 +211,8 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
         t0 = time.monotonic()
         app, deployment = deploy(spec, serve_port)
         record["deploy_s"] = round(time.monotonic() - t0, 1)
-        load = LoadSpec(base_url=f"http://127.0.0.1:{serve_port}/v1", model=model.model_name,
+        load = LoadSpec(base_url=f"http://127.0.0.1:{serve_port}{route_prefix(model).rstrip('/')}/v1",
+                        model=model.model_name,
                         prompt_tokens=LengthDistribution.parse("fixed:64"),
                         output_tokens=LengthDistribution.parse(output_tokens), timeout_s=120)
         record["load"] = load.model_dump(mode="json", exclude={"api_key"})

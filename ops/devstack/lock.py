@@ -40,6 +40,7 @@ class RunningDev(BaseModel):
     ray_address: str | None = Field(default=None, description="GCS address of its Ray.")
     ray_auth_mode: str | None = Field(default=None, description="RAY_AUTH_MODE a client must use.")
     serve_port: int | None = Field(default=None, description="Ray Serve's HTTP port.")
+    serving_path: str | None = Field(default=None, description="Serving path it deployed; None: the default.")
 
     @property
     def gateway_root(self) -> str:

@@ -1,12 +1,13 @@
 """`make dev`: the whole serving path on this machine, from the `local` stack.
 
-    client ─► gateway (:8080) ─► Ray Serve OpenAI app ─► CPU vLLM replicas
+    client ─► gateway (:8080) ─► HAProxy (Ray Serve) ─► CPU vLLM replicas (one app per model)
                  │
                Redis (a private redis-server, or the gateway's in-memory store)
 
-The Serve application is deployed from the same serve config `llmctl render` puts in the
+The Serve applications are deployed from the same serve config `llmctl render` puts in the
 RayService's `serveConfigV2` (only the HTTP bind address differs: loopback and a free port
-here), declaratively as KubeRay deploys it (see `ops.devstack.serve`). Everything started here
+here), declaratively as KubeRay deploys it (see `ops.devstack.serve`), with the environment
+the rendered pods get (`serving_env`). Everything started here
 is stopped on Ctrl-C or SIGTERM, in reverse order; a second `make dev` while one runs says so
 instead of failing on a busy port.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,12 +27,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infra.render.gateway import gateway_settings
+from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
 from infra.spec import CpuNodeGroup, StackSpec
 from infra.stack_file import load_stack
 from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
 from ops.devstack.lock import AlreadyRunning, DevLock
-from ops.devstack.serve import DEPLOY_TIMEOUT_S, local_serve_config
+from ops.devstack.serve import DEPLOY_TIMEOUT_S, haproxy_dir, local_serve_config, local_serving_env
 from ops.harness.processes import die_with_parent, free_port, terminate, wait_for_http
 from ops.paths import state_dir
 
@@ -51,18 +54,22 @@ def ray_cpus(spec: StackSpec) -> int:
     return sum(g.cpus_per_node * g.max_size for g in spec.node_groups if isinstance(g, CpuNodeGroup))
 
 
-def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> dict[str, Any]:
+def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPath = SERVING_PATH,
+                    haproxy_files: str | None = None) -> dict[str, Any]:
     """Start local Ray and deploy the serve config declaratively, as KubeRay does; show
-    progress. Returns how another process reaches this Ray (`llmctl status|scale`)."""
+    progress. Returns how another process reaches this Ray (`llmctl status|scale`).
+    `haproxy_files`: where HAProxy keeps its files (`ops.devstack.serve.haproxy_dir`)."""
+    # Before Ray is imported: Ray reads these at import, in this process and every one it starts.
+    os.environ.update(local_serving_env(spec, path, haproxy_files or haproxy_dir()))
     import ray
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
     from ops.devstack import serve as local_serve
 
-    config = local_serve_config(spec, serve_port)
+    config = local_serve_config(spec, serve_port, path)
     ServeDeploySchema.model_validate(config)  # fail before starting Ray on a bad config
-    say(f"starting Ray ({ray_cpus(spec)} logical CPUs) ...")
+    say(f"starting Ray ({ray_cpus(spec)} logical CPUs, serving path {path.value}) ...")
     for noisy in ("ray", "ray.serve", "ray.llm", "httpx"):  # keep the terminal to our progress lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
     ray.init(num_cpus=ray_cpus(spec), include_dashboard=False, object_store_memory=512 * 1024**2,
@@ -75,15 +82,18 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say) -> dict[str, Any
     for app in config["applications"]:
         local_serve.wait_running(app["name"], timeout_s=DEPLOY_TIMEOUT_S, on_change=say)
     return {"ray_address": ray.get_runtime_context().gcs_address,
-            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port}
+            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port, "serving_path": path.value}
 
 
 def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: str, redis_url: str | None,
-                  dev_key_file: Path | None) -> subprocess.Popen[bytes]:
+                  dev_key_file: Path | None, path: ServingPath = SERVING_PATH) -> subprocess.Popen[bytes]:
     """The gateway as its own process, configured as the rendered Deployment configures it,
     but bound to loopback (/metrics and /readyz on `metrics_port`). With the in-memory store
-    only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600)."""
-    env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec),
+    only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600).
+    With Redis, the Batch API keeps its files in this checkout's state folder (`batches/`)."""
+    batches = f"file://{state_dir() / 'batches'}" if redis_url else None
+    env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream,
+           "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec, path=path, batch_storage_url=batches),
            "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
     env.pop("LLMSTACK_REDIS_URL", None)
@@ -126,7 +136,8 @@ Ctrl-C stops everything.
 """
 
 
-def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say) -> int:
+def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say,
+        path: ServingPath = SERVING_PATH) -> int:
     from infra.stack_file import StackFileError
     from serving.gateway.keys import create_key_sync
 
@@ -162,15 +173,17 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                 say("WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
                     "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
             serve_port = free_port()
+            haproxy_files = haproxy_dir()
+            cleanup.callback(shutil.rmtree, haproxy_files, ignore_errors=True)
             cleanup.callback(_stop_ray, lambda: {redis.process.pid} if redis else set())
-            ray_info = start_ray_serve(spec, serve_port, say)
+            ray_info = start_ray_serve(spec, serve_port, say, path, haproxy_files)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else state_dir() / "dev-key"
             metrics_port = free_port()
             metrics_url = f"http://127.0.0.1:{metrics_port}"
             gateway = start_gateway(spec, port=port, metrics_port=metrics_port,
                                     upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
-                                    dev_key_file=key_file)
+                                    dev_key_file=key_file, path=path)
             cleanup.callback(terminate, gateway)
             if key_file:
                 cleanup.callback(key_file.unlink, missing_ok=True)
@@ -187,9 +200,13 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             lock.record(base_url=base_url, metrics_url=metrics_url, redis_url=redis_url, stack=spec.name, **ray_info)
             print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory", metrics_url), flush=True)
             if ready_json:
+                serve_root = f"http://127.0.0.1:{serve_port}"
                 print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key, "metrics_url": metrics_url,
-                                  "serve_url": f"http://127.0.0.1:{serve_port}/v1", "models": models,
-                                  "redis_url": redis_url, "pid": os.getpid()}), flush=True)
+                                  "serve_url": f"{serve_root}/v1", "models": models,
+                                  # each model's own OpenAI base URL on Serve (direct path: its route prefix)
+                                  "model_urls": {m.model_name: serve_root + route_prefix(m, path).rstrip("/") + "/v1"
+                                                 for m in spec.models},
+                                  "serving_path": path.value, "redis_url": redis_url, "pid": os.getpid()}), flush=True)
             while gateway.poll() is None:
                 time.sleep(1)
             say(f"gateway exited with {gateway.returncode}; stopping")
@@ -255,8 +272,11 @@ def main() -> None:
     parser.add_argument("--stack", default="local")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT") or DEFAULT_GATEWAY_PORT))
     parser.add_argument("--ready-json", action="store_true", help="print one JSON line when ready (tests)")
+    parser.add_argument("--serving-path", choices=[p.value for p in ServingPath], default=SERVING_PATH.value,
+                        help="how requests reach the engines; the others than the default are for "
+                             "`python -m ops.benchmarks.serving --paths` to compare")
     args = parser.parse_args()
-    sys.exit(run(args.stack, args.port, args.ready_json))
+    sys.exit(run(args.stack, args.port, args.ready_json, path=ServingPath(args.serving_path)))
 
 
 if __name__ == "__main__":

@@ -13,26 +13,53 @@ deploy`) makes. We call them directly because `make dev` runs Ray without its da
 
 Another process (llmctl) reaches the `make dev` Ray through the GCS address and Ray's
 authentication mode that `make dev` records in its lock file.
+
+The serving path's switches (`infra.render.serve_config.serving_env`) are environment
+variables Ray reads at import time; `local_serving_env` adds what keeps two stacks on one
+machine apart (HAProxy's stats and metrics ports, its config and socket files).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from typing import Any, Callable
 
-from infra.render.serve_config import serve_config
+from infra.render.serve_config import SERVING_PATH, ServingPath, serve_config, serving_env
 from infra.spec import StackSpec
+from ops.harness.processes import free_port
 
 TERMINAL_FAILURES = ("DEPLOY_FAILED", "UNHEALTHY")
 DEPLOY_TIMEOUT_S = 900  # engines load in about a minute here; a stuck deploy must still end
 
 
-def local_serve_config(spec: StackSpec, serve_port: int) -> dict[str, Any]:
+def local_serve_config(spec: StackSpec, serve_port: int, path: ServingPath = SERVING_PATH) -> dict[str, Any]:
     """The rendered serve config, bound to loopback on a free port instead of 0.0.0.0:8000."""
-    config = serve_config(spec)
+    config = serve_config(spec, path=path)
     config["http_options"] = {"host": "127.0.0.1", "port": serve_port}
     return config
+
+
+def haproxy_dir() -> str:
+    """A new private folder for HAProxy's files. Short on purpose: Ray puts them in a subfolder
+    named by the 56-character node id, and HAProxy refuses socket paths over 97 bytes."""
+    return tempfile.mkdtemp(prefix="llmhap-", dir="/tmp")
+
+
+def local_serving_env(spec: StackSpec, path: ServingPath, haproxy_dir: str) -> dict[str, str]:
+    """`serving_env` for a Ray on this machine: HAProxy's own ports moved to free ones and its
+    files into `haproxy_dir` (see `haproxy_dir()`), so that a second stack, or a test, does not
+    collide with this one."""
+    env = serving_env(spec, path)
+    if "RAY_SERVE_ENABLE_HA_PROXY" in env:
+        env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{haproxy_dir}/haproxy.cfg",
+                "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{haproxy_dir}/admin.sock",
+                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": haproxy_dir,
+                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{haproxy_dir}/server-state",
+                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{haproxy_dir}/metrics.sock"}
+    return env
 
 
 class ServeUnreachable(Exception):

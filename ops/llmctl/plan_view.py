@@ -56,7 +56,25 @@ def plan_tables(plan: StackPlan) -> list[Table]:
     if lows:
         groups.caption = (f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour "
                           "(spot groups shown at on-demand price)")
-    return [models, groups]
+    return [models, groups, *([ingress_table(plan)] if plan.ingress else [])]
+
+
+def ingress_table(plan: StackPlan) -> Table:
+    """The serving ingress: LLMRouter replicas sized for the stack's estimated peak tokens/s."""
+    ingress = plan.ingress
+    assert ingress is not None
+    table = Table(title=f"stack {plan.stack}: serving ingress (estimates: infra/serving_estimates.yaml)",
+                  title_justify="left")
+    for column in ("model", "out tok/s per replica", "out tok/s at max_replicas", "LLMRouter replicas at peak"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for m in ingress.models:
+        table.add_row(m.model_id, f"~{m.replica_output_tokens_per_s:,}", f"~{m.peak_output_tokens_per_s:,}",
+                      str(m.routers_at_peak))
+    table.caption = (f"one LLMRouter replica carries ~{ingress.router_output_tokens_per_s:,} output tok/s; "
+                     f"{ingress.routers_per_node} per model on each of {ingress.proxy_nodes_at_peak} proxy node(s) "
+                     f"at peak (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE); stack peak "
+                     f"~{ingress.peak_output_tokens_per_s:,} output tok/s")
+    return table
 
 
 def problem_lines(plan: StackPlan) -> list[str]:

@@ -168,7 +168,7 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         if admission.pending is not None:  # a stream still queued: answer now, keep it alive while it waits
             async def forward_when_admitted(slot: QueueTicket | None) -> Response:
                 return await proxy.forward(request, route, admission.body, meter=admission.meter,
-                                           settle=admission.settle, extra_headers={},
+                                           settle=admission.settle, extra_headers={}, model=admission.model,
                                            allowed_models=allowed_models,
                                            first_byte_timeout_s=first_byte_timeout(settings, slot))
 
@@ -176,7 +176,7 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         try:
             response = await proxy.forward(request, route, admission.body, meter=admission.meter,
                                            settle=admission.settle, extra_headers=admission.headers,
-                                           allowed_models=allowed_models,
+                                           model=admission.model, allowed_models=allowed_models,
                                            first_byte_timeout_s=admission.first_byte_timeout_s)
         except BaseException:
             await admission.settle(NOTHING_BILLED)  # frees the concurrency and queue slots; nothing was generated

@@ -28,7 +28,7 @@ from serving.gateway import errors, upstream_errors
 from serving.gateway.access_log import REQUEST_ID_HEADER
 from serving.gateway.metering import Usage, UsageMeter
 from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.routes import MODELS, ApiRoute
+from serving.gateway.routes import MODELS, ApiRoute, upstream_prefix_for
 from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway.proxy")
@@ -168,18 +168,22 @@ class UpstreamProxy:
         return self._client
 
     async def forward(self, request: Request, route: ApiRoute, body: bytes, *, meter: UsageMeter, settle: Settle,
-                      extra_headers: dict[str, str], allowed_models: Iterable[str] | None = None,
+                      extra_headers: dict[str, str], model: str | None = None,
+                      allowed_models: Iterable[str] | None = None,
                       first_byte_timeout_s: float | None = None) -> Response:
         """Send `route` (with the already-read `body`) upstream; stream the response back.
         Only the route's canonical path goes upstream, already encoded: never the caller's
         spelling of it, nor its query string. `settle(billed_usage)` is called once the
         response ends; the caller settles itself when this returns anything but an
         `UpstreamStream` (an error, or the model list filtered to `allowed_models`).
-        `first_byte_timeout_s`: the idle timeout for a model that may be starting from zero
-        replicas (its cold start) instead of `upstream_idle_timeout_s`."""
+        `model`: the model the body names, whose own Serve application (its route prefix in
+        `model_routes`) gets the request. `first_byte_timeout_s`: the idle timeout for a model
+        that may be starting from zero replicas (its cold start) instead of
+        `upstream_idle_timeout_s`."""
         total_timeout_s = self._settings.request_timeout_s
         deadline = time.monotonic() + total_timeout_s
-        url = URL(self._settings.upstream_url + route.path, encoded=True)
+        prefix = upstream_prefix_for(model, self._settings.model_routes)
+        url = URL(self._settings.upstream_url + prefix + route.path, encoded=True)
         allowed = FORWARDED_UP | frozenset(self._settings.forward_request_headers) | {REQUEST_ID_HEADER}
         headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
         # aiohttp has one read timeout for the first byte and the gaps after it: a cold model's

@@ -18,6 +18,12 @@ API, not OpenAI's: unmetered access to the engine).
 Query strings are dropped: no proxied route takes one, so forwarding them would only give
 callers an unchecked channel to the upstream.
 
+On the direct serving path each model is its own Serve application under its own route prefix
+(`infra.render.serve_config.model_routes`, rendered into the gateway's settings as
+`model_routes`): a request naming a routed model goes to `<prefix><canonical path>`. The
+prefix comes from the settings (checked canonical at start), never from the request. Requests
+that name no routed model (`GET /v1/models`) go to `/`, where an application lists every model.
+
 The Batch API's routes (/v1/files, /v1/batches: serving.gateway.batch.api) are the gateway's own:
 nothing of them goes upstream. Their ids are matched against the exact pattern the gateway
 makes them with, so no other spelling of an id (encoded, dotted, another case) reaches a lookup.
@@ -31,7 +37,7 @@ passes only when the stack lists it (serving.gateway.body).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from serving.gateway.batch.objects import BATCH_ID, FILE_ID
@@ -126,6 +132,14 @@ def is_canonical(path: str) -> bool:
         return False
     segments = path.split("/")[1:]
     return all(segment not in ("", ".", "..") for segment in segments)
+
+
+def upstream_prefix_for(model: str | None, model_routes: Mapping[str, str]) -> str:
+    """The path prefix to put before the canonical `/v1/...` upstream: `/tiny-chat` for a routed
+    model, "" otherwise (one application at `/`, or a request naming no model)."""
+    if model is None:
+        return ""
+    return model_routes.get(model, "").rstrip("/")
 
 
 def resolve(method: str, path: str, served_models: Collection[str]) -> ApiRoute | RouteRefusal:

@@ -26,6 +26,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from serving.gateway.policy import GatewayPolicy
 from serving.gateway.queue_policy import ModelQueue
+from serving.gateway.routes import is_canonical
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
@@ -61,6 +62,11 @@ class GatewaySettings(GatewayPolicy):
                     "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
                     "it; a model without a rate costs nothing and no budget stops it.",
     )
+    model_routes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Route prefix of each model's own Serve application (direct serving path), e.g. "
+                    "{\"tiny-chat\": \"/tiny-chat\"}; models not listed go to `/` (serving.gateway.routes).",
+    )
     model_queues: dict[str, ModelQueue] = Field(
         default_factory=dict,
         description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
@@ -89,6 +95,17 @@ class GatewaySettings(GatewayPolicy):
         if "/" in value.split("://", 1)[1] or "?" in value:
             # The gateway forwards /v1/... as is: a path here would be silently replaced.
             raise ValueError(f"must be scheme://host[:port] with no path (the gateway appends /v1/...), got {value!r}")
+        return value
+
+    @field_validator("model_routes")
+    @classmethod
+    def _route_prefixes(cls, value: dict[str, str]) -> dict[str, str]:
+        # The prefix is put before the canonical path and sent already encoded: it must be
+        # canonical itself, or it would reopen the double-decoding the route allowlist closes.
+        for model, prefix in value.items():
+            if prefix != "/" and not is_canonical(prefix.rstrip("/")):
+                raise ValueError(f"route prefix of {model!r} must be a plain absolute path like /my-model "
+                                 f"(letters, digits, - . _ ~ and /; no . or .. segments), got {prefix!r}")
         return value
 
     @field_validator("redis_url")

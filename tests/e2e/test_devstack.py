@@ -42,6 +42,23 @@ def test_lists_both_models(client, stack):
     assert sorted(m.id for m in client.models.list()) == sorted(stack.ready["models"])
 
 
+def test_serve_lists_every_model_at_its_root_and_serves_each_under_its_prefix(stack):
+    """Direct serving path: one Serve application per model, plus the list at `/`."""
+    listed = httpx.get(f"{stack.ready['serve_url']}/models", timeout=30).json()
+    assert sorted(m["id"] for m in listed["data"]) == sorted(stack.ready["models"])
+    for model, url in stack.ready["model_urls"].items():
+        assert [m["id"] for m in httpx.get(f"{url}/models", timeout=30).json()["data"]] == [model]
+    assert httpx.post(f"{stack.ready['serve_url']}/chat/completions", timeout=30,
+                      json={"model": "tiny-chat", "messages": []}).status_code == 404
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(client):
+    long_prompt = " ".join(["the KV cache keeps every token of a conversation"] * 20)  # two 128-token blocks and more
+    usages = [client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": long_prompt}],
+                                             max_tokens=2).usage for _ in range(2)]
+    assert usages[1].prompt_tokens_details.cached_tokens >= 128
+
+
 def test_chat_completion(client):
     reply = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hello"}],
                                            max_tokens=8, extra_body={"ignore_eos": True})

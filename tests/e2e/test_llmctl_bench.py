@@ -76,12 +76,13 @@ def test_rate_limited_key_counts_429s_by_type(stack, tmp_path):
 
 def test_open_loop_rate_against_ray_serve_completions(stack, tmp_path):
     out = tmp_path / "serve.json"
-    run = llmctl_bench("--url", stack["serve_url"].removesuffix("/v1"), "--rate", "4", "-n", "6", "--api",
+    model_url = stack["model_urls"][stack["models"][0]]  # Serve serves each model under its own prefix
+    run = llmctl_bench("--url", model_url, "--rate", "4", "-n", "6", "--api",
                        "completions", "--output-tokens", "normal:12,3", "--out", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["model"] == stack["models"][0]  # picked from GET /v1/models
-    assert report["base_url"] == stack["serve_url"]
+    assert report["base_url"] == model_url
     level = report["levels"][0]
     assert (level["mode"], level["requests"], level["ok"]) == ("rate", 6, 6)
 

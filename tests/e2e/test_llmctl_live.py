@@ -68,7 +68,7 @@ def replica_ids(dev: DevStack) -> set[str]:
     code = ("import json; from ops.devstack.lock import find_running_dev; "
             "from ops.devstack import serve as local_serve; "
             "d = find_running_dev(); local_serve.connect(d.ray_address, d.ray_auth_mode); "
-            f"print(json.dumps([r['replica_id'] for r in local_serve.details()['applications']['llm']"
+            f"print(json.dumps([r['replica_id'] for r in local_serve.details()['applications']['tiny-chat']"
             f"['deployments']['{TINY}']['replicas'] if r['state'] == 'RUNNING']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dev.env, cwd=PROJECT_ROOT,
                          timeout=120)
@@ -80,7 +80,8 @@ def test_status_of_the_running_stack(dev, stack_file):
     report = status(dev, stack_file)
     assert report["health"] == "ok" and report["where"] == f"make dev, pid {dev.process.pid}"
     checks = {c["component"]: c["health"] for c in report["checks"]}
-    assert checks["gateway"] == "ok" and checks["redis"] == "ok" and checks["serve app llm"] == "ok"
+    assert checks["gateway"] == checks["redis"] == "ok"
+    assert checks["serve app tiny-chat"] == checks["serve app models"] == "ok"
     assert deployment(report, TINY)["replicas"] == {"RUNNING": 1}
     assert (deployment(report, TINY)["min_replicas"], deployment(report, TINY)["max_replicas"]) == (1, 1)
 

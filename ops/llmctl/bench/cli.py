@@ -34,6 +34,11 @@ class Api(str, Enum):
     completions = "completions"
 
 
+class Workload(str, Enum):
+    single = "single"
+    multiturn = "multiturn"
+
+
 class BenchError(Exception):
     """An option or endpoint problem, said in one line with its fix."""
 
@@ -112,8 +117,24 @@ def _hint(kind: str) -> str:
     return next((hint for name, hint in _HINTS.items() if kind.startswith(name)), "see the server's log")
 
 
+def cpu_roots(explicit: list[int] | None) -> list[int]:
+    """Processes whose CPU `--cpu-layers` counts (with their descendants): the ones given, else
+    the running `make dev` of this checkout; this process (the client) always."""
+    import os
+
+    from ops.devstack.lock import NOT_RUNNING, find_running_dev, lock_path
+
+    if explicit:
+        return [os.getpid(), *explicit]
+    dev = find_running_dev()
+    if dev is None:
+        raise BenchError(NOT_RUNNING.format(path=lock_path()) + "; or name the server's process with --cpu-root PID")
+    return [os.getpid(), dev.pid]
+
+
 async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels: list[float],
-                   warm_up: bool) -> list[LevelSummary]:
+                   warm_up: bool, roots: list[int] | None = None) -> list[LevelSummary]:
+    from ops.llmctl.bench.cpu_layers import CpuSampler, cpu_ms_per_token
     from ops.llmctl.bench.loadgen import run_level
     from ops.llmctl.bench.stats import default_requests, summarise
 
@@ -143,10 +164,17 @@ async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels:
                     await asyncio.sleep(0.5)
 
             ticker = asyncio.create_task(tick()) if by_time else None
+            sampler = CpuSampler(roots, include_self=True) if roots else None
+            if sampler:
+                sampler.start()
             results = await run_level(level_spec, mode, level, on_result=done)
+            cpu = sampler.stop() if sampler else None
             if ticker:
                 ticker.cancel()
             summary = summarise(results, mode, level)
+            if cpu is not None:
+                summary = summary.model_copy(update={"cpu_ms_per_output_token": cpu_ms_per_token(
+                    cpu, summary.output_tokens)})
             summaries.append(summary)
             progress.console.print(f"  {label}: {summary.ok} ok, {summary.requests - summary.ok} failed, "
                                    f"{summary.output_throughput:,.0f} output tok/s", highlight=False)
@@ -164,12 +192,32 @@ def results_table(report: BenchReport) -> Table:
     for name in (report.mode, "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
                  "TPOT p50", "E2E p50", "E2E p90", "E2E p99"):
         table.add_column(name, justify="right")
+    cached = any(s.prefix_cache_hit_rate is not None for s in report.levels)
+    if cached:
+        table.add_column("cache hit", justify="right")
     table.add_column("errors")
     for s in report.levels:
+        hit = [] if not cached else ["-" if s.prefix_cache_hit_rate is None else f"{s.prefix_cache_hit_rate:.1%}"]
         table.add_row(f"{s.level:g}", str(s.ok), str(s.requests - s.ok), f"{s.request_throughput:.2f}",
                       f"{s.output_throughput:,.0f}", ms(s.ttft_ms.p50), ms(s.ttft_ms.p99), ms1(s.itl_ms.p50),
                       ms1(s.itl_ms.p99), ms1(s.tpot_ms.p50), ms(s.e2e_ms.p50), ms(s.e2e_ms.p90), ms(s.e2e_ms.p99),
-                      ", ".join(f"{k}: {v}" for k, v in s.errors.items()))
+                      *hit, ", ".join(f"{k}: {v}" for k, v in s.errors.items()))
+    return table
+
+
+def cpu_table(report: BenchReport) -> Table | None:
+    """CPU-ms per output token by layer, one column per level; None without --cpu-layers."""
+    from ops.llmctl.bench.cpu_layers import LAYERS, ROUTER
+
+    levels = [s for s in report.levels if s.cpu_ms_per_output_token]
+    if not levels:
+        return None
+    table = Table(title="CPU-ms per output token, by layer", title_justify="left")
+    table.add_column("layer")
+    for s in levels:
+        table.add_column(f"{report.mode} {s.level:g}", justify="right")
+    for layer in (*LAYERS, "serving layers", "total", ROUTER):
+        table.add_row(layer, *(f"{s.cpu_ms_per_output_token.get(layer, 0):.3f}" for s in levels))
     return table
 
 
@@ -195,6 +243,17 @@ def bench(
     output_tokens: Annotated[str, typer.Option("--output-tokens", help="max_tokens per request, same forms.")]
     = "fixed:64",
     api: Annotated[Api, typer.Option("--api", help="chat (/chat/completions) or completions.")] = Api.chat,
+    workload: Annotated[Workload, typer.Option("--workload", help="single prompts, or multiturn conversations "
+                        "(a shared system prompt, then --turns turns each resending the conversation; chat, "
+                        "--concurrency only): what prefix caching and `routing: prefix` serve.")] = Workload.single,
+    turns: Annotated[int, typer.Option("--turns", min=1, help="multiturn: user turns per conversation.")] = 4,
+    system_prompt_tokens: Annotated[int, typer.Option("--system-prompt-tokens", min=1, help="multiturn: "
+                                    "words of the system prompt all conversations share.")] = 256,
+    cpu_layers: Annotated[bool, typer.Option("--cpu-layers", help="Also report CPU-ms per output token by "
+                          "layer (gateway, Serve ingress, replica, engine, ...) of the processes on THIS "
+                          "machine: the running make dev, or --cpu-root.")] = False,
+    cpu_root: Annotated[list[int] | None, typer.Option("--cpu-root", help="--cpu-layers: a process whose "
+                        "descendants serve the endpoint (repeatable). Default: make dev's.")] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask vLLM for exactly "
                           "max_tokens (vLLM extension; turn off for other servers).")] = True,
     seed: Annotated[int, typer.Option("--seed", help="Seeds prompts, lengths and arrival times.")] = 0,
@@ -214,6 +273,7 @@ def bench(
     Examples:
       llmctl bench --url http://127.0.0.1:8080/v1 --api-key sk-llm-... -c 1,4,16
       llmctl bench --url http://127.0.0.1:8000 --rate 2,5 --duration 60 --output-tokens uniform:32-256
+      llmctl bench --url http://127.0.0.1:8080/v1 --workload multiturn -c 8 --turns 4 --cpu-layers
     """
     from ops.llmctl.bench.loadgen import LoadSpec
     from ops.llmctl.bench.stats import BenchReport
@@ -223,17 +283,21 @@ def bench(
         mode, levels = load_levels(concurrency, rate)
         if requests and duration:
             raise BenchError("give --requests or --duration, not both")
+        if workload is Workload.multiturn and (api is not Api.chat or mode != "concurrency"):
+            raise BenchError("--workload multiturn holds conversations: use it with --api chat and --concurrency")
+        roots = cpu_roots(cpu_root) if cpu_layers else None
         spec = LoadSpec(base_url=normalise_base_url(url), api_key=api_key, model=model or "?", api=api.value,
                         prompt_tokens=_distribution("--prompt-tokens", prompt_tokens),
                         output_tokens=_distribution("--output-tokens", output_tokens), requests=requests,
-                        duration_s=duration, ignore_eos=ignore_eos, seed=seed, timeout_s=timeout)
+                        duration_s=duration, ignore_eos=ignore_eos, seed=seed, timeout_s=timeout,
+                        workload=workload.value, turns=turns, system_prompt_tokens=system_prompt_tokens)
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
         async def main() -> list[LevelSummary]:
             nonlocal spec
             if model is None:
                 spec = spec.model_copy(update={"model": await _pick_model(spec)})
-            return await _measure(spec, mode, levels, warm_up)
+            return await _measure(spec, mode, levels, warm_up, roots)
 
         summaries = asyncio.run(main())
     except BenchError as exc:
@@ -244,12 +308,15 @@ def bench(
                   "there?", highlight=False, soft_wrap=True)
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
     report = BenchReport(command=command, started_at=started_at, base_url=spec.base_url, model=spec.model,
-                         api=spec.api, mode=mode, prompt_tokens=str(spec.prompt_tokens),
+                         api=spec.api, mode=mode, workload=workload.value, prompt_tokens=str(spec.prompt_tokens),
                          output_tokens=str(spec.output_tokens), requests_per_level=requests,
                          duration_s_per_level=duration, ignore_eos=ignore_eos, seed=seed, levels=summaries)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(report.model_dump_json(indent=2))
     out.print(results_table(report))
+    layers = cpu_table(report)
+    if layers is not None:
+        out.print(layers)
     out.print(f"wrote {out_path}", highlight=False)
     if not no_plot:
         from ops.llmctl.bench.plot import plot_report

@@ -7,6 +7,12 @@ Two ways to load a server:
   concurrency  closed loop: N requests in flight, each worker sends the next when one ends
   rate         open loop: Poisson arrivals at R requests/s, however slowly the server answers
 Each level stops after a request count or a duration (in-flight requests still finish).
+Two workloads:
+  single       every request is a new prompt
+  multiturn    conversations: a system prompt shared by all of them, then `turns` user turns,
+               each request carrying the whole conversation so far (the server's own answers
+               included); what prefix caching and prefix-aware routing are for. A closed-loop
+               worker holds one conversation at a time, so concurrency = conversations in flight.
 Numbers are summarised by `ops.llmctl.bench.stats`; this module only measures.
 """
 
@@ -46,10 +52,18 @@ class LoadSpec(BaseModel):
     ignore_eos: bool = Field(default=True, description="vLLM extension: generate exactly max_tokens.")
     seed: int = Field(default=0, description="Seeds prompt words, lengths and arrival gaps.")
     timeout_s: float = Field(default=300, gt=0, description="Per-request timeout.")
+    workload: Literal["single", "multiturn"] = Field(default="single", description="See the module docstring.")
+    turns: int = Field(default=4, ge=1, description="multiturn: user turns per conversation.")
+    system_prompt_tokens: int = Field(default=256, ge=1, description="multiturn: shared system prompt, in words.")
 
 
 def make_prompt(rng: np.random.Generator, words: int) -> str:
     return " ".join(rng.choice(WORDS, size=words))
+
+
+def system_prompt(spec: LoadSpec) -> str:
+    """The multiturn workload's system prompt: the same for every conversation of every level."""
+    return make_prompt(np.random.default_rng([spec.seed, 7]), spec.system_prompt_tokens)
 
 
 def request_plan(spec: LoadSpec, rng: np.random.Generator):
@@ -60,10 +74,13 @@ def request_plan(spec: LoadSpec, rng: np.random.Generator):
             yield make_prompt(rng, prompt_len), output_len
 
 
-async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str, max_tokens: int,
-                      clock: Callable[[], float] = time.monotonic) -> RequestResult:
+async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | list[dict[str, str]],
+                      max_tokens: int, clock: Callable[[], float] = time.monotonic,
+                      text_out: list[str] | None = None) -> RequestResult:
     """Send one streamed request and time its chunks. Never raises: a failure becomes an
-    error type on the result, so a 429 from a gateway is counted, not fatal."""
+    error type on the result, so a 429 from a gateway is counted, not fatal. `prompt` is a
+    string (a user message, or the completions prompt) or a whole chat conversation; the
+    answer's text is appended to `text_out` chunk by chunk when given."""
     extra = {"ignore_eos": True} if spec.ignore_eos else None
     common = dict(model=spec.model, max_tokens=max_tokens, stream=True,
                   stream_options={"include_usage": True}, extra_body=extra)
@@ -72,14 +89,18 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str, m
     usage = None
     try:
         if spec.api == "chat":
-            stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt}], **common)
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            stream = await client.chat.completions.create(messages=messages, **common)
         else:
             stream = await client.completions.create(prompt=prompt, **common)
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
-            if chunk.choices and _text(chunk, spec.api):
+            text = _text(chunk, spec.api) if chunk.choices else None
+            if text:
                 chunk_times.append(clock())
+                if text_out is not None:
+                    text_out.append(text)
     except Exception as exc:  # every failure is data: grouped by type in the summary
         return RequestResult(start=start, end=clock(), first_token=chunk_times[0] if chunk_times else None,
                              chunk_times=chunk_times, requested_output_tokens=max_tokens, error=error_type(exc),
@@ -88,13 +109,20 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str, m
     result = RequestResult(start=start, end=end, first_token=chunk_times[0] if chunk_times else None,
                            chunk_times=chunk_times, requested_output_tokens=max_tokens,
                            prompt_tokens=usage.prompt_tokens if usage else 0,
-                           output_tokens=usage.completion_tokens if usage else len(chunk_times))
+                           output_tokens=usage.completion_tokens if usage else len(chunk_times),
+                           cached_tokens=_cached_tokens(usage))
     if usage is None:  # include_usage was asked for: a stream without it ended early
         return result.model_copy(update={"error": "IncompleteStream",
                                          "error_message": "stream ended without its usage chunk"})
     if not chunk_times:
         return result.model_copy(update={"error": "NoOutput", "error_message": "stream carried no content"})
     return result
+
+
+def _cached_tokens(usage) -> int | None:
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return cached if isinstance(cached, int) else None
 
 
 def _text(chunk, api: str) -> str | None:
@@ -126,14 +154,38 @@ async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level:
             return False
         return spec.duration_s is None or clock() - started < spec.duration_s
 
-    async def send(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> None:
-        result = await one_request(client, spec, prompt, max_tokens, clock)
+    async def send(client: openai.AsyncOpenAI, prompt: str | list[dict[str, str]], max_tokens: int,
+                   text_out: list[str] | None = None) -> RequestResult:
+        result = await one_request(client, spec, prompt, max_tokens, clock, text_out)
         results.append(result)
         if on_result is not None:
             on_result(result)
+        return result
+
+    async def conversation(client: openai.AsyncOpenAI) -> None:
+        """One multiturn conversation; each turn counts as a request."""
+        nonlocal sent
+        messages = [{"role": "system", "content": system_prompt(spec)}]
+        for _ in range(spec.turns):
+            if not may_send():
+                return
+            sent += 1
+            user, max_tokens = next(plan)
+            messages.append({"role": "user", "content": user})
+            answer: list[str] = []
+            result = await send(client, list(messages), max_tokens, answer)
+            if result.error is not None:
+                return  # a conversation whose turn failed is over: its history is incomplete
+            messages.append({"role": "assistant", "content": "".join(answer)})
 
     async with make_client(spec) as client:
-        if mode == "concurrency":
+        if mode == "concurrency" and spec.workload == "multiturn":
+            async def talker() -> None:
+                while may_send():
+                    await conversation(client)
+
+            await asyncio.gather(*(talker() for _ in range(int(level))))
+        elif mode == "concurrency":
             async def worker() -> None:
                 nonlocal sent
                 while may_send():

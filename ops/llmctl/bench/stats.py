@@ -77,6 +77,9 @@ class RequestResult(BaseModel):
     first_token: float | None = Field(default=None, description="When the first content chunk arrived.")
     chunk_times: list[float] = Field(default_factory=list, description="Arrival of every content chunk.")
     prompt_tokens: int = Field(default=0, description="From the usage chunk (the server's own count).")
+    cached_tokens: int | None = Field(
+        default=None, description="Prompt tokens the server had in its prefix cache (usage "
+                                  "prompt_tokens_details.cached_tokens); None when it does not report them.")
     output_tokens: int = Field(default=0, description="From the usage chunk; chunks counted if none came.")
     requested_output_tokens: int = Field(default=0, description="max_tokens sent.")
     error: str | None = Field(default=None, description="Error type, e.g. `RateLimitError (429)`; None if ok.")
@@ -111,6 +114,13 @@ class LevelSummary(BaseModel):
     itl_ms: Stats = Field(description="Gap between content chunks (servers may batch tokens per chunk).")
     tpot_ms: Stats = Field(description="Time per output token after the first: (e2e - ttft) / (tokens - 1).")
     e2e_ms: Stats = Field(description="End-to-end latency of successful requests.")
+    cached_prompt_tokens: int | None = Field(
+        default=None, description="Prompt tokens served from the prefix cache (None: the server reports none).")
+    prefix_cache_hit_rate: float | None = Field(
+        default=None, description="cached_prompt_tokens / prompt_tokens of the requests that reported it.")
+    cpu_ms_per_output_token: dict[str, float] = Field(
+        default_factory=dict,
+        description="CPU-ms per output token by layer (--cpu-layers; ops.llmctl.bench.cpu_layers).")
 
 
 def stats_ms(seconds: list[float]) -> Stats:
@@ -145,12 +155,16 @@ def summarise(results: list[RequestResult], mode: Literal["concurrency", "rate"]
     itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     tpot = [(r.end - r.first_token) / (r.output_tokens - 1) for r in ok
             if r.first_token is not None and r.output_tokens > 1]
+    reported = [r for r in ok if r.cached_tokens is not None]
+    cached = sum(r.cached_tokens or 0 for r in reported) if reported else None
+    reported_prompt = sum(r.prompt_tokens for r in reported)
     return LevelSummary(
         mode=mode, level=level, requests=len(results), ok=len(ok), errors=dict(Counter(r.error for r in failed)),
         error_examples=examples, duration_s=round(duration, 3), request_throughput=per_second(len(ok)),
         output_throughput=per_second(output), total_token_throughput=per_second(prompt + output),
         prompt_tokens=prompt, output_tokens=output, ttft_ms=stats_ms(ttft), itl_ms=stats_ms(itl),
-        tpot_ms=stats_ms(tpot), e2e_ms=stats_ms([r.end - r.start for r in ok]))
+        tpot_ms=stats_ms(tpot), e2e_ms=stats_ms([r.end - r.start for r in ok]), cached_prompt_tokens=cached,
+        prefix_cache_hit_rate=round(cached / reported_prompt, 4) if cached is not None and reported_prompt else None)
 
 
 def parse_levels(text: str) -> list[float]:
@@ -173,6 +187,7 @@ class BenchReport(BaseModel):
     model: str = Field(description="Model requested.")
     api: str = Field(description="chat or completions.")
     mode: Literal["concurrency", "rate"] = Field(description="How load levels are expressed.")
+    workload: str = Field(default="single", description="single requests, or multiturn conversations.")
     prompt_tokens: str = Field(description="Prompt length distribution (words, about one token each).")
     output_tokens: str = Field(description="max_tokens distribution.")
     requests_per_level: int | None = Field(description="Request count per level, if set.")

@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 
 from infra.planner import StackPlan, plan_stack
-from infra.render.serve_config import APP_NAME, llm_deployment_name
+from infra.render.serve_config import SERVING_PATH, ServingPath, app_name, llm_deployment_name
 from infra.spec import ModelSpec, StackSpec
 from infra.stack_file import StackFileError, resolve_stack, spec_from_text, stack_name
 from ops.llmctl.console import ExitCode, err, out
@@ -170,11 +170,12 @@ def _apply_local(spec: StackSpec, model_id: str, *, err: Console, out: Console) 
         return
     want = spec.model(model_id)
     deployment = llm_deployment_name(want)
+    path = ServingPath(dev.serving_path) if dev.serving_path else SERVING_PATH
     out.print(f"applying to the running make dev (pid {dev.pid}) ...", highlight=False)
     try:
         local_serve.connect(dev.ray_address, dev.ray_auth_mode)
-        local_serve.deploy(local_serve_config(spec, dev.serve_port))
-        local_serve.wait_running(APP_NAME, timeout_s=LIVE_APPLY_TIMEOUT_S,
+        local_serve.deploy(local_serve_config(spec, dev.serve_port, path))
+        local_serve.wait_running(app_name(want, path), timeout_s=LIVE_APPLY_TIMEOUT_S,
                                  on_change=lambda line: out.print(line, highlight=False),
                                  settled=lambda app: applied(app, deployment, want))
     except local_serve.ServeUnreachable as exc:

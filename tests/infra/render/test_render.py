@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.planner import plan_stack
 from infra.render import RenderRefused, render_stack, to_yaml
 from infra.render.common import COMPONENT_LABEL
 from infra.render.serve_config import node_group_resource
@@ -85,15 +86,31 @@ def test_serve_config_is_valid_for_ray_serve(rendered):
     from ray.serve.llm import LLMConfig
     from ray.serve.schema import ServeDeploySchema
 
+    from serving.app import ModelListArgs
+
     spec, objects = rendered
     serve = yaml.safe_load(by_kind(objects, "RayService")[0]["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(serve)
-    [app] = serve["applications"]
-    assert app["import_path"] == "serving.app:build_app"
-    configs = app["args"]["llm_configs"]
+    *model_apps, model_list = serve["applications"]
+    assert {a["import_path"] for a in model_apps} == {"serving.app:build_app"}
+    configs = [c for a in model_apps for c in a["args"]["llm_configs"]]
     assert [c["model_loading_config"]["model_id"] for c in configs] == [m.model_name for m in spec.models]
     for config in configs:
         LLMConfig.model_validate(config)
+    assert model_list["import_path"] == "serving.app:build_model_list_app"
+    ModelListArgs.model_validate(model_list["args"])
+
+
+def test_every_ray_pod_gets_the_serving_path_env(rendered):
+    from infra.render.serve_config import serving_env
+
+    spec, objects = rendered
+    cluster = by_kind(objects, "RayService")[0]["spec"]["rayClusterConfig"]
+    wanted = serving_env(spec, routers_per_node=plan_stack(spec).ingress.routers_per_node)
+    assert wanted["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] == "1"
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert wanted.items() <= env.items()
 
 
 # Worker-group node bounds of the example stacks, worked out by hand from their files:
@@ -156,7 +173,7 @@ def test_local_serve_app_builds_with_ray_serve_llm():
     from infra.stack_file import load_stack
     from serving.app import build_app
 
-    assert isinstance(build_app(serving_args(load_stack("local"))), Application)
+    assert isinstance(build_app(serving_args(load_stack("local"))), Application)  # the paths via an OpenAI ingress
 
 
 def test_render_refuses_a_stack_that_fails_its_plan():

@@ -28,7 +28,8 @@ def test_local_replica_settings_as_flags():
     spec = load_stack("local")
     flags = engine_cli_flags(llm_config(spec.model("tiny-chat"), spec)["engine_kwargs"])
     assert flags == ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "1", "--max-model-len", "512",
-                     "--dtype", "float32", "--enforce-eager"]
+                     "--dtype", "float32", "--enforce-eager", "--enable-prefix-caching",
+                     "--enable-prompt-tokens-details"]
 
 
 def test_flags_parse_with_vllms_own_parsers():
@@ -40,8 +41,11 @@ def test_flags_parse_with_vllms_own_parsers():
     spec = load_stack("local")
     engine = FlexibleArgumentParser()
     AsyncEngineArgs.add_cli_args(engine)
-    parsed = engine.parse_args(engine_cli_flags(llm_config(spec.model("tiny-chat-ngram"), spec)["engine_kwargs"]))
-    assert parsed.enforce_eager is True and parsed.max_model_len == 512
+    engine_kwargs = llm_config(spec.model("tiny-chat-ngram"), spec)["engine_kwargs"]
+    # Frontend flags (the OpenAI server's, e.g. enable_prompt_tokens_details) go to the server's parser.
+    frontend = {"enable_prompt_tokens_details"}
+    parsed = engine.parse_args(engine_cli_flags({k: v for k, v in engine_kwargs.items() if k not in frontend}))
+    assert parsed.enforce_eager is True and parsed.max_model_len == 512 and parsed.enable_prefix_caching is True
     assert parsed.speculative_config["method"] == "ngram"
 
     client = FlexibleArgumentParser()
@@ -62,31 +66,39 @@ def test_parse_saved_vllm_result():
     assert "latencies" not in figures  # per-request arrays stay in the raw document only
 
 
-def _run(target: str, concurrency: int, tok_s: float | None) -> dict:
-    return {"target": target, "concurrency": concurrency, "num_prompts": 64, "completed": 64, "failed": 0,
-            "output_throughput": tok_s, "p50_ttft_ms": 10.0, "p99_ttft_ms": 20.0}
+def _run(target: str, concurrency: int, tok_s: float | None, serving_cpu: float | None = None) -> dict:
+    run = {"target": target, "concurrency": concurrency, "num_prompts": 64, "completed": 64, "failed": 0,
+           "output_throughput": tok_s, "p50_ttft_ms": 10.0, "p99_ttft_ms": 20.0}
+    if serving_cpu is not None:
+        run["cpu_ms_per_output_token"] = {"engine": 0.4, "serving layers": serving_cpu}
+    return run
 
 
-def test_ratios():
-    results = [_run("vllm", 1, 250), _run("vllm", 32, 2500), _run("serve", 32, 2400),
-               _run("gateway", 1, 200), _run("gateway", 32, 2000)]
-    assert ratios(results) == {"gateway_vs_vllm_c32": 0.8, "serve_vs_vllm_c32": 0.96,
-                               "gateway_vs_serve_c32": 0.833, "gateway_c32_vs_c1": 10.0}
+def test_ratios_of_a_serving_path_against_bare_vllm():
+    results = [_run("vllm", 1, 250), _run("vllm", 32, 2500), _run("serve:direct", 32, 2400),
+               _run("gateway:direct", 1, 200), _run("gateway:direct", 32, 2000), _run("serve:haproxy", 32, 1000)]
+    assert ratios(results, "direct") == {"gateway_vs_vllm_c32": 0.8, "serve_vs_vllm_c32": 0.96,
+                                         "gateway_vs_serve_c32": 0.833, "gateway_c32_vs_c1": 10.0,
+                                         "vllm_c32_vs_c1": 10.0}
+    assert ratios(results, "haproxy")["serve_vs_vllm_c32"] == 0.4
 
 
 def test_ratios_are_none_when_a_run_failed():
-    failed = {"target": "gateway", "concurrency": 32, "num_prompts": 64, "completed": 0, "failed": 64}
-    values = ratios([_run("vllm", 32, 2500), failed])
+    failed = {"target": "gateway:direct", "concurrency": 32, "num_prompts": 64, "completed": 0, "failed": 64}
+    values = ratios([_run("vllm", 32, 2500), failed], "direct")
     assert values["gateway_vs_vllm_c32"] is None and values["gateway_c32_vs_c1"] is None
 
 
-def test_report_marks_missed_targets():
-    results = [_run("vllm", 32, 2500), _run("gateway", 1, 200), _run("gateway", 32, 2000)]
-    report = markdown_report(results, ratios(results))
-    assert "| full path (gateway) | 32 | 2,000 | 10.0 | 20.0 | 64/0 |" in report
-    assert "- gateway_vs_vllm_c32: 0.800  (target >= 0.9) MISSED" in report
-    assert "- gateway_c32_vs_c1: 10.000  (target >= 8) met" in report
-    assert "- serve_vs_vllm_c32: n/a" in report
+def test_report_marks_missed_targets_and_splits_cpu_by_layer():
+    results = [_run("vllm", 32, 2500), _run("serve:direct", 32, 2300, serving_cpu=0.2),
+               _run("gateway:direct", 1, 200), _run("gateway:direct", 32, 1900)]
+    report = markdown_report(results, {"direct": ratios(results, "direct")})
+    assert "| full path (gateway), direct | 32 | 1,900 | 10.0 | 20.0 | 64/0 |" in report
+    assert "- gateway_vs_vllm_c32: 0.760  (target >= 0.8) MISSED" in report
+    assert "- serve_vs_vllm_c32: 0.920  (target >= 0.85) met" in report
+    assert "- gateway_c32_vs_c1: 9.500  (target >= 6) met" in report
+    assert "| serving layers | 0.200 |" in report
+    assert "serving layers CPU-ms per output token (Serve alone, c=32): 0.200  (target <= 0.25) met" in report
 
 
 def test_llmctl_client_figures_match_the_vllm_names():

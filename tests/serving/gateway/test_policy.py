@@ -45,7 +45,7 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
               "max_body_bytes": 2048}
     spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
     rendered = gateway_settings(spec)
-    extra = {"host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens"}
+    extra = {"host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens", "model_routes"}
     assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | extra
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
     assert settings.policy_settings() == spec.gateway.policy_settings()

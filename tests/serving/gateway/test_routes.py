@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from serving.gateway.routes import ApiRoute, RouteRefusal, is_canonical, resolve
+from serving.gateway.routes import ApiRoute, RouteRefusal, is_canonical, resolve, upstream_prefix_for
+from serving.gateway.settings import GatewaySettings
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 FILE = "file-0123456789abcdef01234567"
@@ -170,3 +171,42 @@ def test_a_restricted_key_sees_and_reads_only_its_models(gateway, recorded, make
     unrestricted = make_key()
     status, _, answer = raw(gateway, "GET", "/v1/models", headers=auth(unrestricted))
     assert [m["id"] for m in json.loads(answer)["data"]] == ["tiny", "other"]
+
+
+# --- per-model Serve applications (direct serving path) ------------------------------------------
+
+ROUTES = {"tiny": "/tiny", "other": "/other-model"}
+
+
+def test_the_upstream_prefix_comes_from_the_settings_only():
+    assert upstream_prefix_for("tiny", ROUTES) == "/tiny"
+    assert upstream_prefix_for(None, ROUTES) == ""  # GET /v1/models: the list application at /
+    assert upstream_prefix_for("unknown", ROUTES) == ""
+    assert upstream_prefix_for("tiny", {}) == ""  # one application at / (paths through an OpenAI ingress)
+    assert upstream_prefix_for("m", {"m": "/"}) == ""
+
+
+@pytest.mark.parametrize("prefix", ["tiny", "/../admin", "/a/./b", "/a?x=1", "/a\\b", "/%2e%2e", "/a b", "//a"])
+def test_settings_refuse_route_prefixes_that_are_not_canonical_paths(prefix):
+    with pytest.raises(ValueError, match="route prefix"):
+        GatewaySettings(upstream_url="http://serve:8000", model_routes={"m": prefix})
+
+
+def test_each_model_goes_to_its_own_application_and_nothing_in_the_request_picks_another(
+        start_gateway, recorded, key, raw):
+    with start_gateway(model_routes=ROUTES) as (api, _):
+        for model in ("tiny", "other"):
+            status, _, _ = raw(api, "POST", "/v1/chat/completions", headers=auth(key),
+                               body=json.dumps({**CHAT, "model": model}).encode())
+            assert status == 200
+        assert raw(api, "GET", "/v1/models", headers=auth(key))[0] == 200
+        # A model the stack does not route goes to `/` (where Serve's model list answers 404), and
+        # no spelling of the model or of the path picks an application.
+        for model in ("../../admin", "/tiny", "tiny/../other"):
+            raw(api, "POST", "/v1/chat/completions", headers=auth(key),
+                body=json.dumps({**CHAT, "model": model}).encode())
+        assert raw(api, "POST", "/tiny/v1/chat/completions", headers=auth(key), body=json.dumps(CHAT).encode()
+                   )[0] == 404
+    assert [s.request_line for s in recorded.seen] == [
+        "POST /tiny/v1/chat/completions", "POST /other-model/v1/chat/completions", "GET /v1/models",
+        *["POST /v1/chat/completions"] * 3]

