@@ -103,9 +103,10 @@ def model_queues(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, Mo
 
 def memory_limit_mib(spec: StackSpec) -> int:
     """The process, plus every connection holding a body of the largest size accepted: the
-    most that slow uploads can make one pod hold before the connection cap answers 503."""
+    most that slow uploads can make one pod hold before the connection cap answers 503; plus
+    what the Batch API's one heavy step at a time holds (`gateway.batch.memory_bytes()`)."""
     g = spec.gateway
-    return BASE_MEMORY_MIB + math.ceil(g.max_connections * g.max_body_bytes / 2**20)
+    return BASE_MEMORY_MIB + math.ceil((g.max_connections * g.max_body_bytes + g.batch.memory_bytes()) / 2**20)
 
 
 def prometheus_annotations(spec: StackSpec) -> dict[str, str]:

@@ -10,9 +10,11 @@ depth like request bodies); the lines are checked as requests when a batch uses 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -38,6 +40,14 @@ MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the fi
 CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
 MAX_METADATA = 16
 PAGE_DEFAULT, PAGE_MAX = 20, 100
+
+
+class _InMemoryForm(MultiPartParser):
+    """Starlette's multipart parser, keeping the file in memory: its default spools anything over
+    1 MB to a temporary file, and the gateway's pod has a read-only root filesystem. The body was
+    already read within max_file_bytes, so memory is bounded by it."""
+
+    spool_max_size = 2**31
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> JSONResponse:
@@ -87,20 +97,24 @@ class BatchApi:
     # --- files -------------------------------------------------------------------------
 
     async def files_create(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
-        limit = self.policy.max_file_bytes
         if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
             return _bad("Upload the file as multipart/form-data with fields 'file' and 'purpose'.", "file")
+        async with self.runner.heavy:  # one upload, validation or finalization at a time: memory_bytes()
+            return await self._create_file(request, key)
+
+    async def _create_file(self, request: Request, key: KeyRecord) -> Response:
+        limit = self.policy.max_file_bytes
         body = await read_body_within(request, limit + MULTIPART_OVERHEAD)
         if body is None:
             return errors.openai_error(413, f"The file is larger than this gateway accepts ({limit} bytes, "
                                             "gateway.batch.max_file_bytes).", errors.INVALID_REQUEST,
                                        code="file_too_large")
 
-        async def replay() -> dict[str, Any]:
-            return {"type": "http.request", "body": body, "more_body": False}
+        async def replay() -> AsyncGenerator[bytes, None]:
+            yield body
 
         try:
-            form = await Request(request.scope, replay).form(max_files=1, max_fields=8)
+            form = await _InMemoryForm(request.headers, replay(), max_files=1, max_fields=8).parse()
         except Exception:  # starlette's MultiPartException, python-multipart's parse errors
             return _bad("The upload is not valid multipart/form-data.", "file")
         try:

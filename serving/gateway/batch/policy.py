@@ -5,6 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 DAY_S = 86_400.0
+# Copies of one file a heavy step may hold at once: the request body, the parsed form's file, its
+# text, its lines, the bodies checked from them. One heavy step (an upload, a validation, a
+# finalization) runs at a time per gateway process (serving.gateway.batch.runner).
+COPIES_IN_MEMORY = 6
 
 
 class BatchPolicy(BaseModel):
@@ -39,3 +43,8 @@ class BatchPolicy(BaseModel):
     max_attempts: int = Field(
         default=3, ge=1, le=20,
         description="Tries per line when the upstream fails (5xx, unreachable); rate-limit waits do not count.")
+
+    def memory_bytes(self) -> int:
+        """The most the Batch API's heavy steps hold at once in one gateway process (its pod's
+        memory limit adds this); output files larger than inputs are not bounded by it."""
+        return COPIES_IN_MEMORY * self.max_file_bytes if self.enabled else 0

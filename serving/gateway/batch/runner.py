@@ -135,6 +135,9 @@ class BatchRunner:
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.app: ASGIApp | None = None
         self._tasks: list[asyncio.Task] = []
+        # Uploads, validations and finalizations hold whole files: one at a time per process
+        # (gateway.batch.memory_bytes() is what the pod's memory limit allows for them).
+        self.heavy = asyncio.Semaphore(1)
 
     def expires_at(self) -> int:
         """When what is made now (a file, a finished batch) is deleted: gateway.batch.retention_days."""
@@ -217,7 +220,7 @@ class BatchRunner:
 
     async def prepare(self, batch_id: str) -> None:
         """Check the input file and enqueue its lines: validating -> in_progress (or failed)."""
-        async with self._locked(batch_id) as mine:
+        async with self.heavy, self._locked(batch_id) as mine:
             if mine:
                 await self._prepare(batch_id)
 
@@ -276,7 +279,7 @@ class BatchRunner:
     async def finalize(self, batch_id: str, ending: str) -> None:
         """Fail the lines without an answer (cancelled, expired, stopped), write the output and
         error files, and set the final status. Redone whole if this process dies half way."""
-        async with self._locked(batch_id) as mine:
+        async with self.heavy, self._locked(batch_id) as mine:
             if not mine:
                 return
             record = await self.store.batch(batch_id)

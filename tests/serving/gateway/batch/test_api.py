@@ -4,6 +4,7 @@ upload, create, poll, download; cancel; expiry; tenants that cannot see each oth
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 
 import openai
@@ -195,3 +196,19 @@ def test_a_spent_daily_budget_stops_the_batch_and_fails_the_rest(client_for, red
     assert {line["error"]["code"] for line in errors if line["error"]} == {"daily_token_budget_exceeded"}
     assert "daily token budget" in errors[-1]["error"]["message"]
     assert len(recorded.seen) == len(output)  # billed and sent: only what completed
+
+
+def test_a_file_of_several_megabytes_round_trips_byte_for_byte(client_for, make_key, monkeypatch) -> None:
+    # Larger than Starlette's 1 MB spool: the gateway keeps uploads in memory (its pod's root
+    # filesystem is read-only). The gateway runs in this process: with no usable temporary
+    # folder, a form file spooled to disk would fail the upload.
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/llmstack-no-tmp")
+    client = client_for(make_key())
+    content = jsonl([chat_line(f"big-{n}", user="x" * 200) for n in range(8000)])
+    assert len(content) > 2_000_000
+    uploaded = client.files.create(file=("big.jsonl", content), purpose="batch")
+    assert uploaded.bytes == len(content) and uploaded.filename == "big.jsonl"
+    assert client.files.content(uploaded.id).content == content
+    assert client.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
