@@ -193,7 +193,7 @@ class BatchApi:
                             expires_at=created + int(self.policy.completion_window_s), seq=await self.store.next_seq(),
                             metadata=metadata)
         await self.store.create(batch)
-        task = asyncio.create_task(self.runner.prepare(batch.id))  # now, not at the next sweep
+        task = asyncio.create_task(self.runner.prepare_soon(batch.id))  # now, not at the next sweep
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return JSONResponse(batch.api((0, 0)))

@@ -146,8 +146,9 @@ class BatchRunner:
     async def start(self, app: ASGIApp) -> None:
         self.app = app
         await self.store.ensure_group()
-        self._tasks = [asyncio.create_task(self._forever(self._sweep, self.policy.sweep_interval_s))]
-        self._tasks += [asyncio.create_task(self._forever(self._work_one, 0)) for _ in range(self.policy.workers)]
+        self._tasks = [asyncio.create_task(self._forever("sweeper", self._sweep, self.policy.sweep_interval_s))]
+        self._tasks += [asyncio.create_task(self._forever("worker", self._work_one, 0))
+                        for _ in range(self.policy.workers)]
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -157,17 +158,25 @@ class BatchRunner:
                 await task
         self._tasks = []
 
-    async def _forever(self, step: Callable[[], Awaitable[None]], pause_s: float) -> None:
+    async def _forever(self, name: str, step: Callable[[], Awaitable[None]], pause_s: float) -> None:
         while True:
+            wait_s = pause_s
             try:
                 await step()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis or storage away: log, wait, go on (a crash would stop all batches)
-                log.warning("batch %s failed: %s: %s", step.__name__, type(exc).__name__, exc)
-                pause_s = max(pause_s, 1.0)
-            if pause_s:
-                await asyncio.sleep(pause_s)
+                log.warning("batch %s failed: %s: %s", name, type(exc).__name__, exc)
+                wait_s = max(pause_s, 1.0)
+            if wait_s:
+                await asyncio.sleep(wait_s)
+
+    async def prepare_soon(self, batch_id: str) -> None:
+        """`prepare` for a batch just created; a failure is logged and left to the sweeper."""
+        try:
+            await self.prepare(batch_id)
+        except Exception as exc:
+            log.warning("batch %s validation failed (the sweeper retries): %s: %s", batch_id, type(exc).__name__, exc)
 
     # --- the sweeper -------------------------------------------------------------------
 
