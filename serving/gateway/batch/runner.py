@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ QUOTA_CODES = frozenset({"daily_token_budget_exceeded", REFUSAL_CODE})
 # The model or the gateway is full: wait as long as the batch may run, without counting attempts.
 BUSY_CODES = frozenset({"model_saturated", "tenant_queue_share_exceeded", "gateway_busy"})
 MAX_WAIT_S = 30.0
+TIDY_INTERVAL_S = 600.0
+GONE_CONSUMER_MS = 3_600_000  # an hour without reading: that process is gone (a live one reads every second)
 FINAL_STATUS = {"completed": "completed", "stopped": "completed", "cancelled": "cancelled", "expired": "expired"}
 FINAL_TIME = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
 
@@ -138,6 +141,8 @@ class BatchRunner:
         # Uploads, validations and finalizations hold whole files: one at a time per process
         # (gateway.batch.memory_bytes() is what the pod's memory limit allows for them).
         self.heavy = asyncio.Semaphore(1)
+        self._next_reclaim = 0.0
+        self._next_tidy = 0.0
 
     def expires_at(self) -> int:
         """When what is made now (a file, a finished batch) is deleted: gateway.batch.retention_days."""
@@ -181,6 +186,9 @@ class BatchRunner:
     # --- the sweeper -------------------------------------------------------------------
 
     async def _sweep(self) -> None:
+        if time.monotonic() >= self._next_tidy:
+            await self._forget_gone_consumers()
+            self._next_tidy = time.monotonic() + TIDY_INTERVAL_S
         for batch_id in await self.store.active():
             record = await self.store.batch(batch_id)
             if record is None or record.status in TERMINAL:
@@ -198,6 +206,14 @@ class BatchRunner:
                 await self.finalize(batch_id, record.ending or "completed")
             elif record.status == "in_progress" and sum(await self.store.counts(batch_id)) >= record.total:
                 await self._finish(batch_id)
+
+    async def _forget_gone_consumers(self) -> None:
+        """Each gateway process joins the work stream's group under a name of its own; the names of
+        processes long gone, holding no line, are dropped so the group does not grow forever."""
+        redis = self.store.redis
+        for consumer in await redis.xinfo_consumers(WORK_STREAM, WORK_GROUP):
+            if consumer["pending"] == 0 and consumer["idle"] > GONE_CONSUMER_MS and consumer["name"] != self.consumer:
+                await redis.xgroup_delconsumer(WORK_STREAM, WORK_GROUP, consumer["name"])
 
     async def _drained(self, batch_id: str, since: int | None) -> bool:
         """No line of a stopping batch is still being sent (or lease_s passed: a worker that died
@@ -332,15 +348,18 @@ class BatchRunner:
     # --- the workers -------------------------------------------------------------------
 
     async def _claim(self) -> tuple[str, dict[str, str]] | None:
-        """A line whose worker stopped renewing its claim, else a new one (waits up to READ_BLOCK_MS)."""
+        """A line whose worker stopped renewing its claim, else a new one (waits up to READ_BLOCK_MS).
+        Abandoned lines are looked for at most every lease_s / 4 per process, until none is left."""
         redis = self.store.redis
-        lease_ms = int(self.policy.lease_s * 1000)
-        _, claimed, gone = await redis.xautoclaim(WORK_STREAM, WORK_GROUP, self.consumer, lease_ms,
-                                                  start_id="0-0", count=1)
-        if gone:
-            await redis.xack(WORK_STREAM, WORK_GROUP, *gone)
-        if claimed:
-            return claimed[0]
+        if time.monotonic() >= self._next_reclaim:
+            lease_ms = int(self.policy.lease_s * 1000)
+            _, claimed, gone = await redis.xautoclaim(WORK_STREAM, WORK_GROUP, self.consumer, lease_ms,
+                                                      start_id="0-0", count=1)
+            if gone:
+                await redis.xack(WORK_STREAM, WORK_GROUP, *gone)
+            if claimed:
+                return claimed[0]
+            self._next_reclaim = time.monotonic() + self.policy.lease_s / 4
         answer = await redis.xreadgroup(WORK_GROUP, self.consumer, {WORK_STREAM: ">"}, count=1, block=READ_BLOCK_MS)
         for _, entries in answer or []:
             for entry in entries:
@@ -352,11 +371,16 @@ class BatchRunner:
         if entry is None:
             return
         entry_id, fields = entry
-        heartbeat = asyncio.create_task(self._renew(entry_id))
-        try:
-            await self._run_line(fields["batch"], fields["tenant"], fields["custom_id"], fields["body"].encode())
-        finally:
-            heartbeat.cancel()
+        line = tuple(fields.get(name) for name in ("batch", "tenant", "custom_id", "body"))
+        if None in line:
+            log.warning("batch work entry %s is not a line: dropped", entry_id)  # nothing to run, or to redo
+        else:
+            heartbeat = asyncio.create_task(self._renew(entry_id))
+            try:
+                batch_id, tenant, custom_id, body = line
+                await self._run_line(batch_id, tenant, custom_id, body.encode())
+            finally:
+                heartbeat.cancel()
         async with self.store.redis.pipeline(transaction=False) as pipe:
             pipe.xack(WORK_STREAM, WORK_GROUP, entry_id)
             pipe.xdel(WORK_STREAM, entry_id)

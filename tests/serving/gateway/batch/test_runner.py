@@ -111,3 +111,32 @@ def test_revoking_the_key_stops_its_batch(start_gateway, redis_server, recorded)
     assert done.status == "completed" and done.request_counts is not None
     assert done.request_counts.completed + done.request_counts.failed == 200 and done.request_counts.failed > 0
     assert {line["error"]["code"] for line in errors} == {"invalid_api_key"}
+
+
+def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(redis_server, monkeypatch) -> None:
+    from serving.gateway.batch import runner as runner_module
+    from serving.gateway.batch.runner import BatchRunner
+    from serving.gateway.batch.store import WORK_GROUP, WORK_STREAM, BatchStore
+    from serving.gateway.metrics import GatewayMetrics
+    from serving.gateway.redis_client import redis_client
+    from serving.gateway.settings import GatewaySettings
+
+    monkeypatch.setattr(runner_module, "GONE_CONSUMER_MS", -1)  # every idle name counts as gone
+
+    async def go() -> set[str]:
+        client = redis_client(redis_server.url, decode_responses=True)
+        try:
+            store = BatchStore(client)
+            await store.ensure_group()
+            await client.xreadgroup(WORK_GROUP, "ghost", {WORK_STREAM: ">"}, count=1)  # joins, takes nothing
+            await client.xadd(WORK_STREAM, {"batch": "x"})
+            await client.xreadgroup(WORK_GROUP, "holder", {WORK_STREAM: ">"}, count=1)  # dies holding a line
+            settings = GatewaySettings(upstream_url="http://upstream:8000", redis_url=redis_server.url)
+            runner = BatchRunner(settings, None, store, None, GatewayMetrics([]))  # type: ignore[arg-type]
+            await runner._forget_gone_consumers()
+            return {c["name"] for c in await client.xinfo_consumers(WORK_STREAM, WORK_GROUP)}
+        finally:
+            await client.aclose()
+
+    names = asyncio.run(go())
+    assert "ghost" not in names and "holder" in names  # its line still waits to be claimed again
