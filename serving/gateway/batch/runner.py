@@ -63,6 +63,7 @@ QUOTA_CODES = frozenset({"daily_token_budget_exceeded", REFUSAL_CODE})
 BUSY_CODES = frozenset({"model_saturated", "tenant_queue_share_exceeded", "gateway_busy"})
 MAX_WAIT_S = 30.0
 TIDY_INTERVAL_S = 600.0
+STATIC_RECORDS = 1024  # batches whose fixed fields a process keeps; past it, the cache starts over
 GONE_CONSUMER_MS = 3_600_000  # an hour without reading: that process is gone (a live one reads every second)
 FINAL_STATUS = {"completed": "completed", "stopped": "completed", "cancelled": "cancelled", "expired": "expired"}
 FINAL_TIME = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
@@ -142,6 +143,7 @@ class BatchRunner:
         # (gateway.batch.memory_bytes() is what the pod's memory limit allows for them).
         self.heavy = asyncio.Semaphore(1)
         self._next_reclaim = 0.0
+        self._records: dict[str, BatchRecord] = {}
         self._next_tidy = 0.0
 
     def expires_at(self) -> int:
@@ -393,35 +395,50 @@ class BatchRunner:
                 await self.store.redis.xclaim(WORK_STREAM, WORK_GROUP, self.consumer, 0, [entry_id], justid=True)
 
     async def _run_line(self, batch_id: str, tenant: str, custom_id: str, body: bytes) -> None:
-        record = await self.store.batch(batch_id)
-        if record is None or record.status != "in_progress" or now() >= record.expires_at or \
-                await self.store.answered(batch_id, custom_id):
-            return  # cancelled, expired, stopped or done: the finalizer answers what never ran
-        await self.store.running(batch_id, 1)
+        record = await self._static_record(batch_id)
+        status, answered = await self.store.begin(batch_id, custom_id)
+        recorded = False
         try:
-            await self._answer(record, custom_id, body)
+            if record is None or status != "in_progress" or now() >= record.expires_at or answered:
+                return  # cancelled, expired, stopped or done: the finalizer answers what never ran
+            recorded = await self._answer(record, custom_id, body)
         finally:
-            await self.store.running(batch_id, -1)
+            if not recorded:
+                await self.store.running(batch_id, -1)
 
-    async def _answer(self, record: BatchRecord, custom_id: str, body: bytes) -> None:
+    async def _static_record(self, batch_id: str) -> BatchRecord | None:
+        """The batch's fields that never change once it runs (key, tenant, endpoint, expiry,
+        total), kept per process; the status is read fresh for every line (`store.begin`)."""
+        record = self._records.get(batch_id)
+        if record is None:
+            record = await self.store.batch(batch_id)
+            if record is not None and record.status != "validating":
+                if len(self._records) >= STATIC_RECORDS:
+                    self._records.clear()
+                self._records[batch_id] = record
+        return record
+
+    async def _answer(self, record: BatchRecord, custom_id: str, body: bytes) -> bool:
+        """Send the line and keep its answer; True when that write also ended its running count."""
         batch_id, tenant = record.id, record.tenant
         answer = await self._send(record, body)
         if answer is None:
-            return
+            return False
         if answer.status == 401:
             await self.stop(batch_id, "invalid_api_key", "The API key that created this batch was revoked or expired.")
-            return
+            return False
         if answer.status == 429 and answer.error_code in QUOTA_CODES:
             message = str(answer.json()["error"].get("message", ""))
             await self.stop(batch_id, str(answer.error_code), f"The batch stopped: {message}")
-            return
+            return False
         ok = 200 <= answer.status < 300
         line = output_line(custom_id, answer.status, answer.headers.get("x-request-id"), answer.json())
-        written, done, failed = await self.store.record(batch_id, custom_id, line, ok=ok)
+        written, done, failed = await self.store.record(batch_id, custom_id, line, ok=ok, ends_running=True)
         if written:
             self.metrics.batch_lines.labels(tenant=tenant, outcome="completed" if ok else "failed").inc()
         if done + failed >= record.total:
             await self._finish(batch_id)
+        return True
 
     async def _send(self, record: BatchRecord, body: bytes) -> Answer | None:
         """The line's answer; None when the batch stopped running while it waited. Waits out rate

@@ -230,6 +230,17 @@ class BatchStore:
         wait for zero at most lease_s)."""
         return int(await self.redis.hincrby(batch_key(batch_id), "running", delta))
 
+    async def begin(self, batch_id: str, custom_id: str) -> tuple[str | None, bool]:
+        """One round trip before a line is sent: the batch's status, whether the line has its
+        answer already, and the line counted as running (the caller gives it back)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(batch_key(batch_id), "status")
+            pipe.hexists(batch_key(batch_id, "done"), custom_id)
+            pipe.hexists(batch_key(batch_id, "failed"), custom_id)
+            pipe.hincrby(batch_key(batch_id), "running", 1)
+            status, done, failed, _ = await pipe.execute()
+        return (None if status is None else json.loads(status)), bool(done or failed)
+
     async def answered(self, batch_id: str, custom_id: str) -> bool:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hexists(batch_key(batch_id, "done"), custom_id)
@@ -237,11 +248,17 @@ class BatchStore:
             done, failed = await pipe.execute()
         return bool(done or failed)
 
-    async def record(self, batch_id: str, custom_id: str, line: dict[str, Any], *, ok: bool) -> tuple[bool, int, int]:
-        """Keep `line` as the answer of `custom_id` unless it has one: (written, completed, failed)."""
-        written, done, failed = await self._record(
-            keys=[batch_key(batch_id), batch_key(batch_id, "done"), batch_key(batch_id, "failed")],
-            args=["done" if ok else "failed", custom_id, json.dumps(line, separators=(",", ":"))])
+    async def record(self, batch_id: str, custom_id: str, line: dict[str, Any], *, ok: bool,
+                     ends_running: bool = False) -> tuple[bool, int, int]:
+        """Keep `line` as the answer of `custom_id` unless it has one: (written, completed, failed).
+        `ends_running`: in the same round trip, the line stops counting as running (see `begin`)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self._record(keys=[batch_key(batch_id), batch_key(batch_id, "done"), batch_key(batch_id, "failed")],
+                               args=["done" if ok else "failed", custom_id, json.dumps(line, separators=(",", ":"))],
+                               client=pipe)
+            if ends_running:
+                pipe.hincrby(batch_key(batch_id), "running", -1)
+            (written, done, failed), *_ = await pipe.execute()
         return bool(written), int(done), int(failed)
 
     async def results(self, batch_id: str) -> tuple[dict[str, str], dict[str, str]]:
