@@ -87,12 +87,18 @@ class BatchApi:
         known = await self.admitter.authenticate(request)
         if isinstance(known, Response):
             return known
+        from redis.exceptions import RedisError  # here: an in-memory gateway (no Batch API) needs no redis package
+
         handler = getattr(self, str(route.handler).replace(".", "_"))  # resolve() names only these methods
         try:
             return await handler(request, route, known[0])
         except StorageError:
             return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
                                        errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})
+        except (RedisError, OSError):
+            return errors.openai_error(503, "The gateway cannot reach its batch state right now. Please retry.",
+                                       errors.SERVER_ERROR, code="batch_state_unavailable",
+                                       headers={"Retry-After": "5"})
 
     # --- files -------------------------------------------------------------------------
 

@@ -268,7 +268,8 @@ class BatchRunner:
         if checked.problems:
             await self._fail(record, errors=checked.problems)
             return
-        if record.status == "validating":
+        fresh = record.status == "validating"
+        if fresh:
             await self.store.set_ids(batch_id, checked.custom_ids)
             for rejected in checked.rejected:
                 line = output_line(rejected.custom_id, rejected.status, None, rejected.body)
@@ -277,8 +278,9 @@ class BatchRunner:
             if not await self.store.transition(batch_id, ("validating",), status="in_progress",
                                                in_progress_at=now(), total=len(checked.custom_ids)):
                 return  # cancelled or expired meanwhile
+        # Redone after a crash, lines may have answers already; a fresh batch has none but its refusals.
         todo = [(line.custom_id, line.body) for line in checked.lines
-                if not await self.store.answered(batch_id, line.custom_id)]
+                if fresh or not await self.store.answered(batch_id, line.custom_id)]
         await self.store.enqueue(batch_id, record.tenant, todo)
         self.metrics.batch_lines.labels(tenant=record.tenant, outcome="queued").inc(len(todo))
         await self.store.transition(batch_id, ("in_progress", "cancelling", "finalizing"), enqueued=True)
@@ -341,8 +343,8 @@ class BatchRunner:
                 files[f"{kind}_file_id"] = file_id
         allowed = ("validating", "in_progress", "finalizing", "cancelling")
         final = {FINAL_TIME.get(ending, "completed_at"): now()}
-        await self.store.transition(batch_id, allowed, status=FINAL_STATUS[ending], completed=len(done),
-                                    failed=len(failed), **files, **final)
+        await self.store.transition(batch_id, allowed, status=FINAL_STATUS[ending], total=len(ids),
+                                    completed=len(done), failed=len(failed), **files, **final)
         await self.store.keep_until(batch_id, self.expires_at())
         await self.store.retire(batch_id)
         log.info("batch %s %s: %d completed, %d failed", batch_id, FINAL_STATUS[ending], len(done), len(failed))
@@ -396,10 +398,12 @@ class BatchRunner:
 
     async def _run_line(self, batch_id: str, tenant: str, custom_id: str, body: bytes) -> None:
         record = await self._static_record(batch_id)
+        if record is None:
+            return  # its records expired (retention_days): nothing to run it for
         status, answered = await self.store.begin(batch_id, custom_id)
         recorded = False
         try:
-            if record is None or status != "in_progress" or now() >= record.expires_at or answered:
+            if status != "in_progress" or now() >= record.expires_at or answered:
                 return  # cancelled, expired, stopped or done: the finalizer answers what never ran
             recorded = await self._answer(record, custom_id, body)
         finally:

@@ -136,7 +136,7 @@ class BatchStore:
     async def batch(self, batch_id: str, tenant: str | None = None) -> BatchRecord | None:
         """The batch; with `tenant`, only if it is that tenant's."""
         raw = await self.redis.hgetall(batch_key(batch_id))
-        if not raw:
+        if "status" not in raw:  # none, or only a stray `running` count left after its records expired
             return None
         record = BatchRecord.model_validate({name: json.loads(value) for name, value in raw.items()})
         return record if tenant is None or record.tenant == tenant else None
