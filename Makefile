@@ -76,6 +76,7 @@ bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.benchmarks.prefix_routing --out build/bench/prefix_routing.json
 	$(PY) -m ops.benchmarks.autoscale_demo --out build/bench/autoscale.json
 	$(PY) -m ops.benchmarks.model_sync --out build/bench/model_sync.json
+	$(PY) -m ops.benchmarks.batch --out build/bench/batch.json
 
 # The gateway benchmark drives load with Debian's wrk, and compares with LiteLLM proxy, which
 # gets its own venv: it is a comparison point, never a dependency of llmstack.

@@ -8,7 +8,7 @@ substitute for the real serving path, which tests/test_dev_stack_e2e.py drives.
 
 Requests may steer it with headers:
     x-stub-chunks: N        stream N content chunks (default 8)
-    x-stub-interval-ms: T   sleep T ms between chunks (default 0)
+    x-stub-interval-ms: T   sleep T ms between chunks (default 0); a non-streamed answer waits N x T ms
 Streams end with a usage chunk when the request asks for `stream_options.include_usage`, and
 carry the usage so far in every chunk when it also asks for `continuous_usage_stats`, as vLLM does.
 or, where headers do not reach it, with a line in the first message's content:
@@ -67,6 +67,8 @@ async def chat(request: Request) -> Response:
     prompt_tokens = int(steer.get("prompt_tokens", PROMPT_TOKENS))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks, "total_tokens": prompt_tokens + chunks}
     if not body.get("stream"):
+        if interval:
+            await asyncio.sleep(interval * chunks)  # as long as the stream would have taken
         return JSONResponse({
             "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "finish_reason": "stop",

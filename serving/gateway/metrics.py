@@ -93,6 +93,12 @@ class GatewayMetrics:
             "llmstack_gateway_queue_shed",
             "Requests refused a slot, by model, tenant and status (429: the tenant's share; 503: model saturated).",
             ["model", "tenant", "status"], registry=r)
+        # The Batch API (serving.gateway.batch): lines enqueued, and how each one ended.
+        self.batch_lines = Counter(
+            "llmstack_gateway_batch_lines",
+            "Batch lines by tenant and outcome (queued: enqueued to run; completed: a 2xx answer; failed: an error "
+            "answer, refused up front, or cancelled, expired or stopped before it ran).",
+            ["tenant", "outcome"], registry=r)
         self.budget_used = BudgetUsage()
         r.register(self.budget_used)
 
