@@ -71,11 +71,13 @@ bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.benchmarks.http_clients
 	$(PY) -m ops.benchmarks.gateway --litellm $(LITELLM) --out build/bench/gateway.json
 	$(PY) -m ops.benchmarks.fair_queue_gateway --out build/bench/fair_queue_gateway.json
+	$(PY) -m ops.benchmarks.gateway_stream --out build/bench/gateway_stream.json
 	$(PY) -m ops.benchmarks.serving --out build/bench/serving.json
 	$(PY) -m ops.benchmarks.serving --client llmctl --paths direct --out build/bench/serving-llmctl.json
 	$(PY) -m ops.benchmarks.prefix_routing --out build/bench/prefix_routing.json
 	$(PY) -m ops.benchmarks.autoscale_demo --out build/bench/autoscale.json
 	$(PY) -m ops.benchmarks.model_sync --out build/bench/model_sync.json
+	$(PY) -m ops.benchmarks.batch --out build/bench/batch.json
 
 # The gateway benchmark drives load with Debian's wrk, and compares with LiteLLM proxy, which
 # gets its own venv: it is a comparison point, never a dependency of llmstack.

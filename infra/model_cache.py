@@ -17,6 +17,8 @@ Layout inside the bucket:
 
     models/<model id>/...          the Hugging Face folder, file for file (what Ray downloads)
     manifests/<model id>.json      written last by `llmctl models sync`: files, sizes, checksums
+    batches/<file id>              the gateway's Batch API files (uploads, outputs), expired by a
+                                   lifecycle rule after gateway.batch.retention_days
 
 The manifest sits outside the model's prefix because Ray Serve LLM downloads everything
 under `model_source.bucket_uri` into the model folder.
@@ -30,6 +32,7 @@ from infra.spec import ModelSpec, StackSpec
 
 MODELS_PREFIX = "models/"
 MANIFESTS_PREFIX = "manifests/"
+BATCHES_PREFIX = "batches/"
 MAX_BUCKET_NAME = 63
 
 
@@ -60,6 +63,11 @@ def manifest_key(model_id: str) -> str:
 def model_uri(bucket: str, model: ModelSpec) -> str:
     """`s3://` URI of a cached model's folder: Ray Serve LLM's `model_source.bucket_uri`."""
     return f"s3://{bucket}/{model_prefix(model.id).rstrip('/')}"
+
+
+def batches_uri(bucket: str) -> str:
+    """Where the gateway keeps Batch API files (its `batch_storage_url`)."""
+    return f"s3://{bucket}/{BATCHES_PREFIX.rstrip('/')}"
 
 
 def needs_bucket_name(spec: StackSpec) -> bool:

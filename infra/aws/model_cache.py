@@ -3,11 +3,16 @@
 - The bucket: every public access setting blocked, objects owned by the bucket owner (no
   ACLs), encrypted at rest (SSE-S3 with a bucket key), TLS-only by bucket policy, and a
   lifecycle rule that removes multipart uploads left behind by an interrupted
-  `llmctl models sync` after a day (S3 charges for their parts until then).
+  `llmctl models sync` after a day (S3 charges for their parts until then), and one that
+  deletes the gateway's Batch API files under `batches/` after gateway.batch.retention_days
+  (the gateway expires their Redis records at the same age).
 - The reader: an IRSA role that only the `llmstack-ray` service account can assume, allowed
   to list the `models/` prefix and get its objects, nothing else. The service account is
   created here because its annotation is the role's ARN, known only once the role exists;
   the rendered Ray pods name it (`infra.render.rayservice`).
+- The batch files role: an IRSA role only the `llmstack-gateway` service account can assume,
+  allowed to get, put and delete objects under `batches/` (the gateway's Batch API), nothing
+  else; the rendered gateway pods name that service account (`infra.render.gateway`).
 
 Naming and layout of the bucket: `infra.model_cache`.
 """
@@ -22,8 +27,8 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws.iam import irsa_role
-from infra.model_cache import MODELS_PREFIX
-from infra.render.common import NAMESPACE, RAY_SERVICE_ACCOUNT, labels
+from infra.model_cache import BATCHES_PREFIX, MODELS_PREFIX
+from infra.render.common import GATEWAY_SERVICE_ACCOUNT, NAMESPACE, RAY_SERVICE_ACCOUNT, labels
 
 ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS = 1
 
@@ -35,6 +40,14 @@ def reader_policy(bucket: str) -> str:
         {"Sid": "ListModels", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": arn,
          "Condition": {"StringLike": {"s3:prefix": [f"{MODELS_PREFIX}*"]}}},
         {"Sid": "ReadModels", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"{arn}/{MODELS_PREFIX}*"},
+    ]})
+
+
+def batch_files_policy(bucket: str) -> str:
+    """The gateway's Batch API files: get, put and delete under `batches/`; no listing, no other prefix."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "BatchFiles", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+         "Resource": f"arn:aws:s3:::{bucket}/{BATCHES_PREFIX}*"},
     ]})
 
 
@@ -54,11 +67,14 @@ class ModelCacheArgs:
     oidc_issuer: pulumi.Input[str]
     k8s_provider: k8s.Provider
     namespace: k8s.core.v1.Namespace
+    batch_retention_days: int = 30
+    """`gateway.batch.retention_days` of the stack: Batch API files older than this are deleted."""
 
 
 class ModelCache(pulumi.ComponentResource):
     bucket: pulumi.Output[str]
     reader_role_arn: pulumi.Output[str]
+    batch_files_role_arn: pulumi.Output[str]
 
     def __init__(self, name: str, args: ModelCacheArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("llmstack:aws:ModelCache", name, None, opts)
@@ -75,7 +91,9 @@ class ModelCache(pulumi.ComponentResource):
             opts=on_bucket)
         aws.s3.BucketLifecycleConfiguration(name, bucket=bucket.id, rules=[{
             "id": "abort-incomplete-uploads", "status": "Enabled", "filter": {"prefix": ""},
-            "abort_incomplete_multipart_upload": {"days_after_initiation": ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS}}],
+            "abort_incomplete_multipart_upload": {"days_after_initiation": ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS}}, {
+            "id": "expire-batch-files", "status": "Enabled", "filter": {"prefix": BATCHES_PREFIX},
+            "expiration": {"days": args.batch_retention_days}}],
             opts=on_bucket)
         # S3 rejects a bucket policy while the public access block is being applied.
         aws.s3.BucketPolicy(name, bucket=bucket.id, policy=tls_only_policy(args.bucket),
@@ -90,6 +108,18 @@ class ModelCache(pulumi.ComponentResource):
                       "annotations": {"eks.amazonaws.com/role-arn": role.arn}},
             opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]))
 
+        batch_role = irsa_role(f"{name}-batch-files", oidc_provider_arn=args.oidc_provider_arn,
+                               oidc_issuer=args.oidc_issuer, namespace=NAMESPACE,
+                               service_account=GATEWAY_SERVICE_ACCOUNT, policy=batch_files_policy(args.bucket),
+                               opts=child)
+        k8s.core.v1.ServiceAccount(
+            GATEWAY_SERVICE_ACCOUNT,
+            metadata={"name": GATEWAY_SERVICE_ACCOUNT, "namespace": NAMESPACE, "labels": labels("gateway", args.stack),
+                      "annotations": {"eks.amazonaws.com/role-arn": batch_role.arn}},
+            opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]))
+
         self.bucket = bucket.bucket
         self.reader_role_arn = role.arn
-        self.register_outputs({"bucket": self.bucket, "reader_role_arn": self.reader_role_arn})
+        self.batch_files_role_arn = batch_role.arn
+        self.register_outputs({"bucket": self.bucket, "reader_role_arn": self.reader_role_arn,
+                               "batch_files_role_arn": self.batch_files_role_arn})

@@ -179,12 +179,13 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
         opts=on_aws)
     cache = ModelCache("model-cache", ModelCacheArgs(
         stack=spec.name, bucket=cache_bucket, oidc_provider_arn=cluster.oidc_provider_arn,
-        oidc_issuer=cluster.oidc_issuer, k8s_provider=kube, namespace=namespace), opts=on_aws)
+        oidc_issuer=cluster.oidc_issuer, k8s_provider=kube, namespace=namespace,
+        batch_retention_days=spec.gateway.batch.retention_days), opts=on_aws)
     app = Workloads("app", WorkloadsArgs(
         stack=spec.name, objects=rendered[1:], tls=spec.gateway.certificate_arn is not None,
         namespace=namespace, k8s_provider=kube, hf_token=secrets.get_secret("hf_token"),
         gcs_redis_address=redis.gcs_address),
-        # Ray pods run as the cache's service account, so it must exist before them.
+        # Ray and gateway pods run as the cache's service accounts, so those must exist before them.
         opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu, cache]))
 
     return {

@@ -29,12 +29,13 @@ def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_ad
                  model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
     """`gcs_redis_address`: the Redis Ray GCS uses, when only the Pulumi program knows it
     (ElastiCache's TLS endpoint); see `rayservice.redis_address`. `model_cache_bucket`: the
-    stack's S3 model cache (`infra.model_cache.bucket_name`), needed when a model is cached."""
+    stack's S3 model cache (`infra.model_cache.bucket_name`), needed when a model is cached; the
+    gateway keeps its Batch API files there too (without it, the gateway serves no Batch API)."""
     plan = plan or plan_stack(spec)
     if not plan.ok:
         raise RenderRefused(plan)
     return [namespace_object(spec), rayservice(spec, plan, gcs_redis_address, model_cache_bucket),
-            *gateway_objects(spec, plan)]
+            *gateway_objects(spec, plan, model_cache_bucket)]
 
 
 class _ManifestDumper(yaml.SafeDumper):

@@ -16,6 +16,7 @@ REDIS_RAY_SECRET = "llmstack-redis-ray"  # Ray GCS's Redis user; keys: username,
 HF_TOKEN_SECRET = "llmstack-hf-token"  # key: token (optional: public models need none)
 REDIS_SERVICE = "llmstack-redis"  # in-cluster Redis, or an ExternalName to ElastiCache
 RAY_SERVICE_ACCOUNT = "llmstack-ray"  # IRSA: read-only access to the stack's model cache (AWS)
+GATEWAY_SERVICE_ACCOUNT = "llmstack-gateway"  # IRSA: the Batch API's files under batches/ in that bucket (AWS)
 NODE_GROUP_LABEL = "llmstack.dev/node-group"  # set on nodes by the Pulumi node groups
 COMPONENT_LABEL = "llmstack.dev/component"
 KUBERAY_NAMESPACE = "kuberay-operator"

@@ -21,10 +21,12 @@ import math
 from typing import Any
 
 from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.model_cache import batches_uri
 from infra.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
     GATEWAY_NAME,
+    GATEWAY_SERVICE_ACCOUNT,
     HEAD_SERVICE,
     KUBERAY_NAMESPACE,
     NAMESPACE,
@@ -44,9 +46,12 @@ RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
 
-def gateway_objects(spec: StackSpec, plan: StackPlan | None = None) -> list[dict[str, Any]]:
-    return [_deployment(spec, plan), _service(spec), _autoscaler(spec), _disruption_budget(spec),
-            _gateway_network_policy(spec), _ray_network_policy(spec)]
+def gateway_objects(spec: StackSpec, plan: StackPlan | None = None,
+                    model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
+    """`model_cache_bucket`: where the Batch API keeps its files (under batches/), read and written
+    with the gateway's IRSA role (infra.aws.model_cache); None renders a gateway without one."""
+    return [_deployment(spec, plan, model_cache_bucket), _service(spec), _autoscaler(spec),
+            _disruption_budget(spec), _gateway_network_policy(spec), _ray_network_policy(spec)]
 
 
 def _selector() -> dict[str, str]:
@@ -58,14 +63,15 @@ def _selector() -> dict[str, str]:
 SERVE_DASHBOARD_URL = f"http://{HEAD_SERVICE}.{NAMESPACE}.svc.cluster.local:{RAY_DASHBOARD_PORT}"
 
 
-def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH, *,
-                     serve_dashboard_url: str = SERVE_DASHBOARD_URL) -> str:
+def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH,
+                     batch_storage_url: str | None = None, *, serve_dashboard_url: str = SERVE_DASHBOARD_URL) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start.
     `plan` (default: planned here) gives each model's cold-start timeout; `path`: the serving path
-    the Serve config was rendered for (where each model lives); `serve_dashboard_url`: where the
-    gateway polls each model's live replicas (the head Service in the cluster; `make dev` passes
-    its local Ray's)."""
+    the Serve config was rendered for (where each model lives); `batch_storage_url`, where Batch
+    API files live (none: no Batch API); `serve_dashboard_url`: where the gateway polls each
+    model's live replicas (the head Service in the cluster; `make dev` passes its local Ray's)."""
     return json.dumps({
+        **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
         **spec.gateway.policy_settings(),
         "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
         "models": [m.model_name for m in spec.models],
@@ -106,9 +112,10 @@ def model_queues(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, Mo
 
 def memory_limit_mib(spec: StackSpec) -> int:
     """The process, plus every connection holding a body of the largest size accepted: the
-    most that slow uploads can make one pod hold before the connection cap answers 503."""
+    most that slow uploads can make one pod hold before the connection cap answers 503; plus
+    what the Batch API's one heavy step at a time holds (`gateway.batch.memory_bytes()`)."""
     g = spec.gateway
-    return BASE_MEMORY_MIB + math.ceil(g.max_connections * g.max_body_bytes / 2**20)
+    return BASE_MEMORY_MIB + math.ceil((g.max_connections * g.max_body_bytes + g.batch.memory_bytes()) / 2**20)
 
 
 def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
@@ -116,7 +123,7 @@ def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
             "prometheus.io/path": "/metrics"}
 
 
-def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
+def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str | None = None) -> dict[str, Any]:
     g = spec.gateway
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     container = {
@@ -125,7 +132,8 @@ def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": g.port}, {"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
-            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(spec, plan)},
+            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(
+                spec, plan, batch_storage_url=None if model_cache_bucket is None else batches_uri(model_cache_bucket))},
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few
@@ -139,6 +147,20 @@ def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
+    pod_spec: dict[str, Any] = {
+        # The Kubernetes API token stays out. With a bucket, the pod runs as the gateway's IRSA
+        # service account: EKS's pod identity webhook mounts its own projected STS token
+        # (aws-iam-token) and sets AWS_ROLE_ARN / AWS_WEB_IDENTITY_TOKEN_FILE for boto3.
+        "automountServiceAccountToken": False,
+        **({} if model_cache_bucket is None else {"serviceAccountName": GATEWAY_SERVICE_ACCOUNT}),
+        # Long enough to finish in-flight streams after SIGTERM.
+        "terminationGracePeriodSeconds": 120,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "topologySpreadConstraints": [{
+            "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": _selector()}}],
+        "containers": [container],
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -149,17 +171,7 @@ def _deployment(spec: StackSpec, plan: StackPlan | None) -> dict[str, Any]:
             "selector": {"matchLabels": _selector()},
             "template": {
                 "metadata": {"labels": labels("gateway", spec.name), "annotations": prometheus_annotations(spec)},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    # Long enough to finish in-flight streams after SIGTERM.
-                    "terminationGracePeriodSeconds": 120,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "topologySpreadConstraints": [{
-                        "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-                        "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": _selector()}}],
-                    "containers": [container],
-                },
+                "spec": pod_spec,
             },
         },
     }

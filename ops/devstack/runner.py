@@ -106,10 +106,13 @@ def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: st
                   dashboard_url: str | None = None, dashboard_token: str | None = None) -> subprocess.Popen[bytes]:
     """The gateway as its own process, configured as the rendered Deployment configures it,
     but bound to loopback (/metrics and /readyz on `metrics_port`). With the in-memory store
-    only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600)."""
+    only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600).
+    With Redis, the Batch API keeps its files in this checkout's state folder (`batches/`)."""
+    batches = f"file://{state_dir() / 'batches'}" if redis_url else None
     env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream,
            "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(
-               spec, path=path, **({"serve_dashboard_url": dashboard_url} if dashboard_url else {})),
+               spec, path=path, batch_storage_url=batches,
+               **({"serve_dashboard_url": dashboard_url} if dashboard_url else {})),
            "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
     env.pop("LLMSTACK_REDIS_URL", None)

@@ -79,10 +79,12 @@ def _pgid(pid: int) -> int | None:
 
 
 @contextmanager
-def background(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    """`args` running from the repository root, stdout and stderr to `log`."""
+def background(args: list[str], log: Path, env: dict[str, str] | None = None, *,
+               cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+    """`args` running from the repository root (or `cwd`: another checkout, whose packages a
+    `python -m` then imports), stdout and stderr to `log`."""
     with log.open("w") as out:
-        process = subprocess.Popen(args, cwd=PROJECT_ROOT, env={**os.environ, **(env or {})}, stdout=out,
+        process = subprocess.Popen(args, cwd=cwd or PROJECT_ROOT, env={**os.environ, **(env or {})}, stdout=out,
                                    stderr=subprocess.STDOUT)
     try:
         yield process

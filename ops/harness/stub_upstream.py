@@ -8,7 +8,9 @@ substitute for the real serving path, which tests/test_dev_stack_e2e.py drives.
 
 Requests may steer it with headers:
     x-stub-chunks: N        stream N content chunks (default 8)
-    x-stub-interval-ms: T   sleep T ms between chunks (default 0)
+    x-stub-interval-ms: T   sleep T ms between chunks (default 0); a non-streamed answer waits N x T ms
+Streams end with a usage chunk when the request asks for `stream_options.include_usage`, and
+carry the usage so far in every chunk when it also asks for `continuous_usage_stats`, as vLLM does.
 or, where headers do not reach it, with a line in the first message's content:
     #stub {"chunks": N, "interval_ms": T, "prompt_tokens": "P"}
 (`prompt_tokens` as a string, so a test can give it a fixed width; default 5).
@@ -65,20 +67,29 @@ async def chat(request: Request) -> Response:
     prompt_tokens = int(steer.get("prompt_tokens", PROMPT_TOKENS))
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": chunks, "total_tokens": prompt_tokens + chunks}
     if not body.get("stream"):
+        if interval:
+            await asyncio.sleep(interval * chunks)  # as long as the stream would have taken
         return JSONResponse({
             "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": " tok" * chunks}}],
             "usage": usage})
-    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+    options = body.get("stream_options") or {}
+    include_usage = options.get("include_usage") is True
+    # As vLLM does: with include_usage and continuous_usage_stats, every chunk carries the usage so far.
+    continuous = include_usage and options.get("continuous_usage_stats") is True
+
+    def so_far(completion: int) -> dict | None:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion} if continuous else None
 
     async def events():
-        yield sse(chunk(model, {"role": "assistant", "content": ""}))
-        for _ in range(chunks):
+        yield sse(chunk(model, {"role": "assistant", "content": ""}, usage=so_far(0)))
+        for done in range(1, chunks + 1):
             if interval:
                 await asyncio.sleep(interval)
-            yield sse(chunk(model, {"content": " tok"}))
-        yield sse(chunk(model, {}, finish="stop"))
+            yield sse(chunk(model, {"content": " tok"}, usage=so_far(done)))
+        yield sse(chunk(model, {}, finish="stop", usage=so_far(chunks)))
         if include_usage:
             yield sse(chunk(model, usage=usage))
         yield sse("[DONE]")

@@ -17,6 +17,7 @@ from infra.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
 from infra.spec import StackSpec
 from infra.stack_warnings import stack_warnings
+from ops.llmctl.batches import app as batches_app
 from ops.llmctl.bench.cli import bench
 from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
 from ops.llmctl.cost.cli import app as cost_app
@@ -31,6 +32,7 @@ app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_h
                   pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(batches_app, name="batches")
 app.add_typer(models_app, name="models")
 app.add_typer(cost_app, name="cost")
 app.command()(status)
@@ -39,9 +41,12 @@ app.command("bench")(bench)
 
 
 def _cache_bucket(spec: StackSpec) -> str | None:
-    """The cache bucket, when a cached model needs it in the serve config. Named after the AWS
-    account unless the stack names it (`infra.model_cache`), so this may ask STS."""
-    if not needs_bucket_name(spec) or spec.cloud.provider != "aws":
+    """The cache bucket, when a cached model needs it in the serve config or the gateway keeps
+    Batch API files in it. Named after the AWS account unless the stack names it
+    (`infra.model_cache`), so this may ask STS. Only cached models make it required: without
+    AWS credentials the gateway is rendered without the Batch API's storage, and that is said."""
+    cached = needs_bucket_name(spec)
+    if spec.cloud.provider != "aws" or not (cached or spec.gateway.batch.enabled):
         return None
     if spec.model_cache.bucket:
         return spec.model_cache.bucket
@@ -50,6 +55,11 @@ def _cache_bucket(spec: StackSpec) -> str | None:
     try:
         return bucket_name(spec, aws.account_id(aws.session(spec.cloud.region)))
     except aws.AwsProblem as exc:
+        if not cached:
+            err.print(f"[yellow]note:[/yellow] the gateway's Batch API keeps its files in the model cache bucket, "
+                      f"named after the AWS account ({exc}): rendered without it, where `pulumi up` sets it; or set "
+                      f"llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml", highlight=False, soft_wrap=True)
+            return None
         err.print(f"[red]error:[/red] the stack has cached models, so its bucket name is needed and it comes from the "
                   f"AWS account: {exc}; or set llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
                   highlight=False, soft_wrap=True)

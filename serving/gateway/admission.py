@@ -27,6 +27,7 @@ import json
 import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from decimal import Decimal
 
 from starlette.requests import Request
@@ -34,10 +35,11 @@ from starlette.responses import Response
 
 from serving.gateway import errors
 from serving.gateway.access_log import caller_of, note_caller
+from serving.gateway.batch.caller import BATCH_CALLER, BatchCaller
 from serving.gateway.body import BodyError, request_document
 from serving.gateway.budgets import NANO_PER_USD
 from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, QueueUnavailable
-from serving.gateway.key_format import KeyRecord
+from serving.gateway.key_format import KeyRecord, is_usable
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
 from serving.gateway.metering import (
@@ -106,6 +108,10 @@ def first_byte_timeout(settings: GatewaySettings, slot: QueueTicket | None) -> f
     if slot is None or not slot.cold:
         return None
     return max(settings.upstream_idle_timeout_s, settings.model_queues[slot.model].cold_start_timeout_s)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 class ClientGone(Exception):
@@ -181,18 +187,37 @@ class Admitter:
         self.recent_keys.remember(key, record)
         return record, False
 
-    async def admit(self, request: Request) -> Admission | Response:
-        settings = self.settings
-        key = presented_key(request.headers)
-        if key is None:
-            return errors.missing_api_key()
+    async def authenticate(self, request: Request) -> tuple[KeyRecord, bool] | Response:
+        """The caller's key record and whether it came from the outage cache, or the 401/503 to answer.
+        A batch line (serving.gateway.batch.runner) names its key by id in the ASGI scope instead
+        of presenting it: the key is read again, so a revoked or expired key stops its batch."""
+        caller = request.scope.get(BATCH_CALLER)
         try:
-            record, from_cache = await self._verify(key)
+            if isinstance(caller, BatchCaller):
+                try:
+                    record = await self.key_store.get(caller.key_id)
+                except KeyStoreUnavailable:
+                    return errors.key_store_unavailable()
+                record = caller.record(record) if record is not None and is_usable(record, _utcnow()) else None
+                from_cache = False
+            else:
+                key = presented_key(request.headers)
+                if key is None:
+                    return errors.missing_api_key()
+                record, from_cache = await self._verify(key)
         except RedisBusy:
             return errors.gateway_busy()
         if record is None:
             return errors.key_store_unavailable() if from_cache else errors.invalid_api_key()
         note_caller(request.scope, record)
+        return record, from_cache
+
+    async def admit(self, request: Request) -> Admission | Response:
+        settings = self.settings
+        known = await self.authenticate(request)
+        if isinstance(known, Response):
+            return known
+        record, from_cache = known
         who = Who(key_id=record.key_id, tenant=record.tenant,
                   limits=effective_limits(record, settings.default_limits),
                   tenant_defaults=settings.default_tenant_limits, shadow=record.shadow,

@@ -8,6 +8,8 @@ Public port (the Service publishes it):
                         (serving.gateway.admission: key, body, limits, a slot of the model's
                         capacity from the fair queue), the proxy, and settlement of the key's
                         tokens, its concurrency slot and the model's slot
+    /v1/files, /v1/batches  the Batch API, answered here (serving.gateway.batch); its workers run
+                        each line through this same app, in process, at the lowest queue tier
 
 Metrics port (settings.metrics_port; not published, reached by Prometheus and the kubelet):
     GET  /readyz        readiness: 200 "ready" when Redis answers; when it does not, 200 "degraded"
@@ -34,6 +36,10 @@ from starlette.routing import Route, request_response
 from serving.gateway import errors
 from serving.gateway.access_log import AccessLogMiddleware, caller_of
 from serving.gateway.admission import QUEUE_WAIT_HEADER, Admitter, first_byte_timeout
+from serving.gateway.batch.api import BatchApi, batches_unavailable
+from serving.gateway.batch.runner import BatchRunner
+from serving.gateway.batch.storage import storage_for
+from serving.gateway.batch.store import BatchStore
 from serving.gateway.body import BodyDeadline, BodyTimeout
 from serving.gateway.fair_queue import FairQueue, QueueTicket
 from serving.gateway.keys import KeyStore
@@ -42,6 +48,7 @@ from serving.gateway.metering import NOTHING_BILLED
 from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.queued_stream import QueuedStream
+from serving.gateway.redis_client import redis_client
 from serving.gateway.replica_feed import ReplicaFeed
 from serving.gateway.routes import RouteRefusal, resolve
 from serving.gateway.settings import GatewaySettings
@@ -100,6 +107,17 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
                         token=settings.ray_auth_token.get_secret_value() if settings.ray_auth_token else None,
                         on_count=lambda model, n: metrics.model_replicas.labels(model=model).set(n))
             if queue is not None and settings.serve_dashboard_url and settings.model_deployments else None)
+    batch_off = batch_api_off(settings)
+    batch_api: BatchApi | None = None
+    batch_redis = None
+    if batch_off is None:
+        assert settings.redis_url is not None and settings.batch_storage_url is not None
+        # Its own pool: each worker holds a connection while it waits on the work stream.
+        batch_redis = redis_client(settings.redis_url, decode_responses=True,
+                                   max_connections=2 * settings.batch.workers + 16)
+        batch_store, storage = BatchStore(batch_redis), storage_for(settings.batch_storage_url)
+        runner = BatchRunner(settings, key_store, batch_store, storage, metrics)
+        batch_api = BatchApi(settings, admitter, batch_store, storage, runner)
     # While Redis is down, a replica can still serve (recently verified keys, local limits)
     # unless the stack chose fail mode `closed`. Reporting "not ready" then would make
     # Kubernetes pull every replica out of the Service at once: a full outage instead of a degraded one.
@@ -126,6 +144,15 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         route = resolve(request.method, request.scope["path"], settings.models)
         if isinstance(route, RouteRefusal):  # before the key check: unknown paths cost no Redis call
             return _refusal(route, request)
+        if route.handler is not None:  # the Batch API: answered here, nothing goes upstream
+            if batch_api is None:
+                return batches_unavailable(batch_off or "")
+            try:
+                return await batch_api.handle(request, route)
+            except ClientDisconnect:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            except BodyTimeout:
+                return errors.body_timeout(settings.body_timeout_s)
         try:
             admission = await admitter.admit(request)
         except ClientDisconnect:  # gone while sending its body: nobody to answer, nothing charged
@@ -175,10 +202,17 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
             await queue.start()
         if feed is not None:
             await feed.start()
+        if batch_api is not None:
+            await batch_api.runner.start(api)
         log.info("gateway ready to proxy the OpenAI routes to %s", settings.upstream_url)
         try:
             yield
         finally:
+            if batch_api is not None:
+                await batch_api.runner.aclose()
+                await batch_api.aclose()
+            if batch_redis is not None:
+                await batch_redis.aclose()
             if feed is not None:
                 await feed.aclose()
             if queue is not None:
@@ -212,6 +246,17 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     for app in (api, admin):
         app.router.redirect_slashes = False
     return GatewayApps(api=api, admin=admin)
+
+
+def batch_api_off(settings: GatewaySettings) -> str | None:
+    """Why this gateway serves no Batch API, or None when it does."""
+    if not settings.batch.enabled:
+        return "the stack turned it off (gateway.batch.enabled: false)."
+    if not settings.redis_url:
+        return "it keeps its state in Redis, and this gateway has none (LLMSTACK_REDIS_URL)."
+    if not settings.batch_storage_url:
+        return "it has nowhere to store files (batch_storage_url in LLMSTACK_GATEWAY_SETTINGS)."
+    return None
 
 
 def _refusal(refusal: RouteRefusal, request: Request) -> Response:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -48,7 +48,7 @@ from decimal import Decimal
 
 import anyio
 
-from serving.gateway.budgets import cost_nano_usd, month_of, month_window, nano_usd, spend_expire_at
+from serving.gateway.budgets import cost_nano_usd, month_end_s, month_of, nano_usd, spend_expire_at
 from serving.gateway.local_limits import LocalLimiter
 from serving.gateway.metering import LimitDecision, Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
@@ -113,7 +113,7 @@ class Ticket:
     who: Who
     decision: LimitDecision | None = None
     reserved: int = 0
-    slot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    slot_id: str = field(default_factory=lambda: secrets.token_hex(16))  # 128 random bits, like a uuid4
     day: int = -1  # the UTC day (Redis's clock) the tokens were charged to
     key_request_charged: bool = False
     key_tokens_charged: bool = False
@@ -163,15 +163,16 @@ class Ticket:
                     self.on_error()
 
 
+def _text(value: object) -> object:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
     (allowed, refused, scope, rem_req, reset_req, rem_tok, reset_tok, wait, day, key_charged,
      t_rpm, t_tpm, t_daily, t_conc, key_spent, tenant_spent, tenant_budget) = reply
-    def text(value: object) -> object:
-        return value.decode() if isinstance(value, bytes) else value
-
     wait_us = float(wait)
     decision = LimitDecision(
-        allowed=bool(int(allowed)), refused=text(refused) or None, scope=text(scope) or None,
+        allowed=bool(int(allowed)), refused=_text(refused) or None, scope=_text(scope) or None,
         limit_requests=limits.requests_per_minute, remaining_requests=int(rem_req),
         reset_requests_s=float(reset_req) / 1e6,
         limit_tokens=limits.tokens_per_minute, remaining_tokens=int(rem_tok), reset_tokens_s=float(reset_tok) / 1e6,
@@ -179,7 +180,7 @@ def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
     counts = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
     # The tenant's budget in force travels in `spend`: only Redis enforces budgets.
     tenant = TenantLimits(**{name: int(v) for name, v in zip(counts, (t_rpm, t_tpm, t_daily, t_conc)) if int(v) > 0})
-    spend = Spend(int(text(key_spent)), int(text(tenant_spent)), int(text(tenant_budget)))
+    spend = Spend(int(_text(key_spent)), int(_text(tenant_spent)), int(_text(tenant_budget)))
     return decision, {"day": int(day), "key_charged": bool(int(key_charged)), "tenant_limits": tenant,
                       "spend": spend}
 
@@ -274,7 +275,7 @@ class Limiter:
                 int(ticket.key_request_charged),
                 who.key_id, str(ticket.reserved_nano_usd), str(_budget_nano(who.monthly_budget_usd)),
                 str(_budget_nano(defaults.monthly_budget_usd)), spend_expire_at(ticket.month),
-                int(month_window(ticket.month)[1].timestamp())]
+                month_end_s(ticket.month)]
 
     async def aclose(self) -> None:
         if self._redis is not None:

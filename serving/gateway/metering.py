@@ -21,6 +21,12 @@ stripped on the way back. What is billed, in order:
 
 Counting chunks would under-bill: one chunk may carry several tokens (speculative decoding,
 vLLM's `stream_interval`), so output is only ever counted from reported usage.
+
+Every streamed event is parsed (its usage may be the last one seen when the stream is cut), so
+the per-event path is the gateway's per-token cost: events are parsed and re-serialized with
+orjson, and with the standard library where orjson refuses what it accepts (lone surrogate
+escapes, numbers beyond a double) or reads a usage count differently (integers past 64 bits),
+so every event is read as before.
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
@@ -137,10 +146,11 @@ def _usage(usage: Any) -> Usage | None:
     (seen from some servers) is counted as prompt."""
     if not isinstance(usage, dict):
         return None
-    prompt, completion, total = (usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     prompt = prompt if isinstance(prompt, int) else None
     completion = completion if isinstance(completion, int) else None
     if prompt is None and completion is None:
+        total = usage.get("total_tokens")
         return Usage(total, 0) if isinstance(total, int) else None
     return Usage(prompt or 0, completion or 0)
 
@@ -152,6 +162,7 @@ def _usage(usage: Any) -> Usage | None:
 _USAGE_KEY = re.compile(rb'[{,]\s*"usage"\s*:\s*')
 _KEY_OVERLAP = 64  # bytes kept from the previous chunk, so a key split across chunks is still found
 _USAGE_MAX_BYTES = 65_536  # a usage object is a few numbers; past this it is not one
+_JSON = json.JSONDecoder()
 
 
 class _UsageScanner:
@@ -180,7 +191,7 @@ class _UsageScanner:
     def _try_decode(self) -> None:
         assert self._capture is not None
         try:
-            value, _ = json.JSONDecoder().raw_decode(self._capture.decode("utf-8", "replace"))
+            value, _ = _JSON.raw_decode(self._capture.decode("utf-8", "replace"))
         except ValueError:
             if len(self._capture) > _USAGE_MAX_BYTES:
                 self._done = True
@@ -222,9 +233,15 @@ class UsageMeter:
             self._scanner.feed(chunk)
             out, self._pending = self._pending, chunk
             return out
-        parts = _EVENT_END.split(self._pending + chunk)  # [event, end, event, end, ..., incomplete rest]
+        buffer = self._pending + chunk
+        if b"\r" not in buffer:  # LF-only events (what vLLM sends): bytes.split, far cheaper than the regex
+            *events, self._pending = buffer.split(b"\n\n")
+            if len(events) == 1:  # the usual case: one token, one event, one chunk
+                return self._event(events[0], b"\n\n")
+            return b"".join([self._event(event, b"\n\n") for event in events])
+        parts = _EVENT_END.split(buffer)  # [event, end, event, end, ..., incomplete rest]
         self._pending = parts[-1]
-        return b"".join(self._event(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2))
+        return b"".join([self._event(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)])
 
     def finish(self) -> bytes:
         """Held-back bytes; the upstream ended its response, so `billed()` is final."""
@@ -293,10 +310,7 @@ class UsageMeter:
             return b""
         if not data.startswith(b"data: {"):
             return event + end
-        try:
-            chunk = json.loads(data[len(b"data: "):])
-        except ValueError:
-            return event + end
+        chunk, dumps = _parse_event(data[len(b"data: "):])
         if not isinstance(chunk, dict):
             return event + end
         choices = chunk.get("choices")
@@ -312,25 +326,48 @@ class UsageMeter:
         self._note_sequence_usage(choices, usage)
         if not self.strip_continuous:
             return event + end
-        return b"data: " + json.dumps({k: v for k, v in chunk.items() if k != "usage"}).encode() + end
+        del chunk["usage"]
+        return b"data: " + dumps(chunk) + end
 
     def _note_sequence_usage(self, choices: list, usage: Usage) -> None:
         """vLLM's per-chunk usage counts the prompt of the chunk's sequence and that sequence's
         own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32)."""
-        index = choices[0].get("index") if isinstance(choices[0], dict) else None
-        sequences = self.reservation.prompts * self.reservation.n
-        known = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < sequences
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        index, n = choice.get("index"), self.reservation.n
+        known = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < self.reservation.prompts * n
         if len(choices) != 1 or not known:
             prev = self._aggregate or Usage(0, 0)
             self._aggregate = Usage(max(prev.prompt, usage.prompt), max(prev.completion, usage.completion))
             return
-        prompt_index = index // self.reservation.n
+        completion, prompt_index = usage.completion, index // n
         before = self._completion_by_sequence.get(index, 0)
-        self._step_by_sequence[index] = max(self._step_by_sequence.get(index, 1), usage.completion - before)
-        self._completion_by_sequence[index] = max(before, usage.completion)
-        if isinstance(choices[0], dict) and choices[0].get("finish_reason") is not None:
+        if completion - before > self._step_by_sequence.get(index, 1):
+            self._step_by_sequence[index] = completion - before
+        self._completion_by_sequence[index] = max(before, completion)  # set even at 0: usage was seen
+        if choice.get("finish_reason") is not None:
             self._finished_sequences.add(index)
         self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), usage.prompt)
+
+
+def _stdlib_dumps(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _parse_event(data: bytes) -> tuple[Any, Callable[[Any], bytes]]:
+    """An event's JSON value (None when it is not JSON) and the function that writes it back."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        usage = value.get("usage") if isinstance(value, dict) else None
+        # orjson reads integers past 64 bits as floats, which `_usage` would not count.
+        if not (isinstance(usage, dict) and float in map(type, usage.values())):
+            return value, orjson.dumps
+    try:
+        return json.loads(data), _stdlib_dumps
+    except ValueError:
+        return None, _stdlib_dumps
 
 
 def _has_content(choice: Any) -> bool:

@@ -103,6 +103,12 @@ class GatewayMetrics:
             "Polls of Ray's REST API that failed, by kind (unreachable|status|body|queue): capacity falls back "
             "to the stack's figure once counts expire.",
             ["kind"], registry=r)
+        # The Batch API (serving.gateway.batch): lines enqueued, and how each one ended.
+        self.batch_lines = Counter(
+            "llmstack_gateway_batch_lines",
+            "Batch lines by tenant and outcome (queued: enqueued to run; completed: a 2xx answer; failed: an error "
+            "answer, refused up front, or cancelled, expired or stopped before it ran).",
+            ["tenant", "outcome"], registry=r)
         self.budget_used = BudgetUsage()
         r.register(self.budget_used)
 

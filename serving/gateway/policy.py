@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.gateway.batch.policy import BatchPolicy
 from serving.gateway.queue_policy import QueuePolicy
 
 # Body fields a stack may not allow: each is an engine input no tenant should set.
@@ -120,6 +121,9 @@ class GatewayPolicy(_Strict):
     queue: QueuePolicy = Field(
         default_factory=QueuePolicy,
         description="Fair, tiered wait for saturated models (serving.gateway.fair_queue); needs Redis.")
+    batch: BatchPolicy = Field(
+        default_factory=BatchPolicy,
+        description="OpenAI's Batch API (/v1/files, /v1/batches), run at the queue's lowest tier; needs Redis.")
     shutdown_grace_s: float = Field(
         default=90.0, ge=0, le=105,
         description="After SIGTERM, how long in-flight streams may run: within the pod's 120 s grace period, "

@@ -54,15 +54,21 @@ class GatedRedis:
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[Any]:
+        await self._acquire()
+        try:
+            yield self.redis
+        finally:
+            self._permits.release()
+
+    async def _acquire(self) -> None:
+        if not self._permits.locked():
+            await self._permits.acquire()  # a free permit: taken at once, no timer to arm and cancel
+            return
         try:
             async with asyncio.timeout(POOL_WAIT_S):
                 await self._permits.acquire()
         except TimeoutError:
             raise RedisBusy(f"all {self._size} Redis connections busy for {POOL_WAIT_S} s") from None
-        try:
-            yield self.redis
-        finally:
-            self._permits.release()
 
     async def aclose(self) -> None:
         await self.redis.aclose()

@@ -15,7 +15,7 @@ and meters. Not served: transcriptions (multipart audio, nothing the gateway can
 meter, and no stack model is a speech model), and score / tokenize / detokenize (vLLM's own
 API, not OpenAI's: unmetered access to the engine).
 
-Query strings are dropped: no served route takes one, so forwarding them would only give
+Query strings are dropped: no proxied route takes one, so forwarding them would only give
 callers an unchecked channel to the upstream.
 
 On the direct serving path each model is its own Serve application under its own route prefix
@@ -23,6 +23,11 @@ On the direct serving path each model is its own Serve application under its own
 `model_routes`): a request naming a routed model goes to `<prefix><canonical path>`. The
 prefix comes from the settings (checked canonical at start), never from the request. Requests
 that name no routed model (`GET /v1/models`) go to `/`, where an application lists every model.
+
+The Batch API's routes (/v1/files, /v1/batches: serving.gateway.batch.api) are the gateway's own:
+nothing of them goes upstream. Their ids are matched against the exact pattern the gateway
+makes them with, so no other spelling of an id (encoded, dotted, another case) reaches a lookup.
+GET /v1/batches reads its `after` and `limit` from the query string, as OpenAI's does.
 
 Each body route also names OpenAI's request fields for it. Any other top-level field is a
 vLLM extension (`ignore_eos`, `top_k`, `priority`, `chat_template`, `request_id`, ...) and
@@ -35,11 +40,15 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from serving.gateway.batch.objects import BATCH_ID, FILE_ID
+
 CHAT_COMPLETIONS = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 MODELS = "/v1/models"
 MODEL_PREFIX = MODELS + "/"
+FILES = "/v1/files"
+BATCHES = "/v1/batches"
 
 # OpenAI's request fields, from openai-python's `types/chat/completion_create_params.py`,
 # `types/completion_create_params.py` and `types/embedding_create_params.py` (openai 3.57; a
@@ -65,8 +74,22 @@ BODY_ROUTES: dict[str, frozenset[str]] = {
     EMBEDDINGS: EMBEDDING_FIELDS,
 }
 
-SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models and "
-                 "GET /v1/models/{model}")
+SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, "
+                 "GET /v1/models/{model}, and the Batch API: POST /v1/files, GET|DELETE /v1/files/{id}, "
+                 "GET /v1/files/{id}/content, GET|POST /v1/batches, GET /v1/batches/{id}, "
+                 "POST /v1/batches/{id}/cancel")
+
+# The Batch API: (pattern of the canonical path, {method: handler}). Handlers: serving.gateway.batch.api.
+_FILE = FILE_ID.pattern
+_BATCH = BATCH_ID.pattern
+LOCAL_ROUTES: tuple[tuple[re.Pattern[str], dict[str, str]], ...] = (
+    (re.compile(re.escape(FILES)), {"POST": "files.create"}),
+    (re.compile(re.escape(FILES) + f"/({_FILE})"), {"GET": "files.retrieve", "DELETE": "files.delete"}),
+    (re.compile(re.escape(FILES) + f"/({_FILE})/content"), {"GET": "files.content"}),
+    (re.compile(re.escape(BATCHES)), {"POST": "batches.create", "GET": "batches.list"}),
+    (re.compile(re.escape(BATCHES) + f"/({_BATCH})"), {"GET": "batches.retrieve"}),
+    (re.compile(re.escape(BATCHES) + f"/({_BATCH})/cancel"), {"POST": "batches.cancel"}),
+)
 
 _CANONICAL = re.compile(r"/[A-Za-z0-9._~/-]*")  # unreserved characters (RFC 3986 2.3) and "/"
 
@@ -74,12 +97,16 @@ _CANONICAL = re.compile(r"/[A-Za-z0-9._~/-]*")  # unreserved characters (RFC 398
 @dataclass(frozen=True)
 class ApiRoute:
     """A request the gateway serves. `path` is canonical: exactly what is sent upstream.
-    `model` is set for GET /v1/models/{model}; `fields` are the OpenAI body fields (empty for GETs)."""
+    `model` is set for GET /v1/models/{model}; `fields` are the OpenAI body fields (empty for GETs).
+    `handler` names the gateway's own handler of a Batch API route (nothing goes upstream), and
+    `resource` the file or batch id in its path."""
 
     method: str
     path: str
     fields: frozenset[str] = frozenset()
     model: str | None = None
+    handler: str | None = None
+    resource: str | None = None
 
     @property
     def takes_body(self) -> bool:
@@ -126,4 +153,10 @@ def resolve(method: str, path: str, served_models: Collection[str]) -> ApiRoute 
         if method != "GET":
             return RouteRefusal(405, ("GET",))
         return ApiRoute("GET", path, model=path[len(MODEL_PREFIX):] if path != MODELS else None)
+    for pattern, handlers in LOCAL_ROUTES:
+        match = pattern.fullmatch(path)
+        if match is not None:
+            if method not in handlers:
+                return RouteRefusal(405, tuple(sorted(handlers)))
+            return ApiRoute(method, path, handler=handlers[method], resource=next(iter(match.groups()), None))
     return NOT_FOUND

@@ -89,6 +89,19 @@ class GatewaySettings(GatewayPolicy):
         description="Ray's token (token authentication: Ray 2.60's default for a local ray.init, off for "
                     "`ray start` without a token), sent to the dashboard as a bearer token. Environment only.")
 
+    batch_storage_url: str | None = Field(
+        default=None,
+        description="Where batch files live: file:///abs/dir (make dev) or s3://bucket/prefix (the stack's model "
+                    "cache bucket, under batches/). None: no Batch API.",
+    )
+
+    @field_validator("batch_storage_url")
+    @classmethod
+    def _storage_url(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("file:///") or value.startswith("s3://")):
+            raise ValueError(f"must be file:///absolute/dir or s3://bucket/prefix, got {value!r}")
+        return value
+
     @field_validator("upstream_url")
     @classmethod
     def _http_url(cls, value: str) -> str:

@@ -18,30 +18,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from urllib.parse import quote, unquote
+from functools import lru_cache
+from urllib.parse import unquote
 
 from serving.gateway.policy import TenantLimits
 from serving.gateway.redis_client import GatedRedis
+from serving.gateway.usage_ledger import tenant_tag
 
 _PREFIX = "llmstack:{tenant:"
 LIMIT_FIELDS = tuple(TenantLimits.model_fields)
-
-
-def tenant_tag(tenant: str) -> str:
-    return f"{_PREFIX}{quote(tenant, safe='')}}}"
 
 
 def tenant_limits_key(tenant: str) -> str:
     return f"{tenant_tag(tenant)}:limits"
 
 
-def counter_keys(tenant: str, key_id: str) -> list[str]:
+@lru_cache(maxsize=4096)  # twice per request (admission, settlement), for the same few keys
+def counter_keys(tenant: str, key_id: str) -> tuple[str, ...]:
     """The nine Redis keys the limiter scripts take, in their KEYS order: the key's request TAT,
     token TAT, in-flight slots, daily usage; the tenant's four; the tenant's limits."""
     tag = tenant_tag(tenant)
     scope = f"{tag}:key:{key_id}"
-    return [f"{scope}:rpm", f"{scope}:tpm", f"{scope}:slots", f"{scope}:daily",
-            f"{tag}:rpm", f"{tag}:tpm", f"{tag}:slots", f"{tag}:daily", f"{tag}:limits"]
+    return (f"{scope}:rpm", f"{scope}:tpm", f"{scope}:slots", f"{scope}:daily",
+            f"{tag}:rpm", f"{tag}:tpm", f"{tag}:slots", f"{tag}:daily", f"{tag}:limits")
 
 
 def key_daily_key(tenant: str, key_id: str) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
+from functools import lru_cache
 from urllib.parse import quote, unquote
 
 RETENTION_DAYS = 100
@@ -48,6 +49,7 @@ end
 """
 
 
+@lru_cache(maxsize=4096)  # every admission and settlement names several keys of its tenant
 def tenant_tag(tenant: str) -> str:
     """`llmstack:{tenant:<tenant>}`: the hash tag of every Redis key of one tenant. Percent-
     encoding keeps a tenant name from closing the tag or reaching another tenant's keys."""
@@ -63,6 +65,7 @@ def day_pattern(day: date) -> str:
     return f"{_TAG_PREFIX}*}}{_USAGE}{day.isoformat()}"
 
 
+@lru_cache(maxsize=64)  # once a day, not once a request
 def expire_at(day: date) -> int:
     """Epoch seconds when the day's hash is dropped: `RETENTION_DAYS` after the day ends."""
     end = datetime.combine(day + timedelta(days=1), time(), tzinfo=timezone.utc)

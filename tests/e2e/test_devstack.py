@@ -129,6 +129,35 @@ def test_missing_key_gets_openai_401(stack):
     assert error["message"] and error["type"] and "code" in error
 
 
+def test_a_batch_runs_through_the_real_model_each_custom_id_once(client):
+    """The Batch API on make dev: the official client uploads, creates, polls and downloads; every
+    line is answered by the engine (through the gateway's admission at the batch tier)."""
+    import json
+    import time
+
+    lines = [{"custom_id": f"e2e-{n}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "tiny-chat", "messages": [{"role": "user", "content": f"Count to {n}"}],
+                       "max_tokens": 4}} for n in range(12)]
+    lines.append({"custom_id": "e2e-refused", "method": "POST", "url": "/v1/chat/completions",
+                  "body": {"model": "tiny-chat", "messages": [], "stream": True}})
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("e2e.jsonl", content), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 300
+    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.5)
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (12, 1)
+    output = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    assert [line["custom_id"] for line in output] == [f"e2e-{n}" for n in range(12)]
+    for line in output:
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and 0 < body["usage"]["completion_tokens"] <= 4
+    [refused] = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
+    assert refused["custom_id"] == "e2e-refused" and refused["response"]["status_code"] == 400
+
+
 def test_second_dev_says_already_running(stack):
     second = subprocess.run([sys.executable, "-m", "ops.devstack", "--stack", "local", "--port", str(free_port())],
                             cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=120)

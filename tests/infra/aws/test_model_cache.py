@@ -100,3 +100,28 @@ def test_bad_bucket_name_names_the_key(tmp_path):
     with pytest.raises(StackFileError) as error:
         spec_from_document(stack_document(model_cache={"bucket": "Bad_Name"}), name="t", file_label="Pulumi.t.yaml")
     assert "llmstack:model_cache.bucket" in str(error.value) and "Pulumi.t.yaml" in str(error.value)
+
+
+def test_the_gateway_keeps_batch_files_under_batches_with_its_own_irsa_role():
+    run = example_run("prod")
+    bucket = f"llmstack-prod-models-{MOCK_ACCOUNT}"
+    role = run.one("aws:iam/role:Role", "model-cache-batch-files")
+    [trust] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert trust["Condition"]["StringEquals"]["oidc.eks.us-east-1.amazonaws.com/id/ABC:sub"] == \
+        "system:serviceaccount:llmstack:llmstack-gateway"
+    [grant] = json.loads(run.one("aws:iam/rolePolicy:RolePolicy", "model-cache-batch-files").inputs["policy"])[
+        "Statement"]
+    assert set(grant["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+    assert grant["Resource"] == f"arn:aws:s3:::{bucket}/batches/*"  # never models/: the gateway cannot touch weights
+    account = run.one("kubernetes:core/v1:ServiceAccount", "llmstack-gateway").inputs
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == mock_arn("model-cache-batch-files")
+    gateway = run.one("kubernetes:apps/v1:Deployment", "deployment-llmstack-gateway")
+    pod = gateway.inputs["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "llmstack-gateway" and pod["automountServiceAccountToken"] is False
+    [container] = pod["containers"]
+    settings = json.loads(next(e["value"] for e in container["env"] if e["name"] == "LLMSTACK_GATEWAY_SETTINGS"))
+    assert settings["batch_storage_url"] == f"s3://{bucket}/batches"
+    assert run.waits_for(gateway, run.one("kubernetes:core/v1:ServiceAccount", "llmstack-gateway"))
+    [lifecycle] = run.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    [expiry] = [r for r in lifecycle.inputs["rules"] if r["id"] == "expire-batch-files"]
+    assert expiry["filter"] == {"prefix": "batches/"} and expiry["expiration"] == {"days": 30}

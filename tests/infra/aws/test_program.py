@@ -20,6 +20,7 @@ import pytest
 from infra import versions
 from infra.aws.program import StackRefused
 from infra.gpu_catalog import load_catalog
+from infra.model_cache import bucket_name
 from infra.render import render_stack
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
 from infra.stack_file import load_stack
@@ -27,6 +28,7 @@ from infra.versions import KUBERAY_VERSION
 from tests.support.pulumi_program import (
     CLOUD_STACKS,
     ELASTICACHE_HOST,
+    MOCK_ACCOUNT,
     MOCK_PASSWORD,
     NODE_SECURITY_GROUP,
     REDACTED,
@@ -276,7 +278,7 @@ def test_applied_objects_equal_render_stack(stack: str) -> None:
     spec = load_stack(stack)
     # Managed Redis: GCS must use ElastiCache's own TLS host name, known only to the program.
     gcs = f"rediss://{ELASTICACHE_HOST}:6379" if spec.redis.mode == "managed" else None
-    rendered = render_stack(spec, gcs_redis_address=gcs)
+    rendered = render_stack(spec, gcs_redis_address=gcs, model_cache_bucket=bucket_name(spec, MOCK_ACCOUNT))
     applied.append({key: v for key, v in run.one("kubernetes:core/v1:Namespace", "llmstack").inputs.items()
                     if key in ("apiVersion", "kind", "metadata")})
     assert len(applied) == len(rendered)

@@ -10,6 +10,7 @@ import pytest
 
 from infra.render.gateway import gateway_objects, memory_limit_mib
 from infra.spec import Gateway
+from infra.stack_file import load_stack
 from serving.gateway.settings import load_settings
 
 
@@ -84,3 +85,19 @@ def test_the_memory_limit_covers_every_connection_holding_a_whole_body(example_s
 def test_the_stack_refuses_unsafe_gateway_settings(fields, named):
     with pytest.raises(ValueError, match=named):
         Gateway(**fields)
+
+
+def test_the_batch_api_storage_is_the_model_cache_bucket_when_known() -> None:
+    spec = load_stack("prod")
+
+    def pod_and_settings(bucket):
+        deployment = next(o for o in gateway_objects(spec, model_cache_bucket=bucket) if o["kind"] == "Deployment")
+        pod = deployment["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        return pod, json.loads(env["LLMSTACK_GATEWAY_SETTINGS"])
+
+    pod, settings = pod_and_settings("acme-models")
+    assert settings["batch_storage_url"] == "s3://acme-models/batches"
+    assert pod["serviceAccountName"] == "llmstack-gateway" and pod["automountServiceAccountToken"] is False
+    pod, settings = pod_and_settings(None)  # no bucket: no Batch API, and no AWS identity either
+    assert "batch_storage_url" not in settings and "serviceAccountName" not in pod

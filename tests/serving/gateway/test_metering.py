@@ -126,6 +126,29 @@ def test_usage_is_asked_of_the_upstream_and_given_to_the_client_only_as_asked():
         assert m.billed() == 6 and out.endswith(b"data: [DONE]\n\n")
 
 
+def test_events_the_fast_parser_reads_otherwise_are_still_counted_and_stripped():
+    # The meter parses events with orjson, which refuses a lone surrogate escape and reads an
+    # integer past 64 bits as a float: both must count as the standard library reads them.
+    lone = (b'data: {"choices": [{"index": 0, "delta": {"content": "\\ud800"}}], '
+            b'"usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}\n\n')
+    m = meter(Reservation(prompt=50, output=30), client_final_usage=False, client_continuous_usage=False)
+    out = m.feed(lone)
+    assert b"usage" not in out and json.loads(out[len(b"data: "):])["choices"][0]["delta"]["content"] == "\ud800"
+    assert m.billed() == 5 + 3 + 3  # 3 seen, and one more step of 3: the stream is not over
+    m.feed(chunk(0, "b", usage(5, 2**70)))
+    assert m.billed() == 5 + 2**70
+
+
+def test_crlf_and_lf_events_are_read_alike():
+    stream = chunk(0, "a", usage(5, 1)) + chunk(0, "bc", usage(5, 3)) + sse({"choices": [], "usage": usage(5, 3)})
+    for ends in (b"\n\n", b"\r\n\r\n"):
+        m = meter(Reservation(prompt=50, output=30), client_final_usage=False, client_continuous_usage=False)
+        data = stream.replace(b"\n\n", ends) + b"data: [DONE]" + ends
+        out = b"".join(m.feed(data[i:i + 7]) for i in range(0, len(data), 7)) + m.finish()
+        assert out.count(ends) == 3 and b"usage" not in out and out.endswith(b"data: [DONE]" + ends)
+        assert m.billed() == 8
+
+
 def test_a_large_json_body_is_billed_its_usage_without_keeping_a_copy():
     decoy = 'say "usage": {"prompt_tokens": 1} ' * 50_000  # escaped inside a string: not a key
     answer = {"id": "x", "choices": [{"index": 0, "message": {"content": decoy}}],

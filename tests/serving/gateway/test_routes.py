@@ -13,6 +13,8 @@ from serving.gateway.routes import ApiRoute, RouteRefusal, is_canonical, resolve
 from serving.gateway.settings import GatewaySettings
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+FILE = "file-0123456789abcdef01234567"
+BATCH = "batch_0123456789abcdef01234567"
 
 
 def auth(key: str) -> dict[str, str]:
@@ -41,6 +43,24 @@ def auth(key: str) -> dict[str, str]:
     ("POST", "/tokenize", RouteRefusal(404)),
     ("POST", "/v1/score", RouteRefusal(404)),
     ("POST", "/v1/audio/transcriptions", RouteRefusal(404)),
+    # The Batch API: the gateway's own handlers, ids only in the exact form the gateway makes them.
+    ("POST", "/v1/files", ApiRoute("POST", "/v1/files", handler="files.create")),
+    ("GET", f"/v1/files/{FILE}", ApiRoute("GET", f"/v1/files/{FILE}", handler="files.retrieve", resource=FILE)),
+    ("DELETE", f"/v1/files/{FILE}", ApiRoute("DELETE", f"/v1/files/{FILE}", handler="files.delete", resource=FILE)),
+    ("GET", f"/v1/files/{FILE}/content",
+     ApiRoute("GET", f"/v1/files/{FILE}/content", handler="files.content", resource=FILE)),
+    ("GET", "/v1/batches", ApiRoute("GET", "/v1/batches", handler="batches.list")),
+    ("POST", f"/v1/batches/{BATCH}/cancel",
+     ApiRoute("POST", f"/v1/batches/{BATCH}/cancel", handler="batches.cancel", resource=BATCH)),
+    ("GET", "/v1/files", RouteRefusal(405, ("POST",))),
+    ("PUT", f"/v1/batches/{BATCH}", RouteRefusal(405, ("GET",))),
+    ("GET", f"/v1/files/{FILE.upper()}", RouteRefusal(404)),
+    ("GET", f"/v1/files/{FILE}0", RouteRefusal(404)),
+    ("GET", f"/v1/files/{BATCH}", RouteRefusal(404)),
+    ("GET", f"/v1/batches/{FILE}", RouteRefusal(404)),
+    ("GET", f"/v1/files/{FILE}/content/", RouteRefusal(404)),
+    ("GET", f"/v1/files/{FILE}/../{FILE}", RouteRefusal(404)),
+    ("GET", f"/v1/files/%66{FILE[1:]}", RouteRefusal(404)),  # uvicorn decodes once; a `%` left means twice
 ])
 def test_resolve(method, path, expected):
     route = resolve(method, path, ["tiny", "other"])

@@ -1,0 +1,250 @@
+"""The Batch API's HTTP handlers: /v1/files and /v1/batches, answered by the gateway itself.
+
+Every handler authenticates the key first (as admission does), and a key sees only its tenant's
+files and batches: another tenant's id is answered exactly like an id that does not exist (404),
+so ids cannot be probed across tenants. Uploads are read within gateway.batch.max_file_bytes
+before anything is parsed, and must be JSONL (each non-blank line a JSON object, bounded in
+depth like request bodies); the lines are checked as requests when a batch uses the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartParser
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from serving.gateway import errors
+from serving.gateway.admission import Admitter, read_body_within
+from serving.gateway.batch.objects import (
+    COMPLETION_WINDOW,
+    ENDPOINTS,
+    BatchRecord,
+    FileRecord,
+    new_batch_id,
+    new_file_id,
+)
+from serving.gateway.batch.runner import BatchRunner
+from serving.gateway.batch.storage import FileStorage, StorageError
+from serving.gateway.batch.store import BatchStore, now
+from serving.gateway.body import BodyError, parse_json
+from serving.gateway.key_format import KeyRecord
+from serving.gateway.routes import ApiRoute
+from serving.gateway.settings import GatewaySettings
+
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the file itself
+CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
+MAX_METADATA = 16
+PAGE_DEFAULT, PAGE_MAX = 20, 100
+
+
+class _InMemoryForm(MultiPartParser):
+    """Starlette's multipart parser, keeping the file in memory: its default spools anything over
+    1 MB to a temporary file, and the gateway's pod has a read-only root filesystem. The body was
+    already read within max_file_bytes, so memory is bounded by it."""
+
+    spool_max_size = 2**31
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> JSONResponse:
+    return errors.invalid_request(param, message, code)
+
+
+def _not_found(kind: str, resource: str | None) -> JSONResponse:
+    return errors.openai_error(404, f"No such {kind}: {str(resource)[:64]!r}.", errors.INVALID_REQUEST,
+                               code="not_found")
+
+
+def jsonl_problem(content: bytes, max_depth: int, max_line_bytes: int) -> str | None:
+    """Why `content` is not JSONL (one JSON object per non-blank line), or None."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        return "The file is not UTF-8 text: a batch input file is JSONL, one JSON object per line."
+    lines = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        lines += 1
+        document = parse_json(line.encode(), max_bytes=max_line_bytes, max_depth=max_depth)
+        if isinstance(document, BodyError) or not isinstance(document, dict):
+            return f"Line {number} is not a JSON object: a batch input file is JSONL, one JSON object per line."
+    return None if lines else "The file has no lines: a batch input file is JSONL, one JSON object per line."
+
+
+class BatchApi:
+    def __init__(self, settings: GatewaySettings, admitter: Admitter, store: BatchStore, storage: FileStorage,
+                 runner: BatchRunner) -> None:
+        self.settings, self.policy = settings, settings.batch
+        self.admitter, self.store, self.storage, self.runner = admitter, store, storage, runner
+        self._background: set[asyncio.Task] = set()
+
+    async def handle(self, request: Request, route: ApiRoute) -> Response:
+        known = await self.admitter.authenticate(request)
+        if isinstance(known, Response):
+            return known
+        from redis.exceptions import RedisError  # here: an in-memory gateway (no Batch API) needs no redis package
+
+        handler = getattr(self, str(route.handler).replace(".", "_"))  # resolve() names only these methods
+        try:
+            return await handler(request, route, known[0])
+        except StorageError:
+            return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
+                                       errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})
+        except (RedisError, OSError):
+            return errors.openai_error(503, "The gateway cannot reach its batch state right now. Please retry.",
+                                       errors.SERVER_ERROR, code="batch_state_unavailable",
+                                       headers={"Retry-After": "5"})
+
+    # --- files -------------------------------------------------------------------------
+
+    async def files_create(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+            return _bad("Upload the file as multipart/form-data with fields 'file' and 'purpose'.", "file")
+        async with self.runner.heavy:  # one upload, validation or finalization at a time: memory_bytes()
+            return await self._create_file(request, key)
+
+    async def _create_file(self, request: Request, key: KeyRecord) -> Response:
+        limit = self.policy.max_file_bytes
+        body = await read_body_within(request, limit + MULTIPART_OVERHEAD)
+        if body is None:
+            return errors.openai_error(413, f"The file is larger than this gateway accepts ({limit} bytes, "
+                                            "gateway.batch.max_file_bytes).", errors.INVALID_REQUEST,
+                                       code="file_too_large")
+
+        async def replay() -> AsyncGenerator[bytes, None]:
+            yield body
+
+        try:
+            form = await _InMemoryForm(request.headers, replay(), max_files=1, max_fields=8).parse()
+        except Exception:  # starlette's MultiPartException, python-multipart's parse errors
+            return _bad("The upload is not valid multipart/form-data.", "file")
+        try:
+            purpose, upload = form.get("purpose"), form.get("file")
+            if purpose != "batch":
+                return _bad("purpose must be 'batch': this gateway stores batch input files only.", "purpose")
+            if not isinstance(upload, UploadFile):
+                return _bad("The form has no file in its 'file' field.", "file")
+            content = await upload.read(limit + 1)
+            filename = (upload.filename or "upload.jsonl")[:256]
+        finally:
+            await form.close()
+        if len(content) > limit:
+            return errors.openai_error(413, f"The file is larger than this gateway accepts ({limit} bytes, "
+                                            "gateway.batch.max_file_bytes).", errors.INVALID_REQUEST,
+                                       code="file_too_large")
+        problem = await asyncio.to_thread(jsonl_problem, content, self.settings.max_json_depth + 1,
+                                          self.settings.max_body_bytes + 4096)
+        if problem is not None:
+            return _bad(problem, "file", code="invalid_file_format")
+        record = FileRecord(id=new_file_id(), tenant=key.tenant, bytes=len(content), created_at=now(),
+                            filename=filename, purpose="batch", expires_at=self.runner.expires_at())
+        await self.storage.put(record.id, content)
+        await self.store.put_file(record)
+        return JSONResponse(record.api())
+
+    async def files_retrieve(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        record = await self.store.file(str(route.resource), key.tenant)
+        return _not_found("file", route.resource) if record is None else JSONResponse(record.api())
+
+    async def files_content(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        record = await self.store.file(str(route.resource), key.tenant)
+        if record is None:
+            return _not_found("file", route.resource)
+        return Response(await self.storage.get(record.id), media_type="application/octet-stream")
+
+    async def files_delete(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        record = await self.store.file(str(route.resource), key.tenant)
+        if record is None:
+            return _not_found("file", route.resource)
+        await self.store.delete_file(record.id)  # the record first: the file is gone for callers at once
+        await self.storage.delete(record.id)
+        return JSONResponse({"id": record.id, "object": "file", "deleted": True})
+
+    # --- batches -----------------------------------------------------------------------
+
+    async def batches_create(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        body = await read_body_within(request, self.settings.max_body_bytes)
+        if body is None:
+            return errors.body_too_large(self.settings.max_body_bytes)
+        document = parse_json(body, max_bytes=self.settings.max_body_bytes, max_depth=self.settings.max_json_depth)
+        if isinstance(document, BodyError):
+            return _bad(document.message, document.param, document.code)
+        if not isinstance(document, dict):
+            return _bad("The request body must be a JSON object.", code="invalid_request_body")
+        unknown = sorted(set(document) - CREATE_FIELDS)
+        if unknown:
+            return _bad(f"Unrecognized request argument supplied: {unknown[0][:100]}.", unknown[0][:100],
+                        "unknown_parameter")
+        endpoint, window = document.get("endpoint"), document.get("completion_window")
+        if endpoint not in ENDPOINTS:
+            return _bad(f"endpoint must be one of {', '.join(ENDPOINTS)}.", "endpoint")
+        if window != COMPLETION_WINDOW:
+            return _bad(f"completion_window must be {COMPLETION_WINDOW!r}.", "completion_window")
+        metadata = document.get("metadata")
+        if metadata is not None and not _valid_metadata(metadata):
+            return _bad(f"metadata holds at most {MAX_METADATA} string pairs (keys up to 64 characters, values "
+                        "up to 512).", "metadata")
+        file_id = document.get("input_file_id")
+        record = await self.store.file(file_id, key.tenant) if isinstance(file_id, str) else None
+        if record is None or record.purpose != "batch":
+            return _not_found("file", file_id)
+        created = now()
+        batch = BatchRecord(id=new_batch_id(), tenant=key.tenant, key_id=key.key_id, endpoint=endpoint,
+                            input_file_id=record.id, status="validating", created_at=created,
+                            expires_at=created + int(self.policy.completion_window_s), seq=await self.store.next_seq(),
+                            metadata=metadata)
+        await self.store.create(batch)
+        task = asyncio.create_task(self.runner.prepare_soon(batch.id))  # now, not at the next sweep
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return JSONResponse(batch.api((0, 0)))
+
+    async def batches_retrieve(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        record = await self.store.batch(str(route.resource), key.tenant)
+        if record is None:
+            return _not_found("batch", route.resource)
+        return JSONResponse(record.api(await self.store.counts(record.id)))
+
+    async def batches_list(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        after = request.query_params.get("after")
+        raw_limit = request.query_params.get("limit", str(PAGE_DEFAULT))
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_MAX:
+            return _bad(f"limit must be an integer from 1 to {PAGE_MAX}.", "limit")
+        records, has_more = await self.store.page(key.tenant, after, int(raw_limit))
+        data = [r.api(await self.store.counts(r.id)) for r in records]
+        return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                             "last_id": data[-1]["id"] if data else None, "has_more": has_more})
+
+    async def batches_cancel(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        batch_id = str(route.resource)
+        record = await self.store.batch(batch_id, key.tenant)
+        if record is None:
+            return _not_found("batch", route.resource)
+        if await self.store.transition(batch_id, ("validating", "in_progress"), status="cancelling",
+                                       cancelling_at=now()):
+            record = await self.store.batch(batch_id, key.tenant)
+            assert record is not None
+        elif record.status not in ("cancelling", "cancelled"):
+            return errors.openai_error(409, f"Cannot cancel a batch with status {record.status!r}.",
+                                       errors.INVALID_REQUEST, code="batch_not_cancellable")
+        return JSONResponse(record.api(await self.store.counts(batch_id)))
+
+    async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+
+
+def _valid_metadata(metadata: Any) -> bool:
+    return isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())
+
+
+def batches_unavailable(why: str) -> JSONResponse:
+    return errors.openai_error(404, f"This gateway serves no Batch API: {why}", errors.INVALID_REQUEST,
+                               code="unknown_url")
+

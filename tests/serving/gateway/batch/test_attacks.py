@@ -1,0 +1,179 @@
+"""The Batch API's routes attacked through HTTP: spellings of paths and ids that must not reach a
+lookup, another tenant's ids, uploads too large (declared or chunked) or not JSONL, bodies the
+create route must refuse. Nothing of any of it may reach the upstream."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from tests.support.gateway import raw_request
+from tests.support.servers import HANG_BOUND_S
+
+LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}}
+
+
+def multipart(content: bytes, purpose: str = "batch", field: str = "file") -> tuple[bytes, str]:
+    boundary = "llmstackboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"in.jsonl\"\r\n"
+            "Content-Type: application/jsonl\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.fixture(scope="module")
+def owned(gateway, make_key) -> dict[str, str]:
+    """A finished batch of tenant `victim-co`: its key and ids."""
+    key = make_key("victim-co")
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+    uploaded = client.files.create(file=("in.jsonl", (json.dumps(LINE) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    while (done := client.batches.retrieve(batch.id)).status != "completed":
+        pass
+    return {"key": key, "file": uploaded.id, "batch": batch.id, "output": str(done.output_file_id)}
+
+
+@pytest.fixture(scope="module")
+def attacker(make_key) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_key('attacker-co')}"}
+
+
+def test_every_route_wants_a_key(gateway, owned, recorded) -> None:
+    for method, target in (("POST", "/v1/files"), ("GET", f"/v1/files/{owned['file']}"),
+                           ("GET", f"/v1/files/{owned['file']}/content"), ("DELETE", f"/v1/files/{owned['file']}"),
+                           ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", f"/v1/batches/{owned['batch']}"),
+                           ("POST", f"/v1/batches/{owned['batch']}/cancel")):
+        for headers in ({}, {"Authorization": "Bearer sk-llmstack-not-a-key"}):
+            status, _, _ = raw_request(gateway, method, target, headers=headers)
+            assert status == 401, (method, target, headers)
+    assert recorded.seen == []
+
+
+def test_other_spellings_of_a_path_or_id_reach_no_lookup(gateway, owned, recorded) -> None:
+    file_id, batch_id = owned["file"], owned["batch"]
+    victim = {"Authorization": f"Bearer {owned['key']}"}
+    for target in (f"/v1/files/%2566{file_id[1:]}", f"/v1/files/{file_id}/", f"/v1/files//{file_id}",
+                   f"/v1/files/{file_id.upper()}", f"/v1/files/{file_id}%252Fcontent",
+                   f"/v1/files/./{file_id}", f"/v1/batches/../files/{file_id}", f"/v1/files/{file_id};x/content",
+                   f"/v1/files/{file_id}/content/", f"/v1/files/{file_id}x", f"/v1/batches/{batch_id}/cancel/",
+                   f"/v1/batches/%2e%2e/files/{file_id}", f"/v1/Batches/{batch_id}", f"/V1/batches/{batch_id}",
+                   f"/v1/batches/{batch_id}%00", "/v1/files/file-*", f"/v1/batches/{batch_id}/../../files/{file_id}"):
+        status, _, body = raw_request(gateway, "GET", target, headers=victim)
+        assert status == 404, (target, status)
+        assert file_id.encode() not in body or b"Unknown path" in body
+    assert recorded.seen == []
+
+
+def test_a_once_encoded_path_is_the_route_it_decodes_to_with_its_tenant_check(gateway, owned, attacker) -> None:
+    victim = {"Authorization": f"Bearer {owned['key']}"}
+    file_id = owned["file"]
+    for target in (f"/v1/files/%66{file_id[1:]}", f"/v1/files/{file_id}%2Fcontent", f"/v1%2Ffiles%2F{file_id}"):
+        assert raw_request(gateway, "GET", target, headers=victim)[0] == 200, target
+        assert raw_request(gateway, "GET", target, headers=attacker)[0] == 404, target
+
+
+def test_another_tenants_ids_are_not_found_for_it(gateway, owned, attacker, recorded) -> None:
+    for method, target in (("GET", f"/v1/files/{owned['file']}"), ("GET", f"/v1/files/{owned['file']}/content"),
+                           ("GET", f"/v1/files/{owned['output']}/content"), ("DELETE", f"/v1/files/{owned['file']}"),
+                           ("GET", f"/v1/batches/{owned['batch']}"), ("POST", f"/v1/batches/{owned['batch']}/cancel")):
+        status, _, body = raw_request(gateway, method, target, headers=attacker)
+        assert status == 404 and json.loads(body)["error"]["code"] == "not_found", (method, target)
+    create = json.dumps({"input_file_id": owned["file"], "endpoint": "/v1/chat/completions",
+                         "completion_window": "24h"}).encode()
+    status, _, _ = raw_request(gateway, "POST", "/v1/batches", headers={**attacker, "Content-Type": "application/json"},
+                               body=create)
+    assert status == 404
+    status, _, body = raw_request(gateway, "GET", "/v1/batches?limit=100", headers=attacker)
+    assert status == 200 and owned["batch"].encode() not in body
+    victim = {"Authorization": f"Bearer {owned['key']}"}
+    assert raw_request(gateway, "GET", f"/v1/files/{owned['file']}/content", headers=victim)[0] == 200
+    assert recorded.seen == []
+
+
+def test_uploads_past_the_cap_are_refused_declared_or_chunked(start_gateway, make_key, recorded) -> None:
+    with start_gateway(batch={"max_file_bytes": 2048}) as (api, _):
+        headers = {"Authorization": f"Bearer {make_key('big-co')}"}
+        small, kind = multipart((json.dumps(LINE) + "\n").encode())
+        assert raw_request(api, "POST", "/v1/files", headers={**headers, "Content-Type": kind}, body=small)[0] == 200
+        big, kind = multipart((json.dumps(LINE) + "\n").encode() * 40)
+        status, _, body = raw_request(api, "POST", "/v1/files", headers={**headers, "Content-Type": kind}, body=big)
+        assert status == 413 and json.loads(body)["error"]["code"] == "file_too_large"
+        # Chunked: no Content-Length to refuse on, so the read itself must stop at the cap.
+        huge, kind = multipart(b"x" * 5_000_000)
+        parts = urlsplit(api)
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HANG_BOUND_S)
+        try:
+            connection.request("POST", "/v1/files", body=iter([huge[i:i + 65536] for i in range(0, len(huge), 65536)]),
+                               headers={**headers, "Content-Type": kind, "Transfer-Encoding": "chunked"},
+                               encode_chunked=True)
+            response = connection.getresponse()
+            assert response.status == 413
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the gateway answered and closed before the rest of the body was sent: refused either way
+        finally:
+            connection.close()
+    assert recorded.seen == []
+
+
+@pytest.mark.parametrize("content", [
+    b"\xff\xfe not utf-8\n", b'[{"custom_id": "a"}]\n', b"just text\n", b"", b"\n\n",
+    b'{"custom_id": "a"}\n' + b"[" * 5000 + b"]" * 5000 + b"\n", b'{"a": NaN}\n', b'{"a": 1, "a": 2}\n',
+], ids=["not-utf8", "array", "text", "empty", "blank", "depth-bomb", "nan", "duplicate-key"])
+def test_uploads_that_are_not_jsonl_are_refused(gateway, attacker, content) -> None:
+    body, kind = multipart(content)
+    status, _, answer = raw_request(gateway, "POST", "/v1/files", headers={**attacker, "Content-Type": kind},
+                                    body=body)
+    assert status == 400 and json.loads(answer)["error"]["code"] == "invalid_file_format"
+
+
+def test_malformed_upload_forms_are_refused(gateway, attacker) -> None:
+    line = (json.dumps(LINE) + "\n").encode()
+    for body, kind in (multipart(line, purpose="fine-tune"), multipart(line, field="document"),
+                       (line, "application/jsonl"), (b"--x\r\ngarbage", "multipart/form-data; boundary=x")):
+        status, _, answer = raw_request(gateway, "POST", "/v1/files", headers={**attacker, "Content-Type": kind},
+                                        body=body)
+        assert status == 400, (kind, answer)
+
+
+@pytest.mark.parametrize("document", [
+    {"input_file_id": "file-000000000000000000000000", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    {"endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    {"input_file_id": ["x"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+], ids=["unknown-file", "no-file", "file-not-a-string"])
+def test_batches_of_files_that_do_not_exist_are_not_found(gateway, attacker, document) -> None:
+    status, _, _ = raw_request(gateway, "POST", "/v1/batches", headers={**attacker, "Content-Type": "application/json"},
+                               body=json.dumps(document).encode())
+    assert status == 404
+
+
+def test_create_refuses_what_openai_would(gateway, owned) -> None:
+    victim = {"Authorization": f"Bearer {owned['key']}", "Content-Type": "application/json"}
+    good = {"input_file_id": owned["file"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    for change, param in (({"endpoint": "/v1/embeddings"}, "endpoint"), ({"endpoint": "/v1/models"}, "endpoint"),
+                          ({"completion_window": "48h"}, "completion_window"), ({"priority": 0}, "priority"),
+                          ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
+                          ({"metadata": {"k": "v" * 513}}, "metadata"), ({"metadata": {"k": 1}}, "metadata")):
+        status, _, body = raw_request(gateway, "POST", "/v1/batches", headers=victim,
+                                      body=json.dumps({**good, **change}).encode())
+        assert status == 400 and json.loads(body)["error"]["param"] == param, change
+    output_as_input = {**good, "input_file_id": owned["output"]}
+    status, _, _ = raw_request(gateway, "POST", "/v1/batches", headers=victim,
+                               body=json.dumps(output_as_input).encode())
+    assert status == 404  # results are not batch input
+    for target in ("/v1/batches?limit=0", "/v1/batches?limit=101", "/v1/batches?limit=abc", "/v1/batches?limit=-1"):
+        assert raw_request(gateway, "GET", target, headers=victim)[0] == 400, target
+
+
+def test_methods_outside_the_allowlist_get_405(gateway, owned) -> None:
+    victim = {"Authorization": f"Bearer {owned['key']}"}
+    for method, target, allow in (("PUT", "/v1/files", "POST"), ("GET", "/v1/files", "POST"),
+                                  ("DELETE", f"/v1/batches/{owned['batch']}", "GET"),
+                                  ("GET", f"/v1/batches/{owned['batch']}/cancel", "POST"),
+                                  ("PATCH", "/v1/batches", "GET, POST")):
+        status, headers, _ = raw_request(gateway, method, target, headers=victim)
+        assert (status, headers.get("allow")) == (405, allow), (method, target)

@@ -1,0 +1,142 @@
+"""How batch lines run: through the gateway's own admission at the lowest queue tier, billed and
+counted like any request of the key's tenant, and stopped when the key that made the batch goes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving.gateway.keys import RedisKeyStore, create_key_sync
+from tests.support.gateway import GENEROUS
+from tests.support.servers import HANG_BOUND_S
+
+
+def chat_line(custom_id: str) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}
+
+
+def run_batch(client: openai.OpenAI, ids: list[str], until: set[str]):
+    content = "".join(json.dumps(chat_line(i)) + "\n" for i in ids).encode()
+    uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    deadline = time.monotonic() + HANG_BOUND_S
+    while (current := client.batches.retrieve(batch.id)).status not in until and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return current
+
+
+def samples(metrics_url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{metrics_url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def interactive_key(redis_url: str, tenant: str) -> str:
+    key = create_key_sync(redis_url, tenant, "batch", limits=GENEROUS)
+
+    async def promote() -> None:
+        store = RedisKeyStore(redis_url)
+        try:
+            record = await store.verify(key)
+            assert record is not None
+            await store.update(record.key_id, tier="interactive")
+        finally:
+            await store.aclose()
+
+    asyncio.run(promote())
+    return key
+
+
+def test_lines_run_at_the_lowest_tier_billed_to_the_tenant(start_gateway, redis_server, recorded) -> None:
+    # engine_priority passes the tier's rank to vLLM: the body the upstream gets shows the tier.
+    key = interactive_key(redis_server.url, "metered-co")
+    with start_gateway(queue={"engine_priority": True}) as (api, metrics):
+        client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+        assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert json.loads(recorded.seen.pop().body)["priority"] == 0  # online: the key's own tier
+        done = run_batch(client, [f"m-{n}" for n in range(5)], {"completed"})
+        seen = samples(metrics)
+    assert done.status == "completed"
+    assert {json.loads(s.body)["priority"] for s in recorded.seen} == {2}  # batch: the third of three tiers
+    assert seen[("llmstack_gateway_batch_lines_total", (("outcome", "queued"), ("tenant", "metered-co")))] == 5
+    assert seen[("llmstack_gateway_batch_lines_total", (("outcome", "completed"), ("tenant", "metered-co")))] == 5
+    assert seen[("llmstack_gateway_requests_total", (("model", "tiny"), ("status", "200"),
+                                                     ("tenant", "metered-co")))] == 5 + 1
+    assert seen[("llmstack_gateway_tokens_total", (("kind", "completion"), ("model", "tiny"),
+                                                   ("tenant", "metered-co")))] == 6 * 3  # the upstream's usage
+
+
+def test_revoking_the_key_stops_its_batch(start_gateway, redis_server, recorded) -> None:
+    def slow(seen):
+        from tests.support.gateway import default_answer
+
+        time.sleep(0.05)
+        return default_answer(seen)
+
+    recorded.answer = slow
+    key = create_key_sync(redis_server.url, "revoked-co", "batch", limits=GENEROUS)
+    with start_gateway() as (api, _):
+        client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+        ids = [f"r-{n}" for n in range(200)]
+        content = "".join(json.dumps(chat_line(i)) + "\n" for i in ids).encode()
+        uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        deadline = time.monotonic() + HANG_BOUND_S
+        while (client.batches.retrieve(batch.id).request_counts.completed or 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        async def revoke() -> None:
+            store = RedisKeyStore(redis_server.url)
+            try:
+                record = next(r for r in await store.list() if r.tenant == "revoked-co")
+                await store.revoke(record.key_id)
+            finally:
+                await store.aclose()
+
+        asyncio.run(revoke())
+        owner = openai.OpenAI(base_url=f"{api}/v1", api_key=create_key_sync(redis_server.url, "revoked-co", "reader",
+                                                                             limits=GENEROUS),
+                              max_retries=0, timeout=HANG_BOUND_S)
+        while (done := owner.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        errors = [json.loads(x) for x in owner.files.content(str(done.error_file_id)).text.splitlines()]
+    assert done.status == "completed" and done.request_counts is not None
+    assert done.request_counts.completed + done.request_counts.failed == 200 and done.request_counts.failed > 0
+    assert {line["error"]["code"] for line in errors} == {"invalid_api_key"}
+
+
+def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(redis_server, monkeypatch) -> None:
+    from serving.gateway.batch import runner as runner_module
+    from serving.gateway.batch.runner import BatchRunner
+    from serving.gateway.batch.store import WORK_GROUP, WORK_STREAM, BatchStore
+    from serving.gateway.metrics import GatewayMetrics
+    from serving.gateway.redis_client import redis_client
+    from serving.gateway.settings import GatewaySettings
+
+    monkeypatch.setattr(runner_module, "GONE_CONSUMER_MS", -1)  # every idle name counts as gone
+
+    async def go() -> set[str]:
+        client = redis_client(redis_server.url, decode_responses=True)
+        try:
+            store = BatchStore(client)
+            await store.ensure_group()
+            await client.xreadgroup(WORK_GROUP, "ghost", {WORK_STREAM: ">"}, count=1)  # joins, takes nothing
+            await client.xadd(WORK_STREAM, {"batch": "x"})
+            await client.xreadgroup(WORK_GROUP, "holder", {WORK_STREAM: ">"}, count=1)  # dies holding a line
+            settings = GatewaySettings(upstream_url="http://upstream:8000", redis_url=redis_server.url)
+            runner = BatchRunner(settings, None, store, None, GatewayMetrics([]))  # type: ignore[arg-type]
+            await runner._forget_gone_consumers()
+            return {c["name"] for c in await client.xinfo_consumers(WORK_STREAM, WORK_GROUP)}
+        finally:
+            await client.aclose()
+
+    names = asyncio.run(go())
+    assert "ghost" not in names and "holder" in names  # its line still waits to be claimed again
