@@ -64,12 +64,15 @@ SERVE_DASHBOARD_URL = f"http://{HEAD_SERVICE}.{NAMESPACE}.svc.cluster.local:{RAY
 
 
 def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH,
-                     batch_storage_url: str | None = None, *, serve_dashboard_url: str = SERVE_DASHBOARD_URL) -> str:
+                     batch_storage_url: str | None = None, *, serve_dashboard_url: str | None = None) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start.
     `plan` (default: planned here) gives each model's cold-start timeout; `path`: the serving path
     the Serve config was rendered for (where each model lives); `batch_storage_url`, where Batch
     API files live (none: no Batch API); `serve_dashboard_url`: where the gateway polls each
-    model's live replicas (the head Service in the cluster; `make dev` passes its local Ray's)."""
+    model's live replicas (`make dev` passes its local Ray's; in the cluster the head Service, only
+    when the stack sets `gateway.queue.live_replicas`)."""
+    if serve_dashboard_url is None and spec.gateway.queue.live_replicas:
+        serve_dashboard_url = SERVE_DASHBOARD_URL
     return json.dumps({
         **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
         **spec.gateway.policy_settings(),
@@ -79,7 +82,7 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
         "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
         "model_routes": model_routes(spec, path),
-        "serve_dashboard_url": serve_dashboard_url,
+        **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
         "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
     }, sort_keys=True)
 
@@ -262,10 +265,11 @@ def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
                 {"from": [{"podSelector": ray_pods}]},
                 {"from": [{"podSelector": {"matchLabels": _selector()}}],
                  "ports": [{"protocol": "TCP", "port": SERVE_PORT}]},
-                # The gateway polls live replica counts from the dashboard's REST API (GET only; the port
-                # also takes writes, so a NetworkPolicy cannot make it read-only: serving.gateway.replica_feed).
-                {"from": [{"podSelector": {"matchLabels": _selector()}}],
-                 "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]},
+                # Only with gateway.queue.live_replicas: the gateway polls live replica counts from the
+                # dashboard's REST API (GET only; the port also takes job submissions, and a
+                # NetworkPolicy cannot make it read-only: serving.gateway.replica_feed).
+                *([{"from": [{"podSelector": {"matchLabels": _selector()}}],
+                    "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}] if spec.gateway.queue.live_replicas else []),
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": p}
                                                for p in (RAY_DASHBOARD_PORT, RAY_DASHBOARD_AGENT_PORT, SERVE_PORT)]},
             ],

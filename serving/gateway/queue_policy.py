@@ -61,6 +61,12 @@ class QueuePolicy(_Strict):
         default=False,
         description="Also pass each request's tier to vLLM as its `priority` (vLLM's scheduling_policy: "
                     "priority), so earlier tiers are scheduled first inside the engine too.")
+    live_replicas: bool = Field(
+        default=False,
+        description="Follow each model's running replicas from Ray's dashboard REST API (GET "
+                    "/api/serve/applications/) instead of planning on max_replicas. Off by default on a "
+                    "cluster: it lets the internet-facing gateway pods reach the head's dashboard port, which "
+                    "also accepts job submissions (code on the cluster). `make dev` always follows (loopback).")
     keepalive_s: float = Field(
         default=10.0, gt=0,
         description="A waiting streaming request gets an SSE comment this often, so proxies and clients do "

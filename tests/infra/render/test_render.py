@@ -162,8 +162,10 @@ def test_only_the_gateway_reaches_ray_serve(rendered):
     assert serve_rule["from"] == [{"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}}]
     gateway_rules = [r for r in policy["spec"]["ingress"]
                      if {"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}} in r.get("from", [])]
-    # Serve's port, and the dashboard's for live replica counts (the settings' serve_dashboard_url)
-    assert sorted(p["port"] for r in gateway_rules for p in r["ports"]) == [8000, 8265]
+    # Serve's port only; the dashboard's (which also takes job submissions) only when the stack
+    # opts in to live replica counts.
+    assert sorted(p["port"] for r in gateway_rules for p in r["ports"]) == (
+        [8000, 8265] if spec.gateway.queue.live_replicas else [8000])
     services = by_kind(objects, "Service")
     load_balancers = [s for s in services if s["spec"].get("type") == "LoadBalancer"]
     expected = ["llmstack-gateway"] if spec.cloud.provider == "aws" else []

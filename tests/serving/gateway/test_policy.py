@@ -46,14 +46,19 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
     spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
     rendered = gateway_settings(spec)
     extra = {"host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens", "model_routes",
-             "serve_dashboard_url", "model_deployments"}
+             "model_deployments"}
     assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | extra
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
     assert settings.policy_settings() == spec.gateway.policy_settings()
     assert settings.default_tenant_limits.tokens_per_minute == 50_000 and settings.max_n == 2
     assert settings.default_tenant_limits.monthly_budget_usd == Decimal("1500.50")
-    # Live replica counts: the RayService's head Service (KubeRay's "<name>-head-svc"), port 8265.
-    assert settings.serve_dashboard_url == "http://llmstack-head-svc.llmstack.svc.cluster.local:8265"
+    # Live replica counts only when the stack opts in (the gateway then reaches the dashboard port):
+    # the RayService's head Service (KubeRay's "<name>-head-svc"), port 8265.
+    assert settings.serve_dashboard_url is None
+    following = load_stack(str(write_stack(tmp_path, "live", stack_document(
+        gateway={**policy, "queue": {"live_replicas": True}}))))
+    assert json.loads(gateway_settings(following))["serve_dashboard_url"] == (
+        "http://llmstack-head-svc.llmstack.svc.cluster.local:8265")
     assert settings.model_deployments == {"llama": "LLMServer:llama"}
     # The rate card budgets charge at: the plan's L4 price over the published estimate, as `llmctl cost --offline`.
     costs = stack_costs(spec, plan_stack(spec), node_prices(spec), estimated_throughputs(spec))
