@@ -269,7 +269,8 @@ def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
                 # dashboard's REST API (GET only; the port also takes job submissions, and a
                 # NetworkPolicy cannot make it read-only: serving.gateway.replica_feed).
                 *([{"from": [{"podSelector": {"matchLabels": _selector()}}],
-                    "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}] if spec.gateway.queue.live_replicas else []),
+                    "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}]
+                  if spec.gateway.queue.live_replicas else []),
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": p}
                                                for p in (RAY_DASHBOARD_PORT, RAY_DASHBOARD_AGENT_PORT, SERVE_PORT)]},
             ],
