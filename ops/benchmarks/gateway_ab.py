@@ -12,7 +12,8 @@ time: per round, a batch of `--batch` requests to the stub directly, to this che
 gateway and to the baseline's, in an order that flips every round. Per round, added p50 =
 the batch's median latency through a gateway minus the direct batch's median, and the ratio
 of this checkout's added p50 to the baseline's. Figures: the median of the per-round ratios,
-its quartiles and extremes, the median added p50 of each side, and the load average.
+its quartiles and extremes, the median added p50 of each side, CPU milliseconds per request of
+each gateway process plus its redis-server (/proc), both commits and the load average.
 Whole-benchmark runs alternated minutes apart measure the other tenants of a shared machine
 more than the gateway; rounds of a few hundred milliseconds do not.
 """
@@ -106,6 +107,18 @@ def batch(client: httpx.Client, url: str, key: str, count: int) -> float:
     return median_ms(latencies)
 
 
+def commit_of(source: Path) -> str | None:
+    """The checkout's commit (with "+dirty" for uncommitted changes), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=source,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head}+dirty" if dirty else head
+
+
 def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name: str) -> tuple[str, str, list[int]]:
     """This checkout's gateway from `source`, its own Redis and a key its own code made."""
     own_redis = start_redis()
@@ -126,6 +139,7 @@ def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name:
 def run(baseline: Path, *, rounds: int, batch_size: int, out: Path) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-ab-"))
     results: dict = {"candidate_src": str(PROJECT_ROOT), "baseline_src": str(baseline), "batch": batch_size,
+                     "candidate_commit": commit_of(PROJECT_ROOT), "baseline_commit": commit_of(baseline),
                      "load_average_start": os.getloadavg(), "rounds": []}
     with ExitStack() as stack:
         stub_port = free_port()
@@ -159,8 +173,10 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path) -> dict:
     results["summary"] = summarize(results["rounds"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(json.dumps({**results["summary"], "load_average_start": results["load_average_start"],
-                      "load_average_end": results["load_average_end"]}, indent=2))
+    print(json.dumps({**results["summary"], "candidate_commit": results["candidate_commit"],
+                      "baseline_commit": results["baseline_commit"],
+                      "load_average_start": [round(v, 2) for v in results["load_average_start"]],
+                      "load_average_end": [round(v, 2) for v in results["load_average_end"]]}))
     shutil.rmtree(folder, ignore_errors=True)
     return results
 
