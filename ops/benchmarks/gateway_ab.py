@@ -1,17 +1,18 @@
 """One-client added latency of this checkout's gateway against a baseline checkout's, A/B in
 one run, interleaved finely enough that the machine's load drift hits both alike.
 
-    python -m ops.benchmarks.gateway_ab --baseline-src DIR [--rounds 40] [--batch 100]
-        [--out build/bench/gateway_ab.json]
+    python -m ops.benchmarks.gateway_ab --baseline-src DIR [--candidate-src DIR] [--rounds 40]
+        [--batch 100] [--out build/bench/gateway_ab.json]
 
-One stub upstream (`ops.harness.stub_upstream`) serves both gateways. Each gateway runs from
-its own checkout (`python -m serving.gateway` with that checkout as the working directory, so
-its own modules are imported) with its own redis-server, and its key is made by its own code
-(key records and limiter state change between versions). One client sends one request at a
-time: per round, a batch of `--batch` requests to the stub directly, to this checkout's
-gateway and to the baseline's, in an order that flips every round. Per round, added p50 =
-the batch's median latency through a gateway minus the direct batch's median, and the ratio
-of this checkout's added p50 to the baseline's. Figures: the median of the per-round ratios,
+One stub upstream (`ops.harness.stub_upstream`) serves both gateways: the candidate (this
+checkout, or `--candidate-src`) and the baseline. Each runs from its own checkout
+(`python -m serving.gateway` with that checkout as the working directory, so its own modules
+are imported) with its own redis-server, and its key is made by its own code (key records and
+limiter state change between versions). One client sends one request at a time: per round, a
+batch of `--batch` requests to the stub directly, to the candidate and to the baseline, in an
+order that flips every round. Per round, added p50 = the batch's median latency through a
+gateway minus the direct batch's median, and the ratio of the candidate's added p50 to the
+baseline's. Figures: the median of the per-round ratios,
 its quartiles and extremes, the median added p50 of each side, CPU milliseconds per request of
 each gateway process plus its redis-server (/proc), both commits and the load average.
 Whole-benchmark runs alternated minutes apart measure the other tenants of a shared machine
@@ -136,10 +137,10 @@ def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name:
     return f"http://127.0.0.1:{port}", key, [process.pid, own_redis.process.pid]
 
 
-def run(baseline: Path, *, rounds: int, batch_size: int, out: Path) -> dict:
+def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: Path = PROJECT_ROOT) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-ab-"))
-    results: dict = {"candidate_src": str(PROJECT_ROOT), "baseline_src": str(baseline), "batch": batch_size,
-                     "candidate_commit": commit_of(PROJECT_ROOT), "baseline_commit": commit_of(baseline),
+    results: dict = {"candidate_src": str(candidate), "baseline_src": str(baseline), "batch": batch_size,
+                     "candidate_commit": commit_of(candidate), "baseline_commit": commit_of(baseline),
                      "load_average_start": os.getloadavg(), "rounds": []}
     with ExitStack() as stack:
         stub_port = free_port()
@@ -148,7 +149,7 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path) -> dict:
             [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"))
         wait_for_http(f"{stub}/v1/models", stub_process)
         targets = {"direct": (stub, "unused", [stub_process.pid]),
-                   "candidate": start_gateway(stack, PROJECT_ROOT, stub, folder, "candidate"),
+                   "candidate": start_gateway(stack, candidate, stub, folder, "candidate"),
                    "baseline": start_gateway(stack, baseline, stub, folder, "baseline")}
         clients = {name: stack.enter_context(httpx.Client(timeout=30)) for name in targets}
         for name, (url, key, _) in targets.items():  # warm connections, caches, scripts
@@ -184,11 +185,14 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description="One-client added latency: this checkout's gateway vs a baseline's.")
     parser.add_argument("--baseline-src", type=Path, required=True, help="a checkout of the baseline commit")
+    parser.add_argument("--candidate-src", type=Path, default=PROJECT_ROOT,
+                        help="the checkout to compare with it (default: this one)")
     parser.add_argument("--rounds", type=int, default=40, help="rounds; each sends one batch to every target")
     parser.add_argument("--batch", type=int, default=100, help="requests per target per round")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_ab.json"))
     args = parser.parse_args()
-    run(args.baseline_src.resolve(), rounds=args.rounds, batch_size=args.batch, out=args.out)
+    run(args.baseline_src.resolve(), rounds=args.rounds, batch_size=args.batch, out=args.out,
+        candidate=args.candidate_src.resolve())
 
 
 if __name__ == "__main__":
