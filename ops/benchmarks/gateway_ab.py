@@ -8,15 +8,15 @@ One stub upstream (`ops.harness.stub_upstream`) serves both gateways: the candid
 checkout, or `--candidate-src`) and the baseline. Each runs from its own checkout
 (`python -m serving.gateway` with that checkout as the working directory, so its own modules
 are imported) with its own redis-server, and its key is made by its own code (key records and
-limiter state change between versions). One client sends one request at a time: per round, a
-batch of `--batch` requests to the stub directly, to the candidate and to the baseline, in an
-order that flips every round. Per round, added p50 = the batch's median latency through a
-gateway minus the direct batch's median, and the ratio of the candidate's added p50 to the
+limiter state change between versions). One client sends one request at a time: per round,
+`--batch` requests to each of the stub directly, the candidate and the baseline, interleaved
+request by request in an order that flips every time. Per round, added p50 = a gateway's
+median latency minus the direct path's, and the ratio of the candidate's added p50 to the
 baseline's. Figures: the median of the per-round ratios,
 its quartiles and extremes, the median added p50 of each side, CPU milliseconds per request of
 each gateway process plus its redis-server (/proc), both commits and the load average.
 Whole-benchmark runs alternated minutes apart measure the other tenants of a shared machine
-more than the gateway; rounds of a few hundred milliseconds do not.
+more than the gateway; requests interleaved milliseconds apart see the same machine.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ _MAKE_KEY = ("import json, sys\n"
 
 
 def round_order(number: int, names: list[str]) -> list[str]:
-    """Targets in the order round `number` visits them: reversed every other round, so no
-    target always runs first (after the idle gap) or last."""
+    """Targets in the order turn `number` visits them: reversed every other turn, so no target
+    always runs first or last."""
     return list(names) if number % 2 == 0 else list(reversed(names))
 
 
@@ -59,7 +59,7 @@ def median_ms(latencies_ms: list[float]) -> float:
 
 
 def round_figures(medians: dict[str, float]) -> dict[str, float]:
-    """One round's batch medians ({"direct", "candidate", "baseline"}, ms) -> added ms each and
+    """One round's medians ({"direct", "candidate", "baseline"}, ms) -> added ms each and
     the candidate's added latency over the baseline's."""
     candidate = medians["candidate"] - medians["direct"]
     baseline = medians["baseline"] - medians["direct"]
@@ -98,14 +98,27 @@ def cpu_s(pids: list[int]) -> float:
     return sum(t.user + t.system for t in (psutil.Process(pid).cpu_times() for pid in pids))
 
 
-def batch(client: httpx.Client, url: str, key: str, count: int) -> float:
-    latencies = []
-    for _ in range(count):
-        started = time.perf_counter()
-        client.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
-                    ).raise_for_status()
-        latencies.append((time.perf_counter() - started) * 1000)
-    return median_ms(latencies)
+def one_request(client: httpx.Client, url: str, key: str) -> float:
+    started = time.perf_counter()
+    client.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                ).raise_for_status()
+    return (time.perf_counter() - started) * 1000
+
+
+def one_round(clients: dict[str, httpx.Client], targets: dict[str, tuple[str, str, list[int]]],
+              count: int) -> tuple[dict[str, float], dict[str, float]]:
+    """`count` requests to every target, one target after another request by request (the
+    order flipping each time), so a change of the machine's load between two of them is a few
+    milliseconds old at most. Returns each target's median latency and CPU ms per request."""
+    names = list(targets)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    before = {name: cpu_s(targets[name][2]) for name in names}
+    for i in range(count):
+        for name in round_order(i, names):
+            url, key, _ = targets[name]
+            latencies[name].append(one_request(clients[name], url, key))
+    cpu_ms = {name: (cpu_s(targets[name][2]) - before[name]) * 1000 / count for name in names}
+    return {name: median_ms(values) for name, values in latencies.items()}, cpu_ms
 
 
 def commit_of(source: Path) -> str | None:
@@ -152,15 +165,9 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: P
                    "candidate": start_gateway(stack, candidate, stub, folder, "candidate"),
                    "baseline": start_gateway(stack, baseline, stub, folder, "baseline")}
         clients = {name: stack.enter_context(httpx.Client(timeout=30)) for name in targets}
-        for name, (url, key, _) in targets.items():  # warm connections, caches, scripts
-            batch(clients[name], url, key, batch_size)
+        one_round(clients, targets, batch_size)  # warm connections, caches, scripts
         for number in range(rounds):
-            medians, cpu_ms = {}, {}
-            for name in round_order(number, list(targets)):
-                url, key, pids = targets[name]
-                before = cpu_s(pids)
-                medians[name] = batch(clients[name], url, key, batch_size)
-                cpu_ms[name] = (cpu_s(pids) - before) * 1000 / batch_size
+            medians, cpu_ms = one_round(clients, targets, batch_size)
             row = {**round_figures(medians), **{f"{n}_p50_ms": round(m, 4) for n, m in medians.items()},
                    # CPU of the gateway process and its redis-server (direct: the stub) per request
                    **{f"{n}_cpu_ms": round(c, 4) for n, c in cpu_ms.items()},
@@ -187,7 +194,7 @@ def main() -> None:
     parser.add_argument("--baseline-src", type=Path, required=True, help="a checkout of the baseline commit")
     parser.add_argument("--candidate-src", type=Path, default=PROJECT_ROOT,
                         help="the checkout to compare with it (default: this one)")
-    parser.add_argument("--rounds", type=int, default=40, help="rounds; each sends one batch to every target")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds; each gives one ratio")
     parser.add_argument("--batch", type=int, default=100, help="requests per target per round")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_ab.json"))
     args = parser.parse_args()
