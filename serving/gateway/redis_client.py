@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 MAX_CONNECTIONS = 32
@@ -41,7 +42,41 @@ def redis_client(url: str, *, decode_responses: bool = False, max_connections: i
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=max_connections or MAX_CONNECTIONS, timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S,
         socket_connect_timeout=TIMEOUT_S, decode_responses=decode_responses, retry=Retry(NoBackoff(), 0))
+    # The URL picks the class (TCP, TLS for rediss://, unix socket); only its packer changes.
+    pool.connection_class = packed_by_hiredis(pool.connection_class)
     return redis.Redis(connection_pool=pool)
+
+
+@lru_cache(maxsize=None)
+def packed_by_hiredis(connection_class: type) -> type:
+    """`connection_class` with commands packed by hiredis (C) instead of redis-py's asyncio
+    packer, which joins the growing command once per argument in Python: the limiter scripts
+    send thirty-odd keys and arguments per call. redis-py's own synchronous client packs with
+    hiredis whenever it is installed (redis.connection.HiredisRespSerializer); its asyncio
+    client does not. Without hiredis, the class is returned unchanged."""
+    try:
+        import hiredis
+    except ImportError:
+        return connection_class
+    from redis.exceptions import DataError
+
+    def pack_command(self: Any, *args: Any) -> list[bytes]:
+        # As redis-py does: a command name with a space ("SCRIPT LOAD") goes out as two words.
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:
+            pass
+        try:  # hiredis takes no buffers: copied here, off the common path
+            return [hiredis.pack_command(tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a
+                                               for a in args))]
+        except TypeError as exc:  # bool, None, ...: refused, as redis-py's encoder refuses them
+            raise DataError(str(exc)) from exc
+
+    return type(f"Hiredis{connection_class.__name__}", (connection_class,), {"pack_command": pack_command})
 
 
 class GatedRedis:

@@ -13,7 +13,6 @@ a Redis restart).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,14 +28,22 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local day = math.floor(tonumber(t[1]) / 86400)
 local MINUTE = 60000000
 local function num(x) return string.format('%.0f', x) end
+-- TATs read or written so far by this script: every write goes through save_tat and the clock
+-- stands still inside a script, so a second read of a key needs no second GET.
+local tats = {}
 local function tat_of(key)
-  local tat = tonumber(redis.call('GET', key) or now)
-  if tat < now then tat = now end
+  local tat = tats[key]
+  if tat == nil then
+    tat = tonumber(redis.call('GET', key) or now)
+    if tat < now then tat = now end
+    tats[key] = tat
+  end
   return tat
 end
 local function save_tat(key, tat)
   if tat > now then redis.call('SET', key, num(tat), 'PX', num(math.ceil((tat - now) / 1000) + 1000))
   else redis.call('DEL', key) end
+  tats[key] = math.max(tat, now)
 end
 -- Keep the refusal with the longest wait (-1: waiting cannot help, which beats any wait).
 local function add_refusal(r, name, w)
@@ -79,8 +86,11 @@ local function check(base, lim)
       if r.new_req - MINUTE > now then refuse('requests', r.new_req - MINUTE - now) end
     end
     redis.call('ZREMRANGEBYSCORE', KEYS[base + 2], '-inf', now)
-    r.in_flight = redis.call('ZCARD', KEYS[base + 2])
-    if lim.conc > 0 and r.in_flight >= lim.conc then refuse('concurrency', conc_wait) end
+    -- The key's count also bounds a shadow key's requests; a tenant's only its own limit.
+    if base == 1 or lim.conc > 0 then
+      r.in_flight = redis.call('ZCARD', KEYS[base + 2])
+      if lim.conc > 0 and r.in_flight >= lim.conc then refuse('concurrency', conc_wait) end
+    end
   end
   if tokens_phase then
     if lim.tpm > 0 then
@@ -89,8 +99,8 @@ local function check(base, lim)
       elseif r.new_tok - MINUTE > now then refuse('tokens', r.new_tok - MINUTE - now) end
     end
     local daily = redis.call('HMGET', KEYS[base + 3], 'day', 'used')
-    r.used = 0
-    if tonumber(daily[1]) == day then r.used = tonumber(daily[2]) or 0 end
+    r.used, r.day_started = 0, tonumber(daily[1]) ~= day
+    if not r.day_started then r.used = tonumber(daily[2]) or 0 end
     if lim.daily > 0 then
       if cost > lim.daily then refuse('daily_tokens', -1)
       elseif r.used + cost > lim.daily then refuse('daily_tokens', (day + 1) * 86400 * 1000000 - now) end
@@ -108,7 +118,9 @@ local function charge(base, r, counters)
   if tokens_phase and counters then
     if r.new_tok then save_tat(KEYS[base + 1], r.new_tok) end
     redis.call('HSET', KEYS[base + 3], 'day', day, 'used', num(r.used + cost))
-    redis.call('EXPIRE', KEYS[base + 3], 2 * 86400)
+    -- Set when the day's count starts: the hash then outlives its day by at least one more
+    -- (for settlements of requests admitted that day), and needs no EXPIRE per request.
+    if r.day_started then redis.call('EXPIRE', KEYS[base + 3], 2 * 86400) end
   end
 end
 
@@ -211,17 +223,11 @@ def no_limit_as_zero(value: int | None) -> int:
     return value or 0
 
 
-def _wire(values: Iterable[object]) -> list[object]:
-    """Script keys and arguments as the bytes Redis receives (what redis-py's encoder sends:
-    integers in decimal, strings in UTF-8), made in one pass: redis-py's per-argument encoder
-    was a measurable share of a request's CPU with the scripts' thirty-odd keys and arguments."""
-    return [b"%d" % v if type(v) is int else v.encode() if type(v) is str else v for v in values]
-
-
 class RedisLimiter:
     """Runs the scripts; one EVALSHA per call (a settle may carry another script in its round
-    trip). The caller (limits.Limiter) builds the admission
-    arguments, turns replies into decisions and Redis failures into its fail mode."""
+    trip), its thirty-odd keys and arguments packed by hiredis in C as they are
+    (serving.gateway.redis_client.packed_by_hiredis). The caller (limits.Limiter) builds the
+    admission arguments, turns replies into decisions and Redis failures into its fail mode."""
 
     def __init__(self, redis_url: str) -> None:
         self._client = GatedRedis(redis_url)  # no retries: a retried EVALSHA could charge twice
@@ -232,7 +238,7 @@ class RedisLimiter:
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
         async with self._client.slot():
-            return await self._admit(keys=_wire(keys), args=_wire(args))
+            return await self._admit(keys=keys, args=args)
 
     async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
                      along: ScriptCall | None = None) -> None:
@@ -257,9 +263,9 @@ class RedisLimiter:
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month), *ledger_keys]
         async with self._client.slot() as redis:
             if along is None:
-                await self._settle(keys=_wire(keys), args=_wire(args))
+                await self._settle(keys=keys, args=args)
                 return
-            settle = ScriptCall(self._settle, _wire(keys), _wire(args))
+            settle = ScriptCall(self._settle, keys, args)
             await run_together(redis, [settle, along])
         if isinstance(settle.result, Exception):
             raise settle.result

@@ -65,3 +65,39 @@ def test_a_full_pool_is_answered_503_not_with_the_outage_fallbacks(upstream, mon
         assert 'llmstack_gateway_redis_errors_total{component="keys"} 1.0' in metrics
     finally:
         own.stop()
+
+
+def test_commands_packed_by_hiredis_are_byte_for_byte_what_redis_py_would_send():
+    from redis.asyncio.connection import Connection, SSLConnection
+    from redis.exceptions import DataError
+
+    packed = redis_client.redis_client("redis://127.0.0.1:1/0").connection_pool.make_connection()
+    plain = Connection()
+    assert type(packed).pack_command is not Connection.pack_command  # hiredis is a gateway dependency
+    commands = [("EVALSHA", b"ab" * 20, 2, "llmstack:{tenant:a\u00e9}:rpm", b"k2", 10**18, -3, 1.5, "", b""),
+                ("SCRIPT LOAD", "return 1"), (b"CLIENT PAUSE", "10"), ("SET", "k", bytearray(b"v")),
+                ("SET", "k", memoryview(b"v"))]
+    for command in commands:
+        assert b"".join(packed.pack_command(*command)) == b"".join(plain.pack_command(*command))
+    for refused in (None, True, object()):
+        with pytest.raises(DataError):
+            packed.pack_command("SET", "k", refused)
+    tls = redis_client.redis_client("rediss://127.0.0.1:1/0").connection_pool.connection_class
+    assert issubclass(tls, SSLConnection)  # the URL still picks TLS
+
+
+def test_a_script_round_trip_through_the_hiredis_packer():
+    own = start_redis()
+
+    async def go() -> list:
+        client = GatedRedis(own.url)
+        script = client.redis.register_script("return {KEYS[1], ARGV[1], ARGV[2]}")
+        async with client.slot():
+            reply = await script(keys=["llmstack:{t\u00e9}:x"], args=[10**15, "caf\u00e9"])
+        await client.aclose()
+        return reply
+
+    try:
+        assert asyncio.run(go()) == ["llmstack:{t\u00e9}:x".encode(), b"1000000000000000", "caf\u00e9".encode()]
+    finally:
+        own.stop()
