@@ -84,13 +84,15 @@ class Admission:
     pending: PendingSlot | None = None  # a stream still waiting for its slot
 
     async def settle(self, billed: Usage) -> None:
-        """End the request once: bill the key's usage and give the model's slot back."""
+        """End the request once: bill the key's usage and give the model's slot back, in one
+        Redis round trip when Redis settles the ticket (the slot's release rides along)."""
+        slot = self.queue_ticket if self.pending is None else self.pending.slot
+        release = slot.release_call() if slot is not None else None
         try:
-            await self.ticket.settle(billed)
+            await self.ticket.settle(billed, along=release)
         finally:
-            slot = self.queue_ticket if self.pending is None else self.pending.slot
-            if slot is not None:
-                await slot.release()
+            if slot is not None and release is not None:
+                await slot.finish_release(release)
 
 
 @dataclass

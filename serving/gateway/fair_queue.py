@@ -7,7 +7,11 @@
 
 A model may have `capacity` requests in flight across all gateway replicas: live replicas x
 max_ongoing_requests (fair_share.capacity). Below it, `acquire` admits in one Redis round trip
-(one EVALSHA, which also finds the queue empty) and `release` frees the slot in one more.
+(one EVALSHA, which also finds the queue empty) and `release` frees the slot with one more
+EVALSHA, which the gateway sends in the round trip that settles the limiter's ticket
+(`QueueTicket.release_call`; serving.gateway.admission), so an unsaturated request pays one
+round trip for the queue. The admit stays its own: it must follow the limiter's verdict, since
+a refused request must not take a slot or push a waiter out of a full queue.
 At capacity the request waits in the model's queue, ordered by tier and, within a tier, by
 start-time fair queuing across tenants (fair_share). Each release admits the next waiter inside
 the same script, so capacity never sits idle while someone waits, and no interleaving of
@@ -42,6 +46,7 @@ from typing import Any
 
 from serving.gateway.fair_share import Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy
+from serving.gateway.redis_client import ScriptCall
 
 log = logging.getLogger("llmstack.gateway.fair_queue")
 
@@ -87,10 +92,23 @@ class QueueTicket:
     released: bool = False
 
     async def release(self) -> None:
+        call = self.release_call()
+        if call is not None:
+            await self.finish_release(call)
+
+    def release_call(self) -> ScriptCall | None:
+        """The release as a script call another client may send in its own round trip (the
+        limiter's settle does), or None when released already. Marks the ticket released: pass
+        the call to `finish_release` afterwards, whether it was sent or not."""
         if self.released:
-            return
+            return None
         self.released = True
-        await _shielded(self._queue._release(self))
+        return self._queue._release_call(self)
+
+    async def finish_release(self, call: ScriptCall) -> None:
+        """Run the release alone if nobody sent it, or the round trip that carried it failed (a
+        release is idempotent: a second one frees nothing twice)."""
+        await _shielded(self._queue._finish_release(self.model, call))
 
 
 async def _shielded(coroutine: Awaitable[Any]) -> None:
@@ -287,18 +305,27 @@ class FairQueue:
         return QueueTicket(model=model, tenant=tenant, tier=tier, slot_id=slot_id, wait_s=wait_s, cold=cold,
                            _queue=self, _admitted_at=admitted_at)
 
-    async def _release(self, ticket: QueueTicket) -> None:
+    def _release_call(self, ticket: QueueTicket) -> ScriptCall:
         held_s = asyncio.get_running_loop().time() - ticket._admitted_at
-        await self._release_id(ticket.model, ticket.slot_id, held_s)
+        self._held.get(ticket.model, set()).discard(ticket.slot_id)
+        return self._script_call(ticket.model, "release", ticket.slot_id, int(held_s * 1e6))
+
+    async def _finish_release(self, model: str, call: ScriptCall) -> None:
+        if call.sent and not isinstance(call.result, Exception):
+            return
+        try:
+            if call.sent:
+                raise QueueUnavailable(f"fair queue Redis call release failed: {type(call.result).__name__}")
+            await self._run(call)
+        except QueueUnavailable:
+            log.warning("could not release a slot of model %s; its lease frees it", model)
 
     async def _release_id(self, model: str, slot_id: str | None, held_s: float | None) -> None:
         if slot_id is None:
             return
         self._held.get(model, set()).discard(slot_id)
-        try:
-            await self._call(model, "release", slot_id, -1 if held_s is None else int(held_s * 1e6))
-        except QueueUnavailable:
-            log.warning("could not release a slot of model %s; its lease frees it", model)
+        call = self._script_call(model, "release", slot_id, -1 if held_s is None else int(held_s * 1e6))
+        await self._finish_release(model, call)
 
     # --- capacity and status ---------------------------------------------------------------
 
@@ -314,17 +341,23 @@ class FairQueue:
                 "mean_service_s": _service_s(reply[3]),
                 "queued": {tier.name: int(n) for tier, n in zip(self.policy.tiers, reply[4:])}}
 
+    def _script_call(self, model: str, op: str, *args: Any) -> ScriptCall:
+        config = self.models[model]
+        return ScriptCall(self._script, queue_keys(model, len(self.policy.tiers)),
+                          [op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
+                           CHANNEL_PREFIX, self._shares, *args])
+
     async def _call(self, model: str, op: str, *args: Any) -> Any:
+        return await self._run(self._script_call(model, op, *args))
+
+    @staticmethod
+    async def _run(call: ScriptCall) -> Any:
         from redis.exceptions import RedisError
 
-        config = self.models[model]
         try:
-            return await self._script(
-                keys=queue_keys(model, len(self.policy.tiers)),
-                args=[op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
-                      CHANNEL_PREFIX, self._shares, *args])
+            return await call.run()
         except (RedisError, OSError, TimeoutError) as exc:
-            raise QueueUnavailable(f"fair queue Redis call {op} failed: {type(exc).__name__}") from exc
+            raise QueueUnavailable(f"fair queue Redis call {call.args[0]} failed: {type(exc).__name__}") from exc
 
     # --- background: wake-ups and leases -----------------------------------------------------
 

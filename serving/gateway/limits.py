@@ -52,7 +52,7 @@ from serving.gateway.budgets import cost_nano_usd, month_end_s, month_of, nano_u
 from serving.gateway.local_limits import LocalLimiter
 from serving.gateway.metering import LimitDecision, Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
-from serving.gateway.redis_client import RedisBusy
+from serving.gateway.redis_client import RedisBusy, ScriptCall
 from serving.gateway.redis_limits import RedisLimiter, no_limit_as_zero
 
 log = logging.getLogger("llmstack.gateway.limits")
@@ -142,21 +142,26 @@ class Ticket:
         rate = self.usd_per_million_tokens
         return 0 if rate is None or rate <= 0 else cost_nano_usd(tokens, rate)
 
-    async def settle(self, billed: Usage) -> None:
-        await self._end(billed, give_back_request=False)
+    async def settle(self, billed: Usage, *, along: ScriptCall | None = None) -> None:
+        """`along`: a script to send in the same Redis round trip when Redis settles this ticket
+        (the fair queue's release); left unsent otherwise, for its owner to run alone."""
+        await self._end(billed, give_back_request=False, along=along)
 
     async def release(self) -> None:
         """The request ended before the upstream saw it (a refusal after the slot phase, a
         client gone while sending its body): free the slot and give back everything charged."""
         await self._end(Usage(0, 0), give_back_request=True)
 
-    async def _end(self, billed: Usage, *, give_back_request: bool) -> None:
+    async def _end(self, billed: Usage, *, give_back_request: bool, along: ScriptCall | None = None) -> None:
         if self.settled or not self.allowed or self.backend is None:
             return
         self.settled = True
         with anyio.CancelScope(shield=True):  # runs on disconnect too, when our task is being cancelled
             try:
-                await self.backend.settle(self, billed, give_back_request=give_back_request)
+                if along is not None and isinstance(self.backend, RedisLimiter):
+                    await self.backend.settle(self, billed, give_back_request=give_back_request, along=along)
+                else:
+                    await self.backend.settle(self, billed, give_back_request=give_back_request)
             except Exception as exc:  # the slot then frees itself when its expiry passes
                 log.warning("could not settle usage for key %s: %s", self.who.key_id, type(exc).__name__)
                 if self.on_error is not None:

@@ -19,8 +19,9 @@ limiter script that ran twice charges twice. The callers decide what a failure m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -107,3 +108,44 @@ class GatedRedis:
 
     async def aclose(self) -> None:
         await self.redis.aclose()
+
+
+@dataclass
+class ScriptCall:
+    """One run of a Lua script, to send alone (`run`) or in one round trip with others
+    (`run_together`). After `run_together`, `sent` says whether Redis answered the pipeline and
+    `result` holds the script's reply, or the exception it raised."""
+
+    script: Any  # a redis-py Script: its sha, and its own client for a lone run
+    keys: Sequence[Any]
+    args: Sequence[Any]
+    sent: bool = False
+    result: Any = None
+
+    async def run(self) -> Any:
+        return await self.script(keys=self.keys, args=self.args)
+
+
+async def run_together(redis: Any, calls: Sequence[ScriptCall]) -> None:
+    """Send `calls` in one round trip: a pipeline without MULTI on one connection, so each
+    script is atomic on its own and may touch keys of its own hash slot only (the gateway talks
+    to one Redis node; a cluster client would split the pipeline by node). Each call's reply, or
+    its error, lands in the call. EVALSHA goes out directly: redis-py's pipelined scripts would
+    first ask `SCRIPT EXISTS`, a round trip of its own. A call Redis answered NOSCRIPT to (after
+    a Redis restart) did not run, so it runs again alone, which loads the script. When the
+    pipeline itself fails, the exception propagates and no call is marked sent: whether each
+    ran is unknown."""
+    from redis.exceptions import NoScriptError
+
+    pipe = redis.pipeline(transaction=False)
+    for call in calls:
+        pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+    async with pipe:
+        results = await pipe.execute(raise_on_error=False)
+    for call, result in zip(calls, results):
+        call.sent, call.result = True, result
+        if isinstance(result, NoScriptError):
+            try:
+                call.result = await call.run()
+            except Exception as exc:  # kept for the call's owner, like a pipelined error
+                call.result = exc

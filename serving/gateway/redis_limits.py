@@ -18,7 +18,7 @@ from typing import Any
 
 from serving.gateway.budgets import BUDGET_LUA, spend_expire_at, spend_key
 from serving.gateway.metering import Usage
-from serving.gateway.redis_client import GatedRedis
+from serving.gateway.redis_client import GatedRedis, ScriptCall, run_together
 from serving.gateway.tenants import counter_keys
 from serving.gateway.usage_ledger import LEDGER_LUA, record_call
 
@@ -224,10 +224,10 @@ def no_limit_as_zero(value: int | None) -> int:
 
 
 class RedisLimiter:
-    """Runs the scripts; one EVALSHA per call, its thirty-odd keys and arguments packed by
-    hiredis in C as they are (serving.gateway.redis_client.packed_by_hiredis). The caller
-    (limits.Limiter) builds the admission arguments, turns replies into decisions and Redis
-    failures into its fail mode."""
+    """Runs the scripts; one EVALSHA per call (a settle may carry another script in its round
+    trip), its thirty-odd keys and arguments packed by hiredis in C as they are
+    (serving.gateway.redis_client.packed_by_hiredis). The caller (limits.Limiter) builds the
+    admission arguments, turns replies into decisions and Redis failures into its fail mode."""
 
     def __init__(self, redis_url: str) -> None:
         self._client = GatedRedis(redis_url)  # no retries: a retried EVALSHA could charge twice
@@ -240,11 +240,13 @@ class RedisLimiter:
         async with self._client.slot():
             return await self._admit(keys=keys, args=args)
 
-    async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool) -> None:
+    async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
+                     along: ScriptCall | None = None) -> None:
         """End `ticket` (serving.gateway.limits.Ticket): refund what it reserved beyond `billed`
         and free its slot; `give_back_request` also returns its request to the rate limits. In
         the same script: the spend correction (billed cost - reserved cost) into the month the
-        request was charged to, and the ledger entry of today (UTC)."""
+        request was charged to, and the ledger entry of today (UTC). `along`: another script
+        (the fair queue's release) sent in the same round trip; its reply stays in it."""
         who, limits, tenant = ticket.who, ticket.who.limits, ticket.tenant_limits
         args: list[object] = [
             limits.tokens_per_minute, no_limit_as_zero(tenant.tokens_per_minute), ticket.reserved - billed.total,
@@ -259,8 +261,14 @@ class RedisLimiter:
             delta = ticket.cost_of(billed.total) - ticket.reserved_nano_usd
         args += [who.key_id, str(delta), str(spend_expire_at(ticket.month)), *ledger_args[1:]]
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month), *ledger_keys]
-        async with self._client.slot():
-            await self._settle(keys=keys, args=args)
+        async with self._client.slot() as redis:
+            if along is None:
+                await self._settle(keys=keys, args=args)
+                return
+            settle = ScriptCall(self._settle, keys, args)
+            await run_together(redis, [settle, along])
+        if isinstance(settle.result, Exception):
+            raise settle.result
 
     async def aclose(self) -> None:
         await self._client.aclose()

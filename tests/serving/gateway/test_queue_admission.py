@@ -31,6 +31,7 @@ from starlette.routing import Route
 from serving.gateway.fair_queue import queue_keys
 from serving.gateway.keys import create_key_sync
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
+from serving.gateway.tenants import counter_keys, tenant_daily_key
 from tests.support.gateway import GENEROUS, gateway_settings, serving_gateway
 from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import directive
@@ -203,6 +204,66 @@ def test_the_slot_comes_back_after_an_upstream_error(redis_server, fresh):
         fresh.gate.set()
         served = chat(api, key, model, "hold")
         assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
+
+
+class RoundTrips:
+    """What the gateway's asyncio Redis connections send, one entry per write (a pipeline is one),
+    each the list of its command names; the fair queue's lease renewals (a timer) left out."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from redis.asyncio.connection import AbstractConnection
+
+        self.sent: list[list[str]] = []
+        original = AbstractConnection.send_packed_command
+        trips = self
+
+        async def counted(connection, command, check_health=True):
+            packed = command if isinstance(command, bytes | str) else b"".join(command)
+            packed = packed.encode() if isinstance(packed, str) else packed
+            if b"\r\nrenew\r\n" not in packed:
+                trips.sent.append([name for name in ("GET", "EVALSHA", "EVAL") for _ in
+                                   range(packed.count(f"\r\n{name}\r\n".encode()))])
+            return await original(connection, command, check_health)
+
+        monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+
+
+def test_an_unsaturated_request_pays_one_round_trip_for_the_queue(redis_server, fresh, monkeypatch):
+    """Key lookup, the limiter's admit, the queue's admit, then the limiter's settle and the slot's
+    release together: one round trip more than the same request without the queue."""
+    model, key = model_name(), key_for(redis_server.url, "acme")
+    trips = RoundTrips(monkeypatch)
+    with queued_gateway(fresh, redis_server.url, model, capacity=4) as (api, _):
+        fresh.gate.set()
+        assert chat(api, key, model, "warm").status_code == 200  # connections made, scripts loaded
+        eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the first slot is released")
+        trips.sent.clear()
+        assert chat(api, key, model, "hi").status_code == 200
+        eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the slot is released")
+        sent = list(trips.sent)
+    assert sent == [["GET"], ["EVALSHA"], ["EVALSHA"], ["EVALSHA", "EVALSHA"]], sent
+
+
+def test_settle_and_release_survive_a_redis_that_forgot_the_scripts(redis_server, fresh):
+    """A Redis restart empties its script cache: the pipelined EVALSHAs get NOSCRIPT (they did not
+    run), and each runs again alone, so the usage is billed once and the slot comes back."""
+    model, tenant = model_name(), f"t-{uuid.uuid4().hex[:8]}"
+    key = key_for(redis_server.url, tenant)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        with queued_gateway(fresh, redis_server.url, model, capacity=1) as (api, _), ThreadPoolExecutor(1) as pool:
+            held = pool.submit(chat, api, key, model, "hold")
+            eventually(lambda: fresh.running == 1, "the request reaches the upstream")
+            client.script_flush()
+            fresh.gate.set()
+            assert held.result().status_code == 200
+            eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the slot is released")
+            assert client.zcard(counter_keys(tenant, "any")[6]) == 0  # the tenant's concurrency slot too
+            assert int(client.hget(tenant_daily_key(tenant), "used")) == USAGE["total_tokens"]  # billed what ran
+            served = chat(api, key, model, "hi")  # the one slot is free again
+            assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
+    finally:
+        client.close()
 
 
 def test_two_gateways_never_exceed_the_models_capacity(redis_server, fresh):
