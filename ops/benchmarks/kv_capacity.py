@@ -31,9 +31,16 @@ def _measure_one(stack: str, model_id: str) -> None:
     config = llm_config(spec.model(model_id), spec)
     os.environ.update(config.get("runtime_env", {}).get("env_vars", {}))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from vllm import LLM
+    import dataclasses
 
-    llm = LLM(model=config["model_loading_config"]["model_source"], **config["engine_kwargs"])
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    # Ray Serve LLM's engine_kwargs also carry vLLM's OpenAI-server options (e.g.
+    # enable_prompt_tokens_details), which the offline engine does not take; none sizes the cache.
+    engine_fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    engine_kwargs = {k: v for k, v in config["engine_kwargs"].items() if k in engine_fields}
+    llm = LLM(model=config["model_loading_config"]["model_source"], **engine_kwargs)
     print(f"{RESULT_PREFIX}{llm.llm_engine.vllm_config.cache_config.kv_cache_size_tokens}", flush=True)
 
 
