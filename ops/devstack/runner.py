@@ -34,7 +34,7 @@ from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
 from ops.devstack.lock import AlreadyRunning, DevLock
 from ops.devstack.serve import DEPLOY_TIMEOUT_S, haproxy_dir, local_serve_config, local_serving_env
-from ops.harness.processes import die_with_parent, free_port, terminate, wait_for_http
+from ops.harness.processes import PortClaims, die_with_parent, free_port, terminate, wait_for_http
 from ops.paths import state_dir
 
 DEFAULT_GATEWAY_PORT = 8080
@@ -185,7 +185,11 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
     try:
         with ExitStack() as cleanup:
             cleanup.callback(lock.release)
-            _check_port_free(port)
+            # Held until the gateway listens: Ray's processes, started in between, open
+            # connections whose local ports could otherwise take one of ours.
+            claims = PortClaims()
+            cleanup.callback(claims.release)
+            _claim_gateway_port(claims, port)
             redis: LocalRedis | None = None
             if redis_server_path():
                 redis = start_redis()
@@ -194,14 +198,14 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             else:
                 say("WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
                     "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
-            serve_port = free_port()
+            serve_port = claims.claim()
             haproxy_files = haproxy_dir()
             cleanup.callback(shutil.rmtree, haproxy_files, ignore_errors=True)
             cleanup.callback(_stop_ray, lambda: {redis.process.pid} if redis else set())
             ray_info = start_ray_serve(spec, serve_port, say, path, haproxy_files)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else state_dir() / "dev-key"
-            metrics_port = free_port()
+            metrics_port = claims.claim()
             metrics_url = f"http://127.0.0.1:{metrics_port}"
             gateway = start_gateway(spec, port=port, metrics_port=metrics_port,
                                     upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
@@ -212,6 +216,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                 cleanup.callback(key_file.unlink, missing_ok=True)
             base_url = f"http://127.0.0.1:{port}/v1"
             wait_for_http(f"{metrics_url}/readyz", gateway, 60, ok=lambda r: r.status_code == 200)
+            claims.release()
             if redis_url:
                 api_key = create_key_sync(redis_url, tenant="dev", name="make-dev")
             else:
@@ -248,15 +253,12 @@ def _trap_signals() -> dict[int, Any]:
     return {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
-def _check_port_free(port: int) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            raise SystemExit(f"[llmstack dev] port {port} is taken by another program; "
-                             f"run `make dev PORT=<free port>`") from None
+def _claim_gateway_port(claims: PortClaims, port: int) -> None:
+    try:
+        claims.claim(port)
+    except OSError:
+        raise SystemExit(f"[llmstack dev] port {port} is taken by another program; "
+                         f"run `make dev PORT=<free port>`") from None
 
 
 def _stop_ray(keep: Callable[[], set[int]] = set) -> None:

@@ -25,6 +25,34 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class PortClaims:
+    """Ports held for servers this process starts later. A port picked now and bound minutes
+    later (after Ray starts) can meanwhile become the local end of someone's outgoing
+    connection and fail the bind. A socket bound here with SO_REUSEADDR, never listening,
+    keeps the kernel from handing the port out, yet lets the server (uvicorn, HAProxy, aiohttp
+    and redis-server all set SO_REUSEADDR) bind and listen on it. `release()` once they listen."""
+
+    def __init__(self) -> None:
+        self._sockets: list[socket.socket] = []
+
+    def claim(self, port: int = 0) -> int:
+        """Hold `port` (0: a free one) on 127.0.0.1 and return it; OSError if it is taken."""
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            raise
+        self._sockets.append(sock)
+        return sock.getsockname()[1]
+
+    def release(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+        self._sockets.clear()
+
+
 def die_with_parent() -> None:
     """Run in a child before exec (Linux): deliver SIGTERM to it when its parent dies, so a
     `make dev` killed with SIGKILL does not leave servers behind."""
