@@ -7,9 +7,11 @@
 --   4 waiters  hash: waiter id -> "<Q|S>|<rank>|<owner>|<start>|<finish>|<tenant>" (Q queued, S pushed out)
 --   5 tenants  hash: "<rank>|<tenant>" -> "<finish>|<queued>|<served finish>"
 --   6 replicas string: live replica count (absent: unknown)
---   7.. queue zsets, one per tier, highest priority first: waiter id -> start tag
+--   7 slots    hash: in-flight slot id -> its tenant
+--   8 holders  hash: tenant -> how many slots it holds (tenants holding none are absent)
+--   9.. queue zsets, one per tier, highest priority first: waiter id -> start tag
 -- ARGV: op, default replicas, per-replica capacity, lease (us), wake channel prefix, each tier's
--- capacity share (comma-separated, non-increasing), then per op.
+-- capacity share (comma-separated, non-increasing), reserve share, then per op.
 --
 -- Times are Redis TIME in integer microseconds, so every gateway replica shares one clock.
 -- Waiter ids are "<16-digit seq>:<token>": equal start tags then sort by arrival (FIFO).
@@ -21,8 +23,10 @@ local default_replicas, per_replica = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease, channel = tonumber(ARGV[4]), ARGV[5]
 local shares = {}
 for share in string.gmatch(ARGV[6], '[^,]+') do shares[#shares + 1] = tonumber(share) end
+local reserve_share = tonumber(ARGV[7])
 local STATE, INFLIGHT, LEASES, WAITERS, TENANTS, REPLICAS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local FIRST_QUEUE = 7
+local SLOTS, HOLDERS = KEYS[7], KEYS[8]
+local FIRST_QUEUE = 9
 local TIERS = #KEYS - FIRST_QUEUE + 1
 local KEEP_S = 86400  -- idle models' keys vanish after a day
 local t = redis.call('TIME')
@@ -42,6 +46,39 @@ end
 -- for a higher tier's request. Shares never grow down the tiers, so when the highest waiting tier
 -- cannot be admitted, no lower one can.
 local function tier_cap(cap, rank) return math.max(1, math.floor(cap * shares[rank + 1] + 1e-9)) end
+
+-- The reserve: the last slots of the capacity go only to tenants holding less than their share,
+-- so that a light tenant's request finds a slot free at once on a saturated model instead of
+-- waiting for a flooding tenant's request to end (nothing preempts a running request).
+-- A tenant's share is the capacity split among the tenants holding slots plus one more: the
+-- next to arrive. So a tenant flooding alone stops short of the reserve too, and it is there
+-- when another tenant's first request comes.
+local function reserved(cap) return math.floor(cap * reserve_share + 1e-9) end
+
+local function over_share(tenant, cap)
+  local held = tonumber(redis.call('HGET', HOLDERS, tenant) or '0')
+  return held > 0 and held * (redis.call('HLEN', HOLDERS) + 1) >= cap
+end
+
+local function has_room(count, cap, rank, tenant)
+  if count >= tier_cap(cap, rank) then return false end
+  local reserve = reserved(cap)
+  return reserve == 0 or count < cap - reserve or not over_share(tenant, cap)
+end
+
+local function hold(id, tenant)
+  redis.call('ZADD', INFLIGHT, int(now + lease), id)
+  redis.call('HSET', SLOTS, id, tenant)
+  redis.call('HINCRBY', HOLDERS, tenant, 1)
+end
+
+-- After `id` left INFLIGHT (released or its lease expired).
+local function unhold(id)
+  local tenant = redis.call('HGET', SLOTS, id)
+  if not tenant then return end
+  redis.call('HDEL', SLOTS, id)
+  if redis.call('HINCRBY', HOLDERS, tenant, -1) <= 0 then redis.call('HDEL', HOLDERS, tenant) end
+end
 
 local function vt_of(rank) return tonumber(redis.call('HGET', STATE, 'vt' .. rank) or '0') end
 
@@ -103,7 +140,28 @@ local function reclaim()
     end
     redis.call('ZREM', LEASES, id)
   end
-  redis.call('ZREMRANGEBYSCORE', INFLIGHT, '-inf', now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', INFLIGHT, '-inf', now)) do
+    redis.call('ZREM', INFLIGHT, id)
+    unhold(id)
+  end
+end
+
+-- Which waiter of a tier the next slot goes to: the head (lowest start tag), unless only the
+-- reserve is left and the head's tenant holds its share; then the first (of the next few) whose
+-- tenant holds less. A stale id (no record) is returned as is, for the caller to drop.
+local SCAN = 32
+local function next_waiter(rank, count, cap)
+  local reserve = reserved(cap)
+  if reserve == 0 or count < cap - reserve then
+    return redis.call('ZRANGE', queue_key(rank), 0, 0)[1]
+  end
+  for _, id in ipairs(redis.call('ZRANGE', queue_key(rank), 0, SCAN - 1)) do
+    local rec = redis.call('HGET', WAITERS, id)
+    if not rec then return id end
+    local _, _, _, _, _, tenant = parse(rec)
+    if not over_share(tenant, cap) then return id end
+  end
+  return nil
 end
 
 -- Admit waiters, highest tier first and lowest start tag first, while capacity lasts.
@@ -115,8 +173,9 @@ local function promote(cap, live)
       if redis.call('ZCARD', queue_key(r)) > 0 then rank = r; break end
     end
     if rank == nil or count >= tier_cap(cap, rank) then break end
-    local head = redis.call('ZPOPMIN', queue_key(rank))
-    local id = head[1]
+    local id = next_waiter(rank, count, cap)
+    if id == nil then break end
+    redis.call('ZREM', queue_key(rank), id)
     local rec = redis.call('HGET', WAITERS, id)
     if rec then
       local _, _, owner, start, finish, tenant = parse(rec)
@@ -128,7 +187,7 @@ local function promote(cap, live)
       tenant_put(rank, tenant, tf, math.max(0, queued - 1), finish)
       redis.call('HDEL', WAITERS, id)
       redis.call('ZREM', LEASES, id)
-      redis.call('ZADD', INFLIGHT, int(now + lease), id)
+      hold(id, tenant)
       wake(owner, token_of(id), 'A', live)
       count = count + 1
     end
@@ -145,15 +204,16 @@ end
 local function service_us() return tonumber(redis.call('HGET', STATE, 'svc_us') or '-1') end
 
 if op == 'admit' then
-  -- ARGV[7] token, [8] rank, [9] tenant, [10] cost / weight, [11] owner, [12] max queue length
-  local token, rank, tenant = ARGV[7], tonumber(ARGV[8]), ARGV[9]
-  local size, owner, max_len = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
+  -- ARGV[8] token, [9] rank, [10] tenant, [11] cost / weight, [12] owner, [13] max queue length
+  local token, rank, tenant = ARGV[8], tonumber(ARGV[9]), ARGV[10]
+  local size, owner, max_len = tonumber(ARGV[11]), ARGV[12], tonumber(ARGV[13])
   reclaim()
   local cap, live = capacity()
   local count = promote(cap, live)
-  if count < tier_cap(cap, rank) then
-    -- Room for this tier after promoting means no waiter of this or a higher tier: admit at once.
-    redis.call('ZADD', INFLIGHT, int(now + lease), token)
+  if has_room(count, cap, rank, tenant) then
+    -- Room after promoting means no waiter of this or a higher tier that this slot could go to
+    -- (any left hold their share and only the reserve is free): admit at once.
+    hold(token, tenant)
     return {'A', token, 0, cap, live, int(service_us())}
   end
   local finish, queued, served = tenant_get(rank, tenant)
@@ -192,9 +252,10 @@ if op == 'admit' then
   return {'Q', id, queued, cap, live, int(service_us()), ahead}
 
 elseif op == 'release' then
-  -- ARGV[7] slot id, [8] how long it was held (us; negative: unknown)
-  local id, held = ARGV[7], tonumber(ARGV[8])
+  -- ARGV[8] slot id, [9] how long it was held (us; negative: unknown)
+  local id, held = ARGV[8], tonumber(ARGV[9])
   local removed = redis.call('ZREM', INFLIGHT, id)
+  if removed == 1 then unhold(id) end
   if removed == 1 and held >= 0 then
     local svc = service_us()
     if svc < 0 then svc = held else svc = svc + (held - svc) / 8 end
@@ -205,9 +266,9 @@ elseif op == 'release' then
   return removed
 
 elseif op == 'cancel' then
-  -- ARGV[7] waiter id. The waiter gives up (timeout or client gone); it may have been admitted
+  -- ARGV[8] waiter id. The waiter gives up (timeout or client gone); it may have been admitted
   -- or pushed out meanwhile, which the answer says.
-  local id = ARGV[7]
+  local id = ARGV[8]
   if redis.call('ZSCORE', INFLIGHT, id) then return {'A'} end
   local rec = redis.call('HGET', WAITERS, id)
   redis.call('HDEL', WAITERS, id)
@@ -220,10 +281,10 @@ elseif op == 'cancel' then
   return {'C', remaining, cap, live, int(service_us()), waiting_ahead(rank, start)}
 
 elseif op == 'renew' then
-  -- ARGV[7..] ids this gateway process holds or waits with: extend their leases, say what each is
+  -- ARGV[8..] ids this gateway process holds or waits with: extend their leases, say what each is
   -- (A in flight, Q queued, S pushed out, G gone); the last element is the live replica count.
   local states = {}
-  for i = 7, #ARGV do
+  for i = 8, #ARGV do
     local id = ARGV[i]
     if redis.call('ZSCORE', INFLIGHT, id) then
       redis.call('ZADD', INFLIGHT, 'XX', int(now + lease), id)
@@ -249,8 +310,8 @@ elseif op == 'renew' then
   return states
 
 elseif op == 'replicas' then
-  -- ARGV[7] live replica count, [8] seconds it stays valid (a dead publisher's figure expires)
-  redis.call('SET', REPLICAS, ARGV[7], 'EX', ARGV[8])
+  -- ARGV[8] live replica count, [9] seconds it stays valid (a dead publisher's figure expires)
+  redis.call('SET', REPLICAS, ARGV[8], 'EX', ARGV[9])
   reclaim()
   promote(capacity())
   return 1

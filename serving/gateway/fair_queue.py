@@ -42,7 +42,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from serving.gateway.fair_share import Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy
@@ -58,11 +58,29 @@ DEFAULT_HEARTBEAT_S = 3.0
 WaitHook = Callable[[float], Awaitable[None]]
 
 
-def queue_keys(model: str, tiers: int) -> list[str]:
-    """The script's KEYS for one model (layout in fair_queue.lua). One hash tag: one cluster slot."""
+class QueueKeys(NamedTuple):
+    """One model's keys (layout in fair_queue.lua), under one hash tag: one Redis Cluster slot."""
+
+    state: str
+    inflight: str
+    leases: str
+    waiters: str
+    tenants: str
+    replicas: str
+    slots: str
+    holders: str
+    queues: tuple[str, ...]  # one per tier, highest priority first
+
+    def script_keys(self) -> list[str]:
+        """In the order the script's KEYS has them."""
+        return [*self[:-1], *self.queues]
+
+
+def queue_keys(model: str, tiers: int) -> QueueKeys:
     tag = f"llmstack:{{fq:{model}}}"
-    return [f"{tag}:state", f"{tag}:inflight", f"{tag}:leases", f"{tag}:waiters", f"{tag}:tenants",
-            f"{tag}:replicas", *(f"{tag}:q{rank}" for rank in range(tiers))]
+    return QueueKeys(f"{tag}:state", f"{tag}:inflight", f"{tag}:leases", f"{tag}:waiters", f"{tag}:tenants",
+                     f"{tag}:replicas", f"{tag}:slots", f"{tag}:holders",
+                     tuple(f"{tag}:q{rank}" for rank in range(tiers)))
 
 
 class QueueRefused(Exception):
@@ -343,9 +361,9 @@ class FairQueue:
 
     def _script_call(self, model: str, op: str, *args: Any) -> ScriptCall:
         config = self.models[model]
-        return ScriptCall(self._script, queue_keys(model, len(self.policy.tiers)),
+        return ScriptCall(self._script, queue_keys(model, len(self.policy.tiers)).script_keys(),
                           [op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
-                           CHANNEL_PREFIX, self._shares, *args])
+                           CHANNEL_PREFIX, self._shares, repr(self.policy.reserve_share), *args])
 
     async def _call(self, model: str, op: str, *args: Any) -> Any:
         return await self._run(self._script_call(model, op, *args))

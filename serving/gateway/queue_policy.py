@@ -57,6 +57,13 @@ class QueuePolicy(_Strict):
     default_tier: str = Field(
         default="standard",
         description="Tier of keys whose record names none (or names a tier the stack no longer has).")
+    reserve_share: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="Fraction of each model's capacity (rounded down to whole slots) kept for tenants holding "
+                    "less than their share of it (the capacity split among the tenants holding slots and one "
+                    "more), so that on a saturated model a light tenant's request finds a slot free at once "
+                    "instead of waiting for a flooding tenant's request to end. The price: a tenant flooding "
+                    "alone is served with the reserve idle. 0: no reserve.")
     engine_priority: bool = Field(
         default=False,
         description="Also pass each request's tier to vLLM as its `priority` (vLLM's scheduling_policy: "

@@ -38,8 +38,9 @@ def one_slot(**overrides: object) -> ModelQueue:
     return ModelQueue(**{"max_ongoing_requests": 1, "max_replicas": 1, **overrides})
 
 
-async def opened(url: str, models: dict[str, ModelQueue], **options: float) -> FairQueue:
-    queue = FairQueue(url, POLICY, models, **{"lease_s": 2.0, "heartbeat_s": 0.2, **options})
+async def opened(url: str, models: dict[str, ModelQueue], policy: QueuePolicy = POLICY, **options: float
+                 ) -> FairQueue:
+    queue = FairQueue(url, policy, models, **{"lease_s": 2.0, "heartbeat_s": 0.2, **options})
     await queue.start()
     return queue
 
@@ -197,6 +198,73 @@ def test_a_lower_tier_leaves_its_share_of_capacity_free_for_higher_ones(redis_se
             assert (await queue.status(model))["queued"]["batch"] == 1  # freed slots beyond its share stay free
             await batch[0].release()  # batch below its share again: the waiter goes in
             for ticket in (batch[1], await asyncio.wait_for(waiting, HANG_BOUND_S)):
+                await ticket.release()
+        finally:
+            await queue.aclose()
+
+    asyncio.run(scenario())
+
+
+RESERVED = QueuePolicy(tiers=POLICY.tiers, reserve_share=0.25, keepalive_s=0.05)  # 2 of 8 slots
+
+
+async def _admitted_at_once(queue: FairQueue, model: str, tenant: str, tickets: list) -> asyncio.Task | None:
+    """Acquire for `tenant` until a request has to wait; that one's task is returned, still waiting."""
+    while True:
+        task = asyncio.create_task(queue.acquire(model, tenant))
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if not done:
+            return task
+        tickets.append(task.result())
+
+
+def test_a_flooding_tenant_leaves_the_reserve_to_a_lighter_one(redis_server):
+    async def scenario() -> None:
+        model = fresh_model()
+        queue = await opened(redis_server.url, {model: one_slot(max_ongoing_requests=8)}, RESERVED)
+        try:
+            flood: list = []
+            flood_waiter = await _admitted_at_once(queue, model, "flood", flood)
+            assert len(flood) == 6  # alone, it stops short of the reserve
+            light = [await asyncio.wait_for(queue.acquire(model, "light"), 0.5) for _ in range(2)]
+            assert [t.wait_s for t in light] == [0.0, 0.0]  # a saturated model, yet no wait
+            light_waiter = asyncio.create_task(queue.acquire(model, "light"))
+            await until(lambda: _queued(queue, model, 2), "both tenants waiting")
+            # A slot frees. The flood's waiter is ahead in the queue, but the flood holds more
+            # than its share and only the reserve is free: the light tenant's request takes it.
+            await flood.pop().release()
+            light.append(await asyncio.wait_for(light_waiter, HANG_BOUND_S))
+            assert not flood_waiter.done()
+            # The light tenant leaves; the flood gets the model back, short of the reserve again.
+            for ticket in light:
+                await ticket.release()
+            flood.append(await asyncio.wait_for(flood_waiter, HANG_BOUND_S))
+            status = await queue.status(model)
+            assert status["in_flight"] == 6
+            for ticket in flood:
+                await ticket.release()
+            assert (await queue.status(model))["in_flight"] == 0
+            client = redis.asyncio.Redis.from_url(redis_server.url)
+            keys = queue_keys(model, len(RESERVED.tiers))
+            assert (await client.hlen(keys.slots), await client.hlen(keys.holders)) == (0, 0)  # nobody looks busy
+            await client.aclose()
+        finally:
+            await queue.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_without_a_reserve_a_flooding_tenant_fills_every_slot(redis_server):
+    async def scenario() -> None:
+        model = fresh_model()
+        policy = QueuePolicy(tiers=POLICY.tiers, reserve_share=0, keepalive_s=0.05)
+        queue = await opened(redis_server.url, {model: one_slot(max_ongoing_requests=8)}, policy)
+        try:
+            flood: list = []
+            waiter = await _admitted_at_once(queue, model, "flood", flood)
+            assert len(flood) == 8
+            waiter.cancel()
+            for ticket in flood:
                 await ticket.release()
         finally:
             await queue.aclose()
@@ -454,7 +522,7 @@ def test_two_processes_never_exceed_capacity(redis_server):
         assert worker.exitcode == 0
     peak = int(client.get(f"{PROBE}:peak"))
     assert peak == capacity  # reached (16 callers contend for 3 slots) and never passed
-    assert client.zcard(queue_keys(model, len(POLICY.tiers))[1]) == 0
+    assert client.zcard(queue_keys(model, len(POLICY.tiers)).inflight) == 0
     client.close()
 
 
@@ -497,3 +565,8 @@ def test_a_killed_gateway_leaks_neither_its_slot_nor_its_place_in_the_queue(redi
             await queue.aclose()
 
     asyncio.run(survivor())
+    client = redis.Redis.from_url(redis_server.url)
+    keys = queue_keys(model, len(POLICY.tiers))
+    # The dead process's slot left no count behind: its tenant does not look busy forever.
+    assert (client.hlen(keys.slots), client.hlen(keys.holders)) == (0, 0)
+    client.close()

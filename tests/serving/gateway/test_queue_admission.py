@@ -118,7 +118,7 @@ def redis_counts(redis_url: str, model: str) -> tuple[int, int]:
     keys = queue_keys(model, 1)
     client = redis.Redis.from_url(redis_url)
     try:
-        return client.zcard(keys[1]), client.zcard(keys[6])
+        return client.zcard(keys.inflight), client.zcard(keys.queues[0])
     finally:
         client.close()
 

@@ -97,7 +97,7 @@ def redis_counts(redis_url: str, model: str) -> tuple[int, int]:
     """(in flight, queued) of a model, as Redis holds them."""
     keys = queue_keys(model, 1)
     with redis.Redis.from_url(redis_url) as client:
-        return client.zcard(keys[1]), client.zcard(keys[6])
+        return client.zcard(keys.inflight), client.zcard(keys.queues[0])
 
 
 def eventually(check, what: str, bound_s: float = HANG_BOUND_S) -> None:

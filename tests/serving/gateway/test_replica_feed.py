@@ -159,11 +159,11 @@ def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fai
                                     model_deployments={model: f"LLMServer:{model}"}, replica_poll_s=0.2,
                                     ray_auth_token=Dashboard.TOKEN)
         with serving_gateway(settings) as (api, metrics), ThreadPoolExecutor(4) as pool:
-            eventually(lambda: store.get(keys[5]) == b"1", "the dashboard's one replica reaches Redis")
+            eventually(lambda: store.get(keys.replicas) == b"1", "the dashboard's one replica reaches Redis")
             first = pool.submit(chat, api)
             eventually(lambda: upstream.running == 1, "one request runs")
             second = pool.submit(chat, api)
-            eventually(lambda: store.zcard(keys[6]) == 1, "the second waits: one live replica, capacity 1")
+            eventually(lambda: store.zcard(keys.queues[0]) == 1, "the second waits: one live replica, capacity 1")
             assert upstream.running == 1
 
             dashboard.running = 2  # Serve scaled up: the waiting request goes at the next poll
@@ -174,7 +174,7 @@ def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fai
             dashboard.failing = True
             polls = dashboard.polls
             eventually(lambda: dashboard.polls >= polls + 3, "the gateway keeps polling")
-            eventually(lambda: store.get(keys[5]) is None, "the last count expires: the stack's figure holds")
+            eventually(lambda: store.get(keys.replicas) is None, "the last count expires: the stack's figure holds")
             exposition = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
             errors = [line for line in exposition.splitlines()
                       if line.startswith('llmstack_gateway_replica_feed_errors_total{kind="status"} ')]
