@@ -249,23 +249,33 @@ def scenarios(capacity: int, service_s: float) -> dict[str, dict[str, Any]]:
     }
 
 
+def served(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requests answered: a 200 and a first chunk."""
+    return [r for r in records if r.get("status") == 200 and "ttft" in r]
+
+
+def summary_of(mine: list[dict[str, Any]], window: tuple[float, float]) -> dict[str, Any]:
+    """One group of requests (a tenant's, or a probe's in one phase): outcomes, TTFT and queue-wait
+    percentiles of those served, and how many were served within `window` (s since the start).
+    A wait below 0 is one the client could not read (no x-queue-wait-ms)."""
+    ok = served(mine)
+    ttfts = [r["ttft"] for r in ok]
+    waits = [r["wait"] for r in ok if r.get("wait", -1) >= 0]
+    return {
+        "sent": len(mine), "ok": len(ok),
+        "status_429": sum(r.get("status") == 429 for r in mine),
+        "status_5xx": sum(r.get("status", 0) >= 500 or r.get("status") == 0 for r in mine),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p90_s": percentile(ttfts, 90),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "queue_wait_p50_s": percentile(waits, 50),
+        "queue_wait_p99_s": percentile(waits, 99),
+        "served_in_window": sum(window[0] <= r["done"] <= window[1] for r in ok),
+    }
+
+
 def summarize(records: list[dict[str, Any]], tenants: list[str], window: tuple[float, float]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for tenant in tenants:
-        mine = [r for r in records if r["tenant"] == tenant]
-        ok = [r for r in mine if r.get("status") == 200]
-        served = [r for r in ok if window[0] <= r["done"] <= window[1]]
-        out[tenant] = {
-            "sent": len(mine), "ok": len(ok),
-            "status_429": sum(r.get("status") == 429 for r in mine),
-            "status_5xx": sum(r.get("status", 0) >= 500 or r.get("status") == 0 for r in mine),
-            "ttft_p50_s": percentile([r["ttft"] for r in ok], 50),
-            "ttft_p99_s": percentile([r["ttft"] for r in ok], 99),
-            "queue_wait_p50_s": percentile([r["wait"] for r in ok], 50),
-            "queue_wait_p99_s": percentile([r["wait"] for r in ok], 99),
-            "served_in_window": len(served),
-        }
-    return out
+    return {tenant: summary_of([r for r in records if r["tenant"] == tenant], window) for tenant in tenants}
 
 
 def run(duration: float, capacity: int, service_s: float, out: Path) -> dict[str, Any]:

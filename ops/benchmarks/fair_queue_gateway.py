@@ -37,7 +37,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from ops.benchmarks.fair_queue import jain_index, percentile
+from ops.benchmarks.fair_queue import jain_index, percentile, served, summary_of
 from ops.benchmarks.fair_queue import scenarios as module_scenarios
 
 PROCESSES = 2
@@ -213,21 +213,13 @@ def summarize(records: list[dict[str, Any]], tenants: list[str], window: tuple[f
                     and r.get("phase") == {"loaded": "on", "alone": "off"}[state]) for state in ("loaded", "alone")]
     for tenant, mine_ in groups:
         mine = [r for r in records if mine_(r)]
-        ok = [r for r in mine if r.get("status") == 200 and "ttft" in r]
-        waits = [r["wait"] for r in ok if r.get("wait", -1) >= 0]
+        ok = served(mine)
+        waits = [r["wait"] for r in ok if r.get("wait", -1) >= 0]  # the gateway's own figure: 0 when not queued
         out[tenant] = {
-            "sent": len(mine), "ok": len(ok),
-            "status_429": sum(r.get("status") == 429 for r in mine),
-            "status_5xx": sum(r.get("status", 0) >= 500 or r.get("status") == 0 for r in mine),
-            "ttft_p50_s": percentile([r["ttft"] for r in ok], 50),
-            "ttft_p90_s": percentile([r["ttft"] for r in ok], 90),
-            "ttft_p99_s": percentile([r["ttft"] for r in ok], 99),
+            **summary_of(mine, window),
             "to_upstream_p99_s": percentile([r["to_upstream"] for r in ok if "to_upstream" in r], 99),
             "relay_p99_s": percentile([r["relay"] for r in ok if "relay" in r], 99),
-            "queue_wait_p50_s": percentile(waits, 50),
-            "queue_wait_p99_s": percentile(waits, 99),
             "queued_share": sum(w > 0 for w in waits) / len(waits) if waits else None,
-            "served_in_window": sum(window[0] <= r["done"] <= window[1] for r in ok),
         }
     return out
 

