@@ -68,7 +68,8 @@ def scenarios(capacity: int, service_s: float, interactive_s: float) -> dict[str
     return plan
 
 
-def queue_settings(models: list[str], capacity: int, *, enabled: bool, batch_share: float) -> dict[str, Any]:
+def queue_settings(models: list[str], capacity: int, *, enabled: bool, batch_share: float,
+                   reserve_share: float | None = None) -> dict[str, Any]:
     """The gateway's settings: the three default tiers with the module benchmark's bounds, a
     keep-alive longer than any wait (so a refusal is an HTTP status, never an SSE error), and
     room for the 'before' flood's connections."""
@@ -76,7 +77,8 @@ def queue_settings(models: list[str], capacity: int, *, enabled: bool, batch_sha
              {"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120},
              {"name": "batch", "max_queue_length": 64, "queue_timeout_s": 120, "capacity_share": batch_share}]
     return {"models": models, "max_connections": 4000, "request_timeout_s": 600, "upstream_idle_timeout_s": 300,
-            "queue": {"enabled": enabled, "tiers": tiers, "keepalive_s": 600},
+            "queue": {"enabled": enabled, "tiers": tiers, "keepalive_s": 600,
+                      **({} if reserve_share is None else {"reserve_share": reserve_share})},
             "model_queues": {m: {"max_ongoing_requests": capacity, "cold_start_timeout_s": 300} for m in models}}
 
 
@@ -253,7 +255,8 @@ def figures(s: dict[str, Any], capacity: int, service_s: float, duration: float)
 
 
 def run(duration: float, capacity: int, service_s: float, out: Path, only: list[str] | None = None, *,
-        interactive_s: float = 240, batch_share: float = 0.75, spread: float = 0.0) -> dict[str, Any]:
+        interactive_s: float = 240, batch_share: float = 0.75, spread: float = 0.0,
+        reserve_share: float | None = None) -> dict[str, Any]:
     import httpx
 
     from ops.devstack.local_redis import start_redis
@@ -264,7 +267,7 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
     models = {name: f"fq-{name}".replace("_", "-") for name in plan}
     results: dict[str, Any] = {"duration_s": duration, "capacity": capacity, "service_s": service_s,
                                "interactive_duration_s": interactive_s, "batch_capacity_share": batch_share,
-                               "service_spread": spread,
+                               "service_spread": spread, "reserve_share": reserve_share,
                                "processes": PROCESSES, "gateways_per_mode": PROCESSES, "scenarios": {}}
     logs = Path(tempfile.mkdtemp(prefix="llmstack-fq-gateway-bench-"))
     with ExitStack() as stack:
@@ -286,7 +289,7 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
                        "LLMSTACK_GATEWAY_PORT": str(api), "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
                        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
                            queue_settings(list(models.values()), capacity, enabled=mode == "fair",
-                                          batch_share=batch_share))}
+                                          batch_share=batch_share, reserve_share=reserve_share))}
                 process = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
                                                          logs / f"gateway-{mode}-{i}.log", env))
                 wait_for_http(f"http://127.0.0.1:{api}/healthz", process, timeout_s=60)
@@ -337,11 +340,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-share", type=float, default=0.75, help="the batch tier's capacity_share")
     parser.add_argument("--spread", type=float, default=0.0,
                         help="each answer's decode time within +-this fraction of the mean (0: all the same)")
+    parser.add_argument("--reserve-share", type=float, default=None,
+                        help="gateway.queue.reserve_share (default: the stack default; at --capacity 8 a share "
+                             "below 0.125 reserves no slot)")
     parser.add_argument("--only", type=lambda text: text.split(","), help="scenarios to run (no figures)")
     args = parser.parse_args(argv)
     started = time.time()
     results = run(args.duration, args.capacity, args.service_ms / 1000, args.out, args.only,
-                  interactive_s=args.interactive_duration, batch_share=args.batch_share, spread=args.spread)
+                  interactive_s=args.interactive_duration, batch_share=args.batch_share, spread=args.spread,
+                  reserve_share=args.reserve_share)
     print(json.dumps({**results.get("figures", {}), "seconds": round(time.time() - started)}, indent=2))
 
 
