@@ -50,14 +50,14 @@ local function tier_cap(cap, rank) return math.max(1, math.floor(cap * shares[ra
 -- The reserve: the last slots of the capacity go only to tenants holding less than their share,
 -- so that a light tenant's request finds a slot free at once on a saturated model instead of
 -- waiting for a flooding tenant's request to end (nothing preempts a running request).
--- A tenant's share is the capacity split among the tenants holding slots plus one more: the
--- next to arrive. So a tenant flooding alone stops short of the reserve too, and it is there
--- when another tenant's first request comes.
+-- A tenant's share is the capacity split among the tenants holding slots, and never more than
+-- half of it: so a tenant flooding alone stops short of the reserve too, and it is there when
+-- another tenant's first request comes.
 local function reserved(cap) return math.floor(cap * reserve_share + 1e-9) end
 
 local function over_share(tenant, cap)
   local held = tonumber(redis.call('HGET', HOLDERS, tenant) or '0')
-  return held > 0 and held * (redis.call('HLEN', HOLDERS) + 1) >= cap
+  return held > 0 and held * math.max(2, redis.call('HLEN', HOLDERS)) >= cap
 end
 
 local function has_room(count, cap, rank, tenant)
