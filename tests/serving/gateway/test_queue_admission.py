@@ -277,7 +277,8 @@ def test_a_saturated_model_serves_its_waiters_in_fair_order(redis_server, fresh)
 
 def test_settle_and_release_survive_a_redis_that_forgot_the_scripts(redis_server, fresh):
     """A Redis restart empties its script cache: the pipelined EVALSHAs get NOSCRIPT (they did not
-    run), and each runs again alone, so the usage is billed once and the slot comes back."""
+    run), and each runs again alone, so the usage is billed once and the slot comes back; and the
+    next admission (the limiter's admit with the queue's try) is charged once and takes one slot."""
     model, tenant = model_name(), f"t-{uuid.uuid4().hex[:8]}"
     key = key_for(redis_server.url, tenant)
     client = redis.Redis.from_url(redis_server.url)
@@ -291,8 +292,12 @@ def test_settle_and_release_survive_a_redis_that_forgot_the_scripts(redis_server
             eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the slot is released")
             assert client.zcard(counter_keys(tenant, "any")[6]) == 0  # the tenant's concurrency slot too
             assert int(client.hget(tenant_daily_key(tenant), "used")) == USAGE["total_tokens"]  # billed what ran
+            client.script_flush()
             served = chat(api, key, model, "hi")  # the one slot is free again
             assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
+            eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the second slot is released")
+            assert holders(redis_server.url, model) == {}
+            assert int(client.hget(tenant_daily_key(tenant), "used")) == 2 * USAGE["total_tokens"]
     finally:
         client.close()
 
