@@ -9,7 +9,9 @@ concurrency limit of bodies in flight; read the body within `max_body_bytes` and
 once (`parse_document`); check the key's model allow-list and the request policy
 (serving.gateway.request_policy); reserve tokens (serving.gateway.reservation) and charge them
 (`admit_tokens`, or all limits at once with `admit` for a small body already read: one Redis
-round trip). A refusal after the slot phase gives back everything the slot phase took.
+round trip, which also tries for a free slot of a queued model: serving.gateway.fair_queue);
+then, only when no slot was free, wait for one in the model's fair queue. A refusal after the
+slot phase gives back everything the slot phase took, and a slot the try took.
 
 The rest of the gateway sees one `Admission` (with a `Ticket` to settle when the response ends)
 or one error response.

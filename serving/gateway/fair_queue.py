@@ -7,11 +7,14 @@
 
 A model may have `capacity` requests in flight across all gateway replicas: live replicas x
 max_ongoing_requests (fair_share.capacity). Below it, `acquire` admits in one Redis round trip
-(one EVALSHA, which also finds the queue empty) and `release` frees the slot with one more
-EVALSHA, which the gateway sends in the round trip that settles the limiter's ticket
-(`QueueTicket.release_call`; serving.gateway.admission), so an unsaturated request pays one
-round trip for the queue. The admit stays its own: it must follow the limiter's verdict, since
-a refused request must not take a slot or push a waiter out of a full queue.
+(one EVALSHA, which also finds the queue empty) and `release` frees the slot with one more.
+The gateway sends neither alone (serving.gateway.admission): `try_slot` builds a script call
+that takes a free slot by the same rule or answers busy, queueing nothing and pushing nobody
+out, and it rides in the round trip of the limiter's admit; the release rides in the one that
+settles the limiter's ticket (`QueueTicket.release_call`). So an unsaturated request pays no
+round trip of its own for the queue. The try goes out before the limiter's verdict: a refused
+request gives its slot straight back (`QueueTicket.discard`), and a busy try is followed by
+`acquire` with the try's token, which queues.
 At capacity the request waits in the model's queue, ordered by tier and, within a tier, by
 start-time fair queuing across tenants (fair_share). Each release admits the next waiter inside
 the same script, so capacity never sits idle while someone waits, and no interleaving of
