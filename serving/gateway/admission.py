@@ -268,7 +268,9 @@ class Admitter:
         label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
         price = {"model": label, "usd_per_million_tokens": settings.model_usd_per_million_tokens.get(label)}
         # A queued model's free slot is asked for in the limiter's round trip, before its verdict:
-        # a refused request gives it straight back (a round trip on refusals only).
+        # a refused request gives it straight back (a round trip on refusals only). When the round
+        # trip itself failed, whether the try ran is unknown: a slot it took is renewed by nobody,
+        # so its lease frees it (or, in fail mode local, the acquire below finds it by its token).
         queue, attempt = self.queue, self._slot_try(record, model)
         along = attempt.call if attempt is not None else None
         try:
