@@ -10,9 +10,10 @@ holds its place for `service-ms` (a first chunk after a tenth of it, as prefill,
 It records the most requests it ever ran at once, the check that the queue never admitted more
 than capacity across both load processes.
 
-Each load process calls `FairQueue.acquire` (what the gateway's admission does per request) and
-then the upstream, so the figures are the queue's, not the gateway's HTTP layer's (its overhead
-is the gateway benchmark's to measure). TTFT here is from the request's start,
+Each load process calls `FairQueue.acquire` (the gateway's admission takes a free slot by the
+same rule in the limiter's round trip, and calls `acquire` when none was free) and then the
+upstream, so the figures are the queue's, not the gateway's HTTP layer's (its overhead is the
+gateway benchmark's to measure). TTFT here is from the request's start,
 queue wait included, to the first chunk. Scenarios, each with fresh Redis keys:
 
 - `b_alone`: tenant B at 10% of capacity, open loop (Poisson arrivals);

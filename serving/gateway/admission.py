@@ -9,7 +9,9 @@ concurrency limit of bodies in flight; read the body within `max_body_bytes` and
 once (`parse_document`); check the key's model allow-list and the request policy
 (serving.gateway.request_policy); reserve tokens (serving.gateway.reservation) and charge them
 (`admit_tokens`, or all limits at once with `admit` for a small body already read: one Redis
-round trip). A refusal after the slot phase gives back everything the slot phase took.
+round trip, which also tries for a free slot of a queued model: serving.gateway.fair_queue);
+then, only when no slot was free, wait for one in the model's fair queue. A refusal after the
+slot phase gives back everything the slot phase took, and a slot the try took.
 
 The rest of the gateway sees one `Admission` (with a `Ticket` to settle when the response ends)
 or one error response.
@@ -38,7 +40,7 @@ from serving.gateway.access_log import caller_of, note_caller
 from serving.gateway.batch.caller import BATCH_CALLER, BatchCaller
 from serving.gateway.body import BodyError, request_document
 from serving.gateway.budgets import NANO_PER_USD
-from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, QueueUnavailable
+from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, QueueUnavailable, SlotTry
 from serving.gateway.key_format import KeyRecord, is_usable
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
@@ -265,24 +267,45 @@ class Admitter:
                               template_tokens=settings.chat_template_tokens)
         label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
         price = {"model": label, "usd_per_million_tokens": settings.model_usd_per_million_tokens.get(label)}
-        if ticket is None:
-            ticket, refusal = await self._limited(self.limiter.admit(who, reservation.total, **price), record,
-                                                  from_cache)
-        else:
-            _, refusal = await self._limited(self.limiter.admit_tokens(ticket, reservation.total, **price), record,
-                                             from_cache, ticket)
-        if refusal is not None:
-            return refusal
-        assert ticket is not None and ticket.decision is not None
-        headers = rate_limit_headers(ticket.decision)
-        if ticket.decision.refused is not None:  # allowed: a shadow key's would-be refusal
-            headers = {name: value for name, value in headers.items() if name != "retry-after"}
+        # A queued model's free slot is asked for in the limiter's round trip, before its verdict:
+        # a refused request gives it straight back (a round trip on refusals only). When the round
+        # trip itself failed, whether the try ran is unknown: a slot it took is renewed by nobody,
+        # so its lease frees it (or, in fail mode local, the acquire below finds it by its token).
+        queue, attempt = self.queue, self._slot_try(record, model)
+        along = attempt.call if attempt is not None else None
+        try:
+            if ticket is None:
+                ticket, refusal = await self._limited(self.limiter.admit(who, reservation.total, along=along, **price),
+                                                      record, from_cache)
+            else:
+                _, refusal = await self._limited(
+                    self.limiter.admit_tokens(ticket, reservation.total, along=along, **price), record, from_cache,
+                    ticket)
+        except BaseException:
+            if queue is not None and attempt is not None:
+                await queue.forget_try(attempt)
+            raise
+        slot = queue.tried(attempt) if queue is not None and attempt is not None else None
+        try:
+            if refusal is not None:
+                if slot is not None:
+                    await slot.discard()
+                return refusal
+            assert ticket is not None and ticket.decision is not None
+            headers = rate_limit_headers(ticket.decision)
+            if ticket.decision.refused is not None:  # allowed: a shadow key's would-be refusal
+                headers = {name: value for name, value in headers.items() if name != "retry-after"}
 
-        stream = wants_stream(document, path)
-        final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
-        upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens,
-                                             priority=self._engine_priority(record))
-        queued = await self._queued(request, record, model, ticket, headers, stream=stream)
+            stream = wants_stream(document, path)
+            final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
+            upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens,
+                                                 priority=self._engine_priority(record))
+            queued = await self._queued(request, record, model, ticket, headers, stream=stream, attempt=attempt,
+                                        slot=slot)
+        except BaseException:
+            if slot is not None:
+                await slot.discard()
+            raise
         if isinstance(queued, Response):
             return queued
         pending = queued if isinstance(queued, PendingSlot) else None
@@ -295,25 +318,38 @@ class Admitter:
                          queue_ticket=queued, first_byte_timeout_s=first_byte_timeout(settings, queued),
                          pending=pending)
 
-    # --- the fair queue: a slot of the model's capacity, after the limiter admitted --------
+    # --- the fair queue: a slot of the model's capacity, tried with the limiter's admit ----
 
     def _engine_priority(self, record: KeyRecord) -> int | None:
         """vLLM's `priority` (lower runs first) from the key's tier, when the stack enables it."""
         policy = self.settings.queue
         return policy.rank(record.tier) if policy.engine_priority else None
 
+    def _slot_try(self, record: KeyRecord, model: str | None) -> SlotTry | None:
+        if self.queue is None or not self.queue.manages(model):
+            return None
+        assert model is not None
+        return self.queue.try_slot(model, record.tenant, tier=self.settings.queue.tier(record.tier).name)
+
     async def _queued(self, request: Request, record: KeyRecord, model: str | None, ticket: Ticket,
-                      headers: dict[str, str], *, stream: bool) -> QueueTicket | None | Response | PendingSlot:
-        """Wait for a slot of `model` (None: the model is not queued, or Redis failed in fail mode
-        local). A refusal settles the limiter ticket with nothing billed and answers 429/503. A
-        stream still waiting after `keepalive_s` gets a `PendingSlot`: the caller answers 200 at
-        once and keeps the connection alive while the wait goes on (serving.gateway.queued_stream)."""
+                      headers: dict[str, str], *, stream: bool, attempt: SlotTry | None = None,
+                      slot: QueueTicket | None = None) -> QueueTicket | None | Response | PendingSlot:
+        """The slot `attempt` took (`slot`), else wait for one of `model` (None: the model is not
+        queued, or Redis failed in fail mode local). A refusal settles the limiter ticket with
+        nothing billed and answers 429/503. A stream still waiting after `keepalive_s` gets a
+        `PendingSlot`: the caller answers 200 at once and keeps the connection alive while the
+        wait goes on (serving.gateway.queued_stream)."""
         queue = self.queue
         headers[QUEUE_WAIT_HEADER] = "0"
         if queue is None or not queue.manages(model):
             return None
         assert model is not None
         tier = self.settings.queue.tier(record.tier).name
+        if slot is not None:
+            self.metrics.queue_admitted.labels(model=model, tenant=record.tenant).inc()
+            self.metrics.queue_wait.labels(model=model, tier=tier).observe(0.0)
+            return slot
+        token = attempt.token if attempt is not None else None  # finds the slot the try took, if its answer was lost
         loop = asyncio.get_running_loop()
         signals: asyncio.Queue[float] = asyncio.Queue()
 
@@ -331,7 +367,7 @@ class Admitter:
             try:
                 slot = await queue.acquire(model, record.tenant, tier=tier, weight=record.weight or 1.0,
                                            deadline=started + self.settings.request_timeout_s,
-                                           on_wait=keep_alive if stream else client_still_there)
+                                           on_wait=keep_alive if stream else client_still_there, token=token)
             except QueueRefused as refused:
                 await ticket.settle(NOTHING_BILLED)
                 refusal = refused.refusal

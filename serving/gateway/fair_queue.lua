@@ -203,19 +203,37 @@ end
 
 local function service_us() return tonumber(redis.call('HGET', STATE, 'svc_us') or '-1') end
 
-if op == 'admit' then
+-- A free slot for `token` if there is one: {'A', ...} (held), else nil. Room after promoting
+-- means no waiter of this or a higher tier that this slot could go to (any left hold their
+-- share and only the reserve is free): admit at once. A token already in flight (a `try` that
+-- took the slot but whose answer was lost) is admitted again, without a second slot.
+local function take_free(token, rank, tenant, cap, live)
+  local count = promote(cap, live)
+  if not redis.call('ZSCORE', INFLIGHT, token) then
+    if not has_room(count, cap, rank, tenant) then return nil end
+    hold(token, tenant)
+  end
+  return {'A', token, 0, cap, live, int(service_us())}
+end
+
+if op == 'try' then
+  -- ARGV[8] token, [9] rank, [10] tenant. Admit exactly as `admit` would when a slot is free;
+  -- otherwise answer busy ('B') and change nothing else: no place in the queue, no waiter
+  -- pushed out, no tenant tag moved. Sent alongside the limiter's admit, before its verdict is
+  -- known: the caller releases the slot if the limiter refuses, and queues with `admit` after.
+  local token, rank, tenant = ARGV[8], tonumber(ARGV[9]), ARGV[10]
+  reclaim()
+  local cap, live = capacity()
+  return take_free(token, rank, tenant, cap, live) or {'B', '', 0, cap, live, int(service_us())}
+
+elseif op == 'admit' then
   -- ARGV[8] token, [9] rank, [10] tenant, [11] cost / weight, [12] owner, [13] max queue length
   local token, rank, tenant = ARGV[8], tonumber(ARGV[9]), ARGV[10]
   local size, owner, max_len = tonumber(ARGV[11]), ARGV[12], tonumber(ARGV[13])
   reclaim()
   local cap, live = capacity()
-  local count = promote(cap, live)
-  if has_room(count, cap, rank, tenant) then
-    -- Room after promoting means no waiter of this or a higher tier that this slot could go to
-    -- (any left hold their share and only the reserve is free): admit at once.
-    hold(token, tenant)
-    return {'A', token, 0, cap, live, int(service_us())}
-  end
+  local taken = take_free(token, rank, tenant, cap, live)
+  if taken then return taken end
   local finish, queued, served = tenant_get(rank, tenant)
   local start = math.max(vt_of(rank), finish)
   local q = queue_key(rank)

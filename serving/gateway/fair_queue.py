@@ -7,11 +7,14 @@
 
 A model may have `capacity` requests in flight across all gateway replicas: live replicas x
 max_ongoing_requests (fair_share.capacity). Below it, `acquire` admits in one Redis round trip
-(one EVALSHA, which also finds the queue empty) and `release` frees the slot with one more
-EVALSHA, which the gateway sends in the round trip that settles the limiter's ticket
-(`QueueTicket.release_call`; serving.gateway.admission), so an unsaturated request pays one
-round trip for the queue. The admit stays its own: it must follow the limiter's verdict, since
-a refused request must not take a slot or push a waiter out of a full queue.
+(one EVALSHA, which also finds the queue empty) and `release` frees the slot with one more.
+The gateway sends neither alone (serving.gateway.admission): `try_slot` builds a script call
+that takes a free slot by the same rule or answers busy, queueing nothing and pushing nobody
+out, and it rides in the round trip of the limiter's admit; the release rides in the one that
+settles the limiter's ticket (`QueueTicket.release_call`). So an unsaturated request pays no
+round trip of its own for the queue. The try goes out before the limiter's verdict: a refused
+request gives its slot straight back (`QueueTicket.discard`), and a busy try is followed by
+`acquire` with the try's token, which queues.
 At capacity the request waits in the model's queue, ordered by tier and, within a tier, by
 start-time fair queuing across tenants (fair_share). Each release admits the next waiter inside
 the same script, so capacity never sits idle while someone waits, and no interleaving of
@@ -128,6 +131,30 @@ class QueueTicket:
         release is idempotent: a second one frees nothing twice)."""
         await _shielded(self._queue._finish_release(self.model, call))
 
+    async def discard(self) -> None:
+        """Give the slot back unused (the limiter refused the request it was taken for): a release
+        whose hold time says nothing of how long the model takes to serve a request."""
+        if not self.released:
+            self.released = True
+            await _shielded(self._queue._release_id(self.model, self.slot_id, None))
+
+
+@dataclass(frozen=True)
+class SlotTry:
+    """A free slot asked for in another client's round trip (the limiter's admit sends `call`
+    with its own script); `FairQueue.tried` reads the answer. `token` names the slot it may take."""
+
+    model: str
+    tenant: str
+    tier: str
+    token: str
+    call: ScriptCall
+
+    @property
+    def busy(self) -> bool:
+        """Redis answered that no slot was free: the try took nothing."""
+        return self.call.sent and not isinstance(self.call.result, Exception) and _text(self.call.result[0]) == "B"
+
 
 async def _shielded(coroutine: Awaitable[Any]) -> None:
     """Run `coroutine` to its end even if our task is cancelled meanwhile (a client disconnects):
@@ -225,21 +252,48 @@ class FairQueue:
         finally:
             await ticket.release()
 
+    def try_slot(self, model: str, tenant: str, *, tier: str | None = None) -> SlotTry:
+        """A free slot of `model` for `tenant` if one is free, taken by the same rule as `acquire`
+        takes one at once, else nothing: it never queues, never pushes a waiter out. Its call is
+        for another client to send in its own round trip (the limiter's admit does); then
+        `tried` says whether it took the slot, and `acquire` with the same `token` waits for one
+        when it did not (or when its answer was lost: the admit then finds the slot it took)."""
+        rank = self.policy.rank(tier)
+        token = uuid.uuid4().hex
+        return SlotTry(model, tenant, self.policy.tiers[rank].name, token,
+                       self._script_call(model, "try", token, rank, tenant))
+
+    def tried(self, attempt: SlotTry) -> QueueTicket | None:
+        """The slot `attempt` took, or None: no slot was free, or its call was not sent or failed."""
+        call = attempt.call
+        if not call.sent or isinstance(call.result, Exception) or _text(call.result[0]) != "A":
+            return None
+        cold = may_be_cold(_live(call.result[4]), self.models[attempt.model])
+        return self._ticket(attempt.model, attempt.tenant, attempt.tier, attempt.token, 0.0, cold,
+                            asyncio.get_running_loop().time())
+
+    async def forget_try(self, attempt: SlotTry) -> None:
+        """Give back whatever `attempt` may have taken, when whoever sent it failed before
+        reading its answer (a release frees nothing when it took nothing)."""
+        if not attempt.busy:
+            await _shielded(self._release_id(attempt.model, attempt.token, None))
+
     async def acquire(self, model: str, tenant: str, *, tier: str | None = None, weight: float = 1.0,
                       cost: float = 1.0, deadline: float | None = None,
-                      on_wait: WaitHook | None = None) -> QueueTicket:
+                      on_wait: WaitHook | None = None, token: str | None = None) -> QueueTicket:
         """A slot of `model` for `tenant`, now or after waiting; raises `QueueRefused` or `QueueUnavailable`.
 
         `deadline`: the latest `loop.time()` the caller will wait until (e.g. its whole-request
         budget); the tier's queue timeout (or the model's cold-start timeout) bounds it too.
         `on_wait(seconds_waited)`: awaited every `policy.keepalive_s` while waiting, e.g. to send
-        an SSE comment; an exception from it (the client is gone) gives up the place."""
+        an SSE comment; an exception from it (the client is gone) gives up the place.
+        `token`: a `SlotTry`'s, after it took no slot or its answer was lost."""
         config = self.models[model]
         rank = self.policy.rank(tier)
         tier_ = self.policy.tiers[rank]
         loop = asyncio.get_running_loop()
         started = loop.time()
-        token = uuid.uuid4().hex
+        token = token or uuid.uuid4().hex
         waiter = _Waiter(model, loop.create_future())
         self._waiting[token] = waiter  # before the script runs: a wake-up may come before its answer
         try:

@@ -203,13 +203,15 @@ class Limiter:
         # Tenants' own limits as Redis last said them, so the local fallback keeps applying them.
         self._tenant_limits: dict[str, TenantLimits] = {}
 
-    async def admit(self, who: Who, cost: int, *, model: str = "", usd_per_million_tokens: Decimal | None = None
-                    ) -> Ticket:
+    async def admit(self, who: Who, cost: int, *, model: str = "", usd_per_million_tokens: Decimal | None = None,
+                    along: ScriptCall | None = None) -> Ticket:
         """Every limit at once: the request's body is read and its reservation known. `model`
-        is the ledger's model label, `usd_per_million_tokens` its rate card (None: free)."""
+        is the ledger's model label, `usd_per_million_tokens` its rate card (None: free).
+        `along`: a script to send in the same Redis round trip (the fair queue's try for a free
+        slot), whatever the verdict; left unsent (`sent` False) when Redis does not decide."""
         ticket = Ticket(who=who)
         _price(ticket, cost, model, usd_per_million_tokens)
-        await self._run(ticket, "all")
+        await self._run(ticket, "all", along)
         return ticket
 
     async def admit_slot(self, who: Who) -> Ticket:
@@ -219,19 +221,20 @@ class Limiter:
         return ticket
 
     async def admit_tokens(self, ticket: Ticket, cost: int, *, model: str = "",
-                           usd_per_million_tokens: Decimal | None = None) -> None:
+                           usd_per_million_tokens: Decimal | None = None, along: ScriptCall | None = None) -> None:
         """Token rate, daily and monthly budgets for a ticket `admit_slot` allowed. A refusal
-        here gives back what the slot phase took (the ticket's decision then says why)."""
+        here gives back what the slot phase took (the ticket's decision then says why).
+        `along`: as for `admit`."""
         _price(ticket, cost, model, usd_per_million_tokens)
-        await self._run(ticket, "tokens")
+        await self._run(ticket, "tokens", along)
 
-    async def _run(self, ticket: Ticket, phase: str) -> None:
+    async def _run(self, ticket: Ticket, phase: str, along: ScriptCall | None = None) -> None:
         if self._redis is not None and not isinstance(ticket.backend, LocalLimiter):
             from redis.exceptions import RedisError
 
             ticket.on_error = self._on_redis_error
             try:
-                reply = await self._redis.admit(ticket, self._args(ticket, phase))
+                reply = await self._redis.admit(ticket, self._args(ticket, phase), along=along)
             except RedisBusy as exc:
                 if phase == "tokens":
                     await ticket.release()

@@ -224,8 +224,8 @@ def no_limit_as_zero(value: int | None) -> int:
 
 
 class RedisLimiter:
-    """Runs the scripts; one EVALSHA per call (a settle may carry another script in its round
-    trip), its thirty-odd keys and arguments packed by hiredis in C as they are
+    """Runs the scripts; one EVALSHA per call (an admit or a settle may carry another script in
+    its round trip), its thirty-odd keys and arguments packed by hiredis in C as they are
     (serving.gateway.redis_client.packed_by_hiredis). The caller (limits.Limiter) builds the
     admission arguments, turns replies into decisions and Redis failures into its fail mode."""
 
@@ -234,11 +234,19 @@ class RedisLimiter:
         self._admit = self._client.redis.register_script(ADMIT_LUA)
         self._settle = self._client.redis.register_script(SETTLE_LUA)
 
-    async def admit(self, ticket: Any, args: list[object]) -> list:
+    async def admit(self, ticket: Any, args: list[object], *, along: ScriptCall | None = None) -> list:
+        """`along`: another script (the fair queue's try) sent in the same round trip; its reply
+        stays in it."""
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
-        async with self._client.slot():
-            return await self._admit(keys=keys, args=args)
+        async with self._client.slot() as redis:
+            if along is None:
+                return await self._admit(keys=keys, args=args)
+            admit = ScriptCall(self._admit, keys, args)
+            await run_together(redis, [admit, along])
+        if isinstance(admit.result, Exception):
+            raise admit.result
+        return admit.result
 
     async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
                      along: ScriptCall | None = None) -> None:

@@ -161,6 +161,19 @@ def test_the_fair_queue_works_as_the_gateway_user(acl_redis: int) -> None:
             second = await asyncio.wait_for(waiting, 5)
             await second.release()
             assert (await queue.status("acl-model"))["in_flight"] == 0
+            # The gateway's own path: the try in the limiter's admit, the release in its settle.
+            limiter = Limiter(url(acl_redis, GATEWAY_USER), "closed", request_timeout_s=60,
+                              on_redis_error=lambda: pytest.fail("the limiter's Redis failed"))
+            who = Who(key_id="acl-key", tenant="acme", limits=KeyLimits(), tenant_defaults=TenantLimits())
+            attempt = queue.try_slot("acl-model", "acme")
+            ticket = await limiter.admit(who, 10, along=attempt.call)
+            slot = queue.tried(attempt)
+            assert ticket.allowed and slot is not None
+            release = slot.release_call()
+            await ticket.settle(Usage(5, 5), along=release)
+            await slot.finish_release(release)
+            assert release.sent and (await queue.status("acl-model"))["in_flight"] == 0
+            await limiter.aclose()
         finally:
             await queue.aclose()
 

@@ -1,6 +1,7 @@
 """A fake upstream that serves any number of requests at once and counts them (`running`, `peak`,
 `served`): the fair-queue tests check, by the upstream's own count, that the gateway held the
-line at the model's capacity. A request steers it by its message text:
+line at the model's capacity. `arrivals` lists each request's `user` field as it came in (the
+order the gateway let them through). A request steers it by its message text:
 
 - `hold`: answer once the test sets `gate`, or give up when the caller goes away (a gateway
   killed mid-request, a client that left);
@@ -30,6 +31,7 @@ class CountingUpstream:
         self.gate = threading.Event()
         self.lock = threading.Lock()
         self.running = self.peak = self.served = 0
+        self.arrivals: list[str | None] = []
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
@@ -39,6 +41,7 @@ class CountingUpstream:
         self.gate.clear()
         with self.lock:
             self.running = self.peak = self.served = 0
+            self.arrivals = []
 
     def _count(self, step: int) -> None:
         with self.lock:
@@ -49,6 +52,8 @@ class CountingUpstream:
     async def chat(self, request: Request) -> Response:
         body = await request.json()
         what = body["messages"][0]["content"]
+        with self.lock:
+            self.arrivals.append(body.get("user"))
         self._count(+1)
         try:
             if what == "fail":

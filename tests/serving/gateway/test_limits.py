@@ -20,6 +20,7 @@ from serving.gateway.limits import Limiter, Who
 from serving.gateway.local_limits import LocalLimiter
 from serving.gateway.metering import Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
+from serving.gateway.redis_client import ScriptCall
 from serving.gateway.tenants import TenantStore, counter_keys, tenant_daily_key
 from tests.support.servers import HANG_BOUND_S
 from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
@@ -165,6 +166,42 @@ def test_the_local_limiter_carries_the_admission_day_too():
     asyncio.run(local.settle(before, Usage(4, 6), give_back_request=False))  # yesterday's 990 refund: not today's
     assert not admit(1_001)[1]  # 300 + 1,001 > 1,300; had the refund hit today's counter, it would fit
     assert admit(1_000)[1]
+
+
+def test_an_admit_carries_another_script_in_its_round_trip_only_when_redis_decides(redis_server):
+    """The fair queue's try rides along the limiter's admit, whatever the verdict; the local
+    limiter sends nothing, and the caller then sees the call unsent."""
+    import redis.asyncio
+
+    counter = "limits-test:along"
+
+    async def go() -> list[tuple[bool, object, bool]]:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        script = client.register_script("return redis.call('INCR', KEYS[1])")
+        in_redis = Limiter(redis_server.url, "closed", request_timeout_s=60, on_redis_error=lambda: None)
+        local = Limiter(None, "local", request_timeout_s=60, on_redis_error=lambda: None)
+        capped = Who(key_id="along", tenant="along", limits=KeyLimits(requests_per_minute=1),
+                     tenant_defaults=TenantLimits())
+        seen = []
+        try:
+            for limiter, phases in [(in_redis, "all"), (in_redis, "slot+tokens"), (in_redis, "all"),
+                                    (local, "all")]:
+                call = ScriptCall(script, [counter], [])
+                if phases == "all":
+                    ticket = await limiter.admit(capped, 10, along=call)
+                else:
+                    ticket = await limiter.admit_slot(who("along-2"))
+                    await limiter.admit_tokens(ticket, 10, along=call)
+                seen.append((call.sent, call.result, ticket.allowed))
+        finally:
+            await in_redis.aclose()
+            await local.aclose()
+            await client.aclose()
+        return seen
+
+    redis.Redis.from_url(redis_server.url).delete(counter)
+    # The third admit is refused (one request a minute): the script still ran, for its owner to undo.
+    assert asyncio.run(go()) == [(True, 1, True), (True, 2, True), (True, 3, False), (False, None, True)]
 
 
 # --- shadow mode -----------------------------------------------------------------------------------

@@ -158,9 +158,14 @@ def test_the_slot_comes_back_after_an_upstream_error(redis_server, fresh):
         assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
 
 
+QUEUE_OPS = ("try", "admit", "release", "cancel")
+
+
 class RoundTrips:
     """What the gateway's asyncio Redis connections send, one entry per write (a pipeline is one),
-    each the list of its command names; the fair queue's lease renewals (a timer) left out."""
+    each the list of its command names, the fair queue's scripts named by their op ("try",
+    "release", ...) instead of EVALSHA; left out: the fair queue's lease renewals (a timer) and a new
+    connection's handshake (`HELLO`, `CLIENT SETINFO`: once per connection, whenever a pool opens one)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from redis.asyncio.connection import AbstractConnection
@@ -172,33 +177,108 @@ class RoundTrips:
         async def counted(connection, command, check_health=True):
             packed = command if isinstance(command, bytes | str) else b"".join(command)
             packed = packed.encode() if isinstance(packed, str) else packed
-            if b"\r\nrenew\r\n" not in packed:
-                trips.sent.append([name for name in ("GET", "EVALSHA", "EVAL") for _ in
-                                   range(packed.count(f"\r\n{name}\r\n".encode()))])
+            handshake = any(f"\r\n{name}\r\n".encode() in packed for name in ("HELLO", "CLIENT"))
+            if b"\r\nrenew\r\n" not in packed and not handshake:
+                count = {name: packed.count(f"\r\n{name}\r\n".encode()) for name in ("GET", "EVALSHA", "EVAL",
+                                                                                        *QUEUE_OPS)}
+                queue_ops = [op for op in QUEUE_OPS for _ in range(count[op])]
+                scripts = count["EVALSHA"] + count["EVAL"] - len(queue_ops)
+                trips.sent.append(["GET"] * count["GET"] + ["EVALSHA"] * scripts + queue_ops)
             return await original(connection, command, check_health)
 
         monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
 
 
-def test_an_unsaturated_request_pays_one_round_trip_for_the_queue(redis_server, fresh, monkeypatch):
-    """Key lookup, the limiter's admit, the queue's admit, then the limiter's settle and the slot's
-    release together: one round trip more than the same request without the queue."""
+def chunked(api: str, key: str, model: str, what: str) -> httpx.Response:
+    """A body of undeclared length: the limiter takes the slot phase before reading it."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": what}]}).encode()
+    return httpx.post(f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                      content=iter([body]), timeout=HANG_BOUND_S)
+
+
+@pytest.mark.parametrize("body", ["small", "chunked"])
+def test_an_unsaturated_request_pays_no_round_trip_for_the_queue(redis_server, fresh, monkeypatch, body):
+    """Key lookup, the limiter's admit with the queue's try for a free slot, then the limiter's
+    settle with the slot's release: the same round trips as without the queue. A body of
+    undeclared length takes the limiter's slot phase first; its token phase carries the try."""
     model, key = model_name(), key_for(redis_server.url, "acme")
+    send = chat if body == "small" else chunked
     trips = RoundTrips(monkeypatch)
     with queued_gateway(fresh, redis_server.url, model, capacity=4) as (api, _):
         fresh.gate.set()
-        assert chat(api, key, model, "warm").status_code == 200  # connections made, scripts loaded
+        assert send(api, key, model, "warm").status_code == 200  # connections made, scripts loaded
         eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the first slot is released")
         trips.sent.clear()
-        assert chat(api, key, model, "hi").status_code == 200
+        served = send(api, key, model, "hi")
+        assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
         eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the slot is released")
         sent = list(trips.sent)
-    assert sent == [["GET"], ["EVALSHA"], ["EVALSHA"], ["EVALSHA", "EVALSHA"]], sent
+    slot_phase = [["EVALSHA"]] if body == "chunked" else []
+    assert sent == [["GET"], *slot_phase, ["EVALSHA", "try"], ["EVALSHA", "release"]], sent
+
+
+def holders(redis_url: str, model: str) -> dict[bytes, bytes]:
+    """Tenant -> slots it holds of a model, as Redis counts them."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return client.hgetall(queue_keys(model, 1).holders)
+    finally:
+        client.close()
+
+
+def test_a_rate_limited_request_holds_no_slot_and_pushes_no_waiter_out(redis_server, fresh, monkeypatch):
+    """The try for a free slot goes out before the limiter's verdict: a refused request gives the
+    slot it took straight back (one more round trip, on refusals only), and a busy try queued
+    nothing, so the queue is as it was."""
+    model, other = model_name(), key_for(redis_server.url, "other")
+    capped = create_key_sync(redis_server.url, "capped", "queue-test", limits={**GENEROUS, "requests_per_minute": 1})
+    trips = RoundTrips(monkeypatch)
+    with queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=1) as (api, _), \
+            ThreadPoolExecutor(3) as pool:
+        assert chat(api, capped, model, "hi").status_code == 200  # its one request of the minute
+        held = pool.submit(chat, api, other, model, "hold")
+        eventually(lambda: fresh.running == 1, "one request runs")
+        trips.sent.clear()
+        refused = chat(api, capped, model, "hi")  # a slot is free: its try takes it
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert redis_counts(redis_server.url, model) == (1, 0) and holders(redis_server.url, model) == {b"other": b"1"}
+        assert trips.sent == [["GET"], ["EVALSHA", "try"], ["release"]], trips.sent
+
+        running = pool.submit(chat, api, other, model, "hold")
+        eventually(lambda: fresh.running == 2, "the model saturated")
+        waiting = pool.submit(chat, api, other, model, "hold")
+        eventually(lambda: redis_counts(redis_server.url, model) == (2, 1), "the queue full")
+        trips.sent.clear()
+        # Queued, this idle tenant's request would push the waiter out (fair queuing serves it first).
+        assert chat(api, capped, model, "hi").status_code == 429
+        assert redis_counts(redis_server.url, model) == (2, 1) and holders(redis_server.url, model) == {b"other": b"2"}
+        assert trips.sent == [["GET"], ["EVALSHA", "try"]], trips.sent  # busy: nothing to give back
+        fresh.gate.set()
+        assert [f.result().status_code for f in (held, running, waiting)] == [200, 200, 200]
+    assert redis_counts(redis_server.url, model) == (0, 0) and holders(redis_server.url, model) == {}
+
+
+def test_a_saturated_model_serves_its_waiters_in_fair_order(redis_server, fresh):
+    """Tenant A's backlog waits; tenant B's one request, arriving last, goes second: start-time
+    fair queuing, not first come first served."""
+    model = model_name()
+    a, b = key_for(redis_server.url, "a"), key_for(redis_server.url, "b")
+    with queued_gateway(fresh, redis_server.url, model, capacity=1) as (api, _), ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(chat, api, a, model, "hold", user="a0")]
+        eventually(lambda: fresh.running == 1, "A's first request runs")
+        for n, (key, user) in enumerate([(a, "a1"), (a, "a2"), (b, "b1")], start=1):
+            futures.append(pool.submit(chat, api, key, model, "hold", user=user))
+            eventually(lambda n=n: redis_counts(redis_server.url, model) == (1, n), f"{n} waiting")
+        fresh.gate.set()
+        assert [f.result().status_code for f in futures] == [200] * 4
+    assert fresh.arrivals == ["a0", "a1", "b1", "a2"]
+    assert fresh.peak == 1
 
 
 def test_settle_and_release_survive_a_redis_that_forgot_the_scripts(redis_server, fresh):
     """A Redis restart empties its script cache: the pipelined EVALSHAs get NOSCRIPT (they did not
-    run), and each runs again alone, so the usage is billed once and the slot comes back."""
+    run), and each runs again alone, so the usage is billed once and the slot comes back; and the
+    next admission (the limiter's admit with the queue's try) is charged once and takes one slot."""
     model, tenant = model_name(), f"t-{uuid.uuid4().hex[:8]}"
     key = key_for(redis_server.url, tenant)
     client = redis.Redis.from_url(redis_server.url)
@@ -212,8 +292,12 @@ def test_settle_and_release_survive_a_redis_that_forgot_the_scripts(redis_server
             eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the slot is released")
             assert client.zcard(counter_keys(tenant, "any")[6]) == 0  # the tenant's concurrency slot too
             assert int(client.hget(tenant_daily_key(tenant), "used")) == USAGE["total_tokens"]  # billed what ran
+            client.script_flush()
             served = chat(api, key, model, "hi")  # the one slot is free again
             assert served.status_code == 200 and served.headers["x-queue-wait-ms"] == "0"
+            eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "the second slot is released")
+            assert holders(redis_server.url, model) == {}
+            assert int(client.hget(tenant_daily_key(tenant), "used")) == 2 * USAGE["total_tokens"]
     finally:
         client.close()
 
