@@ -142,8 +142,15 @@ NOTHING_BILLED = Usage(0, 0)  # the request ended before anything was generated
 
 
 def _usage(usage: Any) -> Usage | None:
-    """OpenAI's `usage` object as numbers; None when it carries none. A total without parts
-    (seen from some servers) is counted as prompt."""
+    """OpenAI's `usage` object as numbers; None when it carries none."""
+    counts = _counts(usage)
+    return None if counts is None else Usage(*counts)
+
+
+def _counts(usage: Any) -> tuple[int, int] | None:
+    """OpenAI's `usage` object as (prompt, completion); None when it carries none. A total
+    without parts (seen from some servers) is counted as prompt. A plain tuple: this runs for
+    every streamed event."""
     if not isinstance(usage, dict):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -151,8 +158,8 @@ def _usage(usage: Any) -> Usage | None:
     completion = completion if isinstance(completion, int) else None
     if prompt is None and completion is None:
         total = usage.get("total_tokens")
-        return Usage(total, 0) if isinstance(total, int) else None
-    return Usage(prompt or 0, completion or 0)
+        return (total, 0) if isinstance(total, int) else None
+    return prompt or 0, completion or 0
 
 
 
@@ -317,19 +324,19 @@ class UsageMeter:
         choices = choices if isinstance(choices, list) else []
         if self.first_token_at is None and any(_has_content(c) for c in choices):
             self.first_token_at = time.perf_counter()
-        usage = _usage(chunk.get("usage"))
-        if usage is None:
+        counts = _counts(chunk.get("usage"))
+        if counts is None:
             return event + end
         if not choices:  # the final usage chunk: every sequence of every prompt
-            self.usage = usage
+            self.usage = Usage(*counts)
             return b"" if self.strip_final else event + end
-        self._note_sequence_usage(choices, usage)
+        self._note_sequence_usage(choices, *counts)
         if not self.strip_continuous:
             return event + end
         del chunk["usage"]
         return b"data: " + dumps(chunk) + end
 
-    def _note_sequence_usage(self, choices: list, usage: Usage) -> None:
+    def _note_sequence_usage(self, choices: list, prompt: int, completion: int) -> None:
         """vLLM's per-chunk usage counts the prompt of the chunk's sequence and that sequence's
         own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32)."""
         choice = choices[0] if isinstance(choices[0], dict) else {}
@@ -337,16 +344,16 @@ class UsageMeter:
         known = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < self.reservation.prompts * n
         if len(choices) != 1 or not known:
             prev = self._aggregate or Usage(0, 0)
-            self._aggregate = Usage(max(prev.prompt, usage.prompt), max(prev.completion, usage.completion))
+            self._aggregate = Usage(max(prev.prompt, prompt), max(prev.completion, completion))
             return
-        completion, prompt_index = usage.completion, index // n
+        prompt_index = index // n
         before = self._completion_by_sequence.get(index, 0)
         if completion - before > self._step_by_sequence.get(index, 1):
             self._step_by_sequence[index] = completion - before
         self._completion_by_sequence[index] = max(before, completion)  # set even at 0: usage was seen
         if choice.get("finish_reason") is not None:
             self._finished_sequences.add(index)
-        self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), usage.prompt)
+        self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), prompt)
 
 
 def _stdlib_dumps(value: Any) -> bytes:
