@@ -10,11 +10,12 @@ does), then one gateway process per `--gateway-src` (a checkout: its `serving.ga
 one that runs; default this checkout), all on the same Redis and stub. `wrk` drives each
 gateway in turn, `--rounds` times, alternating, with streamed chat completions of `--tokens`
 tokens each from a client that did not ask for usage (so the gateway also strips the per-event
-usage it asked for). With `--interval-ms 0` the stub writes a whole answer at once, so one read
-of the upstream holds many events; with a pause between events (an engine step, as vLLM's
-direct streaming sends them) the gateway reads, meters and sends each event on its own.
-Figure: CPU milliseconds of the gateway process (user + system, /proc) per output token served. Everything shares this machine's cores: compare the checkouts within
-one run, not across runs.
+usage it asked for). With `--interval-ms 0` the stub sends a whole answer without a pause, so
+one read of the upstream often holds many events; with a pause between events (an engine step,
+as vLLM's direct streaming sends them) the gateway reads, meters and sends each event on its
+own. Figure: CPU milliseconds of the gateway process (user + system, /proc) per output token
+served. Everything shares this machine's cores: compare the checkouts within one run, not
+across runs.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from serving.gateway import event_shape
 from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
@@ -234,6 +235,7 @@ class UsageMeter:
         self._pending = b""
         self._done = b""  # a stream's `data: [DONE]`, held back until settlement
         self._scanner = _UsageScanner()
+        self._shape: event_shape.EventShape | None = None  # the bytes this stream's events repeat
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.stream:
@@ -311,6 +313,12 @@ class UsageMeter:
         return Usage(prompt, completion)
 
     def _event(self, event: bytes, end: bytes) -> bytes:
+        if self._shape is not None:
+            shaped = event_shape.read(self._shape, event)
+            if shaped is not None:
+                prompt, completion, without_usage = shaped
+                self._note_sequence(self._shape.index, self._shape.finished, prompt, completion)
+                return (without_usage if self.strip_continuous else event) + end
         data = event.strip()
         if data == b"data: [DONE]":
             self._done = event + end
@@ -330,28 +338,37 @@ class UsageMeter:
         if not choices:  # the final usage chunk: every sequence of every prompt
             self.usage = Usage(*counts)
             return b"" if self.strip_final else event + end
-        self._note_sequence_usage(choices, *counts)
+        sequence = self._note_sequence_usage(choices, *counts)
+        # Once the first text is timed, what this event's bytes repeat is all later events need.
+        if sequence is not None and self.first_token_at is not None:
+            self._shape = event_shape.learn(event, chunk, *sequence)
         if not self.strip_continuous:
             return event + end
         del chunk["usage"]
         return b"data: " + dumps(chunk) + end
 
-    def _note_sequence_usage(self, choices: list, prompt: int, completion: int) -> None:
+    def _note_sequence_usage(self, choices: list, prompt: int, completion: int) -> tuple[int, bool] | None:
         """vLLM's per-chunk usage counts the prompt of the chunk's sequence and that sequence's
-        own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32)."""
+        own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32).
+        (the sequence's index, whether it finished); None when the chunk is not one sequence's."""
         choice = choices[0] if isinstance(choices[0], dict) else {}
         index, n = choice.get("index"), self.reservation.n
         known = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < self.reservation.prompts * n
         if len(choices) != 1 or not known:
             prev = self._aggregate or Usage(0, 0)
             self._aggregate = Usage(max(prev.prompt, prompt), max(prev.completion, completion))
-            return
-        prompt_index = index // n
+            return None
+        finished = choice.get("finish_reason") is not None
+        self._note_sequence(index, finished, prompt, completion)
+        return index, finished
+
+    def _note_sequence(self, index: int, finished: bool, prompt: int, completion: int) -> None:
+        prompt_index = index // self.reservation.n
         before = self._completion_by_sequence.get(index, 0)
         if completion - before > self._step_by_sequence.get(index, 1):
             self._step_by_sequence[index] = completion - before
         self._completion_by_sequence[index] = max(before, completion)  # set even at 0: usage was seen
-        if choice.get("finish_reason") is not None:
+        if finished:
             self._finished_sequences.add(index)
         self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), prompt)
 

@@ -144,12 +144,15 @@ def test_events_read_together_go_to_the_client_in_one_message_billed_the_last_us
 
 def test_an_event_split_across_reads_at_every_byte_is_relayed_and_billed_whole(gateway, scripted, key,
                                                                                redis_server):
-    whole = event(0, "hi", 2, finish="stop")
-    scripted.script = [whole, sse("[DONE]")]
+    # The first event is parsed in full; the second, like it but for its text and usage, is read
+    # by the bytes it repeats (serving.gateway.event_shape), here from every possible two pieces.
+    first, whole, last = event(0, 'say "hi"', 1), event(0, 'a \\"quote\\"', 2), event(0, "", 2, finish="stop")
+    scripted.script = [first, whole, last + sse("[DONE]")]
     expected = b"".join(stream(gateway, key))
-    assert without_usage(expected) == without_usage(whole) and expected.endswith(b"data: [DONE]\n\n")
+    assert without_usage(expected) == without_usage(first + whole + last) and expected.endswith(b"data: [DONE]\n\n")
+    assert b'{"content": "a \\\\\\"quote' in expected  # the upstream's own bytes: read by its shape, not parsed
     for cut in range(1, len(whole)):
-        scripted.script = [whole[:cut], whole[cut:] + b"data: [DO", b"NE]\n\n"]
+        scripted.script = [first, whole[:cut], whole[cut:] + last + b"data: [DO", b"NE]\n\n"]
         assert b"".join(stream(gateway, key)) == expected, f"split at byte {cut}"
     used = key_daily_key("acme", key_id_of(key))
     eventually(lambda: daily_used(redis_server.url, used) == 7 * len(whole), "a split event was billed otherwise")
