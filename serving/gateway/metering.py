@@ -22,11 +22,13 @@ stripped on the way back. What is billed, in order:
 Counting chunks would under-bill: one chunk may carry several tokens (speculative decoding,
 vLLM's `stream_interval`), so output is only ever counted from reported usage.
 
-Every streamed event is parsed (its usage may be the last one seen when the stream is cut), so
-the per-event path is the gateway's per-token cost: events are parsed and re-serialized with
+Every streamed event is read (its usage may be the last one seen when the stream is cut), so
+the per-event path is the gateway's per-token cost. An event is parsed and re-serialized with
 orjson, and with the standard library where orjson refuses what it accepts (lone surrogate
-escapes, numbers beyond a double) or reads a usage count differently (integers past 64 bits),
-so every event is read as before.
+escapes, numbers beyond a double) or reads a usage count differently (integers past 64 bits).
+Once the stream's first text has been parsed, an event that repeats the last parsed one's bytes
+but for its text and usage is read without a full parse (`serving.gateway.event_shape`), with
+the same result; anything else is parsed in full.
 """
 
 from __future__ import annotations
