@@ -1,15 +1,15 @@
 """A stream's repeating event bytes, so the meter can read most events without parsing them.
 
-Within one streamed answer, vLLM's events differ only in the generated text and the usage
-counts: `data: {"id":...,"choices":[{"index":0,"delta":{"content":"` + text + `"},...,
-"finish_reason":null}],"usage":` + usage + `}`. Once the meter has parsed one such event in
-full, `EventShape` keeps the bytes before the text (`head`) and between the text and the
-usage (`middle`). A later event that is `head`, one JSON string, `middle`, one JSON object and
-the closing brace is the parsed one with that string and that usage replaced: its choices,
-index and finish reason are the parsed one's, and its usage is the object at the end (the
-top-level `usage`, since the brace after it closes the whole event). Anything else (another
-field changed, a finish reason set, several choices, an unusual escape) does not fit and is
-parsed in full.
+Within one streamed answer, vLLM's events for one sequence differ only in the generated text
+and the usage counts: `data: {"id":...,"choices":[{"index":0,"delta":{"content":"` + text +
+`"},...,"finish_reason":null}],"usage":` + usage + `}` (`"text":"` on /v1/completions). Once
+the meter has parsed one such event in full, `EventShape` keeps the bytes before the text
+(`head`) and between the text and the usage (`middle`). A later event that is `head`, one JSON
+string, `middle`, one JSON object and the closing brace is the parsed one with that string and
+that usage replaced: its choices, index and finish reason are the parsed one's, and its usage
+is the object at the end (the top-level `usage`, since the brace after it closes the whole
+event). Anything else (another field changed, a finish reason set, several choices, an unusual
+escape) does not fit and is parsed in full.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-# The content key and the opening quote of its value; the only "content" of the event.
-_CONTENT = re.compile(rb'"content"\s*:\s*"')
+# The text's key (chat's delta content, or a completion's text) and the opening quote of its value.
+_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"')
 # The top-level usage member, last in the event: the comma before it, the key, the colon.
 _USAGE_MEMBER = re.compile(rb',\s*"usage"\s*:\s*')
 _BACKSLASH = 0x5C
@@ -39,15 +39,15 @@ class EventShape:
 def learn(event: bytes, chunk: dict[str, Any], index: int, finished: bool) -> EventShape | None:
     """The shape of `event` (`data: ` and its JSON, nothing around it), parsed as `chunk`;
     None when it has no single text-then-usage layout to reuse."""
-    if not event.startswith(b"data: {") or not event.endswith(b"}") or event.count(b'"content"') != 1 \
-            or event.count(b'"usage"') != 1 or not isinstance(chunk.get("usage"), dict):
+    if not event.startswith(b"data: {") or not event.endswith(b"}") or event.count(b'"usage"') != 1 \
+            or event.count(b'"content"') + event.count(b'"text"') != 1 or not isinstance(chunk.get("usage"), dict):
         return None
-    content = _CONTENT.search(event)
-    close = -1 if content is None else _string_end(event, content.end())
+    text = _TEXT.search(event)
+    close = -1 if text is None else _string_end(event, text.end())
     usage = None if close < 0 else _USAGE_MEMBER.search(event, close)
     if usage is None or _usage_object(event[usage.end():-1]) != chunk["usage"]:
         return None
-    return EventShape(head=event[:content.end()], middle=event[close:usage.end()], kept=usage.start() - close,
+    return EventShape(head=event[:text.end()], middle=event[close:usage.end()], kept=usage.start() - close,
                       index=index, finished=finished)
 
 

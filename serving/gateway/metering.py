@@ -47,6 +47,9 @@ from serving.gateway import event_shape
 from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
+# Sequences whose event bytes are kept (serving.gateway.event_shape): each event is tried
+# against each, so a stream of many sequences (n, prompt lists) keeps a few and parses the rest.
+_SHAPES_KEPT = 4
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ class UsageMeter:
         self._pending = b""
         self._done = b""  # a stream's `data: [DONE]`, held back until settlement
         self._scanner = _UsageScanner()
-        self._shape: event_shape.EventShape | None = None  # the bytes this stream's events repeat
+        self._shapes: dict[int, event_shape.EventShape] = {}  # per sequence, the bytes its events repeat
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.stream:
@@ -315,11 +318,11 @@ class UsageMeter:
         return Usage(prompt, completion)
 
     def _event(self, event: bytes, end: bytes) -> bytes:
-        if self._shape is not None:
-            shaped = event_shape.read(self._shape, event)
+        for shape in self._shapes.values():
+            shaped = event_shape.read(shape, event)
             if shaped is not None:
                 prompt, completion, without_usage = shaped
-                self._note_sequence(self._shape.index, self._shape.finished, prompt, completion)
+                self._note_sequence(shape.index, shape.finished, prompt, completion)
                 return (without_usage if self.strip_continuous else event) + end
         data = event.strip()
         if data == b"data: [DONE]":
@@ -343,7 +346,11 @@ class UsageMeter:
         sequence = self._note_sequence_usage(choices, *counts)
         # Once the first text is timed, what this event's bytes repeat is all later events need.
         if sequence is not None and self.first_token_at is not None:
-            self._shape = event_shape.learn(event, chunk, *sequence)
+            shape = event_shape.learn(event, chunk, *sequence)
+            if shape is None:
+                self._shapes.pop(sequence[0], None)
+            elif shape.index in self._shapes or len(self._shapes) < _SHAPES_KEPT:
+                self._shapes[shape.index] = shape
         if not self.strip_continuous:
             return event + end
         del chunk["usage"]

@@ -155,10 +155,13 @@ TRICKY_TEXTS = ["plain", 'a "quoted" word', "back\\slash", "ends with \\", '\\"'
                 'say "usage": {"prompt_tokens": 1}}', '"content": "x"', "é ☃ 😀", "\n\t", "}]}", ""]
 
 
-def vllm_event(text: str, completion: int, finish: str | None = None, *, compact: bool = True) -> bytes:
-    """A chunk as vLLM 0.32 writes it (pydantic's compact JSON, usage last), or spaced as json.dumps does."""
-    payload = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "tiny",
-               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}],
+def vllm_event(text: str, completion: int, finish: str | None = None, *, compact: bool = True, index: int = 0,
+               chat: bool = True) -> bytes:
+    """A chunk as vLLM 0.32 writes it (pydantic's compact JSON, usage last), or spaced as json.dumps
+    does; a chat chunk (delta content) or a completion's (text)."""
+    choice = {"index": index, "delta": {"content": text}} if chat else {"index": index, "text": text}
+    payload = {"id": "chatcmpl-1", "object": "chat.completion.chunk" if chat else "text_completion", "created": 1,
+               "model": "tiny", "choices": [{**choice, "logprobs": None, "finish_reason": finish}],
                "usage": {"prompt_tokens": 7, "total_tokens": 7 + completion, "completion_tokens": completion}}
     separators = (",", ":") if compact else (", ", ": ")
     return b"data: " + json.dumps(payload, separators=separators, ensure_ascii=False).encode() + b"\n\n"
@@ -171,8 +174,8 @@ def data_events(out: bytes) -> list[dict]:
 def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_ones():
     # After one event parsed in full, the meter reads the next ones by the bytes they share with it;
     # what it bills and what the client gets must be what parsing each event would give.
-    for compact in (True, False):
-        events = [vllm_event(text, 2 * (i + 1), compact=compact) for i, text in enumerate(TRICKY_TEXTS)]
+    for compact, chat in [(True, True), (False, True), (False, False)]:
+        events = [vllm_event(text, 2 * (i + 1), compact=compact, chat=chat) for i, text in enumerate(TRICKY_TEXTS)]
         stream = b"".join(events)
         for continuous, piece in [(False, len(stream)), (False, 1), (False, 13), (True, 13)]:
             m = meter(Reservation(prompt=50, output=100), client_final_usage=continuous,
@@ -185,10 +188,22 @@ def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_
             last = 2 * len(TRICKY_TEXTS)
             assert m.billed() == 7 + last + 2  # cut: the last usage, and one more step of 2
             if not compact:  # every later event was read by its bytes: it keeps the upstream's spacing
-                assert all(b'"delta": {"content": "' in e for e in out.split(b"\n\n")[1:-1])
-            m.feed(vllm_event("end", last + 1, finish="stop", compact=compact) + sse("[DONE]"))
+                assert all(b'"index": 0, ' in e for e in out.split(b"\n\n")[1:-1])
+            m.feed(vllm_event("end", last + 1, finish="stop", compact=compact, chat=chat) + sse("[DONE]"))
             m.finish()
             assert m.billed() == 7 + last + 1
+
+
+def test_the_sequences_of_one_stream_are_each_read_by_their_own_bytes():
+    m = meter(Reservation(prompt=50, output=100, n=2, choices=2), client_final_usage=False,
+              client_continuous_usage=False)
+    out = b""
+    for step in range(1, 6):  # vLLM's usage per chunk counts its own sequence: 1 token a step for 0, 3 for 1
+        out += m.feed(vllm_event(f"a{step}", step, compact=False) + vllm_event(f'b"{step}', 3 * step, compact=False,
+                                                                                  index=1))
+    assert all(b'"index": ' in e for e in out.split(b"\n\n")[2:-1])  # after each one's first: read by its bytes
+    assert [e["choices"][0]["index"] for e in data_events(out)] == [0, 1] * 5 and b"usage" not in out
+    assert m.billed() == 7 + (5 + 1) + (15 + 3)  # each sequence's last count and one more step of its own size
 
 
 def test_an_event_that_does_not_repeat_the_bytes_is_parsed_in_full():
