@@ -45,7 +45,7 @@ def learn(event: bytes, chunk: dict[str, Any], index: int, finished: bool) -> Ev
     text = _TEXT.search(event)
     close = -1 if text is None else _string_end(event, text.end())
     usage = None if close < 0 else _USAGE_MEMBER.search(event, close)
-    if usage is None or _usage_object(event[usage.end():-1]) != chunk["usage"]:
+    if usage is None or _object(event[usage.end():-1]) != chunk["usage"]:  # the very usage the parse read
         return None
     return EventShape(head=event[:text.end()], middle=event[close:usage.end()], kept=usage.start() - close,
                       index=index, finished=finished)
@@ -73,15 +73,13 @@ def read(shape: EventShape, event: bytes) -> tuple[int, int, bytes] | None:
     return prompt, completion, event[:close + shape.kept] + b"}"
 
 
-def _usage_object(data: bytes) -> dict[str, Any] | None:
-    """`data` as a JSON object of integers and nulls (what usage is), else None."""
+def _object(data: bytes) -> dict[str, Any] | None:
+    """`data` as a JSON object, else None."""
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(value, dict) or not all(v is None or type(v) is int for v in value.values()):
-        return None  # a float may be an integer past 64 bits, which the full parse reads exactly
-    return value
+    return value if isinstance(value, dict) else None
 
 
 def _string_end(data: bytes, start: int) -> int:

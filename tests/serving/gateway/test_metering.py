@@ -156,13 +156,15 @@ TRICKY_TEXTS = ["plain", 'a "quoted" word', "back\\slash", "ends with \\", '\\"'
 
 
 def vllm_event(text: str, completion: int, finish: str | None = None, *, compact: bool = True, index: int = 0,
-               chat: bool = True) -> bytes:
+               chat: bool = True, details: bool = False) -> bytes:
     """A chunk as vLLM 0.32 writes it (pydantic's compact JSON, usage last), or spaced as json.dumps
     does; a chat chunk (delta content) or a completion's (text)."""
     choice = {"index": index, "delta": {"content": text}} if chat else {"index": index, "text": text}
     payload = {"id": "chatcmpl-1", "object": "chat.completion.chunk" if chat else "text_completion", "created": 1,
                "model": "tiny", "choices": [{**choice, "logprobs": None, "finish_reason": finish}],
                "usage": {"prompt_tokens": 7, "total_tokens": 7 + completion, "completion_tokens": completion}}
+    if details:  # what vLLM adds with enable_prompt_tokens_details
+        payload["usage"]["prompt_tokens_details"] = {"cached_tokens": 0}
     separators = (",", ":") if compact else (", ", ": ")
     return b"data: " + json.dumps(payload, separators=separators, ensure_ascii=False).encode() + b"\n\n"
 
@@ -174,8 +176,9 @@ def data_events(out: bytes) -> list[dict]:
 def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_ones():
     # After one event parsed in full, the meter reads the next ones by the bytes they share with it;
     # what it bills and what the client gets must be what parsing each event would give.
-    for compact, chat in [(True, True), (False, True), (False, False)]:
-        events = [vllm_event(text, 2 * (i + 1), compact=compact, chat=chat) for i, text in enumerate(TRICKY_TEXTS)]
+    for compact, chat, details in [(True, True, False), (False, True, True), (False, False, False)]:
+        events = [vllm_event(text, 2 * (i + 1), compact=compact, chat=chat, details=details)
+                  for i, text in enumerate(TRICKY_TEXTS)]
         stream = b"".join(events)
         for continuous, piece in [(False, len(stream)), (False, 1), (False, 13), (True, 13)]:
             m = meter(Reservation(prompt=50, output=100), client_final_usage=continuous,
