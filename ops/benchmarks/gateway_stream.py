@@ -2,7 +2,7 @@
 as Ray Serve's direct streaming does, and the gateway relays (and meters) every event.
 
     python -m ops.benchmarks.gateway_stream [--tokens 64] [--connections 32] [--duration 10]
-        [--rounds 2] [--gateway-src DIR ...] [--out build/bench/gateway_stream.json]
+        [--rounds 2] [--interval-ms 0] [--gateway-src DIR ...] [--out build/bench/gateway_stream.json]
 
 One run starts redis-server and the stub (`ops.harness.stub_upstream`, which with the
 `continuous_usage_stats` the gateway asks for sends the usage so far in every event, as vLLM
@@ -10,9 +10,12 @@ does), then one gateway process per `--gateway-src` (a checkout: its `serving.ga
 one that runs; default this checkout), all on the same Redis and stub. `wrk` drives each
 gateway in turn, `--rounds` times, alternating, with streamed chat completions of `--tokens`
 tokens each from a client that did not ask for usage (so the gateway also strips the per-event
-usage it asked for). Figure: CPU milliseconds of the gateway process (user + system, /proc)
-per output token served. Everything shares this machine's cores: compare the checkouts within
-one run, not across runs.
+usage it asked for). With `--interval-ms 0` the stub sends a whole answer without a pause, so
+one read of the upstream often holds many events; with a pause between events (an engine step,
+as vLLM's direct streaming sends them) the gateway reads, meters and sends each event on its
+own. Figure: CPU milliseconds of the gateway process (user + system, /proc) per output token
+served. Everything shares this machine's cores: compare the checkouts within one run, not
+across runs.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ from ops.harness.processes import background, free_port, wait_for_http
 from serving.gateway.keys import create_key_sync
 
 
-def stream_body(tokens: int) -> dict:
+def stream_body(tokens: int, interval_ms: int = 0) -> dict:
+    steer = json.dumps({"chunks": tokens, **({"interval_ms": interval_ms} if interval_ms else {})})
     return {"model": "tiny", "stream": True, "max_tokens": tokens,
-            "messages": [{"role": "user", "content": f'#stub {{"chunks": {tokens}}}'}]}
+            "messages": [{"role": "user", "content": f"#stub {steer}"}]}
 
 
-def wrk_script(key: str, tokens: int) -> str:
-    return "\n".join(['wrk.method = "POST"', f"wrk.body = {json.dumps(json.dumps(stream_body(tokens)))}",
+def wrk_script(key: str, tokens: int, interval_ms: int = 0) -> str:
+    body = json.dumps(stream_body(tokens, interval_ms))
+    return "\n".join(['wrk.method = "POST"', f"wrk.body = {json.dumps(body)}",
                       'wrk.headers["Content-Type"] = "application/json"',
                       f'wrk.headers["Authorization"] = "Bearer {key}"']) + "\n"
 
@@ -64,12 +69,13 @@ def measure(url: str, pid: int, script: Path, *, connections: int, duration_s: i
     return result
 
 
-def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, rounds: int, out: Path) -> dict:
+def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, rounds: int, out: Path,
+        interval_ms: int = 0) -> dict:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-stream-"))
     results: dict = {"tokens": tokens, "connections": connections, "duration_s": duration_s,
-                     "sources": [str(s) for s in sources], "rounds": []}
+                     "interval_ms": interval_ms, "sources": [str(s) for s in sources], "rounds": []}
     with ExitStack() as stack:
         own_redis = start_redis()
         stack.callback(own_redis.stop)
@@ -80,7 +86,7 @@ def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, 
         wait_for_http(f"{stub}/v1/models", stub_process)
         key = create_key_sync(own_redis.url, "bench", "bench-stream", limits=GENEROUS)
         script = folder / "stream.lua"
-        script.write_text(wrk_script(key, tokens))
+        script.write_text(wrk_script(key, tokens, interval_ms))
         gateways = []
         for i, source in enumerate(sources):
             port = free_port()
@@ -117,12 +123,15 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="concurrent streams")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per gateway, alternating between them")
+    parser.add_argument("--interval-ms", type=int, default=0,
+                        help="the stub's pause between events (0: a whole answer in one write)")
     parser.add_argument("--gateway-src", type=Path, action="append",
                         help="a checkout whose gateway to measure (repeatable; default: this checkout)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_stream.json"))
     args = parser.parse_args()
     run([p.resolve() for p in args.gateway_src or [PROJECT_ROOT]], tokens=args.tokens,
-        connections=args.connections, duration_s=args.duration, rounds=args.rounds, out=args.out)
+        connections=args.connections, duration_s=args.duration, rounds=args.rounds, out=args.out,
+        interval_ms=args.interval_ms)
 
 
 if __name__ == "__main__":

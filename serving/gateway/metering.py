@@ -22,11 +22,13 @@ stripped on the way back. What is billed, in order:
 Counting chunks would under-bill: one chunk may carry several tokens (speculative decoding,
 vLLM's `stream_interval`), so output is only ever counted from reported usage.
 
-Every streamed event is parsed (its usage may be the last one seen when the stream is cut), so
-the per-event path is the gateway's per-token cost: events are parsed and re-serialized with
+Every streamed event is read (its usage may be the last one seen when the stream is cut), so
+the per-event path is the gateway's per-token cost. An event is parsed and re-serialized with
 orjson, and with the standard library where orjson refuses what it accepts (lone surrogate
-escapes, numbers beyond a double) or reads a usage count differently (integers past 64 bits),
-so every event is read as before.
+escapes, numbers beyond a double) or reads a usage count differently (integers past 64 bits).
+Once the stream's first text has been parsed, an event that repeats the last parsed one's bytes
+but for its text and usage is read without a full parse (`serving.gateway.event_shape`), with
+the same result; anything else is parsed in full.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ from typing import Any
 
 import orjson
 
+from serving.gateway import event_shape
 from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
+# Sequences whose event bytes are kept (serving.gateway.event_shape): each event is tried
+# against each, so a stream of many sequences (n, prompt lists) keeps a few and parses the rest.
+_SHAPES_KEPT = 4
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,15 @@ NOTHING_BILLED = Usage(0, 0)  # the request ended before anything was generated
 
 
 def _usage(usage: Any) -> Usage | None:
-    """OpenAI's `usage` object as numbers; None when it carries none. A total without parts
-    (seen from some servers) is counted as prompt."""
+    """OpenAI's `usage` object as numbers; None when it carries none."""
+    counts = _counts(usage)
+    return None if counts is None else Usage(*counts)
+
+
+def _counts(usage: Any) -> tuple[int, int] | None:
+    """OpenAI's `usage` object as (prompt, completion); None when it carries none. A total
+    without parts (seen from some servers) is counted as prompt. A plain tuple: this runs for
+    every streamed event."""
     if not isinstance(usage, dict):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -151,8 +164,8 @@ def _usage(usage: Any) -> Usage | None:
     completion = completion if isinstance(completion, int) else None
     if prompt is None and completion is None:
         total = usage.get("total_tokens")
-        return Usage(total, 0) if isinstance(total, int) else None
-    return Usage(prompt or 0, completion or 0)
+        return (total, 0) if isinstance(total, int) else None
+    return prompt or 0, completion or 0
 
 
 
@@ -227,6 +240,7 @@ class UsageMeter:
         self._pending = b""
         self._done = b""  # a stream's `data: [DONE]`, held back until settlement
         self._scanner = _UsageScanner()
+        self._shapes: dict[int, event_shape.EventShape] = {}  # per sequence, the bytes its events repeat
 
     def feed(self, chunk: bytes) -> bytes:
         if not self.stream:
@@ -304,6 +318,12 @@ class UsageMeter:
         return Usage(prompt, completion)
 
     def _event(self, event: bytes, end: bytes) -> bytes:
+        for shape in self._shapes.values():
+            shaped = event_shape.read(shape, event)
+            if shaped is not None:
+                prompt, completion, without_usage = shaped
+                self._note_sequence(shape.index, shape.finished, prompt, completion)
+                return (without_usage if self.strip_continuous else event) + end
         data = event.strip()
         if data == b"data: [DONE]":
             self._done = event + end
@@ -317,36 +337,49 @@ class UsageMeter:
         choices = choices if isinstance(choices, list) else []
         if self.first_token_at is None and any(_has_content(c) for c in choices):
             self.first_token_at = time.perf_counter()
-        usage = _usage(chunk.get("usage"))
-        if usage is None:
+        counts = _counts(chunk.get("usage"))
+        if counts is None:
             return event + end
         if not choices:  # the final usage chunk: every sequence of every prompt
-            self.usage = usage
+            self.usage = Usage(*counts)
             return b"" if self.strip_final else event + end
-        self._note_sequence_usage(choices, usage)
+        sequence = self._note_sequence_usage(choices, *counts)
+        # Once the first text is timed, what this event's bytes repeat is all later events need.
+        if sequence is not None and self.first_token_at is not None:
+            shape = event_shape.learn(event, chunk, *sequence)
+            if shape is None:
+                self._shapes.pop(sequence[0], None)
+            elif shape.index in self._shapes or len(self._shapes) < _SHAPES_KEPT:
+                self._shapes[shape.index] = shape
         if not self.strip_continuous:
             return event + end
         del chunk["usage"]
         return b"data: " + dumps(chunk) + end
 
-    def _note_sequence_usage(self, choices: list, usage: Usage) -> None:
+    def _note_sequence_usage(self, choices: list, prompt: int, completion: int) -> tuple[int, bool] | None:
         """vLLM's per-chunk usage counts the prompt of the chunk's sequence and that sequence's
-        own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32)."""
+        own output so far (chat_completion/serving.py and completion/serving.py, vLLM 0.32).
+        (the sequence's index, whether it finished); None when the chunk is not one sequence's."""
         choice = choices[0] if isinstance(choices[0], dict) else {}
         index, n = choice.get("index"), self.reservation.n
         known = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < self.reservation.prompts * n
         if len(choices) != 1 or not known:
             prev = self._aggregate or Usage(0, 0)
-            self._aggregate = Usage(max(prev.prompt, usage.prompt), max(prev.completion, usage.completion))
-            return
-        completion, prompt_index = usage.completion, index // n
+            self._aggregate = Usage(max(prev.prompt, prompt), max(prev.completion, completion))
+            return None
+        finished = choice.get("finish_reason") is not None
+        self._note_sequence(index, finished, prompt, completion)
+        return index, finished
+
+    def _note_sequence(self, index: int, finished: bool, prompt: int, completion: int) -> None:
+        prompt_index = index // self.reservation.n
         before = self._completion_by_sequence.get(index, 0)
         if completion - before > self._step_by_sequence.get(index, 1):
             self._step_by_sequence[index] = completion - before
         self._completion_by_sequence[index] = max(before, completion)  # set even at 0: usage was seen
-        if choice.get("finish_reason") is not None:
+        if finished:
             self._finished_sequences.add(index)
-        self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), usage.prompt)
+        self._prompt_by_prompt[prompt_index] = max(self._prompt_by_prompt.get(prompt_index, 0), prompt)
 
 
 def _stdlib_dumps(value: Any) -> bytes:

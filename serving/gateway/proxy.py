@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import aiohttp
 import anyio
@@ -86,12 +86,18 @@ class UpstreamStream(StreamingResponse):
     however the relay ends: finished, upstream error, the client disconnecting (which cancels
     the relay), or the request's total time running out (`deadline`, time.monotonic(): the
     response is then cut, which the client sees as a broken stream, not a whole answer).
-    `extra_headers` (the x-ratelimit-* set) go out before the first byte."""
+    `extra_headers` (the x-ratelimit-* set) go out before the first byte.
+
+    Starlette's StreamingResponse is kept for its watch on the client (a disconnect cancels the
+    relay even while the upstream is silent); the relay itself is a plain loop over the
+    upstream's reads: direct streaming sends one event per token, so everything done per read
+    is done per token. Each read goes to the client as one message, however many whole events
+    it holds, the moment it is read."""
 
     def __init__(self, upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
                  extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics) -> None:
         meter.status = upstream.status
-        super().__init__(_relay(upstream, meter, settle, metrics), status_code=upstream.status)
+        super().__init__((), status_code=upstream.status)
         # Raw pairs, not a dict, so repeated headers survive.
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in upstream.raw_headers]
         self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
@@ -113,39 +119,36 @@ class UpstreamStream(StreamingResponse):
                 # A stream cut short is billed what the meter saw; a no-op if the relay settled.
                 await self._settle(self._meter.billed_usage())
 
-
-async def _relay(upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
-                 metrics: GatewayMetrics) -> AsyncIterator[bytes]:
-    try:
-        chunks = upstream.content.iter_any()
-        while True:
-            # The meter bills a cut stream its last usage only if the cut found us waiting here,
-            # with everything the upstream sent already read (serving.gateway.metering).
-            meter.caught_up = True
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            meter.caught_up = False
-            out = meter.feed(chunk)
-            if out:
-                yield out
-        upstream.release()  # fully read: its connection goes back to the pool
-        held_back = meter.finish()
-        # Settle before the client gets the last bytes: once it has the whole answer, its
-        # refund and its freed concurrency slot are already visible to its next request.
-        await settle(meter.billed_usage())
-        if held_back:
-            yield held_back
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        # Headers are already sent; aborting the connection (by raising) tells the client the
-        # body is incomplete, where ending cleanly would pass a truncated answer off as whole.
-        kind = "idle_timeout" if isinstance(exc, TimeoutError) else "stream_broken"
-        metrics.upstream_errors.labels(kind=kind).inc()
-        log.warning("upstream stream broke: %s", type(exc).__name__)
-        raise
-    finally:
-        upstream.close()  # the client disconnecting cancels us here: drop the connection, never reuse it
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        upstream, meter = self._upstream, self._meter
+        try:
+            while True:
+                # The meter bills a cut stream its last usage only if the cut found us waiting here,
+                # with everything the upstream sent already read (serving.gateway.metering).
+                meter.caught_up = True
+                chunk = await upstream.content.readany()  # all that has arrived; b"" at the end
+                if not chunk:
+                    break
+                meter.caught_up = False
+                out = meter.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            upstream.release()  # fully read: its connection goes back to the pool
+            held_back = meter.finish()
+            # Settle before the client gets the last bytes: once it has the whole answer, its
+            # refund and its freed concurrency slot are already visible to its next request.
+            await self._settle(meter.billed_usage())
+            await send({"type": "http.response.body", "body": held_back, "more_body": False})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Headers are already sent; aborting the connection (by raising) tells the client the
+            # body is incomplete, where ending cleanly would pass a truncated answer off as whole.
+            kind = "idle_timeout" if isinstance(exc, TimeoutError) else "stream_broken"
+            self._metrics.upstream_errors.labels(kind=kind).inc()
+            log.warning("upstream stream broke: %s", type(exc).__name__)
+            raise
+        finally:
+            upstream.close()  # the client disconnecting cancels us here: drop the connection, never reuse it
 
 
 class UpstreamProxy:

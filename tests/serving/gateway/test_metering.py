@@ -149,6 +149,85 @@ def test_crlf_and_lf_events_are_read_alike():
         assert m.billed() == 8
 
 
+# Texts that test where an event's text ends: quotes, backslashes before a quote, braces, the
+# words "usage" and "content", characters beyond ASCII. Each is written as vLLM writes it.
+TRICKY_TEXTS = ["plain", 'a "quoted" word', "back\\slash", "ends with \\", '\\"', "\\\\\"}",
+                'say "usage": {"prompt_tokens": 1}}', '"content": "x"', "é ☃ 😀", "\n\t", "}]}", ""]
+
+
+def vllm_event(text: str, completion: int, finish: str | None = None, *, compact: bool = True, index: int = 0,
+               chat: bool = True, details: bool = False) -> bytes:
+    """A chunk as vLLM 0.32 writes it (pydantic's compact JSON, usage last), or spaced as json.dumps
+    does; a chat chunk (delta content) or a completion's (text)."""
+    choice = {"index": index, "delta": {"content": text}} if chat else {"index": index, "text": text}
+    payload = {"id": "chatcmpl-1", "object": "chat.completion.chunk" if chat else "text_completion", "created": 1,
+               "model": "tiny", "choices": [{**choice, "logprobs": None, "finish_reason": finish}],
+               "usage": {"prompt_tokens": 7, "total_tokens": 7 + completion, "completion_tokens": completion}}
+    if details:  # what vLLM adds with enable_prompt_tokens_details
+        payload["usage"]["prompt_tokens_details"] = {"cached_tokens": 0}
+    separators = (",", ":") if compact else (", ", ": ")
+    return b"data: " + json.dumps(payload, separators=separators, ensure_ascii=False).encode() + b"\n\n"
+
+
+def data_events(out: bytes) -> list[dict]:
+    return [json.loads(e[len(b"data: "):]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+
+
+def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_ones():
+    # After one event parsed in full, the meter reads the next ones by the bytes they share with it;
+    # what it bills and what the client gets must be what parsing each event would give.
+    for compact, chat, details in [(True, True, False), (False, True, True), (False, False, False)]:
+        events = [vllm_event(text, 2 * (i + 1), compact=compact, chat=chat, details=details)
+                  for i, text in enumerate(TRICKY_TEXTS)]
+        stream = b"".join(events)
+        for continuous, piece in [(False, len(stream)), (False, 1), (False, 13), (True, 13)]:
+            m = meter(Reservation(prompt=50, output=100), client_final_usage=continuous,
+                      client_continuous_usage=continuous)
+            out = b"".join(m.feed(stream[i:i + piece]) for i in range(0, len(stream), piece))
+            expected = data_events(stream)
+            if not continuous:
+                expected = [{k: v for k, v in e.items() if k != "usage"} for e in expected]
+            assert data_events(out) == expected
+            last = 2 * len(TRICKY_TEXTS)
+            assert m.billed() == 7 + last + 2  # cut: the last usage, and one more step of 2
+            if not compact:  # every later event was read by its bytes: it keeps the upstream's spacing
+                assert all(b'"index": 0, ' in e for e in out.split(b"\n\n")[1:-1])
+            m.feed(vllm_event("end", last + 1, finish="stop", compact=compact, chat=chat) + sse("[DONE]"))
+            m.finish()
+            assert m.billed() == 7 + last + 1
+
+
+def test_the_sequences_of_one_stream_are_each_read_by_their_own_bytes():
+    m = meter(Reservation(prompt=50, output=100, n=2, choices=2), client_final_usage=False,
+              client_continuous_usage=False)
+    out = b""
+    for step in range(1, 6):  # vLLM's usage per chunk counts its own sequence: 1 token a step for 0, 3 for 1
+        out += m.feed(vllm_event(f"a{step}", step, compact=False) + vllm_event(f'b"{step}', 3 * step, compact=False,
+                                                                                  index=1))
+    assert all(b'"index": ' in e for e in out.split(b"\n\n")[2:-1])  # after each one's first: read by its bytes
+    assert [e["choices"][0]["index"] for e in data_events(out)] == [0, 1] * 5 and b"usage" not in out
+    assert m.billed() == 7 + (5 + 1) + (15 + 3)  # each sequence's last count and one more step of its own size
+
+
+def test_an_event_that_does_not_repeat_the_bytes_is_parsed_in_full():
+    m = meter(Reservation(prompt=50, output=30), client_final_usage=False, client_continuous_usage=False)
+    m.feed(vllm_event("a", 1))
+    # The text as an escape orjson refuses (read as the standard library reads it), usage past 64 bits,
+    # usage that is not an object, a raw control character (not JSON: relayed as it came, not counted).
+    lone = vllm_event("LONE", 2).replace(b"LONE", b"\\ud800")
+    out = m.feed(lone)
+    assert data_events(out)[0]["choices"][0]["delta"]["content"] == "\ud800" and b"usage" not in out
+    assert m.billed() == 7 + 2 + 1
+    raw = vllm_event("b", 3).replace(b'"b"', b'"b\x01"')
+    assert m.feed(raw) == raw and m.billed() == 7 + 2 + 1
+    not_object = vllm_event("c", 4).replace(b'"usage":{', b'"usage":[{').replace(b"}}\n\n", b"}]}\n\n")
+    assert json.loads(m.feed(not_object)[len(b"data: "):])["usage"] == [usage(7, 4)] and m.billed() == 7 + 2 + 1
+    m.feed(vllm_event("d", 2**70))
+    assert m.billed() == 7 + 2**70
+    m.feed(vllm_event("e", 2**70 + 1, finish="length"))  # the finish reason differs from the repeated bytes
+    assert m.billed() == 7 + 2**70 + 1  # finished: no step beyond
+
+
 def test_a_large_json_body_is_billed_its_usage_without_keeping_a_copy():
     decoy = 'say "usage": {"prompt_tokens": 1} ' * 50_000  # escaped inside a string: not a key
     answer = {"id": "x", "choices": [{"index": 0, "message": {"content": decoy}}],
