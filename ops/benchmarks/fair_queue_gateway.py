@@ -340,9 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-share", type=float, default=0.75, help="the batch tier's capacity_share")
     parser.add_argument("--spread", type=float, default=0.0,
                         help="each answer's decode time within +-this fraction of the mean (0: all the same)")
-    parser.add_argument("--reserve-share", type=float, default=None,
-                        help="gateway.queue.reserve_share (default: the stack default; at --capacity 8 a share "
-                             "below 0.125 reserves no slot)")
+    # The stack default (0.1) rounds down to no slot at capacity 8; 2 slots cover B's peak
+    # concurrency here (10% of capacity in Poisson arrivals), as README's sizing rule says.
+    parser.add_argument("--reserve-share", type=float, default=0.25, help="gateway.queue.reserve_share")
     parser.add_argument("--only", type=lambda text: text.split(","), help="scenarios to run (no figures)")
     args = parser.parse_args(argv)
     started = time.time()
