@@ -72,6 +72,7 @@ bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.benchmarks.gateway --litellm $(LITELLM) --out build/bench/gateway.json
 	$(PY) -m ops.benchmarks.fair_queue_gateway --out build/bench/fair_queue_gateway.json
 	$(PY) -m ops.benchmarks.gateway_stream --out build/bench/gateway_stream.json
+	$(PY) -m ops.benchmarks.gateway_stream --interval-ms 10 --out build/bench/gateway_stream_paced.json
 	$(PY) -m ops.benchmarks.serving --out build/bench/serving.json
 	$(PY) -m ops.benchmarks.serving --client llmctl --paths direct --out build/bench/serving-llmctl.json
 	$(PY) -m ops.benchmarks.prefix_routing --out build/bench/prefix_routing.json
