@@ -166,7 +166,8 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
         policy = QueuePolicy(tiers=[QueueTier(name="interactive", queue_timeout_s=120),
                                     QueueTier(name="standard", max_queue_length=64, queue_timeout_s=120),
                                     QueueTier(name="batch", max_queue_length=64, queue_timeout_s=120,
-                                              capacity_share=0.75)])
+                                              capacity_share=0.75)],
+                             reserve_share=scenario["reserve_share"])
         queue = FairQueue(scenario["redis_url"], policy,
                           {scenario["model"]: ModelQueue(max_ongoing_requests=scenario["capacity"])})
         await queue.start()
@@ -279,14 +280,14 @@ def summarize(records: list[dict[str, Any]], tenants: list[str], window: tuple[f
     return {tenant: summary_of([r for r in records if r["tenant"] == tenant], window) for tenant in tenants}
 
 
-def run(duration: float, capacity: int, service_s: float, out: Path) -> dict[str, Any]:
+def run(duration: float, capacity: int, service_s: float, out: Path, reserve_share: float = 0.25) -> dict[str, Any]:
     import httpx
 
     from ops.devstack.local_redis import start_redis
     from ops.harness.processes import background, free_port, wait_for_http
 
     results: dict[str, Any] = {"duration_s": duration, "capacity": capacity, "service_s": service_s,
-                               "processes": PROCESSES, "scenarios": {}}
+                               "reserve_share": reserve_share, "processes": PROCESSES, "scenarios": {}}
     redis_server = start_redis()
     port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="llmstack-fq-bench-"))
@@ -300,7 +301,8 @@ def run(duration: float, capacity: int, service_s: float, out: Path) -> dict[str
                 for name, scenario in scenarios(capacity, service_s).items():
                     httpx.post(f"{base}/stats")
                     scenario = {**scenario, "redis_url": redis_server.url, "upstream": base, "capacity": capacity,
-                                "duration": duration, "model": f"bench-{name}-{time.time_ns()}"}
+                                "duration": duration, "model": f"bench-{name}-{time.time_ns()}",
+                                "reserve_share": reserve_share}
                     records = [r for part in pool.map(load_process, [scenario] * PROCESSES, range(PROCESSES))
                                for r in part]
                     upstream_stats = httpx.get(f"{base}/stats").json()
@@ -349,6 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--spread", type=float, default=0.0, help="upstream: decode time within +-this fraction")
     parser.add_argument("--out", type=Path, default=Path("build/bench/fair_queue.json"))
+    # As in ops.benchmarks.fair_queue_gateway: 2 of 8 slots, B's peak concurrency here.
+    parser.add_argument("--reserve-share", type=float, default=0.25, help="gateway.queue.reserve_share")
     args = parser.parse_args(argv)
     if args.role == "upstream":
         import uvicorn
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
                     port=args.port,
                     log_level="warning")
         return
-    results = run(args.duration, args.capacity, args.service_ms / 1000, args.out)
+    results = run(args.duration, args.capacity, args.service_ms / 1000, args.out, args.reserve_share)
     print(json.dumps(results["figures"], indent=2))
 
 
