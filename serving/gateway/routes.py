@@ -75,7 +75,7 @@ BODY_ROUTES: dict[str, frozenset[str]] = {
 }
 
 SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, "
-                 "GET /v1/models/{model}, and the Batch API: POST /v1/files, GET|DELETE /v1/files/{id}, "
+                 "GET /v1/models/{model}, and the Batch API: GET|POST /v1/files, GET|DELETE /v1/files/{id}, "
                  "GET /v1/files/{id}/content, GET|POST /v1/batches, GET /v1/batches/{id}, "
                  "POST /v1/batches/{id}/cancel")
 
@@ -83,7 +83,7 @@ SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embe
 _FILE = FILE_ID.pattern
 _BATCH = BATCH_ID.pattern
 LOCAL_ROUTES: tuple[tuple[re.Pattern[str], dict[str, str]], ...] = (
-    (re.compile(re.escape(FILES)), {"POST": "files.create"}),
+    (re.compile(re.escape(FILES)), {"POST": "files.create", "GET": "files.list"}),
     (re.compile(re.escape(FILES) + f"/({_FILE})"), {"GET": "files.retrieve", "DELETE": "files.delete"}),
     (re.compile(re.escape(FILES) + f"/({_FILE})/content"), {"GET": "files.content"}),
     (re.compile(re.escape(BATCHES)), {"POST": "batches.create", "GET": "batches.list"}),

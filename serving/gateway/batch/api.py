@@ -40,6 +40,8 @@ MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the fi
 CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
 MAX_METADATA = 16
 PAGE_DEFAULT, PAGE_MAX = 20, 100
+# OpenAI's file list pages up to 10,000 (its default); the SDK follows `has_more` either way.
+FILES_PAGE_DEFAULT, FILES_PAGE_MAX = 1000, 10_000
 
 
 class _InMemoryForm(MultiPartParser):
@@ -147,6 +149,18 @@ class BatchApi:
         await self.store.put_file(record)
         return JSONResponse(record.api())
 
+    async def files_list(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
+        params = request.query_params
+        limit = _limit(params.get("limit"), FILES_PAGE_DEFAULT, FILES_PAGE_MAX)
+        if limit is None:
+            return _bad(f"limit must be an integer from 1 to {FILES_PAGE_MAX}.", "limit")
+        order = params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            return _bad("order must be 'asc' or 'desc'.", "order")
+        records, has_more = await self.store.file_page(key.tenant, params.get("after"), limit,
+                                                       newest_first=order == "desc", purpose=params.get("purpose"))
+        return _page([record.api() for record in records], has_more)
+
     async def files_retrieve(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         record = await self.store.file(str(route.resource), key.tenant)
         return _not_found("file", route.resource) if record is None else JSONResponse(record.api())
@@ -161,7 +175,7 @@ class BatchApi:
         record = await self.store.file(str(route.resource), key.tenant)
         if record is None:
             return _not_found("file", route.resource)
-        await self.store.delete_file(record.id)  # the record first: the file is gone for callers at once
+        await self.store.delete_file(record)  # the record first: the file is gone for callers at once
         await self.storage.delete(record.id)
         return JSONResponse({"id": record.id, "object": "file", "deleted": True})
 
@@ -211,14 +225,11 @@ class BatchApi:
         return JSONResponse(record.api(await self.store.counts(record.id)))
 
     async def batches_list(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
-        after = request.query_params.get("after")
-        raw_limit = request.query_params.get("limit", str(PAGE_DEFAULT))
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= PAGE_MAX:
+        limit = _limit(request.query_params.get("limit"), PAGE_DEFAULT, PAGE_MAX)
+        if limit is None:
             return _bad(f"limit must be an integer from 1 to {PAGE_MAX}.", "limit")
-        records, has_more = await self.store.page(key.tenant, after, int(raw_limit))
-        data = [r.api(await self.store.counts(r.id)) for r in records]
-        return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                             "last_id": data[-1]["id"] if data else None, "has_more": has_more})
+        records, has_more = await self.store.page(key.tenant, request.query_params.get("after"), limit)
+        return _page([r.api(await self.store.counts(r.id)) for r in records], has_more)
 
     async def batches_cancel(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         batch_id = str(route.resource)
@@ -237,6 +248,20 @@ class BatchApi:
     async def aclose(self) -> None:
         for task in list(self._background):
             task.cancel()
+
+
+def _limit(raw: str | None, default: int, most: int) -> int | None:
+    """A list's `limit` query parameter: up to 6 ASCII digits (no sign, space, exponent or
+    Unicode digit, which int() would refuse or read), 1..most."""
+    if raw is None:
+        return default
+    return int(raw) if len(raw) <= 6 and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= most else None
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> JSONResponse:
+    """An OpenAI cursor page: the SDK asks for the next with `after=last_id` while `has_more`."""
+    return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None, "has_more": has_more})
 
 
 def _valid_metadata(metadata: Any) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from serving.gateway.batch.objects import BatchRecord, FileRecord
@@ -82,6 +83,10 @@ def tenant_batches_key(tenant: str) -> str:
     return f"llmstack:batches:tenant:{tenant}"
 
 
+def tenant_files_key(tenant: str) -> str:
+    return f"llmstack:files:tenant:{tenant}"
+
+
 def _encode(record: BatchRecord, fields: set[str] | None = None) -> dict[str, str]:
     values = record.model_dump(mode="json", include=fields)
     return {name: json.dumps(value) for name, value in values.items()}
@@ -109,8 +114,14 @@ class BatchStore:
     # --- files -------------------------------------------------------------------------
 
     async def put_file(self, record: FileRecord) -> None:
+        """Store the record and list it under its tenant, in creation order (a file stored again,
+        as a batch's result when a finalize is retried, keeps its place)."""
         expiry = {} if record.expires_at is None else {"exat": record.expires_at}
-        await self.redis.set(file_key(record.id), record.model_dump_json(), **expiry)
+        seq = await self.next_seq()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(file_key(record.id), record.model_dump_json(), **expiry)
+            pipe.zadd(tenant_files_key(record.tenant), {record.id: seq}, nx=True)
+            await pipe.execute()
 
     async def file(self, file_id: str, tenant: str) -> FileRecord | None:
         """The file if it exists and belongs to `tenant`: another tenant's file does not exist for it."""
@@ -118,8 +129,18 @@ class BatchStore:
         record = None if raw is None else FileRecord.model_validate_json(raw)
         return record if record is not None and record.tenant == tenant else None
 
-    async def delete_file(self, file_id: str) -> None:
-        await self.redis.delete(file_key(file_id))
+    async def delete_file(self, record: FileRecord) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(file_key(record.id))
+            pipe.zrem(tenant_files_key(record.tenant), record.id)
+            await pipe.execute()
+
+    async def file_page(self, tenant: str, after: str | None, limit: int, *, newest_first: bool,
+                        purpose: str | None) -> tuple[list[FileRecord], bool]:
+        """The tenant's files (of `purpose`, if given) after the file `after` (OpenAI's cursor); has_more."""
+        return await self._page(tenant_files_key(tenant), lambda file_id: self.file(file_id, tenant), after, limit,
+                                newest_first=newest_first,
+                                keep=lambda record: purpose is None or record.purpose == purpose)
 
     # --- batches -----------------------------------------------------------------------
 
@@ -163,20 +184,41 @@ class BatchStore:
 
     async def page(self, tenant: str, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
         """The tenant's batches, newest first, after the batch `after` (OpenAI's cursor); has_more."""
-        key = tenant_batches_key(tenant)
-        top = "+inf"
+        return await self._page(tenant_batches_key(tenant), lambda batch_id: self.batch(batch_id, tenant), after,
+                                limit)
+
+    async def _page(self, key: str, load: Callable[[str], Awaitable[Any]], after: str | None, limit: int, *,
+                    newest_first: bool = True, keep: Callable[[Any], bool] = lambda record: True
+                    ) -> tuple[list[Any], bool]:
+        """Records of the index `key` (ids scored by creation) that `keep` accepts, after the id
+        `after`, up to `limit`; and whether more follow. Ids whose records expired (after
+        retention_days) leave the index as the listing meets them."""
+        bound = "+inf" if newest_first else "-inf"
         if after is not None:
             score = await self.redis.zscore(key, after)
             if score is None:
                 return [], False
-            top = f"({int(score)}"
+            bound = f"({int(score)}"
+        found: list[Any] = []
         while True:
-            ids = await self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
-            found = {batch_id: await self.batch(batch_id, tenant) for batch_id in ids[:limit]}
-            gone = [batch_id for batch_id, record in found.items() if record is None]
-            if not gone:
-                return [record for record in found.values() if record is not None], len(ids) > limit
-            await self.redis.zrem(key, *gone)  # expired after retention_days: out of the index too, then read again
+            if newest_first:
+                ids = await self.redis.zrevrangebyscore(key, bound, "-inf", start=0, num=limit + 1, withscores=True)
+            else:
+                ids = await self.redis.zrangebyscore(key, bound, "+inf", start=0, num=limit + 1, withscores=True)
+            gone = []
+            for item_id, _ in ids:
+                record = await load(item_id)
+                if record is None:
+                    gone.append(item_id)
+                elif keep(record):
+                    found.append(record)
+                    if len(found) > limit:
+                        break
+            if gone:
+                await self.redis.zrem(key, *gone)
+            if len(found) > limit or len(ids) <= limit:
+                return found[:limit], len(found) > limit
+            bound = f"({int(ids[-1][1])}"
 
     async def keep_until(self, batch_id: str, expires_at: int) -> None:
         """A finished batch's records (and results) are deleted at `expires_at`."""

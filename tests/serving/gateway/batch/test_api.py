@@ -177,6 +177,26 @@ def test_list_is_newest_first_with_openai_cursor_pagination(client_for, make_key
     assert [b.id for b in client.batches.list(limit=2)] == made[::-1]  # the SDK's own auto-pagination
 
 
+def test_files_list_like_openai_and_only_the_tenants_own(client_for, make_key) -> None:
+    client, other = client_for(make_key("lister-co")), client_for(make_key("nosy-co"))
+    made = [client.files.create(file=(f"in{i}.jsonl", jsonl([chat_line(str(i))])), purpose="batch").id
+            for i in range(3)]
+    other.files.create(file=("theirs.jsonl", jsonl([chat_line("t")])), purpose="batch")
+    first = client.files.list(limit=2)
+    assert [f.id for f in first.data] == made[::-1][:2] and first.has_more
+    assert [f.id for f in client.files.list(limit=2, after=first.data[-1].id).data] == made[:1]
+    assert [f.id for f in client.files.list(limit=2)] == made[::-1]  # the SDK's own auto-pagination
+    assert [f.id for f in client.files.list(order="asc")] == made
+    assert [f.id for f in other.files.list()] != [] and not set(made) & {f.id for f in other.files.list()}
+    client.files.delete(made[1])
+    assert [f.id for f in client.files.list()] == [made[2], made[0]]  # a deleted file is not listed
+    batch = client.batches.create(input_file_id=made[0], endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait_for(client, batch.id, {"completed"})
+    assert [f.id for f in client.files.list(purpose="batch_output")] == [done.output_file_id]
+    assert [f.id for f in client.files.list(purpose="batch")] == [made[2], made[0]]
+    assert all(isinstance(f, FileObject) for f in client.files.list())
+
+
 def test_a_spent_daily_budget_stops_the_batch_and_fails_the_rest(client_for, redis_server, recorded) -> None:
     from serving.gateway.keys import create_key_sync
     from tests.support.gateway import GENEROUS
