@@ -217,16 +217,11 @@ class Admitter:
         return record, from_cache
 
     async def admit(self, request: Request) -> Admission | Response:
-        settings = self.settings
         known = await self.authenticate(request)
         if isinstance(known, Response):
             return known
         record, from_cache = known
-        who = Who(key_id=record.key_id, tenant=record.tenant,
-                  limits=effective_limits(record, settings.default_limits),
-                  tenant_defaults=settings.default_tenant_limits, shadow=record.shadow,
-                  shadow_max_concurrent=settings.shadow_max_concurrent_requests,
-                  monthly_budget_usd=record.monthly_budget_usd)
+        who = self._who(record)
         ticket = None
         if request.method != "GET" and not declares_small_body(request.headers):
             ticket, refusal = await self._limited(self.limiter.admit_slot(who), record, from_cache)
@@ -241,6 +236,20 @@ class Admitter:
         if isinstance(outcome, Response) and ticket is not None:
             await ticket.release()  # a no-op when the token phase refused (it gave everything back)
         return outcome
+
+    def _who(self, record: KeyRecord) -> Who:
+        settings = self.settings
+        return Who(key_id=record.key_id, tenant=record.tenant, limits=effective_limits(record, settings.default_limits),
+                   tenant_defaults=settings.default_tenant_limits, shadow=record.shadow,
+                   shadow_max_concurrent=settings.shadow_max_concurrent_requests,
+                   monthly_budget_usd=record.monthly_budget_usd)
+
+    async def admit_call(self, record: KeyRecord, from_cache: bool) -> tuple[Ticket | None, Response | None]:
+        """A call the gateway answers itself (the Batch API) counts against the key's and the
+        tenant's requests per minute and concurrency like any request, so uploads and polling
+        cannot flood the gateway: (the ticket to settle when the call ends, None), or the refusal."""
+        ticket, refusal = await self._limited(self.limiter.admit_slot(self._who(record)), record, from_cache)
+        return (None, refusal) if refusal is not None else (ticket, None)
 
     async def _admit_body(self, request: Request, record: KeyRecord, who: Who, ticket: Ticket | None,
                           from_cache: bool) -> Admission | Response:

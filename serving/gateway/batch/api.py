@@ -33,6 +33,7 @@ from serving.gateway.batch.storage import FileStorage, StorageError
 from serving.gateway.batch.store import BatchStore, now
 from serving.gateway.body import BodyError, parse_json
 from serving.gateway.key_format import KeyRecord
+from serving.gateway.metering import NOTHING_BILLED
 from serving.gateway.routes import ApiRoute
 from serving.gateway.settings import GatewaySettings
 
@@ -89,11 +90,21 @@ class BatchApi:
         known = await self.admitter.authenticate(request)
         if isinstance(known, Response):
             return known
+        ticket, refusal = await self.admitter.admit_call(*known)
+        if refusal is not None:
+            return refusal
+        try:
+            return await self._handle(request, route, known[0])
+        finally:
+            if ticket is not None:
+                await ticket.settle(NOTHING_BILLED)  # the call counted; its concurrency slot frees
+
+    async def _handle(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         from redis.exceptions import RedisError  # here: an in-memory gateway (no Batch API) needs no redis package
 
         handler = getattr(self, str(route.handler).replace(".", "_"))  # resolve() names only these methods
         try:
-            return await handler(request, route, known[0])
+            return await handler(request, route, key)
         except StorageError:
             return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
                                        errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})

@@ -182,3 +182,52 @@ def test_methods_outside_the_allowlist_get_405(gateway, owned) -> None:
                                   ("PATCH", "/v1/batches", "GET, POST")):
         status, headers, _ = raw_request(gateway, method, target, headers=victim)
         assert (status, headers.get("allow")) == (405, allow), (method, target)
+
+
+def test_uploads_and_polling_count_against_the_keys_rate_limit(gateway, redis_server) -> None:
+    from serving.gateway.keys import create_key_sync
+    from tests.support.gateway import GENEROUS
+
+    key = create_key_sync(redis_server.url, "flooder-co", "batch", limits={**GENEROUS, "requests_per_minute": 3})
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+    client.files.create(file=("in.jsonl", (json.dumps(LINE) + "\n").encode()), purpose="batch")
+    client.files.list()
+    client.batches.list()
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.files.create(file=("more.jsonl", (json.dumps(LINE) + "\n").encode()), purpose="batch")
+    assert refused.value.response.headers.get("retry-after")
+    owner = create_key_sync(redis_server.url, "flooder-co", "reader", limits=GENEROUS)
+    reader = openai.OpenAI(base_url=f"{gateway}/v1", api_key=owner, max_retries=0, timeout=HANG_BOUND_S)
+    assert [f.filename for f in reader.files.list()] == ["in.jsonl"]  # the refused upload stored nothing
+
+
+def test_a_held_open_upload_holds_one_of_the_keys_concurrent_slots(gateway, redis_server) -> None:
+    from serving.gateway.keys import create_key_sync
+    from tests.support.gateway import GENEROUS
+
+    key = create_key_sync(redis_server.url, "slowpoke-co", "batch", limits={**GENEROUS, "max_concurrent_requests": 1})
+    body, content_type = multipart((json.dumps(LINE) + "\n").encode())
+    parts = urlsplit(gateway)
+    slow = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HANG_BOUND_S)
+    slow.putrequest("POST", "/v1/files")
+    for name, value in (("Authorization", f"Bearer {key}"), ("Content-Type", content_type),
+                        ("Content-Length", str(len(body)))):
+        slow.putheader(name, value)
+    slow.endheaders()
+    slow.send(body[:10])  # and hold the rest
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+    try:
+        calls = 0
+        while True:  # the held upload takes its slot once the gateway has read its headers
+            calls += 1
+            try:
+                client.files.list()
+            except openai.RateLimitError as refused:
+                assert "concurrent" in refused.message, refused.message
+                break
+            assert calls < 1000, "the held upload never took the key's slot"
+        slow.send(body[10:])
+        assert slow.getresponse().status == 200
+    finally:
+        slow.close()
+    assert len(client.files.list().data) == 1  # the slot came back with the upload's end
