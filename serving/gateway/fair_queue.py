@@ -17,8 +17,11 @@ request gives its slot straight back (`QueueTicket.discard`), and a busy try is 
 `acquire` with the try's token, which queues.
 At capacity the request waits in the model's queue, ordered by tier and, within a tier, by
 start-time fair queuing across tenants (fair_share). Each release admits the next waiter inside
-the same script, so capacity never sits idle while someone waits, and no interleaving of
-gateway replicas admits more than capacity. All of it is fair_queue.lua.
+the same script, and no interleaving of gateway replicas admits more than capacity. The last
+`reserve_share` of the capacity goes only to tenants holding less than their share of it: those
+slots may sit idle while only heavier tenants wait, so that a light tenant's request finds one
+free rather than waiting for a running request to end (nothing preempts one). All of it is
+fair_queue.lua.
 
 Waking: the script that admits a waiter PUBLISHes to the channel of the gateway process that
 owns it (one subscription per process, so no process sees other processes' wake-ups). Polling
