@@ -502,8 +502,10 @@ def test_a_try_never_pushes_a_waiter_out_of_a_full_queue(redis_server):
                 assert none is None and attempt.busy
             assert await snapshot(client, model, len(POLICY.tiers)) == before
             await holder.release()
-            for waiter in waiters:
-                await (await asyncio.wait_for(waiter, HANG_BOUND_S)).release()
+            # In the order the queue admits them (one slot: each must end before the next),
+            # which need not be the order their tasks were made in.
+            for admitted in asyncio.as_completed(waiters, timeout=HANG_BOUND_S):
+                await (await admitted).release()
         finally:
             await client.aclose()
             await queue.aclose()
