@@ -202,7 +202,12 @@ def test_uploads_and_polling_count_against_the_keys_rate_limit(gateway, redis_se
 
 
 def test_a_held_open_upload_holds_one_of_the_keys_concurrent_slots(gateway, redis_server) -> None:
+    import time
+
+    import redis
+
     from serving.gateway.keys import create_key_sync
+    from serving.gateway.tenants import counter_keys
     from tests.support.gateway import GENEROUS
 
     key = create_key_sync(redis_server.url, "slowpoke-co", "batch", limits={**GENEROUS, "max_concurrent_requests": 1})
@@ -216,18 +221,20 @@ def test_a_held_open_upload_holds_one_of_the_keys_concurrent_slots(gateway, redi
     slow.endheaders()
     slow.send(body[:10])  # and hold the rest
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+    in_flight = redis.Redis.from_url(redis_server.url)
     try:
-        calls = 0
-        while True:  # the held upload takes its slot once the gateway has read its headers
-            calls += 1
-            try:
-                client.files.list()
-            except openai.RateLimitError as refused:
-                assert "concurrent" in refused.message, refused.message
-                break
-            assert calls < 1000, "the held upload never took the key's slot"
+        # The upload holds its slot once the gateway has read its headers (the tenant's in-flight
+        # set shows it); only then may the probe go, or the probe could be the one holding it.
+        deadline = time.monotonic() + HANG_BOUND_S
+        while in_flight.zcard(counter_keys("slowpoke-co", "-")[6]) != 1:
+            assert time.monotonic() < deadline, "the held upload never took a slot"
+            time.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.files.list()
+        assert "concurrent" in refused.value.message, refused.value.message
         slow.send(body[10:])
         assert slow.getresponse().status == 200
     finally:
         slow.close()
+        in_flight.close()
     assert len(client.files.list().data) == 1  # the slot came back with the upload's end
