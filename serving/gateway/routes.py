@@ -27,7 +27,8 @@ that name no routed model (`GET /v1/models`) go to `/`, where an application lis
 The Batch API's routes (/v1/files, /v1/batches: serving.gateway.batch.api) are the gateway's own:
 nothing of them goes upstream. Their ids are matched against the exact pattern the gateway
 makes them with, so no other spelling of an id (encoded, dotted, another case) reaches a lookup.
-GET /v1/batches reads its `after` and `limit` from the query string, as OpenAI's does.
+GET /v1/batches and GET /v1/files read their `after`, `limit` (and for files `order`, `purpose`)
+from the query string, as OpenAI's do.
 
 Each body route also names OpenAI's request fields for it. Any other top-level field is a
 vLLM extension (`ignore_eos`, `top_k`, `priority`, `chat_template`, `request_id`, ...) and
