@@ -58,8 +58,8 @@ class QueuePolicy(StrictModel):
     reserve_share: float = Field(
         default=0.1, ge=0, lt=1,
         description="Fraction of each model's capacity (rounded down to whole slots) kept for tenants holding "
-                    "less than their share of it (the capacity split among the tenants holding slots and one "
-                    "more), so that on a saturated model a light tenant's request finds a slot free at once "
+                    "less than their share of it (the capacity split among the tenants holding slots, never more than "
+                    "half of it), so that on a saturated model a light tenant's request finds a slot free at once "
                     "instead of waiting for a flooding tenant's request to end. The price: a tenant flooding "
                     "alone is served with the reserve idle. 0: no reserve.")
     engine_priority: bool = Field(
