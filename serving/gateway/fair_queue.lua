@@ -55,6 +55,12 @@ local function tier_cap(cap, rank) return math.max(1, math.floor(cap * shares[ra
 -- another tenant's first request comes.
 local function reserved(cap) return math.floor(cap * reserve_share + 1e-9) end
 
+-- Only the reserve is free: `count` in flight leaves no slot for a tenant holding its share.
+local function only_reserve_left(count, cap)
+  local reserve = reserved(cap)
+  return reserve > 0 and count >= cap - reserve
+end
+
 local function over_share(tenant, cap)
   local held = tonumber(redis.call('HGET', HOLDERS, tenant) or '0')
   return held > 0 and held * math.max(2, redis.call('HLEN', HOLDERS)) >= cap
@@ -62,8 +68,7 @@ end
 
 local function has_room(count, cap, rank, tenant)
   if count >= tier_cap(cap, rank) then return false end
-  local reserve = reserved(cap)
-  return reserve == 0 or count < cap - reserve or not over_share(tenant, cap)
+  return not only_reserve_left(count, cap) or not over_share(tenant, cap)
 end
 
 local function hold(id, tenant)
@@ -151,8 +156,7 @@ end
 -- tenant holds less. A stale id (no record) is returned as is, for the caller to drop.
 local SCAN = 32
 local function next_waiter(rank, count, cap)
-  local reserve = reserved(cap)
-  if reserve == 0 or count < cap - reserve then
+  if not only_reserve_left(count, cap) then
     return redis.call('ZRANGE', queue_key(rank), 0, 0)[1]
   end
   for _, id in ipairs(redis.call('ZRANGE', queue_key(rank), 0, SCAN - 1)) do
