@@ -239,14 +239,7 @@ class RedisLimiter:
         stays in it."""
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
-        async with self._client.slot() as redis:
-            if along is None:
-                return await self._admit(keys=keys, args=args)
-            admit = ScriptCall(self._admit, keys, args)
-            await run_together(redis, [admit, along])
-        if isinstance(admit.result, Exception):
-            raise admit.result
-        return admit.result
+        return await self._run(self._admit, keys, args, along)
 
     async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
                      along: ScriptCall | None = None) -> None:
@@ -269,14 +262,18 @@ class RedisLimiter:
             delta = ticket.cost_of(billed.total) - ticket.reserved_nano_usd
         args += [who.key_id, str(delta), str(spend_expire_at(ticket.month)), *ledger_args[1:]]
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month), *ledger_keys]
+        await self._run(self._settle, keys, args, along)
+
+    async def _run(self, script: Any, keys: list[str], args: list[object], along: ScriptCall | None) -> Any:
+        """One of our scripts, alone or with `along` in the same round trip; its reply, or its error raised."""
         async with self._client.slot() as redis:
             if along is None:
-                await self._settle(keys=keys, args=args)
-                return
-            settle = ScriptCall(self._settle, keys, args)
-            await run_together(redis, [settle, along])
-        if isinstance(settle.result, Exception):
-            raise settle.result
+                return await script(keys=keys, args=args)
+            call = ScriptCall(script, keys, args)
+            await run_together(redis, [call, along])
+        if isinstance(call.result, Exception):
+            raise call.result
+        return call.result
 
     async def aclose(self) -> None:
         await self._client.aclose()
