@@ -203,6 +203,7 @@ class FairQueue:
         self._listener_redis = redis_client(redis_url)  # its own connection, held by the subscription
         self._script = self._redis.register_script(LUA)
         self._shares = ",".join(repr(tier.capacity_share) for tier in policy.tiers)
+        self._reserve_share = repr(policy.reserve_share)
         self._waiting: dict[str, _Waiter] = {}  # token -> waiter
         self._held: dict[str, set[str]] = {}  # model -> slot ids this process holds
         self._tasks: list[asyncio.Task] = []
@@ -420,7 +421,7 @@ class FairQueue:
         config = self.models[model]
         return ScriptCall(self._script, queue_keys(model, len(self.policy.tiers)).script_keys(),
                           [op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
-                           CHANNEL_PREFIX, self._shares, repr(self.policy.reserve_share), *args])
+                           CHANNEL_PREFIX, self._shares, self._reserve_share, *args])
 
     async def _call(self, model: str, op: str, *args: Any) -> Any:
         return await self._run(self._script_call(model, op, *args))
