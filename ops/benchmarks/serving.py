@@ -46,7 +46,7 @@ import httpx
 
 from infra.render.serve_config import SERVING_PATH, ServingPath
 from ops.harness.processes import free_port, stop_tree, wait_for_http
-from ops.llmctl.bench.cpu_layers import ROUTER, CpuSampler, cpu_ms_per_token
+from ops.llmctl.bench.cpu_layers import LAYERS, PARTS, CpuSampler, cpu_ms_per_token
 
 MODEL = "tiny-chat"
 # make dev's local stack with tiny-chat alone: a second, idle model's upkeep would blur the split.
@@ -178,9 +178,8 @@ def ratios(results: list[dict[str, Any]], path: str) -> dict[str, float | None]:
 
 
 def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[str, float | None]]) -> str:
-    """The throughput table, the CPU-by-layer table (c=32) and each path's ratios with its targets."""
-    from ops.llmctl.bench.cpu_layers import LAYERS
-
+    """The throughput table, the CPU-by-layer and run-queue tables (c=32) and each path's ratios
+    with its targets."""
     def num(value: float | None, fmt: str = "{:,.0f}") -> str:
         return "n/a" if value is None else fmt.format(value)
 
@@ -195,8 +194,16 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[
         lines += ["", "CPU-ms per output token at concurrency 32, by layer:", "",
                   "| layer | " + " | ".join(label(r["target"]) for r in measured) + " |",
                   "|---|" + "---:|" * len(measured)]
-        for layer in (*LAYERS, "serving layers", "total", ROUTER):
+        for layer in (*LAYERS, "serving layers", "total", *PARTS):
             cells = [num(r["cpu_ms_per_output_token"].get(layer), "{:.3f}") for r in measured]
+            lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    waited = [r for r in measured if r.get("run_queue_wait_cores")]
+    if waited:
+        lines += ["", "Waiting to run at concurrency 32, by layer (cores: run-queue seconds per second of load):", "",
+                  "| layer | " + " | ".join(label(r["target"]) for r in waited) + " |",
+                  "|---|" + "---:|" * len(waited)]
+        for layer in (*LAYERS, *PARTS):
+            cells = [num(r["run_queue_wait_cores"].get(layer), "{:.3f}") for r in waited]
             lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     failed = [r for r in results if not r.get("completed") and r.get("first_error")]
     if failed:
@@ -338,7 +345,8 @@ def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concu
     else:
         command = [sys.executable, "-c", VLLM_BENCH_CLIENT,
                    *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name)]
-        client, output, cpu = _run_marked(command, env)
+        client, output, cpu, waiting = _run_marked(command, env)
+        result["run_queue_wait_cores"] = waiting
     if client.returncode != 0 or not (work / name).exists():
         error = output[-2000:]
         say(f"  client failed (exit {client.returncode}):\n{error}")
@@ -364,12 +372,16 @@ def _when_all_failed(result: dict[str, Any], root_url: str, api_key: str | None)
     return {"first_error": answer}
 
 
-def _run_marked(command: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, str, dict[str, float]]:
+def _run_marked(command: list[str], env: dict[str, str]
+                ) -> tuple[subprocess.CompletedProcess, str, dict[str, float], dict[str, float]]:
     """Run the marked client; sample CPU (by layer) of everything this benchmark started from its
-    start mark to its end mark. The client's own share is the CPU time it reports at the marks."""
+    start mark to its end mark. The client's own share is the CPU time it reports at the marks.
+    Also returns each layer's run-queue wait over that window, in cores (seconds per second)."""
     sampler = CpuSampler([os.getpid()])
     cpu: dict[str, float] = {}
+    waiting: dict[str, float] = {}
     marks: dict[str, float] = {}
+    started = 0.0
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout: list[str] = []
     reader = threading.Thread(target=lambda: stdout.extend(process.stdout), daemon=True)
@@ -382,14 +394,17 @@ def _run_marked(command: list[str], env: dict[str, str]) -> tuple[subprocess.Com
             marks[which] = float(process_time)
             if which == "start":
                 sampler.start()
+                started = time.monotonic()
             else:
                 cpu = sampler.stop()
+                seconds = time.monotonic() - started
+                waiting = {layer: round(s / seconds, 4) for layer, s in sampler.waited_s.items()}
     process.wait(timeout=1800)
     reader.join(10)
     if "start" in marks and "end" in marks:
         cpu["client"] = marks["end"] - marks["start"]  # it is a descendant too: replace, not add
     done = subprocess.CompletedProcess(command, process.returncode, "".join(stdout), "".join(stderr))
-    return done, done.stdout + done.stderr, cpu
+    return done, done.stdout + done.stderr, cpu, waiting
 
 
 def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str,
@@ -418,7 +433,7 @@ def settle(idle_cores: float = 0.3, timeout_s: float = 90) -> None:
         sampler = CpuSampler([os.getpid()])
         sampler.start()
         time.sleep(2)
-        busy = sum(cpu for layer, cpu in sampler.stop().items() if layer != ROUTER) / 2  # the router is in its layer
+        busy = sum(cpu for layer, cpu in sampler.stop().items() if layer in LAYERS) / 2  # parts are in their layers
         if busy < idle_cores:
             return
     say(f"  still busy after {timeout_s:.0f} s ({busy:.2f} cores); measuring anyway")

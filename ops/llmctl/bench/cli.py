@@ -207,7 +207,7 @@ def results_table(report: BenchReport) -> Table:
 
 def cpu_table(report: BenchReport) -> Table | None:
     """CPU-ms per output token by layer, one column per level; None without --cpu-layers."""
-    from ops.llmctl.bench.cpu_layers import LAYERS, ROUTER
+    from ops.llmctl.bench.cpu_layers import LAYERS, PARTS
 
     levels = [s for s in report.levels if s.cpu_ms_per_output_token]
     if not levels:
@@ -216,7 +216,7 @@ def cpu_table(report: BenchReport) -> Table | None:
     table.add_column("layer")
     for s in levels:
         table.add_column(f"{report.mode} {s.level:g}", justify="right")
-    for layer in (*LAYERS, "serving layers", "total", ROUTER):
+    for layer in (*LAYERS, "serving layers", "total", *PARTS):
         table.add_row(layer, *(f"{s.cpu_ms_per_output_token.get(layer, 0):.3f}" for s in levels))
     return table
 

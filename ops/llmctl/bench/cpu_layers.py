@@ -11,9 +11,14 @@ machine stays out. `cpu_ms_per_token` is pure; `CpuSampler` is the thin psutil s
     replica         the LLMServer replica (vLLM's OpenAI app runs in it); bare vLLM: its API server
     engine          vLLM's engine core and workers (the model itself)
     ray background  Serve's controller, raylet, GCS, idle workers and agents
-Within the Serve ingress, the Python process that handles each request (the LLMRouter on the
-direct path, the OpenAI ingress on the others) is also reported on its own as `ingress router`:
-it is what `infra/serving_estimates.yaml` sizes.
+Two parts are also reported on their own, beside the layers (not added to the sums): within the
+Serve ingress, the Python process that handles each request (the LLMRouter on the direct path,
+the OpenAI ingress on the others) as `ingress router`, which `infra/serving_estimates.yaml`
+sizes; within the engine, the process that runs the model (vLLM's worker) as `engine worker`.
+
+Besides CPU, the sampler reads how long each layer's threads stood runnable but unscheduled
+(Linux's `/proc/<pid>/task/<tid>/schedstat`, second field): on a machine with fewer cores than
+runnable threads, that run-queue wait is what one layer's CPU costs the others.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ SERVING_LAYERS = ("serve ingress", "replica")
 _ROUTER_MARKS = (":LLMRouter", ":OpenAiIngress")
 _INGRESS_MARKS = ("haproxy", "ray::ProxyActor", "ray::HAProxyManager", ":ModelList", *_ROUTER_MARKS)
 ROUTER = "ingress router"  # a part of `serve ingress`, reported beside the layers
+_WORKER_MARKS = ("VLLM::Worker", "VllmWorker")
+WORKER = "engine worker"  # a part of `engine`: the process that runs the model, beside the engine core
+PARTS = (ROUTER, WORKER)
 _RAY_MARKS = ("raylet", "gcs_server", "ray::ServeController", "ray::IDLE", "ray::TelemetryAgent", "dashboard",
               "log_monitor", "runtime_env", "ray/_private", "ray::")
 
@@ -52,12 +60,28 @@ def layer_of(name: str, cmdline: Iterable[str]) -> str:
     return "other"
 
 
+def part_of(cmdline: Iterable[str]) -> str | None:
+    """The part (`PARTS`) a process is, if any, from its command line (its title). Pure."""
+    text = " ".join(cmdline)
+    if any(mark in text for mark in _ROUTER_MARKS):
+        return ROUTER
+    if any(mark in text for mark in _WORKER_MARKS):
+        return WORKER
+    return None
+
+
+def run_queue_wait_ns(schedstat: str) -> int:
+    """Nanoseconds a thread waited runnable on a run queue, from its `schedstat` line
+    (`<on cpu ns> <waiting ns> <timeslices>`). Pure."""
+    return int(schedstat.split()[1])
+
+
 def cpu_ms_per_token(cpu_s_by_layer: Mapping[str, float], output_tokens: int) -> dict[str, float]:
     """CPU seconds per layer over a run -> CPU-ms per output token, with the `serving layers`
     sum and the `total`. Empty when no token was generated. Pure."""
     if output_tokens <= 0:
         return {}
-    per_token = {layer: round(1000 * cpu_s_by_layer.get(layer, 0.0) / output_tokens, 4) for layer in (*LAYERS, ROUTER)}
+    per_token = {layer: round(1000 * cpu_s_by_layer.get(layer, 0.0) / output_tokens, 4) for layer in (*LAYERS, *PARTS)}
     per_token["serving layers"] = round(sum(per_token[layer] for layer in SERVING_LAYERS), 4)
     per_token["total"] = round(sum(per_token[layer] for layer in LAYERS), 4)
     return per_token
@@ -66,17 +90,20 @@ def cpu_ms_per_token(cpu_s_by_layer: Mapping[str, float], output_tokens: int) ->
 class CpuSampler:
     """CPU time of every process under `roots` (and the roots themselves), by layer, between
     `start()` and `stop()`. A process that starts in between counts from zero; one that ends
-    in between loses what it used since `start()` (short-lived helpers only, in practice)."""
+    in between loses what it used since `start()` (short-lived helpers only, in practice).
+    `stop()` also leaves the run-queue wait of the same window in `waited_s` (empty where the
+    kernel does not report it)."""
 
     def __init__(self, roots: Iterable[int], *, include_self: bool = False) -> None:
         self._roots = list(roots)
         self._include_self = include_self
-        self._before: dict[tuple[int, float], float] = {}
+        self._before: dict[tuple[int, float], tuple[float, float]] = {}
+        self.waited_s: dict[str, float] = {}
 
-    def _snapshot(self) -> dict[tuple[int, float], tuple[str, bool, float]]:
+    def _snapshot(self) -> dict[tuple[int, float], tuple[str, str | None, float, float]]:
         import psutil
 
-        seen: dict[tuple[int, float], tuple[str, bool, float]] = {}
+        seen: dict[tuple[int, float], tuple[str, str | None, float, float]] = {}
         for root in self._roots:
             try:
                 top = psutil.Process(root)
@@ -91,21 +118,40 @@ class CpuSampler:
                         times = process.cpu_times()
                         key = (process.pid, process.create_time())  # a reused pid is another process
                         cmdline = process.cmdline()
-                        router = any(mark in " ".join(cmdline) for mark in _ROUTER_MARKS)
-                        seen[key] = (layer_of(process.name(), cmdline), router, times.user + times.system)
+                        seen[key] = (layer_of(process.name(), cmdline), part_of(cmdline), times.user + times.system,
+                                     _waited_s(process.pid))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
         return seen
 
     def start(self) -> None:
-        self._before = {key: cpu for key, (_, _, cpu) in self._snapshot().items()}
+        self._before = {key: (cpu, waited) for key, (_, _, cpu, waited) in self._snapshot().items()}
 
     def stop(self) -> dict[str, float]:
-        """CPU seconds per layer (and of the ingress router, also counted in its layer) since `start()`."""
+        """CPU seconds per layer (and of each part, also counted in its layer) since `start()`."""
         used: dict[str, float] = defaultdict(float)
-        for key, (layer, router, cpu) in self._snapshot().items():
-            delta = max(0.0, cpu - self._before.get(key, 0.0))
-            used[layer] += delta
-            if router:
-                used[ROUTER] += delta
+        waited: dict[str, float] = defaultdict(float)
+        for key, (layer, part, cpu, wait) in self._snapshot().items():
+            cpu_before, wait_before = self._before.get(key, (0.0, 0.0))
+            for totals, delta in ((used, max(0.0, cpu - cpu_before)), (waited, max(0.0, wait - wait_before))):
+                totals[layer] += delta
+                if part:
+                    totals[part] += delta
+        self.waited_s = dict(waited) if any(waited.values()) else {}
         return dict(used)
+
+
+def _waited_s(pid: int) -> float:
+    """Run-queue wait of all of a process's threads, in seconds; 0 where /proc does not say."""
+    total = 0
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as file:
+                total += run_queue_wait_ns(file.read())
+        except (OSError, ValueError, IndexError):  # a thread that ended, or a kernel without schedstats
+            continue
+    return total / 1e9

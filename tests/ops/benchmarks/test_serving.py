@@ -99,6 +99,15 @@ def test_report_marks_missed_targets_and_splits_cpu_by_layer():
     assert "- gateway_c32_vs_c1: 9.500  (target >= 6) met" in report
     assert "| serving layers | 0.200 |" in report
     assert "serving layers CPU-ms per output token (Serve alone, c=32): 0.200  (target <= 0.25) met" in report
+    assert "Waiting to run" not in report  # no run-queue figures were read
+
+
+def test_report_shows_how_long_each_layer_waited_to_run():
+    serve = _run("serve:direct", 32, 2300, serving_cpu=0.2) | {
+        "run_queue_wait_cores": {"engine": 0.61, "engine worker": 0.27, "client": 0.8}}
+    report = markdown_report([_run("vllm", 32, 2500), serve], {})
+    assert "| engine | 0.610 |" in report and "| engine worker | 0.270 |" in report
+    assert "| client | 0.800 |" in report and "| gateway | n/a |" in report
 
 
 def test_llmctl_client_figures_match_the_vllm_names():

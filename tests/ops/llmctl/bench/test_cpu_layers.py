@@ -10,7 +10,16 @@ import time
 
 import pytest
 
-from ops.llmctl.bench.cpu_layers import LAYERS, CpuSampler, cpu_ms_per_token, layer_of
+from ops.llmctl.bench.cpu_layers import (
+    LAYERS,
+    ROUTER,
+    WORKER,
+    CpuSampler,
+    cpu_ms_per_token,
+    layer_of,
+    part_of,
+    run_queue_wait_ns,
+)
 
 
 @pytest.mark.parametrize(("title", "layer"), [
@@ -34,6 +43,21 @@ from ops.llmctl.bench.cpu_layers import LAYERS, CpuSampler, cpu_ms_per_token, la
 ])
 def test_layer_from_process_titles(title, layer):
     assert layer_of(title.split()[0], title.split()[1:]) == layer
+
+
+@pytest.mark.parametrize(("title", "part"), [
+    ("ray::ServeReplica:tiny-chat:LLMRouter", ROUTER),
+    ("ray::ServeReplica:llm:OpenAiIngress", ROUTER),
+    ("VLLM::Worker", WORKER),
+    ("VLLM::EngineCore", None),
+    ("ray::ServeReplica:tiny-chat:LLMServer:tiny-chat", None),
+])
+def test_parts_reported_beside_their_layers(title, part):
+    assert part_of(title.split()) == part
+
+
+def test_run_queue_wait_is_the_second_schedstat_field():
+    assert run_queue_wait_ns("8455312 1200345 37\n") == 1200345
 
 
 def test_per_token_figures_and_the_serving_layers_sum():
@@ -65,3 +89,30 @@ def test_sampler_counts_a_busy_descendant_in_its_layer():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/schedstat"), reason="the kernel reports no schedstat")
+def test_sampler_reads_the_run_queue_wait_of_processes_sharing_a_core():
+    """Two children burn 0.5 CPU-seconds each on one core, then sleep: while one ran the other
+    waited, so their layer shows run-queue wait; a child that only sleeps shows almost none."""
+    core = min(os.sched_getaffinity(0))
+    busy = (f"# serving.gateway\nimport os, time\nos.sched_setaffinity(0, {{{core}}})\n"
+            "end = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(60)\n")
+    sampler = CpuSampler([os.getpid()])
+    sampler.start()
+    children = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
+    children.append(subprocess.Popen([sys.executable, "-c", "# vllm.benchmarks\nimport time; time.sleep(60)"]))
+    try:
+        deadline = time.monotonic() + 60  # bounds a hang only
+        used = sampler.stop()
+        while used.get("gateway", 0) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            used = sampler.stop()
+        assert used["gateway"] >= 1.0
+        # Each waited at least while the other burned part of its half second.
+        assert sampler.waited_s["gateway"] >= 0.2
+        assert sampler.waited_s.get("client", 0) < 0.2
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
