@@ -75,8 +75,9 @@ else
 end
 return {1, redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
 """
-# Lines of a batch are in the rotation: enqueued after its stream entries, so a claim that finds the
-# stream empty and drops the batch (CLAIM_LUA, atomic) either ran before them or was right to.
+# The batch (and its tenant) join the rotation once its lines are in its stream, and the bell rings.
+# A claim that found the stream empty and dropped the batch (CLAIM_LUA, atomic) ran either before
+# this (which adds it back) or after the lines were taken: no line is left out of the rotation.
 READY_LUA = """
 local turn = redis.call('INCR', KEYS[1])
 redis.call('ZADD', KEYS[2], 'NX', turn, ARGV[1])
@@ -172,6 +173,7 @@ class BatchStore:
         self._renew = redis.register_script(RENEW_LUA)
         self._ready = redis.register_script(READY_LUA)
         self._claim = redis.register_script(CLAIM_LUA)
+        self._delete_empty = redis.register_script(DELETE_EMPTY_LUA)
 
     # --- files -------------------------------------------------------------------------
 
@@ -397,7 +399,7 @@ class BatchStore:
                     await self.enqueue(batch_id, tenant, todo)
                     moved += len(todo)
                 await self.redis.xdel(LEGACY_STREAM, *(entry_id for entry_id, _ in entries))
-            await self.redis.eval(DELETE_EMPTY_LUA, 1, LEGACY_STREAM)  # unless an earlier gateway added lines since
+            await self._delete_empty(keys=[LEGACY_STREAM])  # unless an earlier gateway added lines since
         finally:
             await self._release(keys=[f"{LEGACY_STREAM}:adopting"], args=[owner])
         return moved
