@@ -7,7 +7,7 @@ TTFT while a batch runs, through a real gateway process, redis-server and the st
 The stub upstream (ops.harness.stub_upstream) answers each request after `service-ms` (a
 non-streamed answer waits its whole stream's time; a stream's first chunk comes after one
 interval, as prefill), so the model's side is a fixed latency with no capacity limit and the
-figures are the gateway's: its admission, fair queue and, for batches, the work stream. The model
+figures are the gateway's: its admission, fair queue and, for batches, the work queue. The model
 has a fair-queue capacity of `concurrency` requests (`model_queues`), as a stack with one replica
 of that many `max_ongoing_requests` would give it.
 

@@ -18,7 +18,7 @@ from rich.table import Table
 from ops.llmctl.console import ExitCode, err, out
 from ops.llmctl.keys import PasswordFileOption, RedisOption, StackOption, _run, _store_url
 from serving.gateway.batch.objects import BATCH_ID, BatchRecord
-from serving.gateway.batch.store import WORK_GROUP, WORK_STREAM, BatchStore, now
+from serving.gateway.batch.store import BatchStore, now
 from serving.gateway.redis_client import redis_client
 
 app = typer.Typer(help="Batches of the Batch API (/v1/batches): list, show, cancel.", no_args_is_help=True)
@@ -89,17 +89,16 @@ async def _show(admin: _Admin, batch_id: str) -> dict[str, Any] | None:
     if record is None:
         return None
     running = await admin.store.running(batch_id, 0)
-    backlog = await admin.redis.xinfo_groups(WORK_STREAM) if await admin.redis.exists(WORK_STREAM) else []
-    lag = next((g.get("lag") for g in backlog if g.get("name") == WORK_GROUP), None)
     return record.api(await admin.store.counts(batch_id)) | {
         "tenant": record.tenant, "key_id": record.key_id, "lines_running": running,
-        "work_stream_lag_all_batches": lag, "ending": record.ending, "stop_code": record.stop_code}
+        "lines_waiting": await admin.store.lines_waiting(batch_id), "ending": record.ending,
+        "stop_code": record.stop_code}
 
 
 @app.command()
 def show(batch_id: str, stack: StackOption = "local", redis_url: RedisOption = None,
          redis_password_file: PasswordFileOption = None) -> None:
-    """One batch as its tenant sees it, plus its tenant and key, lines running now and why it stopped."""
+    """One batch as its tenant sees it, plus its tenant and key, lines running and waiting now and why it stopped."""
     _check_id(batch_id)
     shown = _run(_store_url(redis_url, stack, redis_password_file), lambda a: _show(a, batch_id), _Admin)
     if shown is None:

@@ -112,7 +112,7 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     batch_redis = None
     if batch_off is None:
         assert settings.redis_url is not None and settings.batch_storage_url is not None
-        # Its own pool: each worker holds a connection while it waits on the work stream.
+        # Its own pool: each worker holds a connection while it waits for lines.
         batch_redis = redis_client(settings.redis_url, decode_responses=True,
                                    max_connections=2 * settings.batch.workers + 16)
         batch_store, storage = BatchStore(batch_redis), storage_for(settings.batch_storage_url)

@@ -3,7 +3,7 @@
     api.py      the HTTP handlers (the routes are in serving.gateway.routes' allowlist)
     lines.py    the input file's lines, checked up front (pure)
     objects.py  file and batch records, OpenAI's objects and output lines
-    store.py    state and the work stream in Redis
+    store.py    state and the lines waiting (a stream per batch, taken in turns) in Redis
     storage.py  file bytes: a local directory or S3
     runner.py   the workers and the sweeper, inside each gateway process
     policy.py   the stack's `gateway.batch`

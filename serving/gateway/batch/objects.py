@@ -97,7 +97,7 @@ class BatchRecord(_Record):
     output_file_id: str | None = None
     error_file_id: str | None = None
     errors: list[LineError] | None = None
-    enqueued: bool = Field(default=False, description="Every line is in the work stream (or answered).")
+    enqueued: bool = Field(default=False, description="Every line is in the batch's work stream (or answered).")
     ending: Ending | None = None
     stop_code: str | None = None
     stop_message: str | None = None

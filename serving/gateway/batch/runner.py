@@ -1,15 +1,19 @@
 """The batch workers and sweeper: asyncio tasks inside every gateway process.
 
-Workers take lines from the work stream (store.WORK_STREAM, one consumer group for all gateway
-processes) and run each through the gateway's own public app, in process: the same route
-check, admission, limits, fair queue, proxy and metering as an online request, with the batch's
-key as the caller (`BATCH_CALLER` in the ASGI scope, which no client can set) at the queue's
-lowest tier. So a line is billed to its key and tenant like any request, waits behind
-interactive traffic when the model is saturated, and shows up in the access log and metrics.
+Workers take lines one at a time, fairly across batches: each batch's lines are in a stream of
+its own (one consumer group for all gateway processes), and each claim takes a line from the
+tenant, then the batch of that tenant, whose turn is oldest (store.CLAIM_LUA). So a small batch
+runs alongside a big one created before it, not after it. Each line runs through the gateway's
+own public app, in process: the same route check, admission, limits, fair queue, proxy and
+metering as an online request, with the batch's key as the caller (`BATCH_CALLER` in the ASGI
+scope, which no client can set) at the queue's lowest tier. So a line is billed to its key and
+tenant like any request, waits behind interactive traffic when the model is saturated, and shows
+up in the access log and metrics.
 
 A worker renews its claim on a line every lease_s / 3 (XCLAIM ... JUSTID resets the entry's idle
-time); a line whose worker died is claimed again by another one after lease_s (XAUTOCLAIM).
-Its result is kept once per custom_id (store.record), so redoing it cannot duplicate output.
+time); a line whose worker died is claimed again by another one after lease_s (XAUTOCLAIM on the
+streams of the active batches). Its result is kept once per custom_id (store.record), so redoing
+it cannot duplicate output. A retired batch's stream is deleted with whatever it still held.
 
 The sweeper, in each process every sweep_interval_s, moves batches along: validates new ones,
 enqueues their lines, expires those past their window, finalizes cancelled, stopped and finished
@@ -47,7 +51,7 @@ from serving.gateway.batch.objects import (
     output_line,
 )
 from serving.gateway.batch.storage import FileStorage, StorageError
-from serving.gateway.batch.store import WORK_GROUP, WORK_STREAM, BatchStore, now
+from serving.gateway.batch.store import BatchStore, now
 from serving.gateway.budgets import REFUSAL_CODE
 from serving.gateway.key_format import is_usable
 from serving.gateway.keys import KeyStore
@@ -56,7 +60,7 @@ from serving.gateway.settings import GatewaySettings
 
 log = logging.getLogger("llmstack.gateway.batch")
 
-READ_BLOCK_MS = 1000  # below the Redis client's 2 s socket timeout
+READ_BLOCK_MS = 1000  # an idle worker's wait for new lines; below the Redis client's 2 s socket timeout
 # A quota, not a rate: waiting minutes cannot help, so the batch stops and its other lines fail.
 QUOTA_CODES = frozenset({"daily_token_budget_exceeded", REFUSAL_CODE})
 # The model or the gateway is full: wait as long as the batch may run, without counting attempts.
@@ -152,7 +156,6 @@ class BatchRunner:
 
     async def start(self, app: ASGIApp) -> None:
         self.app = app
-        await self.store.ensure_group()
         self._tasks = [asyncio.create_task(self._forever("sweeper", self._sweep, self.policy.sweep_interval_s))]
         self._tasks += [asyncio.create_task(self._forever("worker", self._work_one, 0))
                         for _ in range(self.policy.workers)]
@@ -189,12 +192,14 @@ class BatchRunner:
 
     async def _sweep(self) -> None:
         if time.monotonic() >= self._next_tidy:
+            if moved := await self.store.adopt_legacy_lines(self.consumer):
+                log.info("batch lines moved from the single work stream of an earlier version: %d", moved)
             await self._forget_gone_consumers()
             self._next_tidy = time.monotonic() + TIDY_INTERVAL_S
         for batch_id in await self.store.active():
             record = await self.store.batch(batch_id)
             if record is None or record.status in TERMINAL:
-                await self.store.retire(batch_id)
+                await self.store.retire(batch_id, None if record is None else record.tenant)
             elif record.status in ("validating", "in_progress") and now() >= record.expires_at:
                 # No line of it starts from here on; the ones running get lease_s to finish.
                 await self.store.transition(batch_id, ("validating", "in_progress"), status="finalizing",
@@ -210,12 +215,14 @@ class BatchRunner:
                 await self._finish(batch_id)
 
     async def _forget_gone_consumers(self) -> None:
-        """Each gateway process joins the work stream's group under a name of its own; the names of
-        processes long gone, holding no line, are dropped so the group does not grow forever."""
-        redis = self.store.redis
-        for consumer in await redis.xinfo_consumers(WORK_STREAM, WORK_GROUP):
-            if consumer["pending"] == 0 and consumer["idle"] > GONE_CONSUMER_MS and consumer["name"] != self.consumer:
-                await redis.xgroup_delconsumer(WORK_STREAM, WORK_GROUP, consumer["name"])
+        """Each gateway process joins the group of a batch's stream under a name of its own; the
+        names of processes long gone, holding no line, are dropped so a long batch's group does
+        not grow with every restart (a retired batch's stream goes with its group)."""
+        for batch_id in await self.store.active():
+            for consumer in await self.store.consumers(batch_id):
+                if consumer["pending"] == 0 and consumer["idle"] > GONE_CONSUMER_MS and \
+                        consumer["name"] != self.consumer:
+                    await self.store.forget_consumer(batch_id, consumer["name"])
 
     async def _drained(self, batch_id: str, since: int | None) -> bool:
         """No line of a stopping batch is still being sent (or lease_s passed: a worker that died
@@ -292,7 +299,7 @@ class BatchRunner:
         errors = errors or [LineError(code=code or "invalid_batch", message=message or "")]
         await self.store.transition(record.id, ("validating", "in_progress"), status="failed", failed_at=now(),
                                     errors=errors)
-        await self.store.retire(record.id)
+        await self.store.retire(record.id, record.tenant)
 
     async def _finish(self, batch_id: str) -> None:
         if await self.store.transition(batch_id, ("in_progress",), status="finalizing", finalizing_at=now(),
@@ -313,7 +320,7 @@ class BatchRunner:
                 return
             record = await self.store.batch(batch_id)
             if record is None or record.status in TERMINAL:
-                await self.store.retire(batch_id)
+                await self.store.retire(batch_id, None if record is None else record.tenant)
                 return
             await self._write_results(record, ending)
 
@@ -346,57 +353,49 @@ class BatchRunner:
         await self.store.transition(batch_id, allowed, status=FINAL_STATUS[ending], total=len(ids),
                                     completed=len(done), failed=len(failed), **files, **final)
         await self.store.keep_until(batch_id, self.expires_at())
-        await self.store.retire(batch_id)
+        await self.store.retire(batch_id, record.tenant)
         log.info("batch %s %s: %d completed, %d failed", batch_id, FINAL_STATUS[ending], len(done), len(failed))
 
     # --- the workers -------------------------------------------------------------------
 
-    async def _claim(self) -> tuple[str, dict[str, str]] | None:
-        """A line whose worker stopped renewing its claim, else a new one (waits up to READ_BLOCK_MS).
-        Abandoned lines are looked for at most every lease_s / 4 per process, until none is left."""
-        redis = self.store.redis
+    async def _claim(self) -> tuple[str, str, dict[str, str]] | None:
+        """A line whose worker stopped renewing its claim, else a new one by turns (waits up to
+        READ_BLOCK_MS for one): (batch id, entry id, fields). Abandoned lines are looked for at
+        most every lease_s / 4 per process, until none is left."""
         if time.monotonic() >= self._next_reclaim:
-            lease_ms = int(self.policy.lease_s * 1000)
-            _, claimed, gone = await redis.xautoclaim(WORK_STREAM, WORK_GROUP, self.consumer, lease_ms,
-                                                      start_id="0-0", count=1)
-            if gone:
-                await redis.xack(WORK_STREAM, WORK_GROUP, *gone)
+            claimed = await self.store.reclaim(self.consumer, await self.store.active(),
+                                               int(self.policy.lease_s * 1000))
             if claimed:
-                return claimed[0]
+                return claimed
             self._next_reclaim = time.monotonic() + self.policy.lease_s / 4
-        answer = await redis.xreadgroup(WORK_GROUP, self.consumer, {WORK_STREAM: ">"}, count=1, block=READ_BLOCK_MS)
-        for _, entries in answer or []:
-            for entry in entries:
-                return entry
-        return None
+        claimed, bell = await self.store.claim(self.consumer)
+        if claimed is None:
+            await self.store.wait_for_lines(bell, READ_BLOCK_MS)
+        return claimed
 
     async def _work_one(self) -> None:
-        entry = await self._claim()
-        if entry is None:
+        claimed = await self._claim()
+        if claimed is None:
             return
-        entry_id, fields = entry
-        line = tuple(fields.get(name) for name in ("batch", "tenant", "custom_id", "body"))
-        if None in line:
-            log.warning("batch work entry %s is not a line: dropped", entry_id)  # nothing to run, or to redo
+        batch_id, entry_id, fields = claimed
+        custom_id, body = fields.get("custom_id"), fields.get("body")
+        if custom_id is None or body is None:
+            log.warning("batch %s work entry %s is not a line: dropped", batch_id, entry_id)  # nothing to run or redo
         else:
-            heartbeat = asyncio.create_task(self._renew(entry_id))
+            heartbeat = asyncio.create_task(self._renew(batch_id, entry_id))
             try:
-                batch_id, tenant, custom_id, body = line
-                await self._run_line(batch_id, tenant, custom_id, body.encode())
+                await self._run_line(batch_id, custom_id, body.encode())
             finally:
                 heartbeat.cancel()
-        async with self.store.redis.pipeline(transaction=False) as pipe:
-            pipe.xack(WORK_STREAM, WORK_GROUP, entry_id)
-            pipe.xdel(WORK_STREAM, entry_id)
-            await pipe.execute()
+        await self.store.line_done(batch_id, entry_id)
 
-    async def _renew(self, entry_id: str) -> None:
+    async def _renew(self, batch_id: str, entry_id: str) -> None:
         while True:
             await asyncio.sleep(self.policy.lease_s / 3)
             with contextlib.suppress(Exception):  # a missed renewal costs at most a redone line
-                await self.store.redis.xclaim(WORK_STREAM, WORK_GROUP, self.consumer, 0, [entry_id], justid=True)
+                await self.store.renew_line(batch_id, self.consumer, entry_id)
 
-    async def _run_line(self, batch_id: str, tenant: str, custom_id: str, body: bytes) -> None:
+    async def _run_line(self, batch_id: str, custom_id: str, body: bytes) -> None:
         record = await self._static_record(batch_id)
         if record is None:
             return  # its records expired (retention_days): nothing to run it for

@@ -1,4 +1,4 @@
-"""Batch state and the work stream in Redis.
+"""Batch state and the work queue in Redis.
 
     llmstack:{file:<id>}              FileRecord JSON (the bytes are in storage.py's storage)
     llmstack:{batch:<id>}             hash: BatchRecord, one JSON value per field, and `running`
@@ -8,12 +8,24 @@
     llmstack:{batch:<id>}:lock        who validates or finalizes it now (SET NX with an expiry)
     llmstack:batches:tenant:<tenant>  sorted set of the tenant's batch ids by creation order
     llmstack:batches:active           set of batches not yet in a final status (the sweeper's list)
-    llmstack:batches:work             stream of lines to run (consumer group `workers`)
+    llmstack:{batches:work}:lines:<id>       stream of the batch's lines to run (consumer group `workers`)
+    llmstack:{batches:work}:tenants          sorted set: tenants with lines waiting, by their last turn
+    llmstack:{batches:work}:tenant:<tenant>  sorted set: that tenant's batches with lines waiting, by last turn
+    llmstack:{batches:work}:turn             counter of turns (the scores above)
+    llmstack:{batches:work}:bell             stream of one entry, added to when lines are enqueued (wakes workers)
+
+Fair turns: each batch has a stream of its own, and a worker takes one line per claim, from the
+tenant whose turn is oldest and that tenant's batch whose turn is oldest (CLAIM_LUA); both then
+go to the back. So tenants with lines waiting take turns, then their batches do: a 3-line batch
+created behind a 50,000-line one runs alongside it instead of after it. A batch leaves the
+rotation when a claim finds nothing new in its stream, and its stream is deleted when it is retired.
 
 Exactly once: a line's result is written with one script that refuses a custom_id already in
 `done` or `failed`, so a line run twice (its worker died after sending it; a duplicate stream
 entry) still has one result, and the output and error files are built from these hashes at the
-end. Each batch's keys share one hash tag, so every script touches one Redis Cluster slot.
+end. Each batch's keys share one hash tag, so every script on them touches one Redis Cluster slot;
+the work queue's keys share `{batches:work}`. CLAIM_LUA names the streams and tenant sets it
+visits itself, not in KEYS: fine on the one Redis the stack runs (not Cluster), and all in that slot.
 """
 
 from __future__ import annotations
@@ -25,8 +37,14 @@ from typing import Any
 
 from serving.gateway.batch.objects import BatchRecord, FileRecord
 
-WORK_STREAM = "llmstack:batches:work"
+WORK = "llmstack:{batches:work}"
 WORK_GROUP = "workers"
+WORK_TENANTS = f"{WORK}:tenants"
+WORK_TURN = f"{WORK}:turn"
+WORK_BELL = f"{WORK}:bell"
+# Before batches took turns, every line was in this one stream; a gateway moves what an earlier
+# version left there to the batches' own streams (`adopt_legacy_lines`), under a lock.
+LEGACY_STREAM = "llmstack:batches:work"
 ACTIVE = "llmstack:batches:active"
 SEQUENCE = "llmstack:batches:seq"
 
@@ -57,6 +75,49 @@ else
 end
 return {1, redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
 """
+# The batch (and its tenant) join the rotation once its lines are in its stream, and the bell rings.
+# A claim that found the stream empty and dropped the batch (CLAIM_LUA, atomic) ran either before
+# this (which adds it back) or after the lines were taken: no line is left out of the rotation.
+READY_LUA = """
+local turn = redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], 'NX', turn, ARGV[1])
+redis.call('ZADD', KEYS[3], 'NX', turn, ARGV[2])
+redis.call('XADD', KEYS[4], 'MAXLEN', '1', '*', 'batch', ARGV[1])
+return turn
+"""
+# One new line from the batch whose turn it is: {batch, entry id, fields}; or {'', the bell's last
+# entry id} when no batch has one. A tenant or batch with nothing left leaves the rotation, so each
+# pass of the loop returns or removes one member: it ends.
+# KEYS: tenants, turn, bell; ARGV: group, consumer, the work keys' prefix.
+CLAIM_LUA = """
+while true do
+  local tenant = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if not tenant then break end
+  local batches = ARGV[3] .. ':tenant:' .. tenant
+  local batch = redis.call('ZRANGE', batches, 0, 0)[1]
+  if not batch then
+    redis.call('ZREM', KEYS[1], tenant)
+  else
+    local got = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1,
+                            'STREAMS', ARGV[3] .. ':lines:' .. batch, '>')
+    if type(got) == 'table' and got.err == nil then
+      local turn = redis.call('INCR', KEYS[2])
+      redis.call('ZADD', batches, turn, batch)
+      redis.call('ZADD', KEYS[1], turn, tenant)
+      local entry = got[1][2][1]
+      return {batch, entry[1], entry[2]}
+    end
+    redis.call('ZREM', batches, batch)  -- every line taken, or the batch retired (no stream)
+    if redis.call('ZCARD', batches) == 0 then redis.call('ZREM', KEYS[1], tenant) end
+  end
+end
+local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)[1]
+return {'', last and last[1] or '0-0'}
+"""
+DELETE_EMPTY_LUA = """
+if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 RENEW_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -83,6 +144,15 @@ def tenant_batches_key(tenant: str) -> str:
     return f"llmstack:batches:tenant:{tenant}"
 
 
+def work_key(batch_id: str) -> str:
+    """The stream of the batch's lines waiting or running (consumer group WORK_GROUP)."""
+    return f"{WORK}:lines:{batch_id}"
+
+
+def tenant_work_key(tenant: str) -> str:
+    return f"{WORK}:tenant:{tenant}"
+
+
 def tenant_files_key(tenant: str) -> str:
     return f"llmstack:files:tenant:{tenant}"
 
@@ -93,7 +163,7 @@ def _encode(record: BatchRecord, fields: set[str] | None = None) -> dict[str, st
 
 
 class BatchStore:
-    """Records, results and the work stream; `redis` is a redis.asyncio client with decode_responses."""
+    """Records, results and the work queue; `redis` is a redis.asyncio client with decode_responses."""
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
@@ -101,15 +171,9 @@ class BatchStore:
         self._record = redis.register_script(RECORD_LUA)
         self._release = redis.register_script(RELEASE_LUA)
         self._renew = redis.register_script(RENEW_LUA)
-
-    async def ensure_group(self) -> None:
-        from redis.exceptions import ResponseError
-
-        try:
-            await self.redis.xgroup_create(WORK_STREAM, WORK_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        self._ready = redis.register_script(READY_LUA)
+        self._claim = redis.register_script(CLAIM_LUA)
+        self._delete_empty = redis.register_script(DELETE_EMPTY_LUA)
 
     # --- files -------------------------------------------------------------------------
 
@@ -230,8 +294,15 @@ class BatchStore:
     async def active(self) -> list[str]:
         return sorted(await self.redis.smembers(ACTIVE))
 
-    async def retire(self, batch_id: str) -> None:
-        await self.redis.srem(ACTIVE, batch_id)
+    async def retire(self, batch_id: str, tenant: str | None = None) -> None:
+        """The batch is done with (final, or its records gone): off the sweeper's list, its lines'
+        stream deleted and, with its `tenant`, out of the rotation (else a claim drops it there)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.srem(ACTIVE, batch_id)
+            pipe.delete(work_key(batch_id))
+            if tenant is not None:
+                pipe.zrem(tenant_work_key(tenant), batch_id)
+            await pipe.execute()
 
     # --- locks (validation, finalization) ----------------------------------------------
 
@@ -258,14 +329,111 @@ class BatchStore:
         return await self.redis.lrange(batch_key(batch_id, "ids"), 0, -1)
 
     async def enqueue(self, batch_id: str, tenant: str, lines: list[tuple[str, bytes]]) -> None:
-        """Add (custom_id, body) lines to the work stream. Run again after a crash it adds them
-        twice; a line already answered is skipped, and `record` keeps one answer."""
+        """Add (custom_id, body) lines to the batch's stream, then the batch to the rotation. Run
+        again after a crash it adds them twice; a line already answered is skipped, and `record`
+        keeps one answer."""
+        from redis.exceptions import ResponseError
+
+        if not lines:
+            return
+        try:
+            await self.redis.xgroup_create(work_key(batch_id), WORK_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
         for start in range(0, len(lines), 500):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for custom_id, body in lines[start:start + 500]:
-                    pipe.xadd(WORK_STREAM, {"batch": batch_id, "tenant": tenant, "custom_id": custom_id,
-                                            "body": body.decode()})
+                    pipe.xadd(work_key(batch_id), {"custom_id": custom_id, "body": body.decode()})
                 await pipe.execute()
+        await self._ready(keys=[WORK_TURN, tenant_work_key(tenant), WORK_TENANTS, WORK_BELL], args=[batch_id, tenant])
+
+    async def claim(self, consumer: str) -> tuple[tuple[str, str, dict[str, str]] | None, str]:
+        """A new line, from the batch whose turn it is: ((batch id, entry id, fields), ""); or
+        (None, the bell's last entry id) when none waits, for `wait_for_lines`."""
+        found = await self._claim(keys=[WORK_TENANTS, WORK_TURN, WORK_BELL], args=[WORK_GROUP, consumer, WORK])
+        if not found[0]:
+            return None, found[1]
+        batch_id, entry_id, flat = found
+        return (batch_id, entry_id, dict(zip(flat[::2], flat[1::2], strict=True))), ""
+
+    async def wait_for_lines(self, bell: str, block_ms: int) -> None:
+        """Until lines are enqueued after the bell's entry `bell`, or `block_ms` passed."""
+        await self.redis.xread({WORK_BELL: bell}, count=1, block=block_ms)
+
+    async def reclaim(self, consumer: str, batch_ids: list[str], idle_ms: int
+                      ) -> tuple[str, str, dict[str, str]] | None:
+        """A line of one of `batch_ids` whose worker has not renewed its claim for `idle_ms` (it
+        died), now `consumer`'s: (batch id, entry id, fields)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for batch_id in batch_ids:
+                pipe.xpending_range(work_key(batch_id), WORK_GROUP, "-", "+", 1, idle=idle_ms)
+            pending = await pipe.execute(raise_on_error=False)  # a batch without a stream: an error
+        for batch_id, found in zip(batch_ids, pending, strict=True):
+            if isinstance(found, list) and found:
+                _, claimed, gone = await self.redis.xautoclaim(work_key(batch_id), WORK_GROUP, consumer, idle_ms,
+                                                               start_id="0-0", count=1)
+                if gone:
+                    await self.redis.xack(work_key(batch_id), WORK_GROUP, *gone)
+                if claimed:
+                    return batch_id, claimed[0][0], claimed[0][1]
+        return None
+
+    async def adopt_legacy_lines(self, owner: str) -> int:
+        """Move the lines of active batches out of LEGACY_STREAM into their own streams, and drop
+        the rest (batches already final); then the stream itself. Lines an earlier gateway still
+        runs may run again here: `record` keeps one answer. How many lines moved."""
+        if not await self.redis.exists(LEGACY_STREAM) or not await self.redis.set(
+                f"{LEGACY_STREAM}:adopting", owner, nx=True, px=60_000):
+            return 0
+        moved = 0
+        try:
+            while entries := await self.redis.xrange(LEGACY_STREAM, count=500):
+                active = set(await self.redis.smembers(ACTIVE))
+                lines: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
+                for _, fields in entries:
+                    line = tuple(fields.get(name) for name in ("batch", "tenant", "custom_id", "body"))
+                    if None not in line and line[0] in active:
+                        lines.setdefault((line[0], line[1]), []).append((line[2], line[3].encode()))
+                for (batch_id, tenant), todo in lines.items():
+                    await self.enqueue(batch_id, tenant, todo)
+                    moved += len(todo)
+                await self.redis.xdel(LEGACY_STREAM, *(entry_id for entry_id, _ in entries))
+            await self._delete_empty(keys=[LEGACY_STREAM])  # unless an earlier gateway added lines since
+        finally:
+            await self._release(keys=[f"{LEGACY_STREAM}:adopting"], args=[owner])
+        return moved
+
+    async def renew_line(self, batch_id: str, consumer: str, entry_id: str) -> None:
+        """Still running it: the line's idle time starts again (XCLAIM ... JUSTID)."""
+        await self.redis.xclaim(work_key(batch_id), WORK_GROUP, consumer, 0, [entry_id], justid=True)
+
+    async def line_done(self, batch_id: str, entry_id: str) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xack(work_key(batch_id), WORK_GROUP, entry_id)
+            pipe.xdel(work_key(batch_id), entry_id)
+            await pipe.execute()
+
+    async def lines_waiting(self, batch_id: str) -> int:
+        """Lines of the batch no worker has taken yet (processed lines leave the stream)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xlen(work_key(batch_id))
+            pipe.xpending(work_key(batch_id), WORK_GROUP)
+            length, pending = await pipe.execute(raise_on_error=False)
+        if not isinstance(length, int) or not isinstance(pending, dict):
+            return 0
+        return max(0, length - int(pending.get("pending", 0)))
+
+    async def consumers(self, batch_id: str) -> list[dict[str, Any]]:
+        from redis.exceptions import ResponseError
+
+        try:
+            return await self.redis.xinfo_consumers(work_key(batch_id), WORK_GROUP)
+        except ResponseError:  # no stream (not enqueued yet, or retired)
+            return []
+
+    async def forget_consumer(self, batch_id: str, consumer: str) -> None:
+        await self.redis.xgroup_delconsumer(work_key(batch_id), WORK_GROUP, consumer)
 
     async def running(self, batch_id: str, delta: int) -> int:
         """Lines of the batch being sent now (a worker that dies leaves its count behind: callers

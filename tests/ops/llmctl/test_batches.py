@@ -47,6 +47,7 @@ def batches(redis_server) -> dict[str, BatchRecord]:
                 await store.retire(record.id)
             made[f"{tenant}-{status}"] = record
         await store.record(made["acme-in_progress"].id, "a", {"custom_id": "a"}, ok=True)
+        await store.enqueue(made["acme-in_progress"].id, "acme", [("b", b"{}"), ("c", b"{}")])
 
     store_call(redis_server.url, make)
     return made
@@ -69,6 +70,7 @@ def test_show_and_cancel(redis_server, batches) -> None:
     running = batches["acme-in_progress"].id
     shown = json.loads(llmctl("show", running, "--redis-url", redis_server.url).stdout)
     assert shown["status"] == "in_progress" and shown["tenant"] == "acme" and shown["lines_running"] == 0
+    assert shown["lines_waiting"] == 2
     cancelled = llmctl("cancel", running, "--redis-url", redis_server.url)
     assert cancelled.returncode == 0 and "cancelling" in cancelled.stderr
     assert store_call(redis_server.url, lambda s: s.status(running)) == "cancelling"

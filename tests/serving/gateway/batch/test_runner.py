@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
 import openai
+import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.gateway.batch.store import batch_key, tenant_work_key, work_key
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S
@@ -21,15 +25,22 @@ def chat_line(custom_id: str) -> dict:
             "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}
 
 
-def run_batch(client: openai.OpenAI, ids: list[str], until: set[str]):
+def create_batch(client: openai.OpenAI, ids: list[str]):
     content = "".join(json.dumps(chat_line(i)) + "\n" for i in ids).encode()
     uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                 completion_window="24h")
+
+
+def wait_for(client: openai.OpenAI, batch_id: str, until: set[str]):
     deadline = time.monotonic() + HANG_BOUND_S
-    while (current := client.batches.retrieve(batch.id)).status not in until and time.monotonic() < deadline:
+    while (current := client.batches.retrieve(batch_id)).status not in until and time.monotonic() < deadline:
         time.sleep(0.05)
     return current
+
+
+def run_batch(client: openai.OpenAI, ids: list[str], until: set[str]):
+    return wait_for(client, create_batch(client, ids).id, until)
 
 
 def samples(metrics_url: str) -> dict[tuple[str, tuple], float]:
@@ -116,27 +127,88 @@ def test_revoking_the_key_stops_its_batch(start_gateway, redis_server, recorded)
 def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(redis_server, monkeypatch) -> None:
     from serving.gateway.batch import runner as runner_module
     from serving.gateway.batch.runner import BatchRunner
-    from serving.gateway.batch.store import WORK_GROUP, WORK_STREAM, BatchStore
+    from serving.gateway.batch.store import ACTIVE, WORK_GROUP, BatchStore, work_key
     from serving.gateway.metrics import GatewayMetrics
     from serving.gateway.redis_client import redis_client
     from serving.gateway.settings import GatewaySettings
 
     monkeypatch.setattr(runner_module, "GONE_CONSUMER_MS", -1)  # every idle name counts as gone
 
-    async def go() -> set[str]:
+    async def go() -> tuple[set[str], tuple | None]:
         client = redis_client(redis_server.url, decode_responses=True)
         try:
             store = BatchStore(client)
-            await store.ensure_group()
-            await client.xreadgroup(WORK_GROUP, "ghost", {WORK_STREAM: ">"}, count=1)  # joins, takes nothing
-            await client.xadd(WORK_STREAM, {"batch": "x"})
-            await client.xreadgroup(WORK_GROUP, "holder", {WORK_STREAM: ">"}, count=1)  # dies holding a line
+            stream = work_key("batch_ghosts")
+            await store.enqueue("batch_ghosts", "ghost-co", [("a", b"{}")])
+            await client.sadd(ACTIVE, "batch_ghosts")
+            await client.xreadgroup(WORK_GROUP, "ghost", {stream: "0"}, count=1)  # joins, takes nothing
+            await client.xreadgroup(WORK_GROUP, "holder", {stream: ">"}, count=1)  # dies holding a line
             settings = GatewaySettings(upstream_url="http://upstream:8000", redis_url=redis_server.url)
             runner = BatchRunner(settings, None, store, None, GatewayMetrics([]))  # type: ignore[arg-type]
             await runner._forget_gone_consumers()
-            return {c["name"] for c in await client.xinfo_consumers(WORK_STREAM, WORK_GROUP)}
+            names = {c["name"] for c in await client.xinfo_consumers(stream, WORK_GROUP)}
+            taken_over = await store.reclaim("heir", await store.active(), 0)  # past its lease (0 here)
+            await store.retire("batch_ghosts", "ghost-co")
+            return names, taken_over
         finally:
             await client.aclose()
 
-    names = asyncio.run(go())
+    names, taken_over = asyncio.run(go())
     assert "ghost" not in names and "holder" in names  # its line still waits to be claimed again
+    assert taken_over is not None and taken_over[0] == "batch_ghosts" and taken_over[2]["custom_id"] == "a"
+
+
+@pytest.mark.parametrize("small_tenant", ["fair-co", "other-co"], ids=["same-tenant", "another-tenant"])
+def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, redis_server, recorded,
+                                                                 small_tenant) -> None:
+    # The upstream holds every line until both batches are enqueued, so the big one has the
+    # workers and its lines all wait before the small one arrives: first in, first out would
+    # finish the big one first.
+    from tests.support.gateway import default_answer
+
+    gate = threading.Event()
+
+    def gated(seen):
+        if b"/completions" in seen.raw_path:
+            gate.wait(HANG_BOUND_S)
+        return default_answer(seen)
+
+    recorded.answer = gated
+    big_key, small_key = (create_key_sync(redis_server.url, tenant, "batch", limits=GENEROUS)
+                          for tenant in ("fair-co", small_tenant))
+    plain = redis.Redis.from_url(redis_server.url, decode_responses=True)
+
+    def enqueued(batch_id: str) -> bool:
+        deadline = time.monotonic() + HANG_BOUND_S
+        while not json.loads(plain.hget(batch_key(batch_id), "enqueued") or "false") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return True
+
+    try:
+        with start_gateway(batch={"workers": 2}) as (api, _):
+            big_client, small_client = (openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0,
+                                                      timeout=HANG_BOUND_S) for key in (big_key, small_key))
+            big = create_batch(big_client, [f"big-{n}" for n in range(60)])
+            assert enqueued(big.id)
+            small = create_batch(small_client, [f"small-{n}" for n in range(3)])
+            assert enqueued(small.id)
+            gate.set()
+            small_done = wait_for(small_client, small.id, {"completed", "failed"})
+            big_meanwhile = big_client.batches.retrieve(big.id)
+            big_done = wait_for(big_client, big.id, {"completed", "failed"})
+            output = [json.loads(x) for x in big_client.files.content(str(big_done.output_file_id)).text.splitlines()]
+            deadline = time.monotonic() + HANG_BOUND_S
+            while plain.exists(work_key(big.id), work_key(small.id)) and time.monotonic() < deadline:
+                time.sleep(0.05)  # retired just after the final status is set
+            left = plain.exists(work_key(big.id), work_key(small.id))
+            rotation = plain.zrange(tenant_work_key("fair-co"), 0, -1)
+    finally:
+        gate.set()
+        plain.close()
+    assert small_done.status == "completed" and small_done.request_counts is not None
+    assert small_done.request_counts.completed == 3
+    assert big_meanwhile.status == "in_progress" and big_meanwhile.request_counts is not None
+    assert big_meanwhile.request_counts.completed <= 30  # first in, first out: 58 or more
+    assert big_done.status == "completed" and sorted(line["custom_id"] for line in output) == sorted(
+        f"big-{n}" for n in range(60))
+    assert left == 0 and big.id not in rotation  # a retired batch's stream goes, and it leaves the rotation
