@@ -45,7 +45,7 @@ _RAY_MARKS = ("raylet", "gcs_server", "ray::ServeController", "ray::IDLE", "ray:
 def layer_of(name: str, cmdline: Iterable[str]) -> str:
     """The layer a process belongs to, from its name and command line. Pure."""
     text = " ".join([name, *cmdline])
-    if "EngineCore" in text or "VLLM::Worker" in text or "VllmWorker" in text:
+    if "EngineCore" in text or any(mark in text for mark in _WORKER_MARKS):
         return "engine"
     if "serving.gateway" in text:
         return "gateway"
