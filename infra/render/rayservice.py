@@ -20,8 +20,16 @@ Shape, and why:
   as Serve's proxy, direct streaming, LLMRouter replicas per node from the plan), because Ray
   reads it at import time in every process. HAProxy takes the head's Serve port; replicas
   listen on their own ports (30000-31000), which the NetworkPolicy's Ray-to-Ray rule allows.
-- On AWS every Ray pod runs as the `llmstack-ray` service account, which the Pulumi program
-  binds (IRSA) to a role that may only read the stack's model cache bucket.
+- The head and the workers run as different service accounts. KubeRay binds its in-tree
+  autoscaler's Role (get/list/watch/patch pods, patch pods/resize, get/patch the RayCluster:
+  ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/rbac.go) to the head's
+  account, so a pod running as it holds a token that could patch the head's image. Workers run
+  tenant input through vLLM: they get their own account (`llmstack-ray-worker`) and no
+  Kubernetes API token at all (`automountServiceAccountToken: false`). On AWS both accounts are
+  bound (IRSA) to roles that may only read the stack's model cache; the EKS pod identity webhook
+  injects its STS-audience token whatever automountServiceAccountToken says
+  (aws/amazon-eks-pod-identity-webhook pkg/handler/handler.go), and that token is good for
+  sts:AssumeRoleWithWebIdentity only, not for the Kubernetes API.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from infra.render.common import (
     NAMESPACE,
     NODE_GROUP_LABEL,
     RAY_SERVICE_ACCOUNT,
+    RAY_WORKER_SERVICE_ACCOUNT,
     RAYSERVICE_NAME,
     REDIS_RAY_SECRET,
     REDIS_SERVICE,
@@ -156,7 +165,7 @@ def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: lis
 
 
 def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, str],
-         tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+         tolerations: list[dict[str, Any]], *, worker: bool) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "metadata": {"labels": labels("ray", spec.name)},
         "spec": {
@@ -165,8 +174,10 @@ def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, st
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         },
     }
+    if worker:
+        pod["spec"]["automountServiceAccountToken"] = False
     if spec.cloud.provider == "aws":
-        pod["spec"]["serviceAccountName"] = RAY_SERVICE_ACCOUNT
+        pod["spec"]["serviceAccountName"] = RAY_WORKER_SERVICE_ACCOUNT if worker else RAY_SERVICE_ACCOUNT
     if node_selector:
         pod["spec"]["nodeSelector"] = node_selector
     if tolerations:
@@ -182,7 +193,7 @@ def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
     container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports, env)
     return {
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-        "template": _pod(spec, container, {}, []),
+        "template": _pod(spec, container, {}, [], worker=False),
     }
 
 
@@ -209,5 +220,5 @@ def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes
         "maxReplicas": max(max_nodes, min_nodes),
         # `ray start --resources` takes JSON; KubeRay passes the value through a shell.
         "rayStartParams": {"resources": '"' + json.dumps(custom).replace('"', '\\"') + '"'},
-        "template": _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations),
+        "template": _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations, worker=True),
     }
