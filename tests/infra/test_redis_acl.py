@@ -9,6 +9,7 @@ Ray's GCS client and KubeRay's cleanup job issue (infra.redis_acl lists them wit
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -29,6 +30,8 @@ from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.usage_ledger import usage_key
 
+# ElastiCache's documented access-string grammar (infra.redis_acl.access_string has the source).
+ELASTICACHE_DOCUMENTED = re.compile(r"on|off|~\S+|&\*|[+-]@?[a-z|_-]+")
 PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
 NAMESPACE = "864b004c-6305-42e3-ac46-adfa8eb6f752"  # a RayCluster UID, as KubeRay sets it
 TABLE = f"RAY{NAMESPACE}@NODE"
@@ -216,9 +219,50 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
     assert ray.execute_command("UNLINK", f"RAY{NAMESPACE}@JobCounter") == 1
 
 
-def test_elasticache_access_strings_are_the_same_rules() -> None:
-    assert access_string(gateway_user()) == "on ~llmstack:* &llmstack:fq:wake:* +@all -@dangerous"
+def test_elasticache_access_strings_are_the_same_rules_in_documented_grammar() -> None:
+    assert access_string(gateway_user()) == "on ~llmstack:* &* +@all -@dangerous"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
+    for user in (gateway_user(), ray_user()):
+        undocumented = [t for t in access_string(user).split() if not ELASTICACHE_DOCUMENTED.fullmatch(t)]
+        assert not undocumented, f"{user.name}: {undocumented} is not in ElastiCache's documented access-string grammar"
+
+
+@pytest.fixture(scope="module")
+def elasticache_rules_redis(tmp_path_factory: pytest.TempPathFactory):
+    """A real redis-server whose users carry exactly the ElastiCache access strings (the default
+    user switched off, as the program's user group does)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [redis_server_path(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path_factory.mktemp("redis-elasticache"))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    try:
+        admin = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                asyncio.run(asyncio.sleep(0.05))
+        for user in (gateway_user(), ray_user()):
+            admin.execute_command("ACL", "SETUSER", user.name, "reset", f">{PASSWORDS[user.name]}",
+                                  *access_string(user).split())
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_elasticache_rules_still_let_the_gateway_wake_its_queue_and_keep_ray_out(elasticache_rules_redis) -> None:
+    gateway, ray = as_user(elasticache_rules_redis, GATEWAY_USER), as_user(elasticache_rules_redis, RAY_USER)
+    assert gateway.publish(CHANNEL_PREFIX + "gw-1", "token|A|1") == 0
+    gateway.set("llmstack:key:abc", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        ray.publish(CHANNEL_PREFIX + "gw-1", "token|A|1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        ray.get("llmstack:key:abc")
+    assert ray.execute_command("HSET", TABLE, "a", "1") == 1
 
 
 def test_the_readme_gives_external_redis_the_same_rules() -> None:
