@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
+from infra.stack_file import PROJECT_ROOT
 from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import die_with_parent, free_port
 from serving.gateway.budgets import month_of, spend_key
@@ -93,6 +94,27 @@ def test_ray_cannot_touch_api_keys(acl_redis: int) -> None:
         with pytest.raises(redis.exceptions.NoPermissionError):
             attack()
     assert asyncio.run(RedisKeyStore(url(acl_redis, GATEWAY_USER)).verify(key)) is not None  # untouched
+
+
+def test_residual_risk_ray_lists_the_gateways_key_names_and_reads_none_of_them(acl_redis: int) -> None:
+    """KubeRay's cleanup job needs SCAN, and SCAN takes no key: no ACL key pattern limits which
+    names it lists. README's threat model states this residual risk; this pins both sides of it."""
+    gateway = as_user(acl_redis, GATEWAY_USER)
+    gateway.set("llmstack:{tenant:acme}:spend", "1")
+    ray = as_user(acl_redis, RAY_USER)
+    listed = set(ray.scan_iter(match="llmstack:*"))
+    assert "llmstack:{tenant:acme}:spend" in listed  # the leak: names (key hashes, tenants, models)
+    for name in listed:  # never a value, a type or a TTL
+        for attack in (lambda: ray.get(name), lambda: ray.type(name), lambda: ray.ttl(name),
+                       lambda: ray.hgetall(name), lambda: ray.dump(name)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attack()
+    # Of Ray's commands that take no key, only SCAN reveals anything about keys (PING, INFO do not).
+    keyless = [c for c in ray_user().commands.split() if c.startswith("+")
+               and c[1:] in ("scan", "keys", "randomkey", "info", "ping")]
+    assert keyless == ["+ping", "+info", "+scan"]
+    threat_model = " ".join((PROJECT_ROOT / "README.md").read_text().split())
+    assert "SCAN lists every key name" in threat_model and "`+scan`" in threat_model
 
 
 def test_the_gateway_cannot_touch_ray_state(acl_redis: int) -> None:
