@@ -28,7 +28,8 @@ Shape, and why:
   Kubernetes API token at all (`automountServiceAccountToken: false`). On AWS both accounts are
   bound (IRSA) to roles that may only read the stack's model cache; the EKS pod identity webhook
   injects its STS-audience token whatever automountServiceAccountToken says
-  (aws/amazon-eks-pod-identity-webhook pkg/handler/handler.go), and that token is good for
+  (aws/amazon-eks-pod-identity-webhook@3bf80a348116483b2162190e43232e4d243f76c4,
+  pkg/handler/handler.go: it never reads automountServiceAccountToken), and that token is good for
   sts:AssumeRoleWithWebIdentity only, not for the Kubernetes API.
 """
 
