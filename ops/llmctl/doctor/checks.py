@@ -187,11 +187,14 @@ def spot_groups(spec: StackSpec) -> list[str]:
 
 def needs_spot_role_check(spec: StackSpec) -> bool:
     """Only Karpenter needs the role up front: EC2 Auto Scaling, which launches the spot
-    instances of managed node groups, creates it itself at the first spot launch (its
-    AutoScalingServiceRolePolicy allows iam:CreateServiceLinkedRole for spot.amazonaws.com).
-    Karpenter calls CreateFleet as its own role, whose upstream policy cannot create the role, and
-    treats `ServiceLinkedRoleCreationNotPermitted` as capacity it cannot get: spot pools would
-    never get a node."""
+    instances of managed node groups, creates it itself at the first spot launch (its managed
+    policy's `EC2SpotManagement` statement allows iam:CreateServiceLinkedRole for
+    spot.amazonaws.com: docs.aws.amazon.com/aws-managed-policy/latest/reference/
+    AutoScalingServiceRolePolicy.html). Karpenter calls CreateFleet as its own role, whose
+    upstream v1.9.0 policy cannot create the role (Karpenter's getting-started creates it up
+    front), and treats `ServiceLinkedRoleCreationNotPermitted` as capacity it cannot get: spot
+    pools would never get a node. The role is account-wide and outlives stacks, so it is a
+    prerequisite (first-deploy runbook, step 0), not a resource of one stack's program."""
     return getattr(spec.cloud, "node_provisioner", "") == "karpenter" and bool(spot_groups(spec))
 
 
