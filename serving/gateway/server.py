@@ -51,7 +51,7 @@ def api_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
 def metrics_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
     return uvicorn.Config(
         apps.admin,
-        host=settings.host,
+        host=settings.metrics_host or settings.host,
         port=settings.metrics_port,
         lifespan="off",  # the shared state's lifespan is the API app's
         limit_concurrency=32,  # scrapes and probes: a handful at a time
