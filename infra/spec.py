@@ -383,11 +383,11 @@ class Edge(_Spec):
         description="Largest request headers; larger gets 431 and the connection is closed (headers over this plus "
                     "16 KiB do not fit HAProxy's buffer: its own 400). A connection holds at most two such buffers.")
     max_connections_per_client: int = Field(
-        default=32, ge=1,
+        default=64, ge=1,
         description="Open connections one client address may hold; more are refused at connect (the address as the "
                     "load balancer reports it with the PROXY protocol).")
     max_connections: int = Field(
-        default=4_096, ge=16,
+        default=2_048, ge=16,
         description="Open connections the edge of one pod holds; past it new connections wait in the kernel's "
                     "accept queue. Only requests with complete headers reach the gateway (its own `max_connections`).")
 

@@ -19,6 +19,7 @@ Attacks, all through real sockets on 127.0.0.1:
 - idle: a connection that sends nothing; how long it stays open (capped at 40 s).
 - idle flood: 9 idle connections from 127.0.0.1, then GET /healthz from 127.0.0.2 (another address,
   as the kubelet's node address is) and from 127.0.0.1: the statuses (0: no answer within 5 s).
+- headers over the cap: one request with 20 KiB of headers: the status.
 - big headers: 4 connections each sending 20 MB of headers: the status each got, bytes the server
   took before it stopped reading, and the server's RSS growth (peak during the attack - before).
 - slow legit: a request whose headers arrive in 4 pieces over 3 s (within every deadline): status.
@@ -256,6 +257,17 @@ def big_headers(port: int, processes: list[psutil.Process]) -> dict[str, Any]:
             "rss_growth_mib": round((max(peak) - before) / 2**20, 1)}
 
 
+def headers_over_cap(port: int) -> int:
+    """One request whose headers are 20 KiB: just over a 16 KiB cap."""
+    with connect(port) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
+        sock.settimeout(10)
+        try:
+            return status_of(sock.recv(4096)) or 0
+        except OSError:
+            return 0
+
+
 def slow_legit(port: int) -> int:
     pieces = [b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n", b"Accept: */*\r\n", b"Connection: close\r\n\r\n"]
     with connect(port) as sock:
@@ -281,8 +293,8 @@ def measure(name: str, python: str, workdir: Path) -> dict[str, Any]:
         flood = idle_flood(port)
         time.sleep(1)
         big = big_headers(port, processes)
-        return {"target": name, "slowloris": slow, "idle": still, "idle_flood": flood, "big_headers": big,
-                "slow_legit_status": legit}
+        return {"target": name, "slowloris": slow, "idle": still, "idle_flood": flood,
+                "headers_20kib_status": headers_over_cap(port), "big_headers": big, "slow_legit_status": legit}
 
 
 TARGETS = ["uvicorn-httptools", "uvicorn-h11", "hypercorn", "granian", "haproxy-edge"]
