@@ -184,3 +184,14 @@ def test_the_engine_refuses_the_same_urls_with_the_list_it_is_rendered_with():
                 connector._assert_url_in_allowed_media_domains(parse_url(url))
     MediaConnector(allowed_media_domains=[ALLOWED])._assert_url_in_allowed_media_domains(
         parse_url(f"https://{ALLOWED}/x.png"))
+
+
+def test_the_openai_client_gets_the_refusal_as_a_bad_request(data_only, recorded, key):
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=f"{data_only}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": METADATA}}]}])
+    assert refused.value.code == "media_url_not_allowed"
+    assert recorded.seen == []
