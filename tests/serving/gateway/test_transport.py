@@ -26,6 +26,7 @@ import pytest
 
 from infra.spec import Edge
 from tests.support.edge import PublicPort, edge_in_front
+from tests.support.gateway import gateway_settings, serving_gateway
 from tests.support.servers import HANG_BOUND_S
 
 
@@ -244,3 +245,18 @@ def test_oversized_headers_get_431_and_megabytes_of_them_hold_no_memory(public_p
         assert len(taken) == 4 and max(taken) < total  # the edge stopped reading (the old gateway took 4 x 20 MB)
         assert peak[0] - before < 8 * 2**20  # the old gateway grew by about 84 MB here
     assert len(recorded.seen) == 1
+
+
+def test_a_stream_flows_through_the_edge_chunk_by_chunk(upstream, redis_server, key, tmp_path):
+    """The edge relays a streamed answer as it comes (no buffering), usage included."""
+    from openai import OpenAI
+
+    settings = gateway_settings(upstream.url, redis_server.url)
+    with serving_gateway(settings) as (api, _), edge_in_front(api, Edge(header_timeout_s=1), tmp_path) as edge:
+        client = OpenAI(base_url=f"{edge.url}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+        stream = client.chat.completions.create(
+            model="tiny", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": '#stub {"id": "edge-stream", "tokens": 6, "per_chunk": 1}'}])
+        chunks = list(stream)
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 6
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
