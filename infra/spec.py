@@ -384,8 +384,8 @@ class Edge(_Spec):
                     "16 KiB do not fit HAProxy's buffer: its own 400). A connection holds at most two such buffers.")
     max_connections_per_client: int = Field(
         default=64, ge=1,
-        description="Open connections one client address may hold; more are refused at connect (the address as the "
-                    "load balancer reports it with the PROXY protocol).")
+        description="Open connections one client address (an IPv6 /64) may hold per pod; more are refused at connect "
+                    "(the address as the load balancer reports it with the PROXY protocol).")
     max_connections: int = Field(
         default=2_048, ge=16,
         description="Open connections the edge of one pod holds; past it new connections wait in the kernel's "
