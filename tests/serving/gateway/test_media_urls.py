@@ -116,6 +116,18 @@ def test_a_repeated_url_key_is_refused_so_both_parsers_read_one_url(data_only, r
     assert recorded.seen == []
 
 
+@pytest.mark.parametrize("part", [
+    b'{"type": "image_url", "image\\u005furl": {"url": "http://169.254.169.254/"}}',  # an escaped key
+    b'{"type": "image_url", "image_url": {"\\u0075rl": "\\u0068ttp://169.254.169.254/"}}',  # escaped key and URL
+    b'{"type": "image_url", "image_url": {"url": "http:\\/\\/169.254.169.254\\/"}}',  # escaped slashes
+])
+def test_json_escapes_are_read_as_the_engine_reads_them(data_only, recorded, key, part):
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": [' + part + b']}]}'
+    refused = post(data_only, key, body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "media_url_not_allowed"
+    assert recorded.seen == []
+
+
 @pytest.mark.parametrize("extra", [{"mm_payload": "tensors"}, {"multi_modal_data": {"image": METADATA}},
                                    {"prompt": [{"prompt": "hi", "multi_modal_data": {"image": METADATA}}]}])
 def test_completions_carry_no_media(data_only, recorded, key, extra):
