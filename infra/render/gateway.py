@@ -20,6 +20,7 @@ there. Kubelet probes need no rule: traffic from a pod's own node is always allo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -99,6 +100,7 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
 
 EDGE_DIRECTORY = "/etc/llmstack/edge"
 EDGE_CONFIG_MAP = "llmstack-gateway-edge"
+EDGE_CONFIG_ANNOTATION = "llmstack.dev/edge-config-sha256"
 
 
 def _free_ports(spec: StackSpec) -> list[int]:
@@ -123,6 +125,10 @@ def edge_files_for(spec: StackSpec) -> dict[str, str]:
                       gateway=f"127.0.0.1:{gateway_api_port(spec)}", health=f":{edge_health_port(spec)}",
                       request_timeout_s=g.request_timeout_s, shutdown_grace_s=g.shutdown_grace_s,
                       proxy_protocol=spec.cloud.provider == "aws")
+
+
+def edge_config_hash(spec: StackSpec) -> str:
+    return hashlib.sha256(json.dumps(edge_files_for(spec), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _edge_config_map(spec: StackSpec) -> dict[str, Any]:
@@ -234,7 +240,10 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "spec": {
             "selector": {"matchLabels": _selector()},
             "template": {
-                "metadata": {"labels": labels("gateway", spec.name), "annotations": prometheus_annotations(spec)},
+                "metadata": {"labels": labels("gateway", spec.name), "annotations": {
+                    **prometheus_annotations(spec),
+                    # A ConfigMap change alone restarts no pod: its hash in the template does.
+                    EDGE_CONFIG_ANNOTATION: edge_config_hash(spec)}},
                 "spec": pod_spec,
             },
         },

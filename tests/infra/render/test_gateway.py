@@ -68,8 +68,20 @@ def test_probes_and_scraping_use_ports_no_public_flood_reaches(example_stack, ob
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert edge_of(objects)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "edge-health"}
     annotations = kind(objects, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
-                           "prometheus.io/port": str(example_stack.gateway.metrics_port)}
+    assert annotations.items() >= {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
+                                   "prometheus.io/port": str(example_stack.gateway.metrics_port)}.items()
+
+
+def test_a_changed_edge_config_rolls_the_pods(example_stack, objects):
+    def edge_hash(objects: list[dict]) -> str:
+        return kind(objects, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"][
+            "llmstack.dev/edge-config-sha256"]
+
+    g = example_stack.gateway
+    tighter = example_stack.model_copy(update={"gateway": g.model_copy(
+        update={"edge": g.edge.model_copy(update={"header_timeout_s": 5})})})
+    assert edge_hash(gateway_objects(tighter)) != edge_hash(objects)
+    assert edge_hash(gateway_objects(example_stack)) == edge_hash(objects)
 
 
 def test_only_the_prometheus_namespace_reaches_the_metrics_port(example_stack, objects):
