@@ -232,3 +232,22 @@ def test_media_domains_must_be_plain_host_names(domains):
         spec_with(allowed_media_domains=domains)
     with pytest.raises(StackFileError, match="engine_args"):
         spec_with(engine_args={"allowed_media_domains": ["images.example.com"]})
+
+
+def test_the_engine_refuses_remote_media_with_the_list_it_is_rendered_with():
+    """Defence in depth behind the gateway: vLLM's own check, given the rendered engine arg,
+    refuses the metadata service in any spelling (vLLM reads an empty list as "any host", hence
+    the .invalid host for "none"). Importing vLLM's media code costs seconds on a busy machine."""
+    from urllib3.util import parse_url
+    from vllm.multimodal.media.connector import MediaConnector
+
+    from infra.render.serve_config import NO_REMOTE_MEDIA
+
+    allowed = "images.example.com"
+    for domains in ([NO_REMOTE_MEDIA], [allowed]):
+        connector = MediaConnector(allowed_media_domains=domains)
+        for url in ["http://169.254.169.254/latest/meta-data/", "http://0xa9fea9fe/", f"https://{allowed}@169.254.169.254/"]:
+            with pytest.raises(ValueError, match="allowed domains"):
+                connector._assert_url_in_allowed_media_domains(parse_url(url))
+    MediaConnector(allowed_media_domains=[allowed])._assert_url_in_allowed_media_domains(
+        parse_url(f"https://{allowed}/x.png"))

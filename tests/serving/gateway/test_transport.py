@@ -7,7 +7,7 @@ Before any of that, the public port is the edge's (HAProxy, infra.render.edge), 
 the rendered pod run it: clients without a key send headers slowly, send nothing, open many
 connections or send megabytes of headers. Each attack is run against a real edge process in
 front of a real gateway, next to a legitimate client that must still be served. The edge tests
-cost about 10 s (HAProxy starts per test, the header deadline is waited out three times).
+cost about 15 s (HAProxy starts per test, the header deadline is waited out twice).
 """
 
 from __future__ import annotations
