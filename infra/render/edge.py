@@ -18,8 +18,8 @@ HAProxy Ray Serve runs), and the gateway listens on loopback behind it. HAProxy,
   rule or error file applies (measured). Either way a connection never holds more than its two
   buffers.
 - a stick table of current connections per source address (per /64 for IPv6): past
-  `max_connections_per_client` a new connection is refused at accept, before HAProxy reads a
-  byte of it.
+  `max_connections_per_client` a new connection is closed as soon as its address is known (at
+  accept, or once the PROXY header is read), before HAProxy reads a byte of a request.
 - a connection to the gateway only for a request whose headers are complete; the body streams
   through under the gateway's own body deadline (`body_timeout_s`).
 
@@ -92,9 +92,11 @@ def edge_files(edge: Edge, *, directory: str, listen: str, gateway: str, health:
         f"    bind {listen}{' accept-proxy' if proxy_protocol else ''}",
         f"    maxconn {edge.max_connections}",
         "    stick-table type ipv6 size 1m expire 10m store conn_cur",
-        # An IPv6 client owns a whole /64: counted per /64, or one host would be 2^64 "clients".
-        "    tcp-request connection track-sc0 src,ipmask(32,64)",
-        f"    tcp-request connection reject if {{ sc0_conn_cur gt {edge.max_connections_per_client} }}",
+        # `session` rules run once the PROXY header is read (`connection` rules would see the load
+        # balancer's address). An IPv6 client owns a whole /64: counted per /64, or one host would
+        # be 2^64 clients.
+        "    tcp-request session track-sc0 src,ipmask(32,64)",
+        f"    tcp-request session reject if {{ sc0_conn_cur gt {edge.max_connections_per_client} }}",
         f"    http-request return status 431 content-type application/json file {directory}/{HEADERS_TOO_LARGE_FILE}"
         f" hdr connection close if {{ req.hdrs,length gt {edge.max_header_bytes} }}",
         "    default_backend gateway",

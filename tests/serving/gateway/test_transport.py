@@ -260,3 +260,26 @@ def test_a_stream_flows_through_the_edge_chunk_by_chunk(upstream, redis_server, 
         chunks = list(stream)
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 6
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+def test_behind_the_load_balancer_the_cap_counts_the_address_in_the_proxy_header(start_gateway, tmp_path):
+    """The pod's config: every connection comes from the NLB, which names the client in a PROXY
+    header. The cap must count those clients, not the NLB's own address."""
+
+    def via_nlb(edge: PublicPort, client: str) -> socket.socket:
+        sock = connect(edge.url)
+        port = urlsplit(edge.url).port
+        sock.sendall(f"PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n".encode())
+        return sock
+
+    edge_settings = Edge(max_connections_per_client=2, header_timeout_s=HANG_BOUND_S)
+    with (start_gateway() as (api, _), edge_in_front(api, edge_settings, tmp_path, proxy_protocol=True) as edge,
+          ExitStack() as held):
+        for _ in range(2):
+            held.enter_context(via_nlb(edge, "203.0.113.7"))
+        time.sleep(0.2)  # both sessions registered (no timing is asserted)
+        over = held.enter_context(via_nlb(edge, "203.0.113.7"))
+        assert closed_by_server(over)  # its third connection: refused
+        with via_nlb(edge, "198.51.100.9") as other:  # another client, through the same NLB address
+            other.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+            assert status_of(other) == 200
