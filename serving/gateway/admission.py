@@ -44,6 +44,7 @@ from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, Que
 from serving.gateway.key_format import KeyRecord, is_usable
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
+from serving.gateway.media_urls import check_media
 from serving.gateway.metering import (
     NOTHING_BILLED,
     Usage,
@@ -265,6 +266,8 @@ class Admitter:
         if not model_allowed(record, model, has_body=document is not None):
             return errors.model_not_allowed(model)
         violation = check_request(document, path, settings)  # before tokens are charged: a refusal costs none
+        if violation is None and document is not None:
+            violation = check_media(document, settings.media_domains(model))
         if violation is not None:
             return errors.invalid_request(violation.param, violation.message, violation.code)
         if settings.log_prompts and document is not None:
