@@ -68,19 +68,6 @@ class LimitDecision:
     scope: str | None = None  # whose limit refused: "key", "tenant", or "shadow" (a shadow key's would-be refusal)
 
 
-def output_allowance(ceiling: int, context_length: int | None) -> tuple[int, int | None]:
-    """For a completion that sets no max_tokens: (tokens to reserve for its output, the
-    max_tokens to add to the upstream request, or None to add nothing).
-
-    The upstream (vLLM) lets such a request run to the model's context length. When that is
-    within the ceiling it already bounds the output, and adding max_tokens could only make
-    vLLM refuse long prompts (it checks prompt + max_tokens <= context). When the context is
-    longer, the ceiling must be sent, or the reservation would not bound the output."""
-    if context_length is not None and context_length <= ceiling:
-        return context_length, None
-    return ceiling, ceiling
-
-
 def wants_stream(document: dict[str, Any] | None, path: str) -> bool:
     return document is not None and path in COMPLETION_PATHS and document.get("stream") is True
 
