@@ -17,7 +17,12 @@ stripped on the way back. What is billed, in order:
   it hears of the cut: measured against vLLM 0.32's own counters, one step) of the size that
   sequence's chunks were growing by;
 - anything else - no usage seen at all, or a stream cut while the client was not reading (the
-  upstream may have generated far ahead of what reached the gateway): the reservation.
+  upstream may have generated far ahead of what reached the gateway; the relay says when the
+  client's transport is gone, `client_left`, since after that its sends no longer block): the
+  reservation.
+
+An `error` event inside a 200 stream is replaced by the gateway's own (serving.gateway.upstream_errors);
+the stream is billed by the rules above.
 
 Counting chunks would under-bill: one chunk may carry several tokens (speculative decoding,
 vLLM's `stream_interval`), so output is only ever counted from reported usage.
@@ -43,7 +48,7 @@ from typing import Any
 
 import orjson
 
-from serving.gateway import event_shape
+from serving.gateway import event_shape, upstream_errors
 from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
@@ -218,6 +223,7 @@ class UsageMeter:
         self.finished = False
         self._worked_unanswered = False
         self.caught_up = True
+        self._left_behind = False  # the client left while the relay had not read all the upstream sent
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
         self._completion_by_sequence: dict[int, int] = {}
         self._step_by_sequence: dict[int, int] = {}  # the most tokens one chunk of the sequence added
@@ -255,6 +261,14 @@ class UsageMeter:
         tail = self._event(rest, b"") if rest.strip() else rest
         return tail + self._done
 
+    def client_left(self) -> None:
+        """The client's connection is gone (its transport said so). Unless the relay was waiting on
+        the upstream with everything it sent already read, the client had stopped reading and the
+        upstream may have generated far ahead of what reached the gateway: from now on the stream
+        is billed as if cut while behind, whatever the relay reads afterwards."""
+        if not self.finished and not (self.caught_up and not self._pending.strip()):
+            self._left_behind = True
+
     def no_answer(self, status: int) -> None:
         """The upstream never answered; `status` is the gateway's own error. Only a timeout
         (504) means the upstream had the request and may have been working on it."""
@@ -274,7 +288,7 @@ class UsageMeter:
             return final
         seen = self._seen()
         # Part of an event received and not yet parsed: the upstream has sent more than was counted.
-        everything_read = self.finished or (self.caught_up and not self._pending.strip())
+        everything_read = self.finished or (self.caught_up and not self._pending.strip() and not self._left_behind)
         if self.stream and seen is not None and everything_read:
             return seen
         return self._reserved()
@@ -320,6 +334,8 @@ class UsageMeter:
         chunk, dumps = _parse_event(data[len(b"data: "):])
         if not isinstance(chunk, dict):
             return event + end
+        if upstream_errors.is_error_event(chunk):  # its text may name internal addresses and exceptions
+            return upstream_errors.stream_error_event(chunk, data) + end
         choices = chunk.get("choices")
         choices = choices if isinstance(choices, list) else []
         if self.first_token_at is None and any(_has_content(c) for c in choices):

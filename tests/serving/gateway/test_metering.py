@@ -43,7 +43,7 @@ def meter(reservation: Reservation, **wishes: bool) -> UsageMeter:
 
 
 def test_a_cut_stream_is_billed_each_sequences_last_usage():
-    m = meter(Reservation(prompt=100, output=40, n=2, choices=2))
+    m = meter(Reservation(prompt=100, output=40, n=2))
     m.feed(chunk(0, "a", usage(7, 1)) + chunk(1, "b", usage(7, 2)) + chunk(0, "cd", usage(7, 3))
            + chunk(1, "efg", usage(7, 5)))
     assert m.caught_up and not m.finished
@@ -98,7 +98,7 @@ def test_final_usage_wins_and_upstream_refusals_cost_nothing():
 
 
 def test_prompt_arrays_map_sequences_to_their_prompts():
-    r = Reservation(prompt=100, output=80, prompts=2, n=2, choices=2)  # indexes: prompt * n + sequence
+    r = Reservation(prompt=100, output=80, prompts=2, n=2)  # indexes: prompt * n + sequence
     m = meter(r)
     m.feed(chunk(0, "a", usage(10, 1)) + chunk(1, "b", usage(10, 1)))
     # Prompt 1 not heard of yet: its prompt may be read already, so the bound; every sequence one step on.
@@ -198,7 +198,7 @@ def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_
 
 
 def test_the_sequences_of_one_stream_are_each_read_by_their_own_bytes():
-    m = meter(Reservation(prompt=50, output=100, n=2, choices=2), client_final_usage=False,
+    m = meter(Reservation(prompt=50, output=100, n=2), client_final_usage=False,
               client_continuous_usage=False)
     out = b""
     for step in range(1, 6):  # vLLM's usage per chunk counts its own sequence: 1 token a step for 0, 3 for 1
