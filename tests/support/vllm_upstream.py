@@ -231,6 +231,8 @@ class VllmLikeUpstream:
             steps = 0
             try:
                 while min(done) < tokens:
+                    if pause_after is not None and steps >= pause_after:
+                        await asyncio.sleep(3600)  # until the gateway closes the connection
                     for i in range(len(sequences)):
                         step = min(per_chunk, tokens - done[i])
                         if step > 0:
@@ -242,8 +244,6 @@ class VllmLikeUpstream:
                     if error_after is not None and steps >= error_after:
                         failed.append(steps)  # the engine failed: it generates nothing more
                         return
-                    if pause_after is not None and steps >= pause_after:
-                        await asyncio.sleep(3600)  # until the gateway closes the connection
                     await asyncio.sleep(interval)
             finally:
                 woken.set()  # the response sees the end
