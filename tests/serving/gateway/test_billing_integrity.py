@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from serving.gateway.keys import create_key_sync
 from serving.gateway.output_bound import output_bound
-from serving.gateway.reservation import reserve
+from serving.gateway.reservation import prompt_bound
 from serving.gateway.tenants import key_daily_key, tenant_daily_key
 from tests.support.servers import HANG_BOUND_S
 from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, redis_day, running_gateway
@@ -83,8 +83,8 @@ def document_of(request: dict, rid: str) -> dict:
 def reservation_of(request: dict, body: bytes) -> int:
     document = json.loads(body)
     output = output_bound(document, request["path"], context_length=CONTEXT_LENGTH, ceiling=4096)
-    return reserve(document, len(body), request["path"], output=output, context_length=CONTEXT_LENGTH,
-                   template_tokens=TEMPLATE_TOKENS).total
+    return output.total + prompt_bound(document, len(body), request["path"], context_length=CONTEXT_LENGTH,
+                                       template_tokens=TEMPLATE_TOKENS)
 
 
 def content_events(lines):
