@@ -11,15 +11,14 @@ stripped on the way back. What is billed, in order:
 - the upstream timed out before answering (504: it had the request, and vLLM generates a whole
   non-streamed answer before sending a byte): the reservation;
 - the upstream's final usage (a JSON body's, or a stream's last chunk): that;
-- a stream that ended, or was cut while the gateway had read everything the upstream sent: the
-  last usage seen, per sequence (vLLM counts each sequence's tokens in its own chunks), plus,
-  for a cut, one more step for each sequence still running (the engine keeps generating until
-  it hears of the cut: measured against vLLM 0.32's own counters, one step) of the size that
-  sequence's chunks were growing by;
-- anything else - no usage seen at all, or a stream cut while the client was not reading (the
-  upstream may have generated far ahead of what reached the gateway; the relay says when the
-  client's transport is gone, `client_left`, since after that its sends no longer block): the
-  reservation.
+- a stream that ended without a final count: the last usage seen, per sequence (vLLM counts
+  each sequence's tokens in its own chunks); a stream cut after every sequence had finished
+  (each one's finish reason seen): the same, since the engine generates nothing more for them;
+- anything else - no usage seen at all, or a stream cut while a sequence was still running: the
+  reservation (with the prompt's exact count once every prompt's was seen). The engine keeps
+  generating until the cut reaches it, through Ray Serve, at its own pace and ahead of what
+  reached the gateway (queued in Ray's streaming generator, in socket buffers, or behind a
+  client that stopped reading); no count the gateway saw says how far it got.
 
 An `error` event inside a 200 stream is replaced by the gateway's own (serving.gateway.upstream_errors);
 the stream is billed by the rules above.
@@ -210,8 +209,7 @@ class UsageMeter:
     `feed(chunk)` returns the bytes to send to the client now; `finish()`, called when the
     upstream ended its response, the bytes held back to the very end (the JSON body's last
     chunk, or a stream's `data: [DONE]`), which the relay sends only after settlement, so a
-    client that has the whole answer also sees its refund. The relay keeps `caught_up` true
-    while it waits for the upstream and false while a chunk is on its way to the client.
+    client that has the whole answer also sees its refund.
     """
 
     def __init__(self, *, stream: bool, reservation: Reservation, client_final_usage: bool = True,
@@ -222,11 +220,8 @@ class UsageMeter:
         self.usage: Usage | None = None  # the upstream's final count
         self.finished = False
         self._worked_unanswered = False
-        self.caught_up = True
-        self._left_behind = False  # the client left while the relay had not read all the upstream sent
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
         self._completion_by_sequence: dict[int, int] = {}
-        self._step_by_sequence: dict[int, int] = {}  # the most tokens one chunk of the sequence added
         self._finished_sequences: set[int] = set()
         self._prompt_by_prompt: dict[int, int] = {}
         self._aggregate: Usage | None = None  # per-chunk usage of chunks with several sequences
@@ -261,14 +256,6 @@ class UsageMeter:
         tail = self._event(rest, b"") if rest.strip() else rest
         return tail + self._done
 
-    def client_left(self) -> None:
-        """The client's connection is gone (its transport said so). Unless the relay was waiting on
-        the upstream with everything it sent already read, the client had stopped reading and the
-        upstream may have generated far ahead of what reached the gateway: from now on the stream
-        is billed as if cut while behind, whatever the relay reads afterwards."""
-        if not self.finished and not (self.caught_up and not self._pending.strip()):
-            self._left_behind = True
-
     def no_answer(self, status: int) -> None:
         """The upstream never answered; `status` is the gateway's own error. Only a timeout
         (504) means the upstream had the request and may have been working on it."""
@@ -287,9 +274,8 @@ class UsageMeter:
         if final is not None:
             return final
         seen = self._seen()
-        # Part of an event received and not yet parsed: the upstream has sent more than was counted.
-        everything_read = self.finished or (self.caught_up and not self._pending.strip() and not self._left_behind)
-        if self.stream and seen is not None and everything_read:
+        sequences = self.reservation.prompts * self.reservation.n
+        if self.stream and seen is not None and (self.finished or len(self._finished_sequences) == sequences):
             return seen
         return self._reserved()
 
@@ -298,10 +284,6 @@ class UsageMeter:
         if not self._completion_by_sequence and self._aggregate is None:
             return None
         completion = sum(self._completion_by_sequence.values())
-        if not self.finished:  # cut: each sequence still running may be one step further along
-            sequences = range(self.reservation.prompts * self.reservation.n)
-            running = sum(self._step_by_sequence.get(i, 1) for i in sequences if i not in self._finished_sequences)
-            completion = max(completion, min(completion + running, self.reservation.output))
         if len(self._prompt_by_prompt) == self.reservation.prompts:
             prompt = sum(self._prompt_by_prompt.values())
         else:  # some prompts not heard of yet: they may have been read (prefilled) all the same
@@ -377,8 +359,6 @@ class UsageMeter:
     def _note_sequence(self, index: int, finished: bool, prompt: int, completion: int) -> None:
         prompt_index = index // self.reservation.n
         before = self._completion_by_sequence.get(index, 0)
-        if completion - before > self._step_by_sequence.get(index, 1):
-            self._step_by_sequence[index] = completion - before
         self._completion_by_sequence[index] = max(before, completion)  # set even at 0: usage was seen
         if finished:
             self._finished_sequences.add(index)

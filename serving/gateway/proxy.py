@@ -92,10 +92,9 @@ class UpstreamStream(Response):
     `send()` returns without error and without sending, so a relay that took it for "the client
     took it" would drain the upstream's buffered output into nothing and then look caught up.
     A watcher waits on `receive()` for `http.disconnect` (uvicorn wakes it before a `send()`
-    blocked on the lost connection), tells the meter at that very moment (`client_left`: a
-    client that left while the relay was not waiting on the upstream had stopped reading, and
-    the upstream may be far ahead) and cancels the relay, which also stops after any `send()`
-    that returns once the client is known gone.
+    blocked on the lost connection) and cancels the relay, which also stops after any `send()`
+    that returns once the client is known gone. The meter bills such a cut stream its
+    reservation unless it saw every sequence finish (serving.gateway.metering).
 
     The relay itself is a plain loop over the upstream's reads: direct streaming sends one event
     per token, so everything done per read is done per token. Each read goes to the client as
@@ -134,7 +133,6 @@ class UpstreamStream(Response):
         while (await receive())["type"] != "http.disconnect":
             pass
         self._client_gone = True
-        self._meter.client_left()
         relay.cancel()
 
     async def stream_response(self, send: Send) -> None:
@@ -142,13 +140,9 @@ class UpstreamStream(Response):
         upstream, meter = self._upstream, self._meter
         try:
             while True:
-                # The meter bills a cut stream its last usage only if the cut found us waiting here,
-                # with everything the upstream sent already read (serving.gateway.metering).
-                meter.caught_up = True
                 chunk = await upstream.content.readany()  # all that has arrived; b"" at the end
                 if not chunk:
                     break
-                meter.caught_up = False
                 out = meter.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
