@@ -90,11 +90,11 @@ class UpstreamStream(Response):
 
     The client is watched by its transport, not by `send()`: once a connection is lost, uvicorn's
     `send()` returns without error and without sending, so a relay that took it for "the client
-    took it" would drain the upstream's buffered output into nothing and then look caught up.
-    A watcher waits on `receive()` for `http.disconnect` (uvicorn wakes it before a `send()`
-    blocked on the lost connection) and cancels the relay, which also stops after any `send()`
-    that returns once the client is known gone. The meter bills such a cut stream its
-    reservation unless it saw every sequence finish (serving.gateway.metering).
+    took it" would go on draining the upstream into nothing. A watcher waits on `receive()` for
+    `http.disconnect` (which also comes while the upstream is silent) and cancels the relay,
+    which also stops after any `send()` that returns once the client is known gone. The meter
+    bills such a cut stream its reservation unless it saw every sequence finish
+    (serving.gateway.metering).
 
     The relay itself is a plain loop over the upstream's reads: direct streaming sends one event
     per token, so everything done per read is done per token. Each read goes to the client as
@@ -126,7 +126,7 @@ class UpstreamStream(Response):
         finally:
             with anyio.CancelScope(shield=True):
                 self._upstream.close()  # a no-op after a full read (the connection went back to the pool)
-                # A stream cut short is billed what the meter saw; a no-op if the relay settled.
+                # A stream cut short is billed what the meter says of it; a no-op if the relay settled.
                 await self._settle(self._meter.billed_usage())
 
     async def _watch_client(self, receive: Receive, relay: anyio.CancelScope) -> None:
