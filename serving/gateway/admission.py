@@ -50,15 +50,15 @@ from serving.gateway.metering import (
     Usage,
     UsageMeter,
     client_usage_wishes,
-    output_allowance,
     rate_limit_headers,
     request_usage_upstream,
     wants_stream,
 )
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.output_bound import output_bound
 from serving.gateway.redis_client import RedisBusy
 from serving.gateway.request_policy import check_request
-from serving.gateway.reservation import COMPLETION_PATHS, requested_output, reserve
+from serving.gateway.reservation import COMPLETION_PATHS, reserve
 from serving.gateway.settings import GatewaySettings
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"
@@ -274,8 +274,8 @@ class Admitter:
             caller_of(request.scope).prompt = prompt_text(document)
 
         context_length = settings.model_context_lengths.get(model or "")
-        allowance, added_max_tokens = output_allowance(settings.max_tokens_ceiling, context_length)
-        reservation = reserve(document, len(body), path, output_allowance=allowance, context_length=context_length,
+        output = output_bound(document, path, context_length=context_length, ceiling=settings.max_tokens_ceiling)
+        reservation = reserve(document, len(body), path, output=output, context_length=context_length,
                               template_tokens=settings.chat_template_tokens)
         label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
         price = {"model": label, "usd_per_million_tokens": settings.model_usd_per_million_tokens.get(label)}
@@ -310,7 +310,8 @@ class Admitter:
 
             stream = wants_stream(document, path)
             final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
-            upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens,
+            upstream_document = upstream_request(document, path, stream=stream,
+                                                 added_max_tokens=output.added_max_tokens,
                                                  priority=self._engine_priority(record))
             queued = await self._queued(request, record, model, ticket, headers, stream=stream, attempt=attempt,
                                         slot=slot)
@@ -478,14 +479,14 @@ def upstream_request(document: dict | None, path: str, *, stream: bool, added_ma
                      priority: int | None = None) -> dict | None:
     """The body to send upstream (the same object when unchanged): streams always ask for usage
     in every chunk (so even a cut stream can be billed what it used), a completion without
-    max_tokens gets the ceiling when the model's context would not bound it, and `priority`
+    max_tokens gets the one its output bound needs (serving.gateway.output_bound), and `priority`
     (the key's tier rank, for vLLM's priority scheduling) is set by the gateway alone: the body
     allowlist refuses one sent by a client (serving.gateway.body)."""
     if document is None or path not in COMPLETION_PATHS:
         return document
     if stream:
         document = request_usage_upstream(document)
-    if added_max_tokens is not None and requested_output(document) is None:
+    if added_max_tokens is not None:  # the body sets no limit of its own (null included)
         document = {**document, "max_tokens": added_max_tokens}
     if priority is not None:
         document = {**document, "priority": priority}
