@@ -30,6 +30,14 @@ TIMEOUT_S = 2.0  # connect and each command
 POOL_WAIT_S = 2.0  # the wait for a free connection (a burst of requests queues here)
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write because it reached maxmemory (`OOM command not allowed ...`), a
+    script included: with `maxmemory-policy noeviction` it refuses rather than evicts."""
+    from redis.exceptions import ResponseError
+
+    return isinstance(exc, ResponseError) and str(exc).startswith("OOM ")
+
+
 class RedisBusy(RuntimeError):
     """Every pooled connection stayed in use for POOL_WAIT_S: the gateway is loaded, Redis is up."""
 

@@ -217,7 +217,7 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
 
 
 def test_elasticache_access_strings_are_the_same_rules() -> None:
-    assert access_string(gateway_user()) == "on ~llmstack:* &llmstack:fq:wake:* +@all -@dangerous"
+    assert access_string(gateway_user()) == "on ~llmstack:* &llmstack:fq:wake:* +@all -@dangerous +info"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
 
 

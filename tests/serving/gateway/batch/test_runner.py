@@ -139,7 +139,7 @@ def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(re
         try:
             store = BatchStore(client)
             stream = work_key("batch_ghosts")
-            await store.enqueue("batch_ghosts", "ghost-co", [("a", b"{}")])
+            await store.enqueue("batch_ghosts", "ghost-co", [{"custom_id": "a", "at": "0", "len": "2"}])
             await client.sadd(ACTIVE, "batch_ghosts")
             await client.xreadgroup(WORK_GROUP, "ghost", {stream: "0"}, count=1)  # joins, takes nothing
             await client.xreadgroup(WORK_GROUP, "holder", {stream: ">"}, count=1)  # dies holding a line
