@@ -20,6 +20,9 @@ from serving.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.redis")
 
+# The one policy the gateway's Redis may run with, in every mode (make dev's redis-server, the
+# in-cluster Redis, ElastiCache's parameter group): refuse writes when full, never delete keys.
+REQUIRED_POLICY = "noeviction"
 POLL_S = 15.0  # a Prometheus scrape interval: the alert needs no finer reading
 
 
@@ -31,7 +34,7 @@ class RedisMemory:
 
     @property
     def evicting(self) -> bool:
-        return self.policy != "noeviction"
+        return self.policy != REQUIRED_POLICY
 
 
 def read_memory(info: dict[str, Any]) -> RedisMemory:
