@@ -296,3 +296,79 @@ def test_a_held_open_upload_does_not_hold_other_tenants_uploads(gateway, make_ke
     finally:
         slow.close()
         in_flight.close()
+
+
+def test_slow_downloads_hold_a_chunk_each_not_the_file(start_gateway, make_key) -> None:
+    # Readers that take a file's headers and then stop reading: each download must hold one
+    # chunk of the Batch API's memory while it waits to send it, never the whole file, or a few
+    # slow readers of a large file hold many copies of it. Counted by the gateway's own gauge.
+    import socket
+    import time
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from serving.gateway.batch.policy import DOWNLOAD_CHUNK_BYTES
+
+    def held(metrics: str) -> float:
+        text = httpx.get(f"{metrics}/metrics").text
+        return next((s.value for family in text_string_to_metric_families(text) for s in family.samples
+                     if s.name == "llmstack_gateway_batch_memory_bytes"), -1.0)
+
+    line = {**LINE, "body": {**LINE["body"], "messages": [{"role": "user", "content": "x" * 50_000}]}}
+    content = b"".join((json.dumps({**line, "custom_id": f"c{n}"}) + "\n").encode() for n in range(240))
+    readers = 4
+    with start_gateway() as (api, metrics):
+        key = make_key("downloader-co")
+        client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+        file_id = client.files.create(file=("big.jsonl", content), purpose="batch").id
+        parts = urlsplit(api)
+        connections = []
+        for _ in range(readers):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)  # before connect: a small window
+            sock.connect((parts.hostname, parts.port))
+            sock.sendall(f"GET /v1/files/{file_id}/content HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                         "\r\n".encode())
+            connections.append(sock)
+        heads = []
+        for sock in connections:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(1024)
+            heads.append(head)
+        assert all(b"transfer-encoding: chunked" in h.lower() for h in heads)
+        assert all(b"content-length" not in h.lower() for h in heads)  # not built whole to be measured
+        # Every reader stopped: the gateway's sends block, each with its chunk taken.
+        deadline = time.monotonic() + HANG_BOUND_S
+        while held(metrics) < readers * DOWNLOAD_CHUNK_BYTES and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stalled = held(metrics)
+        bodies = []
+        for sock, head in zip(connections, heads, strict=True):
+            response = bytearray(head.split(b"\r\n\r\n", 1)[1])
+            sock.settimeout(HANG_BOUND_S)
+            while not response.endswith(b"0\r\n\r\n"):
+                response += sock.recv(1 << 20)
+            sock.close()
+            bodies.append(bytes(response))
+        deadline = time.monotonic() + HANG_BOUND_S
+        while held(metrics) != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = held(metrics)
+    assert len(content) > 10_000_000
+    assert stalled == readers * DOWNLOAD_CHUNK_BYTES  # one chunk each: not 0 (counted), not the file
+    assert after == 0
+    for body in bodies:  # and each reader got the whole file, byte for byte
+        assert _dechunk(body) == content
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += body[end + 2:end + 2 + size]
+        at = end + 2 + size + 2
