@@ -56,8 +56,8 @@ class Rejected:
 
     @property
     def answer_bytes(self) -> int:
-        """The size of its answer as kept until the batch ends (its error line, give or take the ids)."""
-        return len(json.dumps(self.body, separators=(",", ":"))) + 128
+        """The size of its error body, as its answer keeps it until the batch ends."""
+        return len(json.dumps(self.body, separators=(",", ":")))
 
 
 @dataclass

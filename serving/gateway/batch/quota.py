@@ -28,22 +28,27 @@ from serving.gateway.limits import effective_limits
 from serving.gateway.settings import GatewaySettings
 from serving.gateway.tenants import key_daily_key, tenant_daily_key, tenant_limits_key
 
-# Redis's own bytes around each value: a list node, a stream entry's id and fields, a hash field.
-# Measured with MEMORY USAGE on Redis 7 (tests/serving/gateway/batch/test_quota.py checks the
-# bound against a real redis-server).
-ID_OVERHEAD = 16
-ENTRY_OVERHEAD = 48
-ANSWER_OVERHEAD = 16
+# Redis's own bytes around each value (a list entry, a stream entry with its id and fields, a hash
+# field), and the allocator's size classes on top, measured with MEMORY USAGE on Redis 7 for
+# custom ids of 1 to 512 characters (tests/serving/gateway/batch/test_quota.py keeps the bound
+# above what a real redis-server holds, and within 3x of it).
+ID_OVERHEAD = 48
+ENTRY_OVERHEAD = 64
+ANSWER_ENVELOPE = 160  # an output line around its body: its id, status, request id (plus the custom_id)
+ANSWER_OVERHEAD = 96
+ALLOCATOR_SLACK = 1.25
 
 
 def redis_footprint(checked: CheckedInput) -> int:
-    """The most bytes a batch's lines hold in Redis while it runs: every custom_id twice (the
-    ids list, its stream entry or its answer's field), a reference per line to run, the answer
-    of each line refused up front. Answers of lines that ran are bounded by what they were billed."""
+    """The most bytes a batch's lines hold in Redis while it runs: every custom_id in the ids
+    list, a stream entry (custom_id and where its body is) per line to run, the answer of each
+    line refused up front (its error line, which names the custom_id, under the custom_id).
+    Answers of lines that ran come on top, each bounded by what it was billed."""
     ids = sum(len(x.custom_id.encode()) + ID_OVERHEAD for x in (*checked.lines, *checked.rejected))
     queued = sum(len(x.custom_id.encode()) + ENTRY_OVERHEAD for x in checked.lines)
-    refused = sum(len(x.custom_id.encode()) + x.answer_bytes + ANSWER_OVERHEAD for x in checked.rejected)
-    return ids + queued + refused
+    refused = sum(2 * len(x.custom_id.encode()) + x.answer_bytes + ANSWER_ENVELOPE + ANSWER_OVERHEAD
+                  for x in checked.rejected)
+    return int(ALLOCATOR_SLACK * (ids + queued + refused))
 
 
 @dataclass(frozen=True)
