@@ -43,7 +43,15 @@ from serving.gateway.budgets import NANO_PER_USD
 from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, QueueUnavailable, SlotTry
 from serving.gateway.key_format import KeyRecord, is_usable
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
-from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
+from serving.gateway.limits import (
+    Limiter,
+    LimiterBusy,
+    LimiterOutOfMemory,
+    LimiterUnavailable,
+    Ticket,
+    Who,
+    effective_limits,
+)
 from serving.gateway.media_urls import check_media
 from serving.gateway.metering import (
     NOTHING_BILLED,
@@ -58,7 +66,7 @@ from serving.gateway.metrics import GatewayMetrics
 from serving.gateway.output_bound import output_bound
 from serving.gateway.redis_client import RedisBusy
 from serving.gateway.request_policy import check_request
-from serving.gateway.reservation import COMPLETION_PATHS, reserve
+from serving.gateway.reservation import COMPLETION_PATHS, Reservation, reserve
 from serving.gateway.settings import GatewaySettings
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"
@@ -155,6 +163,17 @@ def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool) -> bool:
     if model is None:
         return not has_body
     return model in key.allowed_models
+
+
+def reservation_for(document: dict | None, body_size: int, path: str,
+                    settings: GatewaySettings) -> tuple[Reservation, int | None]:
+    """What a request reserves at admission, and the max_tokens the gateway adds to it (None
+    when the body sets its own): for online requests and batch lines alike."""
+    context_length = settings.model_context_lengths.get(requested_model(document) or "")
+    output = output_bound(document, path, context_length=context_length, ceiling=settings.max_tokens_ceiling)
+    reservation = reserve(document, body_size, path, output=output, context_length=context_length,
+                          template_tokens=settings.chat_template_tokens)
+    return reservation, output.added_max_tokens
 
 
 async def read_body_within(request: Request, limit: int) -> bytes | None:
@@ -273,10 +292,7 @@ class Admitter:
         if settings.log_prompts and document is not None:
             caller_of(request.scope).prompt = prompt_text(document)
 
-        context_length = settings.model_context_lengths.get(model or "")
-        output = output_bound(document, path, context_length=context_length, ceiling=settings.max_tokens_ceiling)
-        reservation = reserve(document, len(body), path, output=output, context_length=context_length,
-                              template_tokens=settings.chat_template_tokens)
+        reservation, added_max_tokens = reservation_for(document, len(body), path, settings)
         label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
         price = {"model": label, "usd_per_million_tokens": settings.model_usd_per_million_tokens.get(label)}
         # A queued model's free slot is asked for in the limiter's round trip, before its verdict:
@@ -311,7 +327,7 @@ class Admitter:
             stream = wants_stream(document, path)
             final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
             upstream_document = upstream_request(document, path, stream=stream,
-                                                 added_max_tokens=output.added_max_tokens,
+                                                 added_max_tokens=added_max_tokens,
                                                  priority=self._engine_priority(record))
             queued = await self._queued(request, record, model, ticket, headers, stream=stream, attempt=attempt,
                                         slot=slot)
@@ -433,6 +449,9 @@ class Admitter:
         """Run one limiter phase: (the ticket, None) when it may go on, (ticket, the response) when not."""
         try:
             result = await call
+        except LimiterOutOfMemory:
+            self.metrics.redis_out_of_memory.labels(component="limiter").inc()
+            return ticket, errors.limiter_unavailable()
         except LimiterUnavailable:
             return ticket, errors.limiter_unavailable()
         except LimiterBusy:
