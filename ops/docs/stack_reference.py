@@ -41,10 +41,16 @@ SECRET_NOTES = {
 
 @dataclass(frozen=True)
 class Row:
-    key: str
+    key: str  # as written under its parent
+    path: str  # the whole key path, e.g. llmstack:gateway.queue.tiers[].name
     type: str
     default: str
     description: str
+    bounds: str = ""
+
+    @property
+    def meaning(self) -> str:
+        return self.description + (f" ({self.bounds})" if self.bounds else "")
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,7 @@ def bounds_text(field: FieldInfo) -> str:
 def _discriminator_value(model: type[BaseModel], discriminator: str | None) -> str | None:
     if discriminator is None or discriminator not in model.model_fields:
         return None
-    return get_args(model.model_fields[discriminator].annotation)[0]
+    return str(get_args(model.model_fields[discriminator].annotation)[0])
 
 
 def sections(model: type[BaseModel], path: str, title: str) -> Iterator[Section]:
@@ -146,8 +152,6 @@ def sections(model: type[BaseModel], path: str, title: str) -> Iterator[Section]
         if path == NAMESPACE and name in DERIVED_FIELDS:
             continue
         key = f"{path}:{name}" if path == NAMESPACE else f"{path}.{name}"
-        description = " ".join((field.description or "").split())
-        bounds = bounds_text(field)
         variants = _model_variants(field.annotation)
         listed = get_origin(field.annotation) is list
         child_path = key + ("[]" if listed else "")
@@ -159,7 +163,8 @@ def sections(model: type[BaseModel], path: str, title: str) -> Iterator[Section]
             kind = ("list of objects" if listed else "object") + f", {len(variants)} kinds by `{discriminator}`"
         elif variants and listed:
             kind = "list of objects"
-        rows.append(Row(name, kind, default_text(field), description + (f" ({bounds})" if bounds else "")))
+        rows.append(Row(name, key, kind, default_text(field), " ".join((field.description or "").split()),
+                        bounds_text(field)))
         for variant in variants:
             value = _discriminator_value(variant, discriminator) if len(variants) > 1 else None
             child_title = f"`{child_path}`" + (f" with `{discriminator}: {value}`" if value else "")
@@ -173,8 +178,9 @@ def _discriminator_in(annotation: Any) -> str | None:
     """The discriminator of a union nested in `annotation` (a list's items, an optional's value)."""
     if get_origin(annotation) is Annotated:
         for meta in get_args(annotation)[1:]:
-            if isinstance(getattr(meta, "discriminator", None), str):
-                return meta.discriminator
+            discriminator = getattr(meta, "discriminator", None)
+            if isinstance(discriminator, str):
+                return discriminator
     for arg in get_args(annotation):
         found = _discriminator_in(arg)
         if found:
@@ -184,22 +190,24 @@ def _discriminator_in(annotation: Any) -> str | None:
 
 def undocumented() -> list[str]:
     """Keys whose model gives no description: the reference shows them with none."""
-    return [f"{s.path}{'' if s.path == NAMESPACE else '.'}{r.key}".replace(f"{NAMESPACE}.", f"{NAMESPACE}:")
-            for s in sections(StackSpec, NAMESPACE, f"`{NAMESPACE}:`") for r in s.rows
-            if not r.description or r.description.startswith("(")]
+    return [r.path for s in sections(StackSpec, NAMESPACE, f"`{NAMESPACE}:`") for r in s.rows if not r.description]
 
 
 def secret_rows() -> list[Row]:
     missing = sorted(SECRET_KEYS - SECRET_NOTES.keys())
     if missing:
         raise ValueError(f"secret keys {missing} have no note in ops/docs/stack_reference.py SECRET_NOTES")
-    return [Row(key, "string (secret)", "none", SECRET_NOTES[key]) for key in sorted(SECRET_KEYS)]
+    return [Row(key, f"{NAMESPACE}:{key}", "string (secret)", "none", SECRET_NOTES[key]) for key in sorted(SECRET_KEYS)]
 
 
 def _table(rows: list[Row]) -> list[str]:
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    return lines + [f"| `{r.key}` | {r.type} | {r.default} | {r.description.replace('|', chr(92) + '|')} |"
-                    for r in rows]
+    return lines + [f"| `{r.key}` | {r.type} | {r.default} | {_escape_pipes(r.meaning)} |" for r in rows]
+
+
+def _escape_pipes(text: str) -> str:
+    """A `|` inside a table cell would end the cell."""
+    return text.replace("|", "\\|")
 
 
 def render() -> str:
