@@ -126,10 +126,14 @@ def default_text(field: FieldInfo) -> str:
 
 def bounds_text(field: FieldInfo) -> str:
     """The numeric and length bounds validation enforces, as the reader would write them."""
-    bounds = ((annotated_types.Ge, "ge", ">= {}"), (annotated_types.Gt, "gt", "> {}"),
-              (annotated_types.Le, "le", "<= {}"), (annotated_types.Lt, "lt", "< {}"),
-              (annotated_types.MinLen, "min_length", "length >= {}"),
-              (annotated_types.MaxLen, "max_length", "length <= {}"))
+    bounds = (
+        (annotated_types.Ge, "ge", ">= {}"),
+        (annotated_types.Gt, "gt", "> {}"),
+        (annotated_types.Le, "le", "<= {}"),
+        (annotated_types.Lt, "lt", "< {}"),
+        (annotated_types.MinLen, "min_length", "length >= {}"),
+        (annotated_types.MaxLen, "max_length", "length <= {}"),
+    )
     parts = []
     for item in field.metadata:
         parts += [form.format(getattr(item, attr)) for kind, attr, form in bounds if isinstance(item, kind)]
@@ -163,8 +167,9 @@ def sections(model: type[BaseModel], path: str, title: str) -> Iterator[Section]
             kind = ("list of objects" if listed else "object") + f", {len(variants)} kinds by `{discriminator}`"
         elif variants and listed:
             kind = "list of objects"
-        rows.append(Row(name, key, kind, default_text(field), " ".join((field.description or "").split()),
-                        bounds_text(field)))
+        rows.append(
+            Row(name, key, kind, default_text(field), " ".join((field.description or "").split()), bounds_text(field))
+        )
         for variant in variants:
             value = _discriminator_value(variant, discriminator) if len(variants) > 1 else None
             child_title = f"`{child_path}`" + (f" with `{discriminator}: {value}`" if value else "")
@@ -228,10 +233,15 @@ def render() -> str:
         if section.doc:
             lines += [section.doc, ""]
         lines += [*_table(section.rows), ""]
-    lines += ["## Secrets", "",
-              f"Set with `pulumi config set --secret {NAMESPACE}:<key> VALUE --stack <stack>`; stored",
-              "encrypted in the stack file, read only by the Pulumi program.", "",
-              *_table(secret_rows()), ""]
+    lines += [
+        "## Secrets",
+        "",
+        f"Set with `pulumi config set --secret {NAMESPACE}:<key> VALUE --stack <stack>`; stored",
+        "encrypted in the stack file, read only by the Pulumi program.",
+        "",
+        *_table(secret_rows()),
+        "",
+    ]
     return "\n".join(lines)
 
 
