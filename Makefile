@@ -10,12 +10,13 @@ STACK ?= local
 PORT ?= 8080
 LITELLM := .cache/llmstack/litellm-venv/bin/litellm
 
-.PHONY: help install lint redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast bench plan render clean
+.PHONY: help install lint redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast test-deep bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
 	@echo "make bench        benchmarks (figures recorded in BENCHMARKS.md)"
-	@echo "make test         install into .venv and run every test"
+	@echo "make test         install into .venv and run every test (test-fast: without the slow ones;"
+	@echo "                  test-deep: every test, hypothesis properties explored deeper)"
 	@echo "make plan STACK=  capacity and cost of a stack (llmctl plan)"
 	@echo "make render STACK= Kubernetes manifests of a stack into build/manifests/"
 	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan (deploy: llmctl doctor) passes"
@@ -54,11 +55,23 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
+# Two phases, each spread over the cores (pytest-xdist): the tests that need no server process
+# first, so that a failure there shows within minutes; then the slow ones, which start real
+# servers, the end-to-end tests among them on one worker around one shared dev stack
+# (tests/e2e/conftest.py). Tests that must not share the machine with each other are grouped
+# (`xdist_group`): one worker runs a group's tests one after the other.
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: $(STAMP) redis-server promtool lint
-	$(PY) -m pytest -q
+	$(PYTEST) -m "not slow"
+	$(PYTEST) -m slow
 
 test-fast: $(STAMP) redis-server promtool lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
+
+test-deep: export HYPOTHESIS_PROFILE = deep
+test-deep: test
 
 # The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.
 dev: $(STAMP)

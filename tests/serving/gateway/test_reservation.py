@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from serving.gateway.keys import create_key_sync
 from serving.gateway.reservation import Reservation, prompt_bound, reserve
+from tests.support.hypothesis import examples
 from tests.support.servers import HANG_BOUND_S
 from tests.support.vllm_upstream import directive, running_gateway
 
@@ -96,7 +97,7 @@ messages = st.lists(st.fixed_dictionaries({
     min_size=1, max_size=6)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(fast=50, deep=200))
 @given(conversation=messages)
 def test_the_bound_never_under_counts_a_real_tokenizer(llama_style, conversation):
     """Any text - CJK, emoji, control characters - through a real template and tokenizer: the
