@@ -20,6 +20,17 @@ import pytest
 from infra.stack_file import PROJECT_ROOT, load_stack
 from tests.support.devstack import DevStack, e2e_stack_text
 
+E2E = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every e2e test on one xdist worker, so the session starts one shared stack; the tests that
+    start a stack or engine of their own first, before the shared one runs beside them."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("e2e-dev-stack"))
+    items.sort(key=lambda item: E2E in item.path.parents and "dev_stack" in item.fixturenames)
+
 
 @pytest.fixture(scope="session")
 def e2e_stack_file() -> Iterator[Path]:

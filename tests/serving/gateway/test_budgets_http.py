@@ -143,6 +143,7 @@ def gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[st
             terminate(process, grace_s=10)
 
 
+@pytest.mark.slow  # starts two gateway processes
 def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstream, tmp_path):
     """$1 buys 1,000 tokens at the rate; 40 requests of about 45 tokens need twice that. Two
     replicas that each kept their own count would serve them all; sharing one count in Redis,

@@ -31,6 +31,8 @@ from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, wait_for_http
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 
+pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gateway)
+
 HANG_BOUND_S = 60
 PROMPT = [{"role": "user", "content": "What is a KV cache?"}]  # estimate: 5 tokens
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from ops.harness.processes import background, free_port, wait_for_http
@@ -26,6 +27,8 @@ from serving.gateway.keys import create_key_sync
 from tests.support.counting_upstream import CountingUpstream
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S, serving
+
+pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gateway)
 
 
 @contextmanager
