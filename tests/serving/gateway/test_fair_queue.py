@@ -388,7 +388,10 @@ def test_a_lost_wake_up_is_caught_by_the_heartbeat(redis_server):
         model = fresh_model()
         queue = await opened(redis_server.url, {model: one_slot()})
         try:
-            queue._tasks[0].cancel()  # the pub/sub listener: every wake-up message is now lost
+            [listener] = [task for task in queue._tasks if task.get_name() == "fair-queue-listener"]
+            listener.cancel()  # every wake-up message is now lost; only the heartbeat is left
+            await asyncio.wait([listener])
+            assert [t.get_name() for t in queue._tasks if not t.done()] == ["fair-queue-heartbeat"]
             blocker = await queue.acquire(model, "x")
             waiting = asyncio.create_task(queue.acquire(model, "a"))
             await until(lambda: _queued(queue, model, 1), "queued")

@@ -121,12 +121,14 @@ def who(key_id: str, tenant: str = "night") -> Who:
 
 def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_server):
     """A request admitted yesterday and settled today used to subtract its refund from today's
-    counter, handing out today's budget twice."""
-    async def go() -> tuple[int, int]:
+    counter, handing out today's budget twice. Redis's clock cannot be set, so "yesterday" is the
+    day before the one both admissions were charged to; should a real UTC midnight fall between
+    the two, the scenario runs again under a fresh tenant (it cannot happen twice in a row)."""
+    async def go(tenant: str) -> tuple[int, int]:
         limiter = Limiter(redis_server.url, "closed", request_timeout_s=60, on_redis_error=lambda: None)
         try:
-            yesterday = await limiter.admit(who("midnight"), 1_000)
-            today = await limiter.admit(who("midnight"), 300)
+            yesterday = await limiter.admit(who("midnight", tenant), 1_000)
+            today = await limiter.admit(who("midnight", tenant), 300)
             yesterday.day -= 1  # as if admitted before midnight: the counter now holds today's usage
             await yesterday.settle(Usage(10, 0))
             await today.settle(Usage(100, 200))
@@ -134,13 +136,15 @@ def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_serv
             await limiter.aclose()
         return yesterday.day + 1, today.day
 
-    day, today_day = asyncio.run(go())
-    if day != today_day:
-        pytest.skip("a real UTC midnight passed during the test")
+    for tenant in ("night", "night-again"):
+        day, today_day = asyncio.run(go(tenant))
+        if day == today_day:
+            break
+    assert day == today_day
     # Today's counter holds today's reservation plus the request "from yesterday" as charged at
     # admission: nothing of its 990-token refund belongs to today.
-    assert daily_used(redis_server.url, counter_keys("night", "midnight")[3]) == 1_000 + 300
-    assert daily_used(redis_server.url, tenant_daily_key("night")) == 1_000 + 300
+    assert daily_used(redis_server.url, counter_keys(tenant, "midnight")[3]) == 1_000 + 300
+    assert daily_used(redis_server.url, tenant_daily_key(tenant)) == 1_000 + 300
 
 
 def test_the_local_limiter_carries_the_admission_day_too():

@@ -310,7 +310,9 @@ def test_two_gateways_never_exceed_the_models_capacity(redis_server, fresh):
         futures = [pool.submit(chat, api, key, model, "sleep") for api in [first, second] * 6]
         statuses = [f.result().status_code for f in futures]
     assert statuses == [200] * 12
-    assert fresh.served == 12 and fresh.peak <= 2
+    # Never more than the capacity, and the capacity used: twelve at once keep both slots busy (a
+    # queue that let one request through at a time would also stay under 2).
+    assert fresh.served == 12 and fresh.peak == 2
     assert redis_counts(redis_server.url, model) == (0, 0)
 
 
