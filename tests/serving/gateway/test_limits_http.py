@@ -41,6 +41,7 @@ from tests.support.openai_fakes import (
 from tests.support.openai_fakes import StreamRecordingUpstream as RecordingUpstream
 from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import serving_apps
+from tests.support.waiting import eventually
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
 
@@ -111,16 +112,6 @@ def counter(url: str, key: str, which: int) -> str | None:
         return client.get(name)
     finally:
         client.close()
-
-
-def eventually(check, what: str):
-    deadline = time.monotonic() + HANG_BOUND_S  # bounds a hang; not a speed assertion
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            assert result, what
-            return result
-        time.sleep(0.05)
 
 
 # --- pure helpers --------------------------------------------------------------------------------

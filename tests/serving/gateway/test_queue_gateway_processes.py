@@ -27,6 +27,7 @@ from serving.gateway.keys import create_key_sync
 from tests.support.counting_upstream import CountingUpstream
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gateway)
 
@@ -59,14 +60,6 @@ def redis_counts(redis_url: str, model: str) -> tuple[int, int]:
     keys = queue_keys(model, 1)
     with redis.Redis.from_url(redis_url) as client:
         return client.zcard(keys.inflight), client.zcard(keys.queues[0])
-
-
-def eventually(check, what: str, bound_s: float = HANG_BOUND_S) -> None:
-    deadline = time.monotonic() + bound_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never: {what}")
-        time.sleep(0.05)
 
 
 def test_two_gateway_processes_never_run_more_than_the_models_capacity(redis_server, tmp_path):
