@@ -23,13 +23,14 @@ import pytest
 import redis
 
 from infra.stack_file import PROJECT_ROOT
-from ops.harness.processes import background, free_port, terminate, wait_for_http
+from ops.harness.processes import free_port, terminate, wait_for_http
 from ops.llmctl.bench.stats import BenchReport, RequestResult, summarise
 from serving.gateway.budgets import REFUSAL_CODE, cost_nano_usd, month_of, seconds_until_next_month, spend_key
 from serving.gateway.keys import create_key_sync
 from serving.gateway.tenants import key_daily_key
 from serving.gateway.usage_ledger import parse_usage_hash, usage_key
 from tests.support.gateway import GENEROUS
+from tests.support.gateway_process import gateway_process
 from tests.support.stacks import stack_document, write_stack
 from tests.support.vllm_upstream import HANG_BOUND_S, daily_used, directive, eventually, key_id_of, running_gateway
 
@@ -125,7 +126,7 @@ def test_two_tenants_are_billed_and_reported_in_proportion(redis_server, upstrea
 
 
 @contextmanager
-def gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[str]:
+def budget_gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[str]:
     """`python -m serving.gateway` as a pod runs it (settings from the environment)."""
     port, metrics_port = free_port(), free_port()
     # No chat-template allowance: the reservation stays close to what a request bills.
@@ -134,7 +135,7 @@ def gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[st
     env = {"LLMSTACK_UPSTREAM_URL": upstream_url, "LLMSTACK_REDIS_URL": redis_url,
            "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings), "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port), "PYTHONPATH": str(PROJECT_ROOT)}
-    with background([sys.executable, "-m", "serving.gateway"], log, env={**os.environ, **env}) as process:
+    with gateway_process({**os.environ, **env}, log) as process:
         try:
             url = f"http://127.0.0.1:{port}"
             wait_for_http(f"{url}/healthz", process, timeout_s=HANG_BOUND_S)
@@ -151,7 +152,7 @@ def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstr
     budget = Decimal("1.00")
     key = create_key_sync(redis_server.url, "team-c", "tiny-budget", limits={**GENEROUS, "monthly_budget_usd": budget})
     with ExitStack() as stack:
-        urls = [stack.enter_context(gateway_process(upstream.url, redis_server.url, tmp_path / f"gw{i}.log"))
+        urls = [stack.enter_context(budget_gateway_process(upstream.url, redis_server.url, tmp_path / f"gw{i}.log"))
                 for i in range(2)]
 
         def send(n: int) -> tuple[int, str, httpx.Response | None]:
