@@ -27,12 +27,14 @@ from ops.harness.processes import free_port, terminate, wait_for_http
 from ops.llmctl.bench.stats import BenchReport, RequestResult, summarise
 from serving.gateway.budgets import REFUSAL_CODE, cost_nano_usd, month_of, seconds_until_next_month, spend_key
 from serving.gateway.keys import create_key_sync
+from serving.gateway.reservation import reserve
 from serving.gateway.tenants import key_daily_key
 from serving.gateway.usage_ledger import parse_usage_hash, usage_key
 from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
+from tests.support.servers import HANG_BOUND_S
 from tests.support.stacks import stack_document, write_stack
-from tests.support.vllm_upstream import HANG_BOUND_S, daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
 
 # The test stack (tests.support.stacks) serves "llama" on one L4 group. $72 per node-hour over a
 # bench of 20 total tokens/s is $1,000 per 1M tokens: one token costs a tenth of a cent, so a few
@@ -61,6 +63,16 @@ def bench(path: Path) -> Path:
                          seed=0, levels=[summarise(results, "concurrency", 1)])
     path.write_text(report.model_dump_json(indent=2))
     return path
+
+
+def most_reserved() -> int:
+    """Tokens one request of the budget test reserves at most (serving.gateway.reservation): its
+    prompt bound from a body no shorter than the client sends, plus its max_tokens."""
+    document = {"model": "llama", "max_tokens": 30, "messages": [
+        {"role": "user", "content": directive(id="budget-99", tokens=30) + "\nHow big is a KV cache?"}]}
+    body_size = len(json.dumps(document).encode())  # spaced JSON: longer than the client's compact body
+    return reserve(document, body_size, "/v1/chat/completions", output_allowance=0, context_length=None,
+                   template_tokens=0).total
 
 
 def ledger(url: str, tenant: str) -> dict[str, tuple[int, int, int]]:
@@ -172,8 +184,11 @@ def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstr
         billed = sum(cost_nano_usd(upstream.generated[r]["prompt"] + upstream.generated[r]["completion"], RATE)
                      for r in admitted)
         # Every admission fit the budget with its whole reservation, and no request bills more than
-        # it reserved: the two replicas together never spend more than the budget.
-        assert 0 < billed <= budget * 10**9
+        # it reserved: the two replicas together never spend more than the budget. And they stop only
+        # when one more reservation no longer fits (the requests after the run are refused): what
+        # is left of the budget is less than one request's reservation, a few hundred tokens of
+        # the 1,000 the budget buys (a budget that refused too early bills far less).
+        assert budget * 10**9 - cost_nano_usd(most_reserved(), RATE) < billed <= budget * 10**9
         assert served_by == {0, 1} and len(admitted) < 40
         assert spent(redis_server.url, "team-c", f"key:{key_id_of(key)}") == billed
         for refusal in refusals:
