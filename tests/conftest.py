@@ -40,8 +40,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if leftovers:
         stop_leftovers(leftovers)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = "left running after the tests (stopped now): " + "; ".join(leftovers.values())
+        message = "FAILED: left running after the tests (stopped now): " + "; ".join(leftovers.values())
         if reporter:
+            reporter.ensure_newline()
             reporter.write_line(message, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
