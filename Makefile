@@ -55,18 +55,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# Two phases, each spread over the cores (pytest-xdist): the tests that need no server process
-# first, so that a failure there shows within minutes; then the slow ones, which start real
-# servers, the end-to-end tests among them on one worker around one shared dev stack
-# (tests/e2e/conftest.py). Tests that must not share the machine with each other are grouped
-# (`xdist_group`): one worker runs a group's tests one after the other.
-PYTEST_WORKERS ?= 2
+# One pytest run spread over worker processes (pytest-xdist). The end-to-end tests form one group
+# (tests/e2e/conftest.py) that a single worker runs around one shared dev stack, started first
+# because it takes longest; the other workers take every other test meanwhile, so a unit test's
+# failure shows within minutes. Tests that must not share the machine with each other are grouped
+# the same way (`xdist_group`). PYTEST_WORKERS=3: the e2e group and two for the rest.
+PYTEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: $(STAMP) redis-server promtool lint
-	$(PYTEST) -m "not slow"
-	$(PYTEST) -m slow
+	$(PYTEST)
 
+# Without the tests marked slow (real server processes, engines): about a minute or two.
 test-fast: $(STAMP) redis-server promtool lint
 	$(PYTEST) -m "not slow"
 

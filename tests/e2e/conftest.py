@@ -24,12 +24,13 @@ E2E = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every e2e test on one xdist worker, so the session starts one shared stack; the tests that
-    start a stack or engine of their own first, before the shared one runs beside them."""
+    """Every e2e test on one xdist worker, so the session starts one shared stack, and first in
+    the run: that worker starts on them at once, the others take the rest meanwhile. Within them,
+    the tests that start a stack or engine of their own come before the shared stack starts."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("e2e-dev-stack"))
-    items.sort(key=lambda item: E2E in item.path.parents and "dev_stack" in item.fixturenames)
+    items.sort(key=lambda item: (E2E not in item.path.parents, "dev_stack" in item.fixturenames))
 
 
 @pytest.fixture(scope="session")
