@@ -22,7 +22,9 @@ It also publishes and subscribes on the fair queue's wake-up channels (serving.g
 Redis 7 starts users with `resetchannels`, so without `&llmstack:fq:wake:*` the queue's script
 fails on PUBLISH. Ray's user gets no channel.
 
-The same rules go into ElastiCache RBAC access strings and into the in-cluster Redis ACL file.
+The same rules go into the in-cluster Redis ACL file and into ElastiCache RBAC access strings,
+which spell the gateway's channels `&*`, the only channel form ElastiCache documents
+(`access_string`).
 """
 
 from __future__ import annotations
@@ -65,9 +67,23 @@ def ray_user(name: str = RAY_USER) -> AclUser:
     return AclUser(name=name, key_patterns=RAY_KEY_PATTERNS, commands=commands)
 
 
+ELASTICACHE_ALL_CHANNELS = "&*"
+
+
 def access_string(user: AclUser) -> str:
-    """An ElastiCache RBAC access string (Redis ACL syntax): enabled, keys, commands."""
-    return f"on {user.rules()}"
+    """An ElastiCache RBAC access string: enabled, keys, channels, commands.
+
+    Only the grammar ElastiCache documents ("Specifying Permissions Using an Access String",
+    docs.aws.amazon.com/AmazonElastiCache/latest/dg/Clusters.RBAC.html#Access-string, in
+    awsdocs/amazon-elasticache-docs): `on`/`off`, `~<key pattern>`, `+<command>`, `+@<category>`
+    (and their `-` forms), and for channels only `&*` ("access is given to all available
+    channels", Redis OSS 6.2+). A channel pattern such as `&llmstack:fq:wake:*` is not documented
+    there, and an access string ElastiCache refuses fails `pulumi up` at CreateUser, so a user with
+    channel patterns gets `&*` here. That widens nothing that matters: only the gateway's user has
+    channels, and Ray's user has no pub/sub command at all. The in-cluster ACL file, read by a real
+    redis-server, keeps the exact patterns (`acl_file`)."""
+    channels = [ELASTICACHE_ALL_CHANNELS] if user.channel_patterns else []
+    return " ".join(["on", *(f"~{p}" for p in user.key_patterns), *channels, user.commands])
 
 
 def acl_file(passwords: dict[str, str], users: list[AclUser]) -> str:

@@ -44,6 +44,16 @@ RAY_LLM_IMAGE = f"rayproject/ray-llm:{RAY_VERSION}-{PYTHON_TAG}-{CUDA_TAG}"
 py311-cu128 to py312-cu130 in 2026; the serving image installs this package into it, so the
 package must support the image's Python (pyproject `requires-python`)."""
 
+CUDA_MIN_DRIVER_MAJOR = {"cu130": 580, "cu128": 570}
+"""The NVIDIA driver branch each CUDA tag of the image needs (CUDA 13.0 GA: >= 580.65.06; CUDA
+12.8 GA: >= 570.26)."""
+
+EKS_NVIDIA_AMI_DRIVER_MAJOR = {"1.35": 580}
+"""Driver branch of the EKS-optimized AL2023 NVIDIA AMI (`AL2023_x86_64_NVIDIA`, which managed GPU
+node groups and Karpenter's `al2023` alias both boot) per Kubernetes minor. It must be at least
+`CUDA_MIN_DRIVER_MAJOR[CUDA_TAG]`, or the image's CUDA does not load (the cu128 variant of the
+image is the fallback for an AMI on 570). `llmctl doctor` looks up the AMI EKS recommends today."""
+
 KUBERAY_VERSION = "1.7.0"
 """KubeRay operator Helm chart (`kuberay-operator`) and the CRD schemas in shared/schemas."""
 
@@ -94,7 +104,19 @@ VERIFIED_AT: dict[str, str] = {
     "RAY_LLM_IMAGE": (
         "ray-project/ray ci/ray_ci (ray-llm image variants: python 3.12 with cu13.0.0-cudnn, tag "
         "suffix -cu130 by format_platform_tag; release tests byod_type llm-cu130 on python 3.12); "
-        "published tags rayproject/ray-llm:2.57.0-py312-cu130 and 2.58.0-py312-cu130 seen in use"),
+        "published tags rayproject/ray-llm:2.57.0-py312-cu130 and 2.58.0-py312-cu130 seen in use; KubeRay's "
+        "own samples run rayproject/ray-llm:2.56.0-py312-cu130 (ray-project/kuberay@feeaf72facab4881ba2b1792"
+        "48bb67315634e229, ray-operator/config/samples/ray-service.high-throughput-llm.yaml). The 2.60.0 "
+        "tag itself is in no stored source: `llmctl doctor` asks Docker Hub for it (check `image ray-llm base`)"),
+    "CUDA_MIN_DRIVER_MAJOR": "NVIDIA CUDA Toolkit release notes, table 'CUDA Toolkit and Corresponding Driver "
+                             "Versions' (docs.nvidia.com/cuda/archive/13.0.0/cuda-toolkit-release-notes): "
+                             "13.0 GA >= 580.65.06, 12.8 GA >= 570.26",
+    "EKS_NVIDIA_AMI_DRIVER_MAJOR": (
+        "awslabs/amazon-eks-ami@81fec2e895854f599974fe4d3d72f61c0a9aaffa (2026-07-23): "
+        "templates/al2023/variables-default.json nvidia_driver_major_version \"580\"; "
+        "templates/al2023/variables-1.35.json overrides only the source AMI (kernel 6.12), so the 1.35 NVIDIA "
+        "AMI builds with the 580 branch (only variables-1.28.json pins 570). Checked against the AMI EKS "
+        "recommends at deploy time by `llmctl doctor` (SSM .../amazon-linux-2023/x86_64/nvidia/recommended)"),
     "KUBERAY_VERSION": "ray-project/kuberay v1.7.0 CRDs in shared/schemas/kuberay-v1.7.0 (tested)",
     "KUBERNETES_VERSION": "EKS release calendar (docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html, "
                           "via aws-samples eks-operation-review cluster-lifecycle, verified 2026-04-24)",

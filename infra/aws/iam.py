@@ -143,55 +143,74 @@ def load_balancer_controller_policy(cluster_name: str, vpc_id: pulumi.Input[str]
     return pulumi.Output.from_input(vpc_id).apply(document)
 
 
-def karpenter_controller_policy(cluster_name: str, region: str, node_role_arn: pulumi.Input[str],
-                                queue_arn: pulumi.Input[str]) -> pulumi.Output[str]:
+# Statements of upstream's controller policy that llmstack leaves out, and why. Every other
+# statement is upstream's, Sid for Sid (tests/infra/aws/test_karpenter_policy.py compares them with
+# upstream's own cloudformation.yaml).
+KARPENTER_OMITTED_STATEMENTS = {
+    sid: "the EC2NodeClasses name an instance profile this program creates (spec.instanceProfile), so "
+         "Karpenter never creates, tags or deletes one"
+    for sid in ("AllowScopedInstanceProfileCreationActions", "AllowScopedInstanceProfileTagActions",
+                "AllowScopedInstanceProfileActions")}
+
+
+def karpenter_controller_policy(cluster_name: str, region: str, account_id: pulumi.Input[str],
+                                node_role_arn: pulumi.Input[str], queue_arn: pulumi.Input[str]) -> pulumi.Output[str]:
     """What the Karpenter controller needs, scoped to this cluster's tagged instances.
 
-    Adapted from Karpenter's reference controller policy (aws/karpenter-provider-aws,
-    website/content/en/preview/getting-started/getting-started-with-karpenter/cloudformation.yaml)
-    minus instance-profile management: the EC2NodeClasses name an instance profile this program
-    creates, so Karpenter never creates, tags or deletes one.
+    Upstream's reference controller policy (aws/karpenter-provider-aws v1.9.0,
+    website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml,
+    `KarpenterControllerPolicy`), statement for statement and with its Sids, minus
+    `KARPENTER_OMITTED_STATEMENTS`. It keeps `iam:ListInstanceProfiles` and
+    `iam:GetInstanceProfile`: the node-class garbage collector lists instance profiles every
+    cycle whether or not Karpenter created any. Partition `aws` (no China or GovCloud regions).
     """
     owned = {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"},
              "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"}}
     requested = {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned",
                  "aws:RequestTag/eks:eks-cluster-name": cluster_name}
     nodepool_requested = {"StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}
-    created = [f"arn:aws:ec2:{region}:*:{kind}/*" for kind in
+    ec2 = f"arn:aws:ec2:{region}"
+    created = [f"{ec2}:*:{kind}/*" for kind in
                ("fleet", "instance", "volume", "network-interface", "launch-template", "spot-instances-request")]
 
     def document(args: list[str]) -> str:
-        role_arn, queue = args
+        account, role_arn, queue = args
         return json.dumps({"Version": "2012-10-17", "Statement": [
-            _statement("LaunchFromImagesSubnetsAndGroups", ["ec2:RunInstances", "ec2:CreateFleet"], [
-                f"arn:aws:ec2:{region}::image/*", f"arn:aws:ec2:{region}::snapshot/*",
-                f"arn:aws:ec2:{region}:*:security-group/*", f"arn:aws:ec2:{region}:*:subnet/*"]),
-            _statement("LaunchFromOwnedLaunchTemplates", ["ec2:RunInstances", "ec2:CreateFleet"],
-                       f"arn:aws:ec2:{region}:*:launch-template/*", owned),
-            _statement("CreateTaggedInstances", ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-                       created, {"StringEquals": requested, **nodepool_requested}),
-            _statement("TagOnCreate", ["ec2:CreateTags"], created, {
+            _statement("AllowScopedEC2InstanceAccessActions", ["ec2:RunInstances", "ec2:CreateFleet"], [
+                f"{ec2}::image/*", f"{ec2}::snapshot/*", f"{ec2}:*:security-group/*", f"{ec2}:*:subnet/*",
+                f"{ec2}:*:capacity-reservation/*"]),
+            _statement("AllowScopedEC2LaunchTemplateAccessActions", ["ec2:RunInstances", "ec2:CreateFleet"],
+                       f"{ec2}:*:launch-template/*", owned),
+            _statement("AllowScopedEC2InstanceActionsWithTags",
+                       ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+                       [*created, f"{ec2}:*:capacity-reservation/*"],
+                       {"StringEquals": requested, **nodepool_requested}),
+            _statement("AllowScopedResourceCreationTagging", ["ec2:CreateTags"], created, {
                 "StringEquals": {**requested, "ec2:CreateAction": ["RunInstances", "CreateFleet",
                                                                    "CreateLaunchTemplate"]},
                 **nodepool_requested}),
-            _statement("TagOwnedInstances", ["ec2:CreateTags"], f"arn:aws:ec2:{region}:*:instance/*", {
+            _statement("AllowScopedResourceTagging", ["ec2:CreateTags"], f"{ec2}:*:instance/*", {
                 **owned, "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
                 "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim",
                                                               "Name"]}}),
-            _statement("DeleteOwned", ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
-                       [f"arn:aws:ec2:{region}:*:instance/*", f"arn:aws:ec2:{region}:*:launch-template/*"], owned),
-            _statement("RegionalReads", [
-                "ec2:DescribeImages", "ec2:DescribeInstances", "ec2:DescribeInstanceTypeOfferings",
-                "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates", "ec2:DescribeSecurityGroups",
-                "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+            _statement("AllowScopedDeletion", ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+                       [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"], owned),
+            _statement("AllowRegionalReadActions", [
+                "ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
+                "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
+                "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
                 condition={"StringEquals": {"aws:RequestedRegion": region}}),
-            _statement("AmiParameters", ["ssm:GetParameter"], f"arn:aws:ssm:{region}::parameter/aws/service/*"),
-            _statement("Prices", ["pricing:GetProducts"]),
-            _statement("InterruptionQueue", ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], queue),
-            _statement("PassNodeRole", ["iam:PassRole"], role_arn,
-                       {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}),
-            _statement("ReadInstanceProfiles", ["iam:GetInstanceProfile"], "arn:aws:iam::*:instance-profile/*"),
-            _statement("ClusterEndpoint", ["eks:DescribeCluster"], f"arn:aws:eks:{region}:*:cluster/{cluster_name}"),
+            _statement("AllowSSMReadActions", ["ssm:GetParameter"], f"arn:aws:ssm:{region}::parameter/aws/service/*"),
+            _statement("AllowPricingReadActions", ["pricing:GetProducts"]),
+            _statement("AllowInterruptionQueueActions", ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
+                       queue),
+            _statement("AllowPassingInstanceRole", ["iam:PassRole"], role_arn,
+                       {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]}}),
+            _statement("AllowInstanceProfileReadActions", ["iam:GetInstanceProfile"],
+                       f"arn:aws:iam::{account}:instance-profile/*"),
+            _statement("AllowUnscopedInstanceProfileListAction", ["iam:ListInstanceProfiles"]),
+            _statement("AllowAPIServerEndpointDiscovery", ["eks:DescribeCluster"],
+                       f"arn:aws:eks:{region}:{account}:cluster/{cluster_name}"),
         ]})
 
-    return pulumi.Output.all(node_role_arn, queue_arn).apply(document)
+    return pulumi.Output.all(account_id, node_role_arn, queue_arn).apply(document)

@@ -3,7 +3,8 @@
 What it takes, the way Karpenter's own getting-started CloudFormation sets it up (aws/karpenter-
 provider-aws, getting-started-with-karpenter/cloudformation.yaml), minus what we do not need:
 
-- the controller's IRSA role (`iam.karpenter_controller_policy`, scoped to this cluster's tags);
+- the controller's IRSA role (`iam.karpenter_controller_policy`: upstream's v1.9.0 policy, scoped to
+  this cluster's tags, without the instance-profile management we do not use);
 - a node role and its instance profile, with an `EC2_LINUX` access entry so Karpenter's nodes
   may join (managed node groups get theirs from EKS; these are not managed node groups);
 - the interruption queue: an SQS queue that EventBridge feeds spot interruption warnings,
@@ -60,6 +61,7 @@ class KarpenterArgs:
     cluster_name: str
     cluster_endpoint: pulumi.Input[str]
     region: str
+    account_id: pulumi.Input[str]
     oidc_provider_arn: pulumi.Input[str]
     oidc_issuer: pulumi.Input[str]
     subnet_ids: pulumi.Input[list[str]]
@@ -97,7 +99,8 @@ class Karpenter(pulumi.ComponentResource):
         controller = irsa_role(
             f"{name}-controller", oidc_provider_arn=args.oidc_provider_arn, oidc_issuer=args.oidc_issuer,
             namespace=NAMESPACE, service_account=SERVICE_ACCOUNT, opts=child,
-            policy=karpenter_controller_policy(args.cluster_name, args.region, node_role.arn, queue.arn))
+            policy=karpenter_controller_policy(args.cluster_name, args.region, args.account_id, node_role.arn,
+                                              queue.arn))
 
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         repo, chart, version = KARPENTER_CHART

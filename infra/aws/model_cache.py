@@ -6,10 +6,12 @@
   `llmctl models sync` after a day (S3 charges for their parts until then), and one that
   deletes the gateway's Batch API files under `batches/` after gateway.batch.retention_days
   (the gateway expires their Redis records at the same age).
-- The reader: an IRSA role that only the `llmstack-ray` service account can assume, allowed
-  to list the `models/` prefix and get its objects, nothing else. The service account is
-  created here because its annotation is the role's ARN, known only once the role exists;
-  the rendered Ray pods name it (`infra.render.rayservice`).
+- The readers: an IRSA role per Ray service account (the head's `llmstack-ray`, the workers'
+  `llmstack-ray-worker`), each assumable by that one account only, allowed to list the
+  `models/` prefix and get its objects, nothing else. The service accounts are created here
+  because their annotation is the role's ARN, known only once the role exists; the rendered Ray
+  pods name them (`infra.render.rayservice`). The workers' account mounts no Kubernetes API
+  token (its pods say so too).
 - The batch files role: an IRSA role only the `llmstack-gateway` service account can assume,
   allowed to get, put and delete objects under `batches/` (the gateway's Batch API), nothing
   else; the rendered gateway pods name that service account (`infra.render.gateway`).
@@ -28,7 +30,13 @@ import pulumi_kubernetes as k8s
 
 from infra.aws.iam import irsa_role
 from infra.model_cache import BATCHES_PREFIX, MODELS_PREFIX
-from infra.render.common import GATEWAY_SERVICE_ACCOUNT, NAMESPACE, RAY_SERVICE_ACCOUNT, labels
+from infra.render.common import (
+    GATEWAY_SERVICE_ACCOUNT,
+    NAMESPACE,
+    RAY_SERVICE_ACCOUNT,
+    RAY_WORKER_SERVICE_ACCOUNT,
+    labels,
+)
 
 ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS = 1
 
@@ -99,14 +107,19 @@ class ModelCache(pulumi.ComponentResource):
         aws.s3.BucketPolicy(name, bucket=bucket.id, policy=tls_only_policy(args.bucket),
                             opts=pulumi.ResourceOptions(parent=bucket, depends_on=[blocked]))
 
-        role = irsa_role(f"{name}-reader", oidc_provider_arn=args.oidc_provider_arn, oidc_issuer=args.oidc_issuer,
-                         namespace=NAMESPACE, service_account=RAY_SERVICE_ACCOUNT,
-                         policy=reader_policy(args.bucket), opts=child)
-        k8s.core.v1.ServiceAccount(
-            RAY_SERVICE_ACCOUNT,
-            metadata={"name": RAY_SERVICE_ACCOUNT, "namespace": NAMESPACE, "labels": labels("ray", args.stack),
-                      "annotations": {"eks.amazonaws.com/role-arn": role.arn}},
-            opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]))
+        readers = {}
+        for suffix, account, api_token in (("reader", RAY_SERVICE_ACCOUNT, True),
+                                           ("worker-reader", RAY_WORKER_SERVICE_ACCOUNT, False)):
+            readers[account] = irsa_role(
+                f"{name}-{suffix}", oidc_provider_arn=args.oidc_provider_arn, oidc_issuer=args.oidc_issuer,
+                namespace=NAMESPACE, service_account=account, policy=reader_policy(args.bucket), opts=child)
+            k8s.core.v1.ServiceAccount(
+                account,
+                metadata={"name": account, "namespace": NAMESPACE, "labels": labels("ray", args.stack),
+                          "annotations": {"eks.amazonaws.com/role-arn": readers[account].arn}},
+                automount_service_account_token=api_token,
+                opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]))
+        role = readers[RAY_SERVICE_ACCOUNT]
 
         batch_role = irsa_role(f"{name}-batch-files", oidc_provider_arn=args.oidc_provider_arn,
                                oidc_issuer=args.oidc_issuer, namespace=NAMESPACE,

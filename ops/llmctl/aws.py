@@ -40,7 +40,7 @@ PERMISSIONS = {
     "DescribeAvailabilityZones": "ec2:DescribeAvailabilityZones",
     "DescribeInstanceTypeOfferings": "ec2:DescribeInstanceTypeOfferings",
     "DescribeSpotPriceHistory": "ec2:DescribeSpotPriceHistory",
-    "DescribeImages": "ecr:DescribeImages",
+    "DescribeImages": "ecr:DescribeImages", "GetRole": "iam:GetRole", "GetParameter": "ssm:GetParameter",
     "HeadObject": "s3:GetObject", "GetObject": "s3:GetObject", "ListObjectsV2": "s3:ListBucket",
     "PutObject": "s3:PutObject", "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject",
     "CompleteMultipartUpload": "s3:PutObject", "ListMultipartUploads": "s3:ListBucketMultipartUploads",

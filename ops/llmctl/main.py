@@ -121,7 +121,7 @@ def doctor(
     strict: Annotated[bool, typer.Option("--strict", help="A check that could not run fails (make deploy).")]
     = False,
 ) -> None:
-    """Preflight: plan, tools, AWS identity, zones, GPU quotas, instance offerings (exit 1 on a failure)."""
+    """Preflight: plan, tools, AWS identity and admins, zones, GPU quotas, offerings, images, spot role, GPU AMI."""
     from ops.llmctl.doctor.checks import Status, exit_code
     from ops.llmctl.doctor.cli import doctor_table, run_doctor
 

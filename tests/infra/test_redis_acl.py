@@ -9,6 +9,7 @@ Ray's GCS client and KubeRay's cleanup job issue (infra.redis_acl lists them wit
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -18,6 +19,7 @@ import pytest
 import redis
 
 from infra.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
+from infra.stack_file import PROJECT_ROOT
 from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import die_with_parent, free_port
 from serving.gateway.budgets import month_of, spend_key
@@ -29,6 +31,8 @@ from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.usage_ledger import usage_key
 
+# ElastiCache's documented access-string grammar (infra.redis_acl.access_string has the source).
+ELASTICACHE_DOCUMENTED = re.compile(r"on|off|~\S+|&\*|[+-]@?[a-z|_-]+")
 PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
 NAMESPACE = "864b004c-6305-42e3-ac46-adfa8eb6f752"  # a RayCluster UID, as KubeRay sets it
 TABLE = f"RAY{NAMESPACE}@NODE"
@@ -90,6 +94,27 @@ def test_ray_cannot_touch_api_keys(acl_redis: int) -> None:
         with pytest.raises(redis.exceptions.NoPermissionError):
             attack()
     assert asyncio.run(RedisKeyStore(url(acl_redis, GATEWAY_USER)).verify(key)) is not None  # untouched
+
+
+def test_residual_risk_ray_lists_the_gateways_key_names_and_reads_none_of_them(acl_redis: int) -> None:
+    """KubeRay's cleanup job needs SCAN, and SCAN takes no key: no ACL key pattern limits which
+    names it lists. README's threat model states this residual risk; this pins both sides of it."""
+    gateway = as_user(acl_redis, GATEWAY_USER)
+    gateway.set("llmstack:{tenant:acme}:spend", "1")
+    ray = as_user(acl_redis, RAY_USER)
+    listed = set(ray.scan_iter(match="llmstack:*"))
+    assert "llmstack:{tenant:acme}:spend" in listed  # the leak: names (key hashes, tenants, models)
+    for name in listed:  # never a value, a type or a TTL
+        for attack in (lambda: ray.get(name), lambda: ray.type(name), lambda: ray.ttl(name),
+                       lambda: ray.hgetall(name), lambda: ray.dump(name)):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attack()
+    # Of Ray's commands that take no key, only SCAN reveals anything about keys (PING, INFO do not).
+    keyless = [c for c in ray_user().commands.split() if c.startswith("+")
+               and c[1:] in ("scan", "keys", "randomkey", "info", "ping")]
+    assert keyless == ["+ping", "+info", "+scan"]
+    threat_model = " ".join((PROJECT_ROOT / "README.md").read_text().split())
+    assert "SCAN lists every key name" in threat_model and "`+scan`" in threat_model
 
 
 def test_the_gateway_cannot_touch_ray_state(acl_redis: int) -> None:
@@ -216,9 +241,50 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
     assert ray.execute_command("UNLINK", f"RAY{NAMESPACE}@JobCounter") == 1
 
 
-def test_elasticache_access_strings_are_the_same_rules() -> None:
-    assert access_string(gateway_user()) == "on ~llmstack:* &llmstack:fq:wake:* +@all -@dangerous"
+def test_elasticache_access_strings_are_the_same_rules_in_documented_grammar() -> None:
+    assert access_string(gateway_user()) == "on ~llmstack:* &* +@all -@dangerous"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
+    for user in (gateway_user(), ray_user()):
+        undocumented = [t for t in access_string(user).split() if not ELASTICACHE_DOCUMENTED.fullmatch(t)]
+        assert not undocumented, f"{user.name}: {undocumented} is not in ElastiCache's documented access-string grammar"
+
+
+@pytest.fixture(scope="module")
+def elasticache_rules_redis(tmp_path_factory: pytest.TempPathFactory):
+    """A real redis-server whose users carry exactly the ElastiCache access strings (the default
+    user switched off, as the program's user group does)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [redis_server_path(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path_factory.mktemp("redis-elasticache"))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+    try:
+        admin = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                asyncio.run(asyncio.sleep(0.05))
+        for user in (gateway_user(), ray_user()):
+            admin.execute_command("ACL", "SETUSER", user.name, "reset", f">{PASSWORDS[user.name]}",
+                                  *access_string(user).split())
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_elasticache_rules_still_let_the_gateway_wake_its_queue_and_keep_ray_out(elasticache_rules_redis) -> None:
+    gateway, ray = as_user(elasticache_rules_redis, GATEWAY_USER), as_user(elasticache_rules_redis, RAY_USER)
+    assert gateway.publish(CHANNEL_PREFIX + "gw-1", "token|A|1") == 0
+    gateway.set("llmstack:key:abc", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        ray.publish(CHANNEL_PREFIX + "gw-1", "token|A|1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        ray.get("llmstack:key:abc")
+    assert ray.execute_command("HSET", TABLE, "a", "1") == 1
 
 
 def test_the_readme_gives_external_redis_the_same_rules() -> None:

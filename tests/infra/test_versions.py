@@ -59,6 +59,16 @@ def test_autoscaler_and_karpenter_cover_the_default_kubernetes_version():
         assert tag.startswith(f"v{kubernetes}."), "the autoscaler's minor must equal the cluster's"
 
 
+def test_the_gpu_amis_driver_runs_the_images_cuda():
+    """The ray-llm image's CUDA needs a driver branch the EKS NVIDIA AMI of every pinned
+    Kubernetes minor ships (CUDA 13 needs 580+)."""
+    need = versions.CUDA_MIN_DRIVER_MAJOR[versions.CUDA_TAG]
+    assert versions.RAY_LLM_IMAGE.endswith(f"-{versions.CUDA_TAG}")
+    for kubernetes in {versions.KUBERNETES_VERSION, *versions.CLUSTER_AUTOSCALER_IMAGE_TAGS,
+                       *versions.KARPENTER_KUBERNETES_VERSIONS}:
+        assert versions.EKS_NVIDIA_AMI_DRIVER_MAJOR[kubernetes] >= need, kubernetes
+
+
 def test_kuberay_chart_matches_the_crd_schemas_we_validate_against():
     assert SCHEMAS.name == f"kuberay-v{versions.KUBERAY_VERSION}"
     assert SCHEMAS.is_dir()

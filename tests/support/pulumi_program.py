@@ -33,6 +33,7 @@ REDACTED = "<secret>"
 NODE_SECURITY_GROUP = "sg-eks-cluster"
 MOCK_PASSWORD = "mock-random-password-a1b2c3"
 MOCK_ACCOUNT = "111122223333"
+DEPLOYER_ARN = f"arn:aws:iam::{MOCK_ACCOUNT}:user/deployer"  # who runs `pulumi up` unless a test says
 
 
 # --- the harness -------------------------------------------------------------------------
@@ -105,8 +106,9 @@ def _split_secrets(value: Any) -> tuple[Any, Any]:
 class RecordingMocks(pulumi.runtime.Mocks):
     """Records each resource; answers with the outputs the program reads, camelCase like providers."""
 
-    def __init__(self) -> None:
+    def __init__(self, caller_arn: str = DEPLOYER_ARN) -> None:
         self.created: list[Created] = []
+        self.caller_arn = caller_arn
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         plain, redacted = _split_secrets(dict(args.inputs))
@@ -138,7 +140,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/deployer",
+            return {"accountId": MOCK_ACCOUNT, "arn": self.caller_arn,
                     "userId": "AIDAMOCK", "id": MOCK_ACCOUNT}, []
         raise AssertionError(f"the program made an unexpected provider call: {args.token}")
 
@@ -168,12 +170,13 @@ def asg_name(node_group: str) -> str:
 
 
 def run_program(stack: str, *, root: Path = PROJECT_ROOT, config: dict[str, str] | None = None,
-                secret_keys: tuple[str, ...] = ()) -> ProgramRun:
-    """Run `infra.aws.program.main` (what `infra/__main__.py` runs) for a stack, under mocks."""
+                secret_keys: tuple[str, ...] = (), caller_arn: str = DEPLOYER_ARN) -> ProgramRun:
+    """Run `infra.aws.program.main` (what `infra/__main__.py` runs) for a stack, under mocks;
+    `caller_arn` is who STS says runs it."""
     # Pulumi's runtime uses the thread's current event loop; earlier tests that used
     # asyncio.run() leave none set, so give each run a fresh one.
     asyncio.set_event_loop(asyncio.new_event_loop())
-    mocks = RecordingMocks()
+    mocks = RecordingMocks(caller_arn)
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="llmstack", stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config or {}), list(secret_keys))

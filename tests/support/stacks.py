@@ -12,6 +12,8 @@ TEST_CLOUD_STACKS = (PROJECT_ROOT / "tests" / "stacks" / "Pulumi.karpenter.yaml"
 # The shared/ folder beside the checkout (main) or beside the worktrees' folder (a worktree).
 _SHARED = [base / "shared" for base in (PROJECT_ROOT.parent, PROJECT_ROOT.parent.parent)]
 SCHEMAS = next((s for s in _SHARED if s.is_dir()), _SHARED[0]) / "schemas" / "kuberay-v1.7.0"
+# Karpenter v1.9.0's CRDs and its getting-started CloudFormation (the controller policy), unchanged.
+KARPENTER_SCHEMAS = SCHEMAS.parent / "karpenter-v1.9.0"
 
 
 def stack_document(**overrides: object) -> dict:

@@ -159,3 +159,97 @@ def image_check(key: str, reference: str, *, found: bool | None) -> Check:
     return Check(name=name, status=Status.FAIL,
                  detail=f"{reference} is not in ECR: pods would stay in ImagePullBackOff",
                  fix=f"build and push it (ops/runbooks/first-deploy-of-a-new-stack.md), or fix llmstack:{key}")
+
+
+# --- what a new account and a first deploy need ---------------------------------------------
+
+SPOT_ROLE = "AWSServiceRoleForEC2Spot"
+CREATE_SPOT_ROLE = "aws iam create-service-linked-role --aws-service-name spot.amazonaws.com"
+FIRST_DEPLOY_RUNBOOK = "ops/runbooks/first-deploy-of-a-new-stack.md"
+SPOT_ROLE_CHECK = "EC2 Spot service-linked role"
+ADMINS_CHECK = "admin principals"
+BASE_IMAGE_CHECK = "image ray-llm base"
+
+
+def gpu_ami_check_name(kubernetes_version: str) -> str:
+    return f"GPU AMI (AL2023 NVIDIA, Kubernetes {kubernetes_version})"
+
+
+def gpu_ami_parameter(kubernetes_version: str) -> str:
+    """The SSM public parameter naming the AL2023 NVIDIA AMI release EKS recommends for a version."""
+    return (f"/aws/service/eks/optimized-ami/{kubernetes_version}/amazon-linux-2023/x86_64/nvidia/"
+            "recommended/release_version")
+
+
+def spot_groups(spec: StackSpec) -> list[str]:
+    return [g.name for g in spec.node_groups if isinstance(g, GpuNodeGroup) and g.capacity_type is CapacityType.SPOT]
+
+
+def needs_spot_role_check(spec: StackSpec) -> bool:
+    """Only Karpenter needs the role up front: EC2 Auto Scaling, which launches the spot
+    instances of managed node groups, creates it itself at the first spot launch (its managed
+    policy's `EC2SpotManagement` statement allows iam:CreateServiceLinkedRole for
+    spot.amazonaws.com: docs.aws.amazon.com/aws-managed-policy/latest/reference/
+    AutoScalingServiceRolePolicy.html). Karpenter calls CreateFleet as its own role, whose
+    upstream v1.9.0 policy cannot create the role (Karpenter's getting-started creates it up
+    front), and treats `ServiceLinkedRoleCreationNotPermitted` as capacity it cannot get: spot
+    pools would never get a node. The role is account-wide and outlives stacks, so it is a
+    prerequisite (first-deploy runbook, step 0), not a resource of one stack's program."""
+    return getattr(spec.cloud, "node_provisioner", "") == "karpenter" and bool(spot_groups(spec))
+
+
+def spot_role_check(spec: StackSpec, *, exists: bool) -> Check:
+    groups = ", ".join(spot_groups(spec))
+    if exists:
+        return Check(name=SPOT_ROLE_CHECK, status=Status.PASS,
+                     detail=f"{SPOT_ROLE} exists: Karpenter can launch spot nodes for {groups}")
+    return Check(name=SPOT_ROLE_CHECK, status=Status.FAIL,
+                 detail=f"{SPOT_ROLE} does not exist in this account: Karpenter's spot NodePools ({groups}) would "
+                        "never get a node (ServiceLinkedRoleCreationNotPermitted)",
+                 fix=f"create it once per account: `{CREATE_SPOT_ROLE}` ({FIRST_DEPLOY_RUNBOOK})")
+
+
+def admins_check(stack: str, caller_arn: str, admin_arns: list[str]) -> Check:
+    """`pulumi up` refuses the same (infra/principals.py); asked here before anything runs."""
+    from infra.principals import deploying_identity_among_admins
+
+    index = deploying_identity_among_admins(caller_arn, admin_arns)
+    if index is not None:
+        return Check(name=ADMINS_CHECK, status=Status.FAIL,
+                     detail=f"llmstack:cloud.admin_principal_arns[{index}] ({admin_arns[index]}) is you "
+                            f"({caller_arn}): EKS makes the cluster's creator admin already and refuses a "
+                            "second access entry",
+                     fix=f"remove admin_principal_arns[{index}] from Pulumi.{stack}.yaml (you stay admin), "
+                         "or deploy as another identity")
+    return Check(name=ADMINS_CHECK, status=Status.PASS,
+                 detail=f"you become cluster admin as the creator; {len(admin_arns)} other principal(s) get entries")
+
+
+def gpu_ami_check(kubernetes_version: str, release: str | None, cuda_tag: str) -> Check:
+    """The AMI EKS recommends for the version exists; its driver branch is the one
+    infra/versions.py records from the AMI's build templates, against the image's CUDA."""
+    from infra.versions import CUDA_MIN_DRIVER_MAJOR, EKS_NVIDIA_AMI_DRIVER_MAJOR
+
+    name = gpu_ami_check_name(kubernetes_version)
+    if release is None:
+        return Check(name=name, status=Status.FAIL,
+                     detail=f"EKS publishes no AL2023 NVIDIA AMI for Kubernetes {kubernetes_version} in this region",
+                     fix="choose a llmstack:cloud.kubernetes_version EKS supports here")
+    driver, need = EKS_NVIDIA_AMI_DRIVER_MAJOR.get(kubernetes_version), CUDA_MIN_DRIVER_MAJOR[cuda_tag]
+    if driver is None or driver < need:
+        return Check(name=name, status=Status.FAIL,
+                     detail=f"release {release}: driver branch {driver or 'unknown'}, "
+                            f"the image's {cuda_tag} needs {need}+",
+                     fix="pin the image's cu128 variant for this AMI in infra/versions.py (CUDA_TAG)")
+    return Check(name=name, status=Status.PASS,
+                 detail=f"EKS recommends release {release}; driver branch {driver} (amazon-eks-ami templates) runs "
+                        f"the image's {cuda_tag} (needs {need}+)")
+
+
+def base_image_check(reference: str, *, found: bool) -> Check:
+    if found:
+        return Check(name=BASE_IMAGE_CHECK, status=Status.PASS, detail=f"{reference} is published on Docker Hub")
+    return Check(name=BASE_IMAGE_CHECK, status=Status.FAIL,
+                 detail=f"{reference} is not on Docker Hub: serving.Dockerfile cannot build",
+                 fix="set RAY_LLM_IMAGE in infra/versions.py to a published tag of the pinned Ray "
+                     "(e.g. its -cu128 variant)")

@@ -2,35 +2,55 @@
 
 Local checks (no network): the stack's plan, the Pulumi CLI, kubectl, the AWS CLI (the
 kubeconfig gets its tokens from `aws eks get-token`). AWS checks (boto3, standard credential
-chain, the stack's region): who we are, the stack's zones, the GPU quotas against what the
-plan needs at max replicas, each GPU instance type in each zone, and that the stack's images
-exist in ECR (`ecr.describe_images`, in the registry's own region).
+chain, the stack's region): who we are, and that we are not one of the stack's admin
+principals; the stack's zones, the GPU quotas against what the plan needs at max replicas,
+each GPU instance type in each zone, that the stack's images exist in ECR
+(`ecr.describe_images`, in the registry's own region), for Karpenter stacks with spot groups
+that the EC2 Spot service-linked role exists (`iam.get_role`), and the AL2023 NVIDIA AMI EKS
+recommends for the stack's Kubernetes version (`ssm.get_parameter`) against the image's CUDA.
+Then Docker Hub: that the pinned `rayproject/ray-llm` tag the serving image builds on exists.
 
-When AWS cannot be asked (no network, no credentials, a permission missing), the checks that
-needed it say `not run` and why; the rest still run. `make deploy` runs this with `strict`,
-so a check that could not run stops the deploy as a failure does. Verdicts come from
+When a check cannot ask (`--offline`, no network, no credentials, a permission missing), it
+is listed by name as `not run`, with why; the rest still run. `make deploy` runs this with
+`strict`, so a check that could not run stops the deploy as a failure does. Verdicts come from
 `ops.llmctl.doctor.checks`; this module only gathers the facts.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from infra.images import parse_image
 from infra.planner import StackPlan, plan_stack
 from infra.spec import AwsCloud, GpuNodeGroup, StackSpec
+from infra.versions import CUDA_TAG, RAY_LLM_IMAGE
 from ops.llmctl.doctor.checks import (
+    ADMINS_CHECK,
+    BASE_IMAGE_CHECK,
     PULUMI_INSTALL,
+    SPOT_ROLE,
+    SPOT_ROLE_CHECK,
     Check,
     QuotaNeed,
     Status,
+    admins_check,
+    base_image_check,
+    gpu_ami_check,
+    gpu_ami_check_name,
+    gpu_ami_parameter,
     image_check,
+    needs_spot_role_check,
     offering_checks,
     plan_check,
     quota_check,
     quota_needs,
+    spot_role_check,
     tool_check,
     zones_check,
 )
@@ -39,15 +59,21 @@ KUBECTL_INSTALL = "https://kubernetes.io/docs/tasks/tools/"
 AWS_CLI_INSTALL = "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html"
 
 
+DOCKER_HUB = "https://hub.docker.com"
+DOCKER_HUB_URL_ENV = "LLMCTL_DOCKER_HUB_URL"  # another endpoint (tests, a mirror), like AWS_ENDPOINT_URL
+
+
 @dataclass
 class AwsClients:
-    """The three boto3 clients doctor uses; tests pass real clients wrapped in botocore's Stubber."""
+    """The boto3 clients doctor uses; tests pass real clients wrapped in botocore's Stubber."""
 
     sts: Any
     ec2: Any
     service_quotas: Any
     ecr: Callable[[str], Any]
     """Region -> ECR client (an image's registry may sit in another region than the stack)."""
+    iam: Any
+    ssm: Any
 
     @classmethod
     def for_region(cls, region: str) -> AwsClients:
@@ -56,7 +82,24 @@ class AwsClients:
         session = aws.session(region)
         return cls(sts=aws.client(session, "sts"), ec2=aws.client(session, "ec2"),
                    service_quotas=aws.client(session, "service-quotas"),
-                   ecr=lambda registry_region: aws.client(aws.session(registry_region), "ecr"))
+                   ecr=lambda registry_region: aws.client(aws.session(registry_region), "ecr"),
+                   iam=aws.client(session, "iam"), ssm=aws.client(session, "ssm"))
+
+
+def docker_hub_tag_exists(reference: str, base_url: str | None = None, timeout_s: float = 15) -> bool:
+    """Whether Docker Hub lists `namespace/repository:tag` (its v2 API: GET .../tags/<tag>,
+    404 when the tag does not exist). Other HTTP errors and no network raise OSError."""
+    base_url = base_url or os.environ.get(DOCKER_HUB_URL_ENV, DOCKER_HUB)
+    repository, tag = reference.rsplit(":", 1)
+    namespace, name = repository.split("/", 1)
+    url = f"{base_url}/v2/namespaces/{namespace}/repositories/{name}/tags/{tag}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.load(response).get("name") == tag
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise
 
 
 def local_checks(spec: StackSpec, plan: StackPlan, which: Callable[[str], str | None] = shutil.which) -> list[Check]:
@@ -71,6 +114,20 @@ def local_checks(spec: StackSpec, plan: StackPlan, which: Callable[[str], str | 
     return checks
 
 
+def _images(spec: StackSpec) -> dict[str, str]:
+    return {f"versions.{field}": getattr(spec.versions, field) for field in ("gateway_image", "serving_image")}
+
+
+def aws_check_names(spec: StackSpec, plan: StackPlan) -> list[str]:
+    """Every check that asks AWS, in the order they run (what `not run` lists when AWS cannot be asked)."""
+    assert isinstance(spec.cloud, AwsCloud)
+    return ["AWS identity", ADMINS_CHECK, "region and zones",
+            *(f"quota {n.quota.code}" for n in quota_needs(spec, plan)),
+            *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)}),
+            *(f"image {key}" for key in _images(spec)), *([SPOT_ROLE_CHECK] if needs_spot_role_check(spec) else []),
+            gpu_ami_check_name(spec.cloud.kubernetes_version)]
+
+
 def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Check]:
     """Identity first: if it cannot be asked, nothing else can, and each check says so."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -80,10 +137,8 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
     assert isinstance(spec.cloud, AwsCloud)
     region, zones = spec.cloud.region, spec.cloud.availability_zones
     needs = quota_needs(spec, plan)
-    images = {f"versions.{field}": getattr(spec.versions, field) for field in ("gateway_image", "serving_image")}
-    later = ["region and zones", *(f"quota {n.quota.code}" for n in needs),
-             *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)}),
-             *(f"image {key}" for key in images)]
+    images = _images(spec)
+    later = aws_check_names(spec, plan)[1:]
 
     try:
         who = clients.sts.get_caller_identity()
@@ -93,7 +148,8 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
             return [_not_run(name, line) for name in ["AWS identity", *later]]
         return [Check(name="AWS identity", status=Status.FAIL, detail=line, fix="fix the credentials and re-run"),
                 *(_not_run(name, "needs working AWS credentials") for name in later)]
-    checks = [Check(name="AWS identity", status=Status.PASS, detail=f"account {who['Account']} as {who['Arn']}")]
+    checks = [Check(name="AWS identity", status=Status.PASS, detail=f"account {who['Account']} as {who['Arn']}"),
+              admins_check(spec.name, who["Arn"], spec.cloud.admin_principal_arns)]
 
     def ask(names: list[str], doing: str, question: Callable[[], list[Check]]) -> list[Check]:
         try:
@@ -114,7 +170,37 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
         checks += ask([f"image {key}"], f"looking up {reference} in ECR",
                       lambda key=key, reference=reference: [image_check(key, reference,
                                                                         found=_in_ecr(clients, reference))])
+    if needs_spot_role_check(spec):
+        checks += ask([SPOT_ROLE_CHECK], f"looking up the role {SPOT_ROLE}",
+                      lambda: [spot_role_check(spec, exists=_role_exists(clients.iam, SPOT_ROLE))])
+    version = spec.cloud.kubernetes_version
+    checks += ask([gpu_ami_check_name(version)], "reading the EKS AMI parameter",
+                  lambda: [gpu_ami_check(version, _parameter(clients.ssm, gpu_ami_parameter(version)), CUDA_TAG)])
     return checks
+
+
+def registry_checks(tag_exists: Callable[[str], bool]) -> list[Check]:
+    try:
+        return [base_image_check(RAY_LLM_IMAGE, found=tag_exists(RAY_LLM_IMAGE))]
+    except (OSError, ValueError) as exc:
+        return [Check(name=BASE_IMAGE_CHECK, status=Status.NOT_RUN,
+                      detail=f"Docker Hub could not be asked about {RAY_LLM_IMAGE} ({exc})",
+                      fix=f"re-run llmctl doctor where Docker Hub is reachable ({DOCKER_HUB_URL_ENV} names a mirror)")]
+
+
+def _role_exists(iam: Any, name: str) -> bool:
+    try:
+        iam.get_role(RoleName=name)
+    except iam.exceptions.NoSuchEntityException:
+        return False
+    return True
+
+
+def _parameter(ssm: Any, name: str) -> str | None:
+    try:
+        return ssm.get_parameter(Name=name)["Parameter"]["Value"]
+    except ssm.exceptions.ParameterNotFound:
+        return None
 
 
 def _in_ecr(clients: AwsClients, reference: str) -> bool | None:
@@ -164,16 +250,18 @@ def doctor_table(stack: str, checks: list[Check]):
 
 
 def run_doctor(spec: StackSpec, *, offline: bool = False, clients: AwsClients | None = None,
-               which: Callable[[str], str | None] = shutil.which) -> list[Check]:
+               which: Callable[[str], str | None] = shutil.which,
+               tag_exists: Callable[[str], bool] = docker_hub_tag_exists) -> list[Check]:
     plan = plan_stack(spec)
     checks = local_checks(spec, plan, which)
     if not isinstance(spec.cloud, AwsCloud):
         return checks + [Check(name="AWS checks", status=Status.PASS,
                                detail=f"stack {spec.name} runs on this machine: nothing in AWS to check")]
     if offline:
-        return checks + [_not_run("AWS checks", "--offline")]
+        return checks + [_not_run(name, "--offline") for name in [*aws_check_names(spec, plan), BASE_IMAGE_CHECK]]
     try:
         clients = clients or AwsClients.for_region(spec.cloud.region)
     except ImportError:
-        return checks + [_not_run("AWS checks", "boto3 is not installed: pip install -e '.[infra]'")]
-    return checks + aws_checks(spec, plan, clients)
+        return checks + [_not_run(name, "boto3 is not installed: pip install -e '.[infra]'")
+                         for name in aws_check_names(spec, plan)] + registry_checks(tag_exists)
+    return checks + aws_checks(spec, plan, clients) + registry_checks(tag_exists)

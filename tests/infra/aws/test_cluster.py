@@ -87,3 +87,41 @@ def test_aws_settings_reach_the_explicit_provider(tmp_path: Path) -> None:
 def test_an_aws_region_that_contradicts_the_spec_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StackRefused, match=r"aws:region is eu-west-1 but llmstack:cloud.region is us-east-1"):
         _with_aws_settings(tmp_path, **{"aws:region": "eu-west-1"})
+
+
+# --- the deploying identity among the admins ---------------------------------------------
+
+PLATFORM = "arn:aws:iam::111122223333:role/ops/platform-admins"
+
+
+def _admins_stack(tmp_path: Path, admins: list[str]) -> Path:
+    cloud = {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"], "upgrade_policy": "standard",
+             "admin_principal_arns": admins}
+    write_stack(tmp_path, "admins", stack_document(cloud=cloud))
+    return tmp_path
+
+
+@pytest.mark.parametrize("caller", [
+    "arn:aws:sts::111122223333:assumed-role/platform-admins/laptop-session",  # a session of the role (no path)
+    PLATFORM,
+])
+def test_the_deploying_identity_among_the_admins_is_refused_before_anything_is_declared(tmp_path, caller) -> None:
+    """EKS makes the creator admin itself and refuses a second access entry for it: the deploy
+    would stop after the cluster exists. Refused naming the file, the key and the fix."""
+    root = _admins_stack(tmp_path, ["arn:aws:iam::111122223333:role/someone-else", PLATFORM])
+    with pytest.raises(StackRefused) as refused:
+        run_program("admins", root=root, caller_arn=caller)
+    message = str(refused.value)
+    assert message.startswith("Pulumi.admins.yaml: llmstack:cloud.admin_principal_arns[1] (" + PLATFORM + ")")
+    assert caller in message and "Remove admin_principal_arns[1]" in message
+
+
+@pytest.mark.parametrize("caller", [
+    "arn:aws:sts::444455556666:assumed-role/platform-admins/s",  # same role name, another account
+    "arn:aws:sts::111122223333:assumed-role/platform-admins-ci/s",
+    "arn:aws:iam::111122223333:user/platform-admins",  # a user, not the role
+])
+def test_other_identities_deploy_with_every_admin_as_an_entry(tmp_path, caller) -> None:
+    run = run_program("admins", root=_admins_stack(tmp_path, [PLATFORM]), caller_arn=caller)
+    entries = [e.inputs["principalArn"] for e in run.of_type("aws:eks/accessEntry:AccessEntry")]
+    assert entries == [PLATFORM]

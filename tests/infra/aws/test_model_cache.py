@@ -56,9 +56,11 @@ def test_ray_pods_read_the_cache_through_a_read_only_irsa_role():
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == mock_arn("model-cache-reader")
     [rayservice] = run.of_type(RAYSERVICE)
     cluster = rayservice.inputs["spec"]["rayClusterConfig"]
-    pods = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
-    assert {p["spec"]["serviceAccountName"] for p in pods} == {"llmstack-ray"}
-    assert run.waits_for(rayservice, run.one("kubernetes:core/v1:ServiceAccount", "llmstack-ray"))
+    # Workers have their own account and reader role (tests/infra/aws/test_pod_access.py).
+    assert cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "llmstack-ray"
+    assert {g["template"]["spec"]["serviceAccountName"] for g in cluster["workerGroupSpecs"]} == {"llmstack-ray-worker"}
+    for account in ("llmstack-ray", "llmstack-ray-worker"):
+        assert run.waits_for(rayservice, run.one("kubernetes:core/v1:ServiceAccount", account))
 
 
 def test_a_cached_model_is_served_from_the_stack_bucket(tmp_path):

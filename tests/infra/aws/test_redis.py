@@ -29,6 +29,16 @@ def test_elasticache_has_one_user_per_component_and_the_default_user_off() -> No
     assert "authToken" not in replication.inputs  # no shared password left
 
 
+def test_every_elasticache_access_string_uses_only_documented_grammar() -> None:
+    """ElastiCache refuses what it does not support at CreateUser, halfway through `pulumi up`."""
+    from tests.infra.test_redis_acl import ELASTICACHE_DOCUMENTED
+
+    for user in example_run("prod").of_type("aws:elasticache/user:User"):
+        tokens = user.inputs["accessString"].split()
+        assert tokens[0] in ("on", "off")
+        assert [t for t in tokens if not ELASTICACHE_DOCUMENTED.fullmatch(t)] == [], user.inputs["userName"]
+
+
 def test_in_cluster_redis_acl_file_holds_hashes_of_each_users_password() -> None:
     run = example_run("dev")
     acl = run.one("kubernetes:core/v1:Secret", "llmstack-redis-acl").inputs["stringData"]["users.acl"]

@@ -70,3 +70,15 @@ def test_ray_uses_its_own_redis_user() -> None:
     options = rayservice_of({"mode": "in_cluster"})["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
     for field in ("redisUsername", "redisPassword"):
         assert options[field]["valueFrom"]["secretKeyRef"]["name"] == "llmstack-redis-ray"
+
+
+def test_every_ray_container_pins_vllms_ray_executor_v2_with_shared_memory_for_it() -> None:
+    """RayExecutorV2 talks to the GPU workers of its node over a shared-memory queue: every Ray
+    pod pins it and mounts a memory-backed /dev/shm."""
+    cluster = rayservice_of({"mode": "in_cluster"})["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in cluster["workerGroupSpecs"])]
+    for pod in pods:
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] == "1"
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]

@@ -292,3 +292,22 @@ def test_the_checks_can_fail():
     assert commands("```bash\nA=$(llmctl plan --stack dev) && kubectl get pods | head -n 1  # c\n```") == [
         ["llmctl", "plan", "--stack", "dev"], ["kubectl", "get", "pods"], ["head", "-n", "1"]]
     assert shlex.split("x")  # shlex kept for the reader: commands are split the way a shell would
+
+
+def test_the_first_deploy_runbook_names_every_doctor_check_and_the_new_account_prerequisites() -> None:
+    """What `llmctl doctor` can fail on, the first-deploy runbook explains; what a new account
+    needs once (the spot service-linked role among it), the runbook says how to get."""
+    from infra.versions import KUBERNETES_VERSION
+    from ops.llmctl.doctor.checks import (
+        ADMINS_CHECK,
+        BASE_IMAGE_CHECK,
+        CREATE_SPOT_ROLE,
+        SPOT_ROLE_CHECK,
+        gpu_ami_check_name,
+    )
+
+    runbook = (RUNBOOKS / "first-deploy-of-a-new-stack.md").read_text()
+    for check in (ADMINS_CHECK, SPOT_ROLE_CHECK, BASE_IMAGE_CHECK, gpu_ami_check_name(KUBERNETES_VERSION)):
+        assert f"`{check} ... fail`" in runbook, check
+    assert CREATE_SPOT_ROLE in runbook and "iam:CreateServiceLinkedRole" in runbook
+    assert "Leave that identity itself out" in runbook  # cloud.admin_principal_arns
