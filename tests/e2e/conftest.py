@@ -23,6 +23,7 @@ from tests.support.devstack import DevStack, e2e_stack_text
 E2E = Path(__file__).parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every e2e test on one xdist worker, so the session starts one shared stack, and first in
     the run: that worker starts on them at once, the others take the rest meanwhile. Within them,
