@@ -57,15 +57,16 @@ lint: $(STAMP)
 
 # Two pytest runs side by side. The end-to-end tests (tests/e2e: one shared dev stack, mostly
 # waiting on engines) run in the background, their output kept in build/e2e-tests.log and shown
-# when they end. Every other test runs in the foreground on PYTEST_WORKERS processes (pytest-xdist;
-# `--dist loadfile` keeps a module's tests on one worker, so tests that measure CPU or share a
-# module's servers never run beside each other), so a unit test's failure shows within minutes.
+# when they end (that run leaves .pytest_cache to the other). Every other test runs in the
+# foreground on PYTEST_WORKERS processes (pytest-xdist; `--dist loadfile` keeps a module's tests on
+# one worker, so tests that measure CPU or share a module's servers never run beside each other),
+# so a unit test's failure shows within minutes.
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) redis-server promtool lint
 	@mkdir -p build
-	@$(PY) -m pytest -q tests/e2e > build/e2e-tests.log 2>&1 & e2e=$$!; \
+	@$(PY) -m pytest -q -p no:cacheprovider tests/e2e > build/e2e-tests.log 2>&1 & e2e=$$!; \
 	  $(PYTEST) --ignore=tests/e2e; others=$$?; \
 	  echo "==> the end-to-end tests (tests/e2e; log: build/e2e-tests.log)"; \
 	  wait $$e2e; e2e_status=$$?; cat build/e2e-tests.log; \
