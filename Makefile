@@ -55,18 +55,24 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# One pytest run spread over worker processes (pytest-xdist). The end-to-end tests form one group
-# (tests/e2e/conftest.py) that a single worker runs around one shared dev stack, started first
-# because it takes longest; the other workers take every other test meanwhile, so a unit test's
-# failure shows within minutes. Tests that must not share the machine with each other are grouped
-# the same way (`xdist_group`). PYTEST_WORKERS=3: the e2e group and two for the rest.
-PYTEST_WORKERS ?= 3
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+# Two pytest runs side by side. The end-to-end tests (tests/e2e: one shared dev stack, mostly
+# waiting on engines) run in the background, their output kept in build/e2e-tests.log and shown
+# when they end (that run leaves .pytest_cache to the other). Every other test runs in the
+# foreground on PYTEST_WORKERS processes (pytest-xdist; `--dist loadfile` keeps a module's tests on
+# one worker, so tests that measure CPU or share a module's servers never run beside each other),
+# so a unit test's failure shows within minutes.
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: $(STAMP) redis-server promtool lint
-	$(PYTEST)
+	@mkdir -p build
+	@$(PY) -m pytest -q -p no:cacheprovider tests/e2e > build/e2e-tests.log 2>&1 & e2e=$$!; \
+	  $(PYTEST) --ignore=tests/e2e; others=$$?; \
+	  echo "==> the end-to-end tests (tests/e2e; log: build/e2e-tests.log)"; \
+	  wait $$e2e; e2e_status=$$?; cat build/e2e-tests.log; \
+	  test $$others = 0 && test $$e2e_status = 0
 
-# Without the tests marked slow (real server processes, engines): about a minute or two.
+# Without the tests marked slow (real server processes, engines): a few minutes.
 test-fast: $(STAMP) redis-server promtool lint
 	$(PYTEST) -m "not slow"
 

@@ -1,4 +1,5 @@
-"""The one dev stack the end-to-end tests share: `python -m ops.devstack` (what `make dev` runs)
+"""The one dev stack the end-to-end tests share (make test runs them in a pytest process of their own,
+beside the one that runs every other test): `python -m ops.devstack` (what `make dev` runs)
 with a real redis-server, Ray Serve, CPU vLLM and the gateway, started once for the session
 (about a minute on 2 cores, most of the e2e phase's cost) and stopped at its end, where SIGTERM
 must stop everything it started.
@@ -24,13 +25,8 @@ E2E = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every e2e test on one xdist worker, so the session starts one shared stack, and first in
-    the run: that worker starts on them at once, the others take the rest meanwhile. Within them,
-    the tests that start a stack or engine of their own come before the shared stack starts."""
-    for item in items:
-        if E2E in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("e2e-dev-stack"))
-    items.sort(key=lambda item: (E2E not in item.path.parents, "dev_stack" in item.fixturenames))
+    """The tests that start a stack or engine of their own first, before the shared one starts."""
+    items.sort(key=lambda item: E2E in item.path.parents and "dev_stack" in item.fixturenames)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from tests.support.gateway import (
     raw_request,
     serving_gateway,
 )
-from tests.support.openai_fakes import FakeUpstream, settings_for
+from tests.support.openai_fakes import FakeUpstream, StreamRecordingUpstream, settings_for
 from tests.support.servers import serving
 from tests.support.servers import serving as serving_app
 from tests.support.vllm_upstream import AccessLines, VllmLikeUpstream
@@ -95,6 +95,16 @@ def fake_upstream() -> Iterator[FakeUpstream]:
     """An upstream like Ray Serve's OpenAI ingress: models, chats streamed or not, and the headers
     it got (tests.support.openai_fakes)."""
     fake = FakeUpstream()
+    with serving_app(fake.app()) as url:
+        fake.url = url
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def stream_recording_upstream() -> Iterator[StreamRecordingUpstream]:
+    """An OpenAI-like upstream that records every body it gets and sends the usage chunk of a
+    stream only when asked, as OpenAI and vLLM do (tests.support.openai_fakes)."""
+    fake = StreamRecordingUpstream()
     with serving_app(fake.app()) as url:
         fake.url = url
         yield fake

@@ -75,7 +75,7 @@ def recorder():
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, recorder):
+def fuzzed_gateway(redis_server, recorder):
     upstream_settings = {"max_tokens_ceiling": CEILING, "max_n": MAX_N, "max_top_logprobs": MAX_TOP_LOGPROBS,
                          "model_context_lengths": {"tiny": 4096},
                          # vLLM extensions the policy bounds: allowed here so the fuzzing reaches those bounds
@@ -135,13 +135,13 @@ def assert_obeys_policy(path: str, body: dict | list | bytes) -> None:
         assert body["stream_options"]["include_usage"] is True, body
 
 
-def check_request(gateway: str, recorder: Recorder, key: str, path: str, body: bytes, with_key: bool,
+def check_request(fuzzed_gateway: str, recorder: Recorder, key: str, path: str, body: bytes, with_key: bool,
                   method: str) -> list[tuple[str, dict]]:
     """One request through `gateway`, checked: no 5xx, OpenAI-shaped refusals, and whatever
     reached the upstream obeys the policy. Returns what reached the upstream."""
     recorder.seen.clear()
     headers = {"Authorization": f"Bearer {key}"} if with_key else {}
-    response = httpx.request(method, f"{gateway}{path}", content=body if method == "POST" else None,
+    response = httpx.request(method, f"{fuzzed_gateway}{path}", content=body if method == "POST" else None,
                              headers={**headers, "content-type": "application/json"}, timeout=30)
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
@@ -163,7 +163,7 @@ def output_bound_added(sent: bytes, forwarded: list[tuple[str, dict]]) -> bool:
             and any(isinstance(b, dict) and b.get("max_tokens") == CEILING for _, b in forwarded))
 
 
-def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(gateway, recorder, key):
+def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(fuzzed_gateway, recorder, key):
     tally = {"requests": 0, "forwarded": 0, "bound_added": 0}
 
     @settings(max_examples=examples(fast=100, deep=300))
@@ -171,7 +171,7 @@ def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(gate
     @example(path="/v1/chat/completions", method="POST", with_key=True,
              body=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode())
     def any_request(path, body, with_key, method):
-        forwarded = check_request(gateway, recorder, key, path, body, with_key, method)
+        forwarded = check_request(fuzzed_gateway, recorder, key, path, body, with_key, method)
         tally["requests"] += 1
         tally["forwarded"] += bool(forwarded)
         tally["bound_added"] += output_bound_added(body, forwarded)
@@ -262,13 +262,13 @@ def method_for(target: str) -> st.SearchStrategy[str]:
     return st.just(own) | st.sampled_from(METHODS)
 
 
-def check_target(gateway: str, recorder: Recorder, key: str, method: str, target: str) -> bool:
+def check_target(fuzzed_gateway: str, recorder: Recorder, key: str, method: str, target: str) -> bool:
     """One request with `target` through `gateway`, checked: no 5xx, and the upstream saw the
     canonical form of a served route, the one the once-decoded target names, or nothing.
     Returns whether it was forwarded."""
     recorder.request_lines.clear()
     recorder.seen.clear()
-    status = send(gateway, method, target, key)
+    status = send(fuzzed_gateway, method, target, key)
     assert status < 500, (method, target, status)
     if not recorder.request_lines:
         return False
@@ -280,7 +280,7 @@ def check_target(gateway: str, recorder: Recorder, key: str, method: str, target
     return True
 
 
-def test_the_upstream_sees_the_canonical_form_of_a_served_route_or_nothing(gateway, recorder, key):
+def test_the_upstream_sees_the_canonical_form_of_a_served_route_or_nothing(fuzzed_gateway, recorder, key):
     tally = {"requests": 0, "forwarded": 0}
 
     @settings(max_examples=examples(fast=200, deep=600))
@@ -290,7 +290,7 @@ def test_the_upstream_sees_the_canonical_form_of_a_served_route_or_nothing(gatew
     def any_target(request):
         method, target = request
         tally["requests"] += 1
-        forwarded = check_target(gateway, recorder, key, method, target)
+        forwarded = check_target(fuzzed_gateway, recorder, key, method, target)
         event("forwarded" if forwarded else "refused")
         tally["forwarded"] += forwarded
 

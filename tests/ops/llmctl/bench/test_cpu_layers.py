@@ -1,5 +1,6 @@
 """CPU per output token by layer: process titles as Ray, vLLM and our commands set them, and a
-real busy child process whose CPU lands in its layer."""
+real busy child process whose CPU lands in its layer. The two sampler tests measure CPU: make test
+keeps a module's tests on one worker (`--dist loadfile`), so they never run beside each other."""
 
 from __future__ import annotations
 
@@ -73,7 +74,6 @@ def test_per_token_figures_and_the_serving_layers_sum():
     assert cpu_ms_per_token({"serve ingress": 0.3, "ingress router": 0.1}, 1000)["total"] == pytest.approx(0.3)
 
 
-@pytest.mark.xdist_group("cpu-sampling")  # measures CPU: never beside another test that does
 def test_sampler_counts_a_busy_descendant_in_its_layer():
     """A child whose command line says `serving.gateway` (in a comment) burns half a CPU-second.
     Its interpreter's start costs a tenth of that here, so the count lands between 0.5 and 0.9
@@ -93,7 +93,6 @@ def test_sampler_counts_a_busy_descendant_in_its_layer():
         child.wait()
 
 
-@pytest.mark.xdist_group("cpu-sampling")
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/schedstat"), reason="the kernel reports no schedstat")
 def test_sampler_reads_the_run_queue_wait_of_processes_sharing_a_core():
     """Two children burn 0.5 CPU-seconds each on one core, then sleep: while one ran the other
