@@ -17,7 +17,9 @@ The namespace is the RayCluster's UID (KubeRay sets RAY_external_storage_namespa
 NewCluster upgrade changes, so the pattern is `RAY*`; gateway keys never start with `RAY`.
 
 The gateway's user gets every command outside `@dangerous` (no KEYS, FLUSHALL, CONFIG, DEBUG,
-...) on `llmstack:*`: its own code evolves, and the boundary that matters is the key prefix.
+...) on `llmstack:*`: its own code evolves, and the boundary that matters is the key prefix. It
+gets INFO back (in `@dangerous`): it reads `INFO memory` to export how full Redis is and whether
+it would evict (serving.gateway.redis_memory); Ray's user has INFO too.
 It also publishes and subscribes on the fair queue's wake-up channels (serving.gateway.fair_queue):
 Redis 7 starts users with `resetchannels`, so without `&llmstack:fq:wake:*` the queue's script
 fails on PUBLISH. Ray's user gets no channel.
@@ -59,7 +61,7 @@ class AclUser:
 
 def gateway_user(name: str = GATEWAY_USER) -> AclUser:
     return AclUser(name=name, key_patterns=GATEWAY_KEY_PATTERNS, channel_patterns=GATEWAY_CHANNEL_PATTERNS,
-                   commands="+@all -@dangerous")
+                   commands="+@all -@dangerous +info")
 
 
 def ray_user(name: str = RAY_USER) -> AclUser:

@@ -23,7 +23,7 @@ from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
 from infra.images import missing_registry_problem
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
-from serving.gateway.policy import GatewayPolicy
+from serving.gateway.policy import GatewayPolicy, checked_domains
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -266,7 +266,7 @@ class Architecture(_Spec):
 # Engine settings llmstack owns: set them with the typed field, not engine_args.
 MANAGED_ENGINE_ARGS = frozenset(
     {"model", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "gpu_memory_utilization",
-     "dtype", "quantization", "kv_cache_dtype", "speculative_config", "served_model_name"}
+     "dtype", "quantization", "kv_cache_dtype", "speculative_config", "served_model_name", "allowed_media_domains"}
 )
 
 
@@ -301,7 +301,18 @@ class ModelSpec(_Spec):
         description="Load the weights from the stack's S3 model cache (`llmctl models sync`) instead of "
                     "downloading `source` on every new node. AWS stacks only.",
     )
+    allowed_media_domains: list[str] | None = Field(
+        default=None,
+        description="Hosts this model may fetch media (image, audio, video URLs) from, e.g. [\"images.example.com\"]; "
+                    "[] allows inline data: URLs only. None: the gateway-wide gateway.allowed_media_domains. The "
+                    "gateway refuses other URLs and the engine gets the same list (--allowed-media-domains).",
+    )
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args.")
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _media_domains(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else checked_domains(value)
 
     @model_validator(mode="after")
     def _no_shadowed_engine_args(self) -> ModelSpec:
@@ -354,8 +365,38 @@ class LocalRedis(_Spec):
 Redis = Annotated[ManagedRedis | InClusterRedis | ExternalRedis | LocalRedis, Field(discriminator="mode")]
 
 
+class Edge(_Spec):
+    """HAProxy on the gateway's public port (`infra.render.edge`): the one process that talks to
+    clients before any key is checked. It reads a request's headers itself and opens a connection
+    to the gateway only for a request whose headers are complete and within bounds, so clients
+    without a key hold neither the gateway's connections nor its memory. Chosen by measurement
+    over uvicorn's own settings, hypercorn and granian (BENCHMARKS.md, "The public port under
+    connection attacks")."""
+
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, le=120,
+        description="Longest a client may take to send a request's complete headers, counted from the connection's "
+                    "start or the end of its previous response (idle time included): past it, 408 and the "
+                    "connection is closed (HAProxy `timeout http-request` and `timeout http-keep-alive`).")
+    max_header_bytes: int = Field(
+        default=16_384, ge=4_096, le=1_048_576,
+        description="Largest request headers; larger gets 431 and the connection is closed (headers over this plus "
+                    "16 KiB do not fit HAProxy's buffer: its own 400). A connection holds at most two such buffers.")
+    max_connections_per_client: int = Field(
+        default=64, ge=1,
+        description="Open connections one client address (an IPv6 /64) may hold per pod; more are refused at connect "
+                    "(the address as the load balancer reports it with the PROXY protocol).")
+    max_connections: int = Field(
+        default=2_048, ge=16,
+        description="Open connections the edge of one pod holds; past it new connections wait in the kernel's "
+                    "accept queue. Only requests with complete headers reach the gateway (its own `max_connections`).")
+
+
 class Gateway(GatewayPolicy):
     """The gateway's policy (limits, ceilings, timeouts: serving.gateway.policy) plus how it is deployed."""
+
+    edge: Edge = Field(default_factory=Edge,
+                       description="The public port's HTTP front (HAProxy), before any key check.")
 
     min_replicas: int = Field(default=2, ge=1, description="Gateway pods kept (HPA minimum).")
     max_replicas: int = Field(default=6, ge=1, description="HPA maximum.")
@@ -462,6 +503,11 @@ class StackSpec(_Spec):
                 "the gateway's load balancer is internet-facing and would serve API keys in clear; set an ACM "
                 "certificate ARN (TLS on port 443), or say gateway.allow_plaintext: true for a throwaway stack")))
         return problems
+
+    def media_domains(self, model: ModelSpec) -> list[str]:
+        """The hosts `model` may fetch media from: its own list, else the gateway's."""
+        own = model.allowed_media_domains
+        return self.gateway.allowed_media_domains if own is None else own
 
     def node_group(self, name: str) -> GpuNodeGroup | CpuNodeGroup:
         return next(g for g in self.node_groups if g.name == name)

@@ -3,12 +3,18 @@
 The gateway and Ray sign in as separate ACL users, each allowed only its own key prefix
 (`infra.redis_acl`): Ray pods handle tenant input and must not reach API keys.
 
+Every mode the stack runs sets `maxmemory-policy noeviction` (serving.gateway.redis_memory): a
+full Redis refuses writes, and the gateway refuses requests, instead of deleting budget counters,
+spend and usage (ElastiCache's default, `volatile-lru`, evicts exactly those: they have TTLs).
+
 - `managed`: ElastiCache replication group in the private subnets, TLS in transit,
-  encryption at rest, RBAC: a user group with the two users (passwords from
-  `pulumi_random`) and the `default` user ElastiCache requires in every group, switched off.
+  encryption at rest, its own parameter group (noeviction), RBAC: a user group with the two
+  users (passwords from `pulumi_random`) and the `default` user ElastiCache requires in every
+  group, switched off.
   A security group lets in port 6379 from the cluster's nodes and nothing else. Failover when
   there are replicas.
-- `in_cluster`: one Redis pod on an encrypted volume, its users in an ACL file (password
+- `in_cluster`: one Redis pod on an encrypted volume, `maxmemory` three quarters of its
+  memory limit (room for the AOF rewrite's copy-on-write and fragmentation), its users in an ACL file (password
   hashes only) mounted from a Secret, reachable only from gateway and Ray pods
   (NetworkPolicy). For cheap dev stacks.
 - `external`: a Redis you run, where you created the two users; their passwords come from
@@ -42,6 +48,7 @@ from infra.render.common import (
 )
 from infra.spec import ExternalRedis, InClusterRedis, ManagedRedis
 from infra.versions import ELASTICACHE_ENGINE_VERSION, IN_CLUSTER_REDIS_IMAGE
+from serving.gateway.redis_memory import REQUIRED_POLICY
 
 PORT = 6379
 REDIS_UID = 999  # the `redis` user of the official image
@@ -49,6 +56,13 @@ IN_CLUSTER_HOST = f"{REDIS_SERVICE}.{NAMESPACE}.svc.cluster.local"
 DATA_CLAIM = f"{REDIS_SERVICE}-data"
 ACL_SECRET = f"{REDIS_SERVICE}-acl"
 ACL_PATH = "/etc/redis-acl/users.acl"
+IN_CLUSTER_MEMORY_LIMIT_MIB = 1024
+IN_CLUSTER_MAXMEMORY_MIB = IN_CLUSTER_MEMORY_LIMIT_MIB * 3 // 4
+
+
+def parameter_group_family(engine_version: str) -> str:
+    """ElastiCache's parameter group family for a Redis OSS version: redis7 for 7.x."""
+    return f"redis{engine_version.split('.')[0]}"
 
 
 @dataclass
@@ -144,6 +158,11 @@ class Redis(pulumi.ComponentResource):
         group = aws.elasticache.UserGroup(
             name, user_group_id=f"llmstack-{args.stack}", engine="redis",
             user_ids=[default.user_id, *(u.user_id for u in users)], opts=child)
+        parameters = aws.elasticache.ParameterGroup(
+            name, family=parameter_group_family(ELASTICACHE_ENGINE_VERSION),
+            description="llmstack: never evict (budgets, spend and usage have TTLs)",
+            parameters=[aws.elasticache.ParameterGroupParameterArgs(name="maxmemory-policy", value=REQUIRED_POLICY)],
+            opts=child)
         failover = spec.replicas > 0
         replication = aws.elasticache.ReplicationGroup(
             name,
@@ -161,6 +180,7 @@ class Redis(pulumi.ComponentResource):
             subnet_group_name=subnets.name,
             security_group_ids=[firewall.id],
             snapshot_retention_limit=7,
+            parameter_group_name=parameters.name,
             opts=child,
         )
         return replication.primary_endpoint_address
@@ -178,10 +198,12 @@ class Redis(pulumi.ComponentResource):
         container = {
             "name": "redis",
             "image": IN_CLUSTER_REDIS_IMAGE,
-            "args": ["--aclfile", ACL_PATH, "--appendonly", "yes", "--dir", "/data"],
+            "args": ["--aclfile", ACL_PATH, "--appendonly", "yes", "--dir", "/data",
+                     "--maxmemory", f"{IN_CLUSTER_MAXMEMORY_MIB}mb", "--maxmemory-policy", REQUIRED_POLICY],
             "ports": [{"name": "redis", "containerPort": PORT}],
             "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                          "limits": {"memory": f"{IN_CLUSTER_MEMORY_LIMIT_MIB}Mi"}},
             "volumeMounts": [{"name": "data", "mountPath": "/data"},
                              {"name": "acl", "mountPath": ACL_PATH.rsplit("/", 1)[0], "readOnly": True}],
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},

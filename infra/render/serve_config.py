@@ -48,6 +48,8 @@ MODELS_APP_NAME = "models"  # direct path: `GET /v1/models` for every model, at 
 APP_IMPORT_PATH = "serving.app:build_app"
 MODELS_APP_IMPORT_PATH = "serving.app:build_model_list_app"
 SERVE_PORT = 8000
+# RFC 6761 reserves .invalid: no such host resolves, so a media URL naming it fetches nothing.
+NO_REMOTE_MEDIA = "data-urls-only.invalid"
 
 
 class ServingPath(str, Enum):
@@ -109,6 +111,10 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
     # tokens (`prompt_tokens_details.cached_tokens`), which is how a hit rate is measured.
     engine["enable_prefix_caching"] = True
     engine["enable_prompt_tokens_details"] = True
+    # The engine fetches media URLs from inside the VPC: the same hosts the gateway lets through
+    # (serving.gateway.media_urls). vLLM reads an empty list as "any host", so "none" is a host
+    # that never resolves.
+    engine["allowed_media_domains"] = spec.media_domains(model) or [NO_REMOTE_MEDIA]
     engine.update(model.engine_args)
 
     config: dict[str, Any] = {
@@ -119,9 +125,12 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
         # reads it from there. So a routing change restarts the model's replicas.
         "deployment_config": {"request_router_config": {"request_router_class": REQUEST_ROUTERS[model.routing]}},
     }
+    # An allowed host must not redirect the engine elsewhere (vLLM follows redirects by default).
+    env_vars = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
+    config["runtime_env"] = {"env_vars": env_vars}
     if on_cpu:
         config["placement_group_config"] = {"bundle_per_worker": {"CPU": 1}, "strategy": "PACK"}
-        config["runtime_env"] = {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": str(model.cpu_kv_cache_gib)}}
+        env_vars["VLLM_CPU_KVCACHE_SPACE"] = str(model.cpu_kv_cache_gib)
     else:
         bundle = {"GPU": 1, node_group_resource(group.name): 1}
         one_node = model.pipeline_parallel_size == 1

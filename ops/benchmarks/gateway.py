@@ -13,6 +13,8 @@ Measurements per target, all with 100 concurrent connections (clients):
 - saturated: clients send back to back; requests/s is the most each target serves here.
 The gateway runs twice: as is (no queued model) and with the fair queue on for the model at a
 capacity the load never reaches (`gateway_queue`): what the queue costs a request that never waits.
+The first is also measured behind the edge (`gateway_edge`: HAProxy on the public port, as a pod
+and `make dev` run it): what that hop costs.
 Plus one client sending one request at a time to direct, both gateways and a gateway without
 Redis, which splits the added latency into the proxy hop and the Redis round trips; and Redis
 commands per request: what clients send (MONITOR), not what scripts run inside Redis;
@@ -40,8 +42,10 @@ from pathlib import Path
 import httpx
 import redis
 
+from infra.spec import Edge
+from ops.devstack.edge import start_edge
 from ops.devstack.local_redis import start_redis
-from ops.harness.processes import background, free_port, wait_for_http
+from ops.harness.processes import background, free_port, terminate, wait_for_http
 from ops.harness.stub_upstream import CHAT_BODY as BODY
 from serving.gateway.keys import create_key_sync
 
@@ -163,13 +167,22 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
                          {"models": ["tiny"], "model_queues": {"tiny": {"max_ongoing_requests": UNSATURATED}}})}
         queued = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
                                                 folder / "gateway-queue.log", queue_env))
+        # The first gateway behind the edge, as a pod and `make dev` run it (ops.devstack.edge): what
+        # the HAProxy hop costs. wrk's connections all come from one address: no per-address cap here.
+        edge_port = free_port()
+        edge = start_edge(Edge(max_connections_per_client=10 * CONNECTIONS), folder / "edge", port=edge_port,
+                          gateway_port=gateway_port, health_port=free_port(), request_timeout_s=600,
+                          shutdown_grace_s=5, log=folder / "edge.log")
+        stack.callback(terminate, edge, 5)
         key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
         targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key),
-                   "gateway_queue": (f"http://127.0.0.1:{queue_port}", key)}
+                   "gateway_queue": (f"http://127.0.0.1:{queue_port}", key),
+                   "gateway_edge": (f"http://127.0.0.1:{edge_port}", key)}
         pids = {"gateway": gateway.pid, "gateway_queue": queued.pid}
         wait_for_http(f"{stub}/v1/models", stub_process)
         wait_for_http(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
         wait_for_http(f"http://127.0.0.1:{queue_port}/healthz", queued)
+        wait_for_http(f"http://127.0.0.1:{edge_port}/healthz", edge)
         results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"],
                                                      targets["gateway_queue"])
         if litellm:
@@ -272,6 +285,11 @@ def summary(targets: dict) -> dict:
                                                         / gateway["saturated"]["requests_per_s"], 3)
         result["queue_added_ms_by_pace"] = added(queued, gateway)
         result["queue_redis_commands_per_request"] = queued["redis_commands_per_request"]
+    if "gateway_edge" in targets:  # the gateway behind the edge vs alone, same run
+        edge = targets["gateway_edge"]
+        result["edge_saturated_over_gateway"] = round(edge["saturated"]["requests_per_s"]
+                                                      / gateway["saturated"]["requests_per_s"], 3)
+        result["edge_added_ms_by_pace"] = added(edge, gateway)
     if "litellm" in targets:
         result["gateway_over_litellm_saturated"] = round(
             gateway["saturated"]["requests_per_s"] / max(targets["litellm"]["saturated"]["requests_per_s"], 1e-9), 2)

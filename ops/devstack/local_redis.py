@@ -1,7 +1,10 @@
 """A private `redis-server` for `make dev` and the tests: loopback only, free port, no disk.
 
 Each caller gets its own server on 127.0.0.1 with persistence off and its files in a
-temporary folder, and stops exactly the process it started.
+temporary folder, and stops exactly the process it started. It runs with the gateway's
+required `maxmemory-policy` (noeviction, as in the cluster), so a full Redis refuses writes
+instead of deleting budgets; `maxmemory` sets a size (tests), `policy` another policy (a test
+showing what eviction would do).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ops.harness.processes import die_with_parent, free_port, terminate
+from serving.gateway.redis_memory import REQUIRED_POLICY
 
 
 def redis_server_path() -> str | None:
@@ -38,9 +42,11 @@ class LocalRedis:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | None = None) -> LocalRedis:
+def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | None = None,
+                maxmemory: str | None = None, policy: str = REQUIRED_POLICY) -> LocalRedis:
     """Start redis-server and wait until it accepts connections. `load`: an RDB snapshot
-    (from SAVE) to start with, as a restarted or failed-over Redis would have its data."""
+    (from SAVE) to start with, as a restarted or failed-over Redis would have its data.
+    `maxmemory`: e.g. "16mb" (default: no limit, the machine's memory)."""
     binary = redis_server_path()
     if binary is None:
         raise FileNotFoundError("redis-server is not installed (Debian/Ubuntu: apt-get install -y redis-server)")
@@ -50,7 +56,8 @@ def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | 
         shutil.copyfile(load, folder / "dump.rdb")  # read at start; `--save ""` never writes it back
     process = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(folder), "--protected-mode", "yes"],
+         "--dir", str(folder), "--protected-mode", "yes", "--maxmemory-policy", policy,
+         *(["--maxmemory", maxmemory] if maxmemory else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
     )
     server = LocalRedis(process, port, folder)
@@ -71,8 +78,8 @@ def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | 
 
 
 @contextmanager
-def running_redis() -> Iterator[LocalRedis]:
-    server = start_redis()
+def running_redis(*, maxmemory: str | None = None, policy: str = REQUIRED_POLICY) -> Iterator[LocalRedis]:
+    server = start_redis(maxmemory=maxmemory, policy=policy)
     try:
         yield server
     finally:

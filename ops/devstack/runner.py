@@ -1,8 +1,11 @@
 """`make dev`: the whole serving path on this machine, from the `local` stack.
 
-    client ─► gateway (:8080) ─► HAProxy (Ray Serve) ─► CPU vLLM replicas (one app per model)
-                 │
-               Redis (a private redis-server, or the gateway's in-memory store)
+    client ─► edge (HAProxy, :8080) ─► gateway ─► HAProxy (Ray Serve) ─► CPU vLLM replicas (one app per model)
+                                          │
+                                        Redis (a private redis-server, or the gateway's in-memory store)
+
+The edge is the gateway pod's public port as `llmctl render` makes it (ops.devstack.edge): header
+deadline, header size cap, connections per client address; the gateway listens behind it on loopback.
 
 The Serve applications are deployed from the same serve config `llmctl render` puts in the
 RayService's `serveConfigV2` (only the HTTP bind address differs: loopback and a free port
@@ -30,6 +33,7 @@ from infra.render.gateway import gateway_settings
 from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
 from infra.spec import CpuNodeGroup, StackSpec
 from infra.stack_file import load_stack
+from ops.devstack.edge import start_edge
 from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
 from ops.devstack.lock import AlreadyRunning, DevLock
@@ -113,7 +117,8 @@ def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: st
            "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(
                spec, path=path, batch_storage_url=batches,
                **({"serve_dashboard_url": dashboard_url} if dashboard_url else {})),
-           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_PORT": str(port),
+           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_METRICS_HOST": "127.0.0.1",
+           "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
     env.pop("LLMSTACK_REDIS_URL", None)
     env.pop("LLMSTACK_RAY_AUTH_TOKEN", None)
@@ -205,17 +210,23 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             ray_info = start_ray_serve(spec, serve_port, say, path, haproxy_files)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else state_dir() / "dev-key"
-            metrics_port = claims.claim()
+            metrics_port, gateway_port, edge_health_port = claims.claim(), claims.claim(), claims.claim()
             metrics_url = f"http://127.0.0.1:{metrics_port}"
-            gateway = start_gateway(spec, port=port, metrics_port=metrics_port,
+            gateway = start_gateway(spec, port=gateway_port, metrics_port=metrics_port,
                                     upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
                                     dev_key_file=key_file, path=path, dashboard_url=ray_info["dashboard_url"],
                                     dashboard_token=ray_auth_token())
             cleanup.callback(terminate, gateway)
+            edge_files = Path(haproxy_files) / "edge"
+            edge = start_edge(spec.gateway.edge, edge_files, port=port, gateway_port=gateway_port,
+                              health_port=edge_health_port, request_timeout_s=spec.gateway.request_timeout_s,
+                              shutdown_grace_s=spec.gateway.shutdown_grace_s)
+            cleanup.callback(terminate, edge)
             if key_file:
                 cleanup.callback(key_file.unlink, missing_ok=True)
             base_url = f"http://127.0.0.1:{port}/v1"
             wait_for_http(f"{metrics_url}/readyz", gateway, 60, ok=lambda r: r.status_code == 200)
+            wait_for_http(f"http://127.0.0.1:{edge_health_port}/healthz", edge, 30)
             claims.release()
             if redis_url:
                 api_key = create_key_sync(redis_url, tenant="dev", name="make-dev")
@@ -236,9 +247,10 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                                                  for m in spec.models},
                                   "serving_path": path.value, "redis_url": redis_url,
                                   "dashboard_url": ray_info["dashboard_url"], "pid": os.getpid()}), flush=True)
-            while gateway.poll() is None:
+            while gateway.poll() is None and edge.poll() is None:
                 time.sleep(1)
-            say(f"gateway exited with {gateway.returncode}; stopping")
+            which = gateway if gateway.poll() is not None else edge
+            say(f"{'gateway' if which is gateway else 'edge (HAProxy)'} exited with {which.returncode}; stopping")
             return 1
     except KeyboardInterrupt:
         say("stopping (Serve stops the engines first; this can take half a minute) ...")

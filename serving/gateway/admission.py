@@ -43,21 +43,30 @@ from serving.gateway.budgets import NANO_PER_USD
 from serving.gateway.fair_queue import FairQueue, QueueRefused, QueueTicket, QueueUnavailable, SlotTry
 from serving.gateway.key_format import KeyRecord, is_usable
 from serving.gateway.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
-from serving.gateway.limits import Limiter, LimiterBusy, LimiterUnavailable, Ticket, Who, effective_limits
+from serving.gateway.limits import (
+    Limiter,
+    LimiterBusy,
+    LimiterOutOfMemory,
+    LimiterUnavailable,
+    Ticket,
+    Who,
+    effective_limits,
+)
+from serving.gateway.media_urls import check_media
 from serving.gateway.metering import (
     NOTHING_BILLED,
     Usage,
     UsageMeter,
     client_usage_wishes,
-    output_allowance,
     rate_limit_headers,
     request_usage_upstream,
     wants_stream,
 )
 from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.output_bound import output_bound
 from serving.gateway.redis_client import RedisBusy
 from serving.gateway.request_policy import check_request
-from serving.gateway.reservation import COMPLETION_PATHS, requested_output, reserve
+from serving.gateway.reservation import COMPLETION_PATHS, Reservation, reserve
 from serving.gateway.settings import GatewaySettings
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first"
@@ -154,6 +163,17 @@ def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool) -> bool:
     if model is None:
         return not has_body
     return model in key.allowed_models
+
+
+def reservation_for(document: dict | None, body_size: int, path: str,
+                    settings: GatewaySettings) -> tuple[Reservation, int | None]:
+    """What a request reserves at admission, and the max_tokens the gateway adds to it (None
+    when the body sets its own): for online requests and batch lines alike."""
+    context_length = settings.model_context_lengths.get(requested_model(document) or "")
+    output = output_bound(document, path, context_length=context_length, ceiling=settings.max_tokens_ceiling)
+    reservation = reserve(document, body_size, path, output=output, context_length=context_length,
+                          template_tokens=settings.chat_template_tokens)
+    return reservation, output.added_max_tokens
 
 
 async def read_body_within(request: Request, limit: int) -> bytes | None:
@@ -265,15 +285,14 @@ class Admitter:
         if not model_allowed(record, model, has_body=document is not None):
             return errors.model_not_allowed(model)
         violation = check_request(document, path, settings)  # before tokens are charged: a refusal costs none
+        if violation is None and document is not None:
+            violation = check_media(document, settings.media_domains(model))
         if violation is not None:
             return errors.invalid_request(violation.param, violation.message, violation.code)
         if settings.log_prompts and document is not None:
             caller_of(request.scope).prompt = prompt_text(document)
 
-        context_length = settings.model_context_lengths.get(model or "")
-        allowance, added_max_tokens = output_allowance(settings.max_tokens_ceiling, context_length)
-        reservation = reserve(document, len(body), path, output_allowance=allowance, context_length=context_length,
-                              template_tokens=settings.chat_template_tokens)
+        reservation, added_max_tokens = reservation_for(document, len(body), path, settings)
         label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
         price = {"model": label, "usd_per_million_tokens": settings.model_usd_per_million_tokens.get(label)}
         # A queued model's free slot is asked for in the limiter's round trip, before its verdict:
@@ -307,7 +326,8 @@ class Admitter:
 
             stream = wants_stream(document, path)
             final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
-            upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens,
+            upstream_document = upstream_request(document, path, stream=stream,
+                                                 added_max_tokens=added_max_tokens,
                                                  priority=self._engine_priority(record))
             queued = await self._queued(request, record, model, ticket, headers, stream=stream, attempt=attempt,
                                         slot=slot)
@@ -429,6 +449,9 @@ class Admitter:
         """Run one limiter phase: (the ticket, None) when it may go on, (ticket, the response) when not."""
         try:
             result = await call
+        except LimiterOutOfMemory:
+            self.metrics.redis_out_of_memory.labels(component="limiter").inc()
+            return ticket, errors.limiter_unavailable()
         except LimiterUnavailable:
             return ticket, errors.limiter_unavailable()
         except LimiterBusy:
@@ -475,14 +498,14 @@ def upstream_request(document: dict | None, path: str, *, stream: bool, added_ma
                      priority: int | None = None) -> dict | None:
     """The body to send upstream (the same object when unchanged): streams always ask for usage
     in every chunk (so even a cut stream can be billed what it used), a completion without
-    max_tokens gets the ceiling when the model's context would not bound it, and `priority`
+    max_tokens gets the one its output bound needs (serving.gateway.output_bound), and `priority`
     (the key's tier rank, for vLLM's priority scheduling) is set by the gateway alone: the body
     allowlist refuses one sent by a client (serving.gateway.body)."""
     if document is None or path not in COMPLETION_PATHS:
         return document
     if stream:
         document = request_usage_upstream(document)
-    if added_max_tokens is not None and requested_output(document) is None:
+    if added_max_tokens is not None:  # the body sets no limit of its own (null included)
         document = {**document, "max_tokens": added_max_tokens}
     if priority is not None:
         document = {**document, "priority": priority}

@@ -21,6 +21,7 @@ Metrics port (settings.metrics_port; not published, reached by Prometheus and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ from serving.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from serving.gateway.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.queued_stream import QueuedStream
 from serving.gateway.redis_client import redis_client
+from serving.gateway.redis_memory import watch_redis_memory
 from serving.gateway.replica_feed import ReplicaFeed
 from serving.gateway.routes import RouteRefusal, resolve
 from serving.gateway.settings import GatewaySettings
@@ -204,10 +206,20 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
             await feed.start()
         if batch_api is not None:
             await batch_api.runner.start(api)
+        memory_redis = (redis_client(settings.redis_url, decode_responses=True, max_connections=1)
+                        if settings.redis_url else None)
+        watcher = (asyncio.create_task(watch_redis_memory(memory_redis, metrics))
+                   if memory_redis is not None else None)
         log.info("gateway ready to proxy the OpenAI routes to %s", settings.upstream_url)
         try:
             yield
         finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(BaseException):
+                    await watcher
+            if memory_redis is not None:
+                await memory_redis.aclose()
             if batch_api is not None:
                 await batch_api.runner.aclose()
                 await batch_api.aclose()

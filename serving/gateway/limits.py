@@ -28,7 +28,11 @@ Keys in shadow mode are served when over their own limits, uncharged on their ow
 but they still hold concurrency slots, count against their tenant (whose limits are always
 enforced), and are refused past `shadow_max_concurrent_requests` in flight.
 
-When Redis fails, `limiter_fail_mode` decides: `closed` refuses (503 + Retry-After); `local`
+When Redis is full (it refuses writes for memory: the stack runs it with `maxmemory-policy
+noeviction`, so budgets are never evicted), admission refuses (503) in either fail mode: the local
+limiter does not enforce monthly budgets, so falling back to it would forget them.
+
+When Redis fails otherwise, `limiter_fail_mode` decides: `closed` refuses (503 + Retry-After); `local`
 admits under `LocalLimiter`, the same limits in this process's memory, per replica (while
 Redis is down the cluster-wide allowance becomes replicas x limit). Monthly budgets are not
 enforced by the local limiter and the ledger records nothing while Redis is down: spend and
@@ -52,7 +56,7 @@ from serving.gateway.budgets import cost_nano_usd, month_end_s, month_of, nano_u
 from serving.gateway.local_limits import LocalLimiter
 from serving.gateway.metering import LimitDecision, Usage
 from serving.gateway.policy import KeyLimits, TenantLimits
-from serving.gateway.redis_client import RedisBusy, ScriptCall
+from serving.gateway.redis_client import RedisBusy, ScriptCall, is_out_of_memory
 from serving.gateway.redis_limits import RedisLimiter, no_limit_as_zero
 
 log = logging.getLogger("llmstack.gateway.limits")
@@ -67,6 +71,10 @@ CONCURRENCY_RETRY_S = 1.0
 
 class LimiterUnavailable(RuntimeError):
     """Redis failed and the fail mode is `closed`."""
+
+
+class LimiterOutOfMemory(LimiterUnavailable):
+    """Redis refused the limiter's write for memory: refused whatever the fail mode."""
 
 
 class LimiterBusy(RuntimeError):
@@ -241,6 +249,11 @@ class Limiter:
                 raise LimiterBusy(str(exc)) from None
             except (RedisError, OSError, TimeoutError) as exc:
                 self._on_redis_error()
+                if is_out_of_memory(exc):
+                    log.error("limiter Redis is out of memory: refusing requests until it has room")
+                    if phase == "tokens":
+                        await ticket.release()
+                    raise LimiterOutOfMemory(type(exc).__name__) from exc
                 log.warning("limiter Redis failed (%s); fail mode %s", type(exc).__name__, self._fail_mode)
                 if self._fail_mode == "closed":
                     raise LimiterUnavailable(type(exc).__name__) from exc

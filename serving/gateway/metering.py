@@ -11,13 +11,17 @@ stripped on the way back. What is billed, in order:
 - the upstream timed out before answering (504: it had the request, and vLLM generates a whole
   non-streamed answer before sending a byte): the reservation;
 - the upstream's final usage (a JSON body's, or a stream's last chunk): that;
-- a stream that ended, or was cut while the gateway had read everything the upstream sent: the
-  last usage seen, per sequence (vLLM counts each sequence's tokens in its own chunks), plus,
-  for a cut, one more step for each sequence still running (the engine keeps generating until
-  it hears of the cut: measured against vLLM 0.32's own counters, one step) of the size that
-  sequence's chunks were growing by;
-- anything else - no usage seen at all, or a stream cut while the client was not reading (the
-  upstream may have generated far ahead of what reached the gateway): the reservation.
+- a stream that ended without a final count: the last usage seen, per sequence (vLLM counts
+  each sequence's tokens in its own chunks); a stream cut after every sequence had finished
+  (each one's finish reason seen): the same, since the engine generates nothing more for them;
+- anything else - no usage seen at all, or a stream cut while a sequence was still running: the
+  reservation (with the prompt's exact count once every prompt's was seen). The engine keeps
+  generating until the cut reaches it, through Ray Serve, at its own pace and ahead of what
+  reached the gateway (queued in Ray's streaming generator, in socket buffers, or behind a
+  client that stopped reading); no count the gateway saw says how far it got.
+
+An `error` event inside a 200 stream is replaced by the gateway's own (serving.gateway.upstream_errors);
+the stream is billed by the rules above.
 
 Counting chunks would under-bill: one chunk may carry several tokens (speculative decoding,
 vLLM's `stream_interval`), so output is only ever counted from reported usage.
@@ -43,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from serving.gateway import event_shape
+from serving.gateway import event_shape, upstream_errors
 from serving.gateway.reservation import COMPLETION_PATHS, Reservation
 
 _EVENT_END = re.compile(rb"(\r?\n\r?\n)")  # SSE events end with a blank line (LF or CRLF)
@@ -66,19 +70,6 @@ class LimitDecision:
     reset_tokens_s: float
     retry_after_s: float | None  # None: this request can never fit (it asks for more than a whole limit)
     scope: str | None = None  # whose limit refused: "key", "tenant", or "shadow" (a shadow key's would-be refusal)
-
-
-def output_allowance(ceiling: int, context_length: int | None) -> tuple[int, int | None]:
-    """For a completion that sets no max_tokens: (tokens to reserve for its output, the
-    max_tokens to add to the upstream request, or None to add nothing).
-
-    The upstream (vLLM) lets such a request run to the model's context length. When that is
-    within the ceiling it already bounds the output, and adding max_tokens could only make
-    vLLM refuse long prompts (it checks prompt + max_tokens <= context). When the context is
-    longer, the ceiling must be sent, or the reservation would not bound the output."""
-    if context_length is not None and context_length <= ceiling:
-        return context_length, None
-    return ceiling, ceiling
 
 
 def wants_stream(document: dict[str, Any] | None, path: str) -> bool:
@@ -218,8 +209,7 @@ class UsageMeter:
     `feed(chunk)` returns the bytes to send to the client now; `finish()`, called when the
     upstream ended its response, the bytes held back to the very end (the JSON body's last
     chunk, or a stream's `data: [DONE]`), which the relay sends only after settlement, so a
-    client that has the whole answer also sees its refund. The relay keeps `caught_up` true
-    while it waits for the upstream and false while a chunk is on its way to the client.
+    client that has the whole answer also sees its refund.
     """
 
     def __init__(self, *, stream: bool, reservation: Reservation, client_final_usage: bool = True,
@@ -230,10 +220,8 @@ class UsageMeter:
         self.usage: Usage | None = None  # the upstream's final count
         self.finished = False
         self._worked_unanswered = False
-        self.caught_up = True
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
         self._completion_by_sequence: dict[int, int] = {}
-        self._step_by_sequence: dict[int, int] = {}  # the most tokens one chunk of the sequence added
         self._finished_sequences: set[int] = set()
         self._prompt_by_prompt: dict[int, int] = {}
         self._aggregate: Usage | None = None  # per-chunk usage of chunks with several sequences
@@ -286,9 +274,8 @@ class UsageMeter:
         if final is not None:
             return final
         seen = self._seen()
-        # Part of an event received and not yet parsed: the upstream has sent more than was counted.
-        everything_read = self.finished or (self.caught_up and not self._pending.strip())
-        if self.stream and seen is not None and everything_read:
+        sequences = self.reservation.prompts * self.reservation.n
+        if self.stream and seen is not None and (self.finished or len(self._finished_sequences) == sequences):
             return seen
         return self._reserved()
 
@@ -297,10 +284,6 @@ class UsageMeter:
         if not self._completion_by_sequence and self._aggregate is None:
             return None
         completion = sum(self._completion_by_sequence.values())
-        if not self.finished:  # cut: each sequence still running may be one step further along
-            sequences = range(self.reservation.prompts * self.reservation.n)
-            running = sum(self._step_by_sequence.get(i, 1) for i in sequences if i not in self._finished_sequences)
-            completion = max(completion, min(completion + running, self.reservation.output))
         if len(self._prompt_by_prompt) == self.reservation.prompts:
             prompt = sum(self._prompt_by_prompt.values())
         else:  # some prompts not heard of yet: they may have been read (prefilled) all the same
@@ -333,6 +316,8 @@ class UsageMeter:
         chunk, dumps = _parse_event(data[len(b"data: "):])
         if not isinstance(chunk, dict):
             return event + end
+        if upstream_errors.is_error_event(chunk):  # its text may name internal addresses and exceptions
+            return upstream_errors.stream_error_event(chunk, data) + end
         choices = chunk.get("choices")
         choices = choices if isinstance(choices, list) else []
         if self.first_token_at is None and any(_has_content(c) for c in choices):
@@ -374,8 +359,6 @@ class UsageMeter:
     def _note_sequence(self, index: int, finished: bool, prompt: int, completion: int) -> None:
         prompt_index = index // self.reservation.n
         before = self._completion_by_sequence.get(index, 0)
-        if completion - before > self._step_by_sequence.get(index, 1):
-            self._step_by_sequence[index] = completion - before
         self._completion_by_sequence[index] = max(before, completion)  # set even at 0: usage was seen
         if finished:
             self._finished_sequences.add(index)

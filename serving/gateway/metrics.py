@@ -109,6 +109,24 @@ class GatewayMetrics:
             "Batch lines by tenant and outcome (queued: enqueued to run; completed: a 2xx answer; failed: an error "
             "answer, refused up front, or cancelled, expired or stopped before it ran).",
             ["tenant", "outcome"], registry=r)
+        self.batch_memory = Gauge(
+            "llmstack_gateway_batch_memory_bytes",
+            "Bytes the Batch API's uploads, validations, finalizations and downloads hold in this process, "
+            "within gateway.batch.memory_bytes() (serving.gateway.batch.memory).", registry=r)
+        # The gateway's Redis (serving.gateway.redis_memory): it must never evict, so watch its room.
+        self.redis_memory_used = Gauge(
+            "llmstack_gateway_redis_memory_used_bytes", "Redis's used_memory, as INFO memory last said.", registry=r)
+        self.redis_memory_max = Gauge(
+            "llmstack_gateway_redis_memory_max_bytes",
+            "Redis's maxmemory, as INFO memory last said (0: no limit set).", registry=r)
+        self.redis_evicting = Gauge(
+            "llmstack_gateway_redis_evicting",
+            "1 when Redis's maxmemory-policy is not noeviction: under memory pressure it would delete budgets, "
+            "spend and usage.", registry=r)
+        self.redis_out_of_memory = Counter(
+            "llmstack_gateway_redis_out_of_memory",
+            "Redis writes refused for memory (OOM), by component (limiter|batch|...): admission fails closed.",
+            ["component"], registry=r)
         self.budget_used = BudgetUsage()
         r.register(self.budget_used)
 

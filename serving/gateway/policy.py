@@ -9,6 +9,7 @@ enforces at start.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -28,6 +29,19 @@ NEVER_FORWARDED_HEADERS = frozenset({
     "authorization", "x-api-key", "cookie", "host", "content-length", "transfer-encoding", "connection",
     "keep-alive", "te", "trailer", "upgrade", "expect", "proxy-authorization", "x-request-id", "accept-encoding",
 })
+
+# A lower-case DNS name of two or more labels, at least one letter somewhere (so no IPv4 literal).
+_DOMAIN = re.compile(r"(?=.*[a-z])[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+")
+
+
+def checked_domains(domains: list[str]) -> list[str]:
+    """`domains` as given, or ValueError naming the first that is not a lower-case DNS name
+    (no scheme, port, path, wildcard or IP address: vLLM compares the URL's host exactly)."""
+    for domain in domains:
+        if not _DOMAIN.fullmatch(domain) or domain.rsplit(".", 1)[-1].isdigit():
+            raise ValueError(f"{domain!r} is not a domain name such as images.example.com (lower case; no scheme, "
+                             "port, path, wildcard or IP address: media URLs must name this exact host)")
+    return domains
 
 
 class KeyLimits(StrictModel):
@@ -148,6 +162,13 @@ class GatewayPolicy(StrictModel):
         description="Top-level body fields beyond OpenAI's (vLLM extensions such as ignore_eos, top_k) "
                     "the gateway passes on; any other unknown field gets 400.",
     )
+    allowed_media_domains: list[str] = Field(
+        default_factory=list,
+        description="Hosts the models may fetch media (image_url, audio_url, video_url parts) from, e.g. "
+                    "[\"images.example.com\"]; a model's own list (models[].allowed_media_domains) replaces it. "
+                    "Empty: only inline data: URLs; any other URL gets 400 at the gateway, and the engine is told the "
+                    "same list (vLLM's --allowed-media-domains).",
+    )
     forward_request_headers: list[str] = Field(
         default_factory=list,
         description="Request headers passed to the upstream besides content-type and accept (e.g. traceparent). "
@@ -161,6 +182,11 @@ class GatewayPolicy(StrictModel):
         if refused:
             raise ValueError(f"{refused} must never come from a client: {NEVER_FROM_CLIENTS_WHY}")
         return value
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _media_domains(cls, value: list[str]) -> list[str]:
+        return checked_domains(value)
 
     @field_validator("forward_request_headers")
     @classmethod

@@ -20,7 +20,7 @@ import aiohttp
 import anyio
 from aiohttp_retry import ExponentialRetry, RetryClient
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
@@ -81,23 +81,29 @@ def visible_models(document: object, allowed: Iterable[str]) -> object:
 Settle = Callable[[Usage], Awaitable[None]]
 
 
-class UpstreamStream(StreamingResponse):
-    """A StreamingResponse that always closes its upstream response and settles its usage,
+class UpstreamStream(Response):
+    """A streamed response that always closes its upstream response and settles its usage,
     however the relay ends: finished, upstream error, the client disconnecting (which cancels
     the relay), or the request's total time running out (`deadline`, time.monotonic(): the
     response is then cut, which the client sees as a broken stream, not a whole answer).
     `extra_headers` (the x-ratelimit-* set) go out before the first byte.
 
-    Starlette's StreamingResponse is kept for its watch on the client (a disconnect cancels the
-    relay even while the upstream is silent); the relay itself is a plain loop over the
-    upstream's reads: direct streaming sends one event per token, so everything done per read
-    is done per token. Each read goes to the client as one message, however many whole events
-    it holds, the moment it is read."""
+    The client is watched by its transport, not by `send()`: once a connection is lost, uvicorn's
+    `send()` returns without error and without sending, so a relay that took it for "the client
+    took it" would go on draining the upstream into nothing. A watcher waits on `receive()` for
+    `http.disconnect` (which also comes while the upstream is silent) and cancels the relay,
+    which also stops after any `send()` that returns once the client is known gone. The meter
+    bills such a cut stream its reservation unless it saw every sequence finish
+    (serving.gateway.metering).
+
+    The relay itself is a plain loop over the upstream's reads: direct streaming sends one event
+    per token, so everything done per read is done per token. Each read goes to the client as
+    one message, however many whole events it holds, the moment it is read."""
 
     def __init__(self, upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
                  extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics) -> None:
         meter.status = upstream.status
-        super().__init__((), status_code=upstream.status)
+        super().__init__(status_code=upstream.status)
         # Raw pairs, not a dict, so repeated headers survive.
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in upstream.raw_headers]
         self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
@@ -105,35 +111,43 @@ class UpstreamStream(StreamingResponse):
         self.raw_headers += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in extra_headers.items()]
         self._upstream, self._meter, self._settle = upstream, meter, settle
         self._deadline, self._metrics = deadline, metrics
+        self._client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             with anyio.move_on_after(self._deadline - time.monotonic()) as timer:
-                await super().__call__(scope, receive, send)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._watch_client, receive, group.cancel_scope)
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()  # the relay ended: stop watching
             if timer.cancelled_caught:
                 self._metrics.upstream_errors.labels(kind="total_timeout").inc()
                 log.warning("request ran past its total timeout: response cut")
         finally:
             with anyio.CancelScope(shield=True):
                 self._upstream.close()  # a no-op after a full read (the connection went back to the pool)
-                # A stream cut short is billed what the meter saw; a no-op if the relay settled.
+                # A stream cut short is billed what the meter says of it; a no-op if the relay settled.
                 await self._settle(self._meter.billed_usage())
+
+    async def _watch_client(self, receive: Receive, relay: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._client_gone = True
+        relay.cancel()
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         upstream, meter = self._upstream, self._meter
         try:
             while True:
-                # The meter bills a cut stream its last usage only if the cut found us waiting here,
-                # with everything the upstream sent already read (serving.gateway.metering).
-                meter.caught_up = True
                 chunk = await upstream.content.readany()  # all that has arrived; b"" at the end
                 if not chunk:
                     break
-                meter.caught_up = False
                 out = meter.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if self._client_gone:  # that send went nowhere: relay nothing more
+                        return
             upstream.release()  # fully read: its connection goes back to the pool
             held_back = meter.finish()
             # Settle before the client gets the last bytes: once it has the whole answer, its

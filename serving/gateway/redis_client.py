@@ -30,6 +30,17 @@ TIMEOUT_S = 2.0  # connect and each command
 POOL_WAIT_S = 2.0  # the wait for a free connection (a burst of requests queues here)
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Redis refused a write because it reached maxmemory (`OOM command not allowed ...`), a
+    script's included: with `maxmemory-policy noeviction` it refuses rather than evicts.
+    redis-py turns the OOM reply into OutOfMemoryError (dropping the prefix); a pipeline's
+    failed command arrives wrapped in its own message, so the text is read too."""
+    from redis.exceptions import OutOfMemoryError, ResponseError
+
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "command not allowed when used memory > 'maxmemory'" in str(exc))
+
+
 class RedisBusy(RuntimeError):
     """Every pooled connection stayed in use for POOL_WAIT_S: the gateway is loaded, Redis is up."""
 

@@ -59,7 +59,13 @@ end
 # nano-USD (0: the model has no rate, so no budget applies), the key's budget, the tenant's default
 # budget (nano-USD, 0: none; the tenant's own `monthly_budget_usd` in KEYS[9] wins), the spend
 # hash's expiry and the start of the next month (epoch seconds).
-ADMIT_LUA = _PRELUDE + """
+#
+# The shebang (Redis >= 7) makes Redis refuse the whole script up front, with an OOM error, when
+# it is over maxmemory: without it Redis checks memory only at a script's first write command
+# that needs memory, and lets everything through once the script has written at all (its
+# ZREMRANGEBYSCORE counts), so a full Redis would still admit. Admission then fails closed
+# (serving.gateway.limits). SETTLE_LUA has none: settling only records what was already served.
+ADMIT_LUA = "#!lua\n" + _PRELUDE + """
 local phase = ARGV[1]
 local slots_phase, tokens_phase = phase ~= 'tokens', phase ~= 'slot'
 local key_lim = {rpm = tonumber(ARGV[2]), tpm = tonumber(ARGV[3]), daily = tonumber(ARGV[4]),

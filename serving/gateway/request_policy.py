@@ -10,6 +10,8 @@ Rules (ceilings come from `GatewaySettings`):
 - `logit_bias`: refused when non-empty unless `allow_logit_bias`.
 - `top_logprobs`, legacy integer `logprobs` on /v1/completions (and vLLM's `prompt_logprobs`):
   at most `max_top_logprobs`. On chat, `logprobs` is a boolean.
+- A body whose output the gateway cannot bound by the engine's rule (serving.gateway.output_bound:
+  beam search, a limit that is not an integer) is refused: its reservation would be a guess.
 - `chat_template`: refused. A template sent with the request can expand a short body into any
   number of prompt tokens, so no reservation could bound it.
 - The body must be a JSON object. `null` means "not set" for every field above.
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from serving.gateway.output_bound import unbounded
 from serving.gateway.policy import GatewayPolicy
 from serving.gateway.reservation import COMPLETION_PATHS, choices_per_prompt, prompt_count
 
@@ -40,6 +43,7 @@ INVALID_TYPE = "invalid_type"
 LOGIT_BIAS_REFUSED = "logit_bias_not_allowed"
 CHAT_TEMPLATE_REFUSED = "chat_template_not_allowed"
 NOT_AN_OBJECT = "invalid_request_body"
+UNBOUNDED_OUTPUT = "output_not_bounded"
 
 
 @dataclass(frozen=True)
@@ -141,11 +145,14 @@ def check_request(document: dict | None, path: str, settings: GatewayPolicy) -> 
         violation = _bounded_int(document, param, low, high, why)
         if violation is not None:
             return violation
-    prompts = prompt_count(document, path)
-    if prompts > 1 and choices_per_prompt(document)[1] * prompts > settings.max_n:
-        return PolicyViolation("prompt", f"{prompts} prompts of {choices_per_prompt(document)[1]} sequences each is "
-                                         f"more than the {settings.max_n} sequences this gateway allows per request.",
-                               ABOVE_MAX)
+    prompts, sequences = prompt_count(document, path), choices_per_prompt(document)
+    if prompts > 1 and sequences * prompts > settings.max_n:
+        return PolicyViolation("prompt", f"{prompts} prompts of {sequences} sequences each is more than the "
+                                         f"{settings.max_n} sequences this gateway allows per request.", ABOVE_MAX)
+    # After the ceilings, so a refusal names the ceiling; before anything is reserved.
+    cannot_bound = unbounded(document, path)
+    if cannot_bound is not None:
+        return PolicyViolation(cannot_bound.param, cannot_bound.message, UNBOUNDED_OUTPUT)
 
     # logit_bias lets a caller push chosen tokens up or down and read how the distribution
     # moves: with logprobs it recovers full-vocabulary logits, a known model-extraction lever

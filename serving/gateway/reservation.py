@@ -14,9 +14,8 @@ A media part (image, audio, video: anything in a message's content that is not t
 become any number of tokens, so it counts a whole context. The bound is then capped at the
 model's context length per prompt, which vLLM enforces on every prompt it accepts.
 
-Output. The request's max_tokens (or the allowance the gateway gives one without it) for each
-sequence: `n` (or `best_of`, when larger) per prompt, and /v1/completions may carry several
-prompts, each generating that many.
+Output. The most the engine may generate for the body, by the engine's own rule
+(serving.gateway.output_bound): its limit per sequence, for every sequence of every prompt.
 
 Being high is cheap: settlement refunds everything the upstream did not report using. Being
 low would let a request use more than its key was charged for.
@@ -27,13 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from serving.gateway import output_bound
+from serving.gateway.output_bound import OutputBound
+
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
 TOKENS_PER_VALUE = 4
 # A media part of a model whose context length the gateway was not told: it is assumed to fill this.
 UNKNOWN_CONTEXT_TOKENS = 32_768
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})
-# Where each path takes its prompts; anything else is one prompt.
-PROMPT_FIELDS = {"/v1/completions": "prompt", "/v1/embeddings": "input"}
+# Where /v1/embeddings takes its prompts (completions: serving.gateway.output_bound).
+PROMPT_FIELDS = {"/v1/embeddings": "input"}
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,7 @@ class Reservation:
     prompt: int  # bound on prompt tokens, every prompt together
     output: int  # bound on output tokens, every sequence together
     prompts: int = 1
-    n: int = 1  # sequences returned per prompt (their indexes in a stream: prompt * n + i)
-    choices: int = 1  # sequences generated per prompt: n, or best_of when larger
+    n: int = 1  # sequences per prompt (their indexes in a stream: prompt * n + i)
 
     @property
     def total(self) -> int:
@@ -53,13 +54,11 @@ def positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def requested_output(document: dict[str, Any]) -> int | None:
-    return positive_int(document.get("max_tokens")) or positive_int(document.get("max_completion_tokens"))
-
-
 def prompt_count(document: dict[str, Any] | None, path: str) -> int:
-    """Prompts in one request: /v1/completions' `prompt` (and /v1/embeddings' `input`) may be a
-    list of prompts - strings or token-id lists - each generating (or embedding) on its own."""
+    """Prompts in one request: /v1/completions' (serving.gateway.output_bound) and /v1/embeddings'
+    `input`, which may be a list of prompts - strings or token-id lists - each embedded on its own."""
+    if document is not None and path == output_bound.COMPLETIONS:
+        return output_bound.prompt_count(document, path)
     field = PROMPT_FIELDS.get(path)
     value = document.get(field) if document is not None and field else None
     if isinstance(value, list) and value and all(isinstance(item, (str, list)) for item in value):
@@ -67,10 +66,11 @@ def prompt_count(document: dict[str, Any] | None, path: str) -> int:
     return 1
 
 
-def choices_per_prompt(document: dict[str, Any]) -> tuple[int, int]:
-    """(n, sequences generated): vLLM generates best_of sequences and returns n of them."""
-    n = positive_int(document.get("n")) or 1
-    return n, max(n, positive_int(document.get("best_of")) or 1)
+def choices_per_prompt(document: dict[str, Any]) -> int:
+    """Sequences a request asks for per prompt, for the gateway's `max_n` ceiling: `n`, or
+    `best_of` when larger (OpenAI's legacy field; vLLM 0.32 ignores it, but a client sending it
+    means it)."""
+    return max(positive_int(document.get("n")) or 1, positive_int(document.get("best_of")) or 1)
 
 
 def _values_and_media(document: Any) -> tuple[int, int]:
@@ -110,14 +110,8 @@ def prompt_bound(document: Any, body_size: int, path: str, *, context_length: in
     return bound
 
 
-def reserve(document: dict[str, Any] | None, body_size: int, path: str, *, output_allowance: int,
+def reserve(document: dict[str, Any] | None, body_size: int, path: str, *, output: OutputBound,
             context_length: int | None, template_tokens: int) -> Reservation:
-    """The reservation of one request: its prompt bound, and for completions its output
-    allowance for every sequence of every prompt."""
+    """The reservation of one request: its prompt bound, and the most output it may generate."""
     prompt = prompt_bound(document, body_size, path, context_length=context_length, template_tokens=template_tokens)
-    if document is None or path not in COMPLETION_PATHS:
-        return Reservation(prompt=prompt, output=0)
-    prompts = prompt_count(document, path)
-    n, choices = choices_per_prompt(document)
-    output = (requested_output(document) or output_allowance) * choices * prompts
-    return Reservation(prompt=prompt, output=output, prompts=prompts, n=n, choices=choices)
+    return Reservation(prompt=prompt, output=output.total, prompts=output.prompts, n=output.sequences)

@@ -6,7 +6,9 @@ API server handles the signals: on SIGTERM it stops accepting, lets in-flight st
 can scrape a draining pod to the end. Both sockets are bound before either serves, so a port
 already in use fails the start at once, naming the port.
 
-`max_connections` becomes uvicorn's `limit_concurrency`: past that many connections (or
+In a pod and in `make dev` the API port is on loopback behind the edge (HAProxy:
+infra/render/edge.py), which bounds what clients without a key can hold before a request
+reaches this server. `max_connections` becomes uvicorn's `limit_concurrency`: past that many connections (or
 requests in progress) a new request is answered 503 without reaching the app, which with
 `max_body_bytes` bounds what request bodies can hold in memory.
 """
@@ -22,6 +24,8 @@ import uvicorn
 
 from serving.gateway.app import GatewayApps
 from serving.gateway.settings import GatewaySettings
+
+API_KEEP_ALIVE_S = 75
 
 
 class _MetricsServer(uvicorn.Server):
@@ -40,6 +44,10 @@ def api_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
         # uvicorn counts the connection asking among the open ones (protocols/http/*_impl.py,
         # `len(self.connections) >= self.limit_concurrency`): +1 serves max_connections at once.
         limit_concurrency=settings.max_connections + 1,
+        # Behind the edge only HAProxy keeps connections here, and it closes idle ones within
+        # seconds (pool-purge-delay); uvicorn's 5 s default could close one just as HAProxy sends
+        # a request on it (a 502 that no retry may fix: a POST is never retried).
+        timeout_keep_alive=API_KEEP_ALIVE_S,
         # On SIGTERM: stop accepting, let in-flight streams finish for this long, then cancel them.
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         access_log=False,  # ours (JSON, with key_id and tenant) replaces uvicorn's
@@ -51,7 +59,7 @@ def api_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
 def metrics_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
     return uvicorn.Config(
         apps.admin,
-        host=settings.host,
+        host=settings.metrics_host or settings.host,
         port=settings.metrics_port,
         lifespan="off",  # the shared state's lifespan is the API app's
         limit_concurrency=32,  # scrapes and probes: a handful at a time

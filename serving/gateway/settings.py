@@ -7,8 +7,8 @@ The Kubernetes Deployment (rendered by `infra/render/gateway.py`) sets three var
 - `LLMSTACK_GATEWAY_SETTINGS`: JSON with the non-secret settings (port, limits, models...).
 - `LLMSTACK_REDIS_URL`: from a Secret; unset or empty means the embedded in-memory key store.
 
-`LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_PORT` / `LLMSTACK_GATEWAY_METRICS_PORT` override the
-bind address and ports (local dev, tests).
+`LLMSTACK_GATEWAY_HOST` / `LLMSTACK_GATEWAY_METRICS_HOST` / `LLMSTACK_GATEWAY_PORT` /
+`LLMSTACK_GATEWAY_METRICS_PORT` override the bind addresses and ports (local dev, tests).
 The policy fields (limits, ceilings, timeouts, transport bounds) are
 `serving.gateway.policy.GatewayPolicy`, the model the stack spec extends too; they are validated
 here so a bad render fails at start.
@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 
-from serving.gateway.policy import GatewayPolicy
+from serving.gateway.policy import GatewayPolicy, checked_domains
 from serving.gateway.queue_policy import ModelQueue
 from serving.gateway.routes import is_canonical
 
@@ -32,6 +32,7 @@ UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
 SETTINGS_VAR = "LLMSTACK_GATEWAY_SETTINGS"
 REDIS_VAR = "LLMSTACK_REDIS_URL"
 HOST_VAR = "LLMSTACK_GATEWAY_HOST"
+METRICS_HOST_VAR = "LLMSTACK_GATEWAY_METRICS_HOST"
 PORT_VAR = "LLMSTACK_GATEWAY_PORT"
 METRICS_PORT_VAR = "LLMSTACK_GATEWAY_METRICS_PORT"
 RAY_AUTH_TOKEN_VAR = "LLMSTACK_RAY_AUTH_TOKEN"
@@ -50,12 +51,20 @@ class GatewaySettings(GatewayPolicy):
         default=None,
         description="Redis for keys and limits. None: in-memory keys and limits, single process only.",
     )
-    host: str = Field(default="127.0.0.1", description="Address to bind; 0.0.0.0 in a container.")
+    host: str = Field(default="127.0.0.1", description="Address the API binds: loopback behind the edge (HAProxy).")
+    metrics_host: str | None = Field(
+        default=None, description="Address the metrics port binds (0.0.0.0 in a pod: Prometheus and the kubelet "
+                                  "reach it); None: the same as host.")
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
     model_context_lengths: dict[str, int] = Field(
         default_factory=dict,
         description="max_model_len per served model: how much output a request without max_tokens can get, "
                     "and the most prompt tokens one prompt can be.",
+    )
+    model_media_domains: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per served model, the hosts it may fetch media from when it has a list of its own "
+                    "(models[].allowed_media_domains); other models use allowed_media_domains.",
     )
     model_usd_per_million_tokens: dict[str, Annotated[Decimal, Field(ge=0)]] = Field(
         default_factory=dict,
@@ -94,6 +103,17 @@ class GatewaySettings(GatewayPolicy):
         description="Where batch files live: file:///abs/dir (make dev) or s3://bucket/prefix (the stack's model "
                     "cache bucket, under batches/). None: no Batch API.",
     )
+
+    @field_validator("model_media_domains")
+    @classmethod
+    def _model_media_domains(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for domains in value.values():
+            checked_domains(domains)
+        return value
+
+    def media_domains(self, model: str | None) -> list[str]:
+        """The hosts a request naming `model` may have the engine fetch media from."""
+        return self.model_media_domains.get(model or "", self.allowed_media_domains)
 
     @field_validator("batch_storage_url")
     @classmethod
@@ -161,6 +181,7 @@ def load_settings(environ: Mapping[str, str] = os.environ) -> GatewaySettings:
     take(UPSTREAM_VAR, "upstream_url")
     take(REDIS_VAR, "redis_url")
     take(HOST_VAR, "host")
+    take(METRICS_HOST_VAR, "metrics_host")
     take(PORT_VAR, "port")
     take(METRICS_PORT_VAR, "metrics_port")
     take(RAY_AUTH_TOKEN_VAR, "ray_auth_token")

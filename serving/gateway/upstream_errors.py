@@ -8,6 +8,10 @@ validation message arrives inside that same wrapper, next to Ray's internal text
 (FastAPI answers a trailing slash with a 307) carries the in-cluster Serve address in
 `location`. So no upstream text reaches the caller: each status maps to a message of ours.
 
+The same holds for an error the upstream sends as an event inside a 200 stream (vLLM's
+`create_streaming_error_response`, Ray's wrapper around it: `data: {"error": {...}}` after the
+status line went out): `stream_error_event` replaces it with ours, keeping only its status.
+
 One message is worth keeping, and is rebuilt from its numbers alone: vLLM's context-length
 refusal ("... maximum context length is N tokens ..."), which tells the caller what to change.
 The model's context length is no secret (the model card's max_request_context_length).
@@ -15,7 +19,9 @@ The model's context length is no secret (the model card's max_request_context_le
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -58,3 +64,22 @@ def rewritten(status: int, body: bytes) -> JSONResponse:
     return errors.openai_error(502 if status < 500 else status,
                                "The model servers failed while handling the request. Please retry.",
                                errors.SERVER_ERROR, code="upstream_error")
+
+
+def is_error_event(chunk: dict[str, Any]) -> bool:
+    """A streamed JSON event that is an error, not a chunk: an `error` object (vLLM, Ray), or an
+    `object: error` body (the older OpenAI-style error some servers stream)."""
+    return isinstance(chunk.get("error"), dict) or chunk.get("object") == "error"
+
+
+def stream_error_event(chunk: dict[str, Any], data: bytes) -> bytes:
+    """Our SSE `data:` line (without its blank-line end) for an upstream error event `chunk`
+    (whose raw JSON is `data`): the same rewrite as a non-2xx body, by the status it names, or
+    500 when it names none. The status goes in the error too: the status line said 200."""
+    error = chunk.get("error") if isinstance(chunk.get("error"), dict) else chunk
+    code = error.get("code")
+    status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599 else 500
+    response = rewritten(status, data)
+    document = json.loads(bytes(response.body))
+    document["error"]["status"] = response.status_code
+    return b"data: " + json.dumps(document).encode()

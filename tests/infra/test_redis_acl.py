@@ -242,7 +242,7 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
 
 
 def test_elasticache_access_strings_are_the_same_rules_in_documented_grammar() -> None:
-    assert access_string(gateway_user()) == "on ~llmstack:* &* +@all -@dangerous"
+    assert access_string(gateway_user()) == "on ~llmstack:* &* +@all -@dangerous +info"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
     for user in (gateway_user(), ray_user()):
         undocumented = [t for t in access_string(user).split() if not ELASTICACHE_DOCUMENTED.fullmatch(t)]

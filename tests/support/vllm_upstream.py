@@ -11,10 +11,21 @@ survives any header or field filtering in the gateway:
 
     #stub {"id": "r1", "tokens": 6, "per_chunk": 2, "pause_after": 2}
 
-- tokens: completion tokens per sequence (default 4); per_chunk: tokens per chunk (several, as
-  speculative decoding sends); pause_after: stop after this many content chunks and wait until
-  the connection is closed (a stream cut at a known point; 0: after the headers); `body_pad`:
-  bytes of padding text in a non-streamed answer (a large response).
+- tokens: completion tokens per sequence (default 4), never more than the body's limit as vLLM
+  reads it (chat: `max_completion_tokens`, else `max_tokens`; completions: `max_tokens`, else 16);
+  per_chunk: tokens per chunk (several, as speculative decoding sends); pause_after: stop after
+  this many content chunks and wait until the connection is closed (a stream cut at a known
+  point; 0: after the headers); `body_pad`: bytes of padding text in a non-streamed answer (a
+  large response);
+- interval: generate like vLLM's engine, at its own pace: a step (per_chunk tokens for every
+  sequence) every `interval` seconds, whether or not the response is being read, each step's
+  events queued until sent (Ray Serve's streaming generator keeps pulling the engine's outputs
+  and queues each as its own event), so a reader that stops lets the engine run ahead until the
+  stream is closed; `event_pad`: about that many bytes of logprobs per token
+  (what `top_logprobs` makes); `error_after`: the engine fails after this many steps: what it
+  generated is sent, then an error event as vLLM streams one (internal text included) and
+  `data: [DONE]`; `abort_delay`: seconds the
+  engine runs on after the connection is closed (the cut reaching it through Ray Serve).
 
 It records, per directive id, the usage it generated: prompt tokens once it has read the
 prompt, each chunk's tokens before the chunk is sent. That is what "the upstream generated"
@@ -68,6 +79,15 @@ def _steering(body: dict) -> dict:
     return {}
 
 
+def engine_limit(body: dict, chat: bool) -> int | None:
+    """The output limit per sequence as vLLM 0.32 reads the body (serving.gateway.output_bound
+    states the rule; its test checks it against vLLM). None: up to the context's end."""
+    if chat:
+        limit = body.get("max_completion_tokens")
+        return limit if limit is not None else body.get("max_tokens")
+    return body.get("max_tokens") if body.get("max_tokens") is not None else 16
+
+
 def _prompts(body: dict) -> list[str]:
     if "messages" in body:
         return [json.dumps(body["messages"])]
@@ -82,6 +102,7 @@ class VllmLikeUpstream:
         self.bodies: list[dict] = []
         self.generated: dict[str, dict[str, int]] = defaultdict(lambda: {"prompt": 0, "completion": 0})
         self.closed: set[str] = set()  # ids whose stream the gateway closed before its end
+        self.stopped: set[str] = set()  # ids whose engine-paced generation has stopped
         self._lock = threading.Lock()
 
     def app(self) -> Starlette:
@@ -103,6 +124,8 @@ class VllmLikeUpstream:
         steer = _steering(body)
         rid = str(steer.get("id", len(self.bodies)))
         tokens, per_chunk = int(steer.get("tokens", 4)), int(steer.get("per_chunk", 1))
+        limit = engine_limit(body, chat)
+        tokens = tokens if limit is None else min(tokens, limit)
         pause_after = steer.get("pause_after")
         n = body.get("n") or 1
         prompt_tokens = [len(p.encode()) // 4 + 1 for p in _prompts(body)]  # well inside the gateway's bound
@@ -125,6 +148,10 @@ class VllmLikeUpstream:
         include_usage = options.get("include_usage") is True
         continuous = include_usage and options.get("continuous_usage_stats") is True
 
+        pad = int(steer.get("event_pad", 0))
+        token_logprobs = {"token": " tok", "logprob": -0.5, "top_logprobs": [
+            {"token": f" t{k}", "logprob": -1.25} for k in range(pad // 36)]}
+
         def event(index: int, delta_text: str | None, done: list[int], finish: str | None = None) -> bytes:
             p = index // n
             if chat:
@@ -132,6 +159,8 @@ class VllmLikeUpstream:
                 choice = {"index": index, "delta": delta, "finish_reason": finish}
             else:
                 choice = {"index": index, "text": delta_text or "", "finish_reason": finish}
+            if pad and delta_text:  # one entry per token the event carries, as vLLM sends them
+                choice["logprobs"] = {"content": [token_logprobs] * delta_text.count(" tok")}
             chunk = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
                      "model": model, "choices": [choice]}
             if continuous:
@@ -171,7 +200,76 @@ class VllmLikeUpstream:
                 self.closed.add(rid)
                 raise
 
+        if "interval" in steer:
+            stream = self._engine_paced(rid, chat, sequences, tokens, per_chunk, float(steer["interval"]),
+                                        pause_after, steer.get("error_after"), event, include_usage, prompt_tokens,
+                                        model, float(steer.get("abort_delay", 0)))
+            return StreamingResponse(stream, media_type="text/event-stream")
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def _engine_paced(self, rid: str, chat: bool, sequences: list, tokens: int, per_chunk: int,
+                            interval: float, pause_after: int | None, error_after: int | None, event: Any,
+                            include_usage: bool, prompt_tokens: list[int], model: str, abort_delay: float) -> Any:
+        """A stream whose tokens an engine task generates at its own pace (module docstring)."""
+        done = [0] * len(sequences)
+        queued: list[bytes] = []  # events generated and not yet sent, in order
+        failed: list[int] = []
+        woken = asyncio.Event()
+
+        async def engine() -> None:
+            steps = 0
+            try:
+                while min(done) < tokens:
+                    if pause_after is not None and steps >= pause_after:
+                        await asyncio.sleep(3600)  # until the gateway closes the connection
+                    for i in range(len(sequences)):
+                        step = min(per_chunk, tokens - done[i])
+                        if step > 0:
+                            self._count(rid, "completion", step)
+                            done[i] += step
+                            queued.append(event(i, " tok" * step, done, "length" if done[i] == tokens else None))
+                    steps += 1
+                    woken.set()
+                    if error_after is not None and steps >= error_after:
+                        failed.append(steps)  # the engine failed: it generates nothing more
+                        return
+                    await asyncio.sleep(interval)
+            finally:
+                woken.set()  # the response sees the end
+                self.stopped.add(rid)
+
+        running = asyncio.create_task(engine())
+        try:
+            if chat:
+                for i in range(len(sequences)):
+                    yield event(i, None, done)
+            while True:
+                await woken.wait()
+                woken.clear()
+                while queued:
+                    yield queued.pop(0)
+                if failed:  # what was generated went out, then the error, as vLLM streams one
+                    yield (b'data: {"error": {"message": "Message: Engine failed, Internal exception: '
+                           b'RayActorError at 10.0.3.7 Traceback /home/ray/anaconda3/x.py", '
+                           b'"type": "InternalServerError", "param": null, "code": 500}}\n\n')
+                    yield b"data: [DONE]\n\n"
+                    return
+                if running.done() and not queued:
+                    break
+            if include_usage:
+                total_prompt, total_completion = sum(prompt_tokens), sum(done)
+                final = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
+                         "created": 0, "model": model, "choices": [],
+                         "usage": {"prompt_tokens": total_prompt, "completion_tokens": total_completion,
+                                   "total_tokens": total_prompt + total_completion}}
+                yield f"data: {json.dumps(final)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+        except BaseException:
+            self.closed.add(rid)
+            raise
+        finally:
+            # The engine hears of the cut later (Ray Serve's proxy, then the replica, then vLLM's abort).
+            asyncio.get_running_loop().call_later(abort_delay, running.cancel)
 
     async def _wait_for_close(self, request: Request, rid: str) -> None:
         while not await request.is_disconnected():

@@ -4,22 +4,29 @@ Every handler authenticates the key first (as admission does), and a key sees on
 files and batches: another tenant's id is answered exactly like an id that does not exist (404),
 so ids cannot be probed across tenants. Uploads are read within gateway.batch.max_file_bytes
 before anything is parsed, and must be JSONL (each non-blank line a JSON object, bounded in
-depth like request bodies); the lines are checked as requests when a batch uses the file.
+depth like request bodies). Creating a batch checks the file's lines as requests there and then:
+a batch that cannot fit its key's remaining budgets, or the caps on active batches and on the
+Redis bytes their lines hold, is refused (serving.gateway.batch.quota). Uploads and downloads
+count the bytes they hold in the process's Batch API memory (serving.gateway.batch.memory), and
+downloads are streamed from storage in chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from datetime import datetime, timezone
 from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from serving.gateway import errors
 from serving.gateway.admission import Admitter, read_body_within
+from serving.gateway.batch.lines import CheckedInput, check_input
+from serving.gateway.batch.memory import Hold, MemoryBusy
 from serving.gateway.batch.objects import (
     COMPLETION_WINDOW,
     ENDPOINTS,
@@ -28,21 +35,24 @@ from serving.gateway.batch.objects import (
     new_batch_id,
     new_file_id,
 )
+from serving.gateway.batch.policy import COPIES_IN_MEMORY, DOWNLOAD_CHUNK_BYTES, MULTIPART_OVERHEAD
+from serving.gateway.batch.quota import batch_need, budget_left, redis_footprint, shortfall
 from serving.gateway.batch.runner import BatchRunner
 from serving.gateway.batch.storage import FileStorage, StorageError
-from serving.gateway.batch.store import BatchStore, now
+from serving.gateway.batch.store import BatchStore, Caps, now
 from serving.gateway.body import BodyError, parse_json
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.metering import NOTHING_BILLED
+from serving.gateway.redis_client import is_out_of_memory
 from serving.gateway.routes import ApiRoute
 from serving.gateway.settings import GatewaySettings
 
-MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the file itself
 CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
 MAX_METADATA = 16
 PAGE_DEFAULT, PAGE_MAX = 20, 100
 # OpenAI's file list pages up to 10,000 (its default); the SDK follows `has_more` either way.
 FILES_PAGE_DEFAULT, FILES_PAGE_MAX = 1000, 10_000
+CREATE_MEMORY_WAIT_S = 10.0  # a create waits this long for room to check its file, then 503
 
 
 class _InMemoryForm(MultiPartParser):
@@ -108,7 +118,12 @@ class BatchApi:
         except StorageError:
             return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
                                        errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})
-        except (RedisError, OSError):
+        except MemoryBusy:
+            return errors.openai_error(503, "The gateway is handling other batch files right now. Please retry.",
+                                       errors.SERVER_ERROR, code="batch_memory_busy", headers={"Retry-After": "5"})
+        except (RedisError, OSError) as exc:
+            if is_out_of_memory(exc):
+                self.runner.metrics.redis_out_of_memory.labels(component="batch").inc()
             return errors.openai_error(503, "The gateway cannot reach its batch state right now. Please retry.",
                                        errors.SERVER_ERROR, code="batch_state_unavailable",
                                        headers={"Retry-After": "5"})
@@ -118,12 +133,15 @@ class BatchApi:
     async def files_create(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
             return _bad("Upload the file as multipart/form-data with fields 'file' and 'purpose'.", "file")
-        async with self.runner.heavy:  # one upload, validation or finalization at a time: memory_bytes()
-            return await self._create_file(request, key)
+        hold = Hold(self.runner.memory)
+        try:
+            return await self._create_file(request, key, hold)
+        finally:
+            hold.release()
 
-    async def _create_file(self, request: Request, key: KeyRecord) -> Response:
+    async def _create_file(self, request: Request, key: KeyRecord, hold: Hold) -> Response:
         limit = self.policy.max_file_bytes
-        body = await read_body_within(request, limit + MULTIPART_OVERHEAD)
+        body = await _read_counted(request, limit + MULTIPART_OVERHEAD, hold)
         if body is None:
             return errors.openai_error(413, f"The file is larger than this gateway accepts ({limit} bytes, "
                                             "gateway.batch.max_file_bytes).", errors.INVALID_REQUEST,
@@ -180,7 +198,21 @@ class BatchApi:
         record = await self.store.file(str(route.resource), key.tenant)
         if record is None:
             return _not_found("file", route.resource)
-        return Response(await self.storage.get(record.id), media_type="application/octet-stream")
+        chunks = self.storage.chunks(record.id, DOWNLOAD_CHUNK_BYTES)
+        first = await anext(chunks, b"")  # a missing file is a 503 now, not a cut response later
+        return StreamingResponse(self._counted(first, chunks), media_type="application/octet-stream")
+
+    async def _counted(self, first: bytes, chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+        """The file's chunks, each counted in the Batch API's memory while it is being sent: a
+        slow reader holds one chunk, never the file."""
+        chunk: bytes | None = first
+        try:
+            while chunk:
+                async with self.runner.memory.holding(len(chunk)):
+                    yield chunk
+                chunk = await anext(chunks, None)
+        finally:
+            await chunks.aclose()
 
     async def files_delete(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         record = await self.store.file(str(route.resource), key.tenant)
@@ -218,16 +250,45 @@ class BatchApi:
         record = await self.store.file(file_id, key.tenant) if isinstance(file_id, str) else None
         if record is None or record.purpose != "batch":
             return _not_found("file", file_id)
+        async with self.runner.memory.holding(COPIES_IN_MEMORY * record.bytes, CREATE_MEMORY_WAIT_S):
+            content = await self.storage.get(record.id)
+            checked = await asyncio.to_thread(check_input, content, endpoint, key, self.settings)
+            del content
+        refusal = await self._over_budget(checked, key)
+        if refusal is not None:
+            return refusal
         created = now()
         batch = BatchRecord(id=new_batch_id(), tenant=key.tenant, key_id=key.key_id, endpoint=endpoint,
                             input_file_id=record.id, status="validating", created_at=created,
                             expires_at=created + int(self.policy.completion_window_s), seq=await self.store.next_seq(),
-                            metadata=metadata)
-        await self.store.create(batch)
-        task = asyncio.create_task(self.runner.prepare_soon(batch.id))  # now, not at the next sweep
+                            metadata=metadata, input_bytes=record.bytes, footprint=redis_footprint(checked))
+        refused, count, size = await self.store.create(batch, self._caps())
+        if refused:
+            return _over_cap(refused, count, size, batch.footprint, self.policy)
+        # Now, not at the next sweep, and without checking the file again.
+        task = asyncio.create_task(self.runner.prepare_soon(batch.id, checked))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return JSONResponse(batch.api((0, 0)))
+
+    def _caps(self) -> Caps:
+        policy = self.policy
+        return Caps(tenant_batches=policy.max_active_batches_per_tenant,
+                    tenant_bytes=policy.max_queued_bytes_per_tenant,
+                    gateway_batches=policy.max_active_batches, gateway_bytes=policy.max_queued_bytes)
+
+    async def _over_budget(self, checked: CheckedInput, key: KeyRecord) -> JSONResponse | None:
+        """The 429 for a batch that cannot complete within what its key or tenant has left today
+        or this month (batch.quota); None when it may (or the file fails validation anyway: it
+        fails as a batch)."""
+        if checked.problems or not checked.lines:
+            return None
+        left = await budget_left(self.store.redis, key, self.settings, datetime.now(timezone.utc))
+        short = shortfall(batch_need(checked, self.settings), left)
+        if short is None:
+            return None
+        return errors.openai_error(429, short.message, "tokens", code=short.code, param="input_file_id",
+                                   headers={"x-should-retry": "false"})
 
     async def batches_retrieve(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         record = await self.store.batch(str(route.resource), key.tenant)
@@ -278,6 +339,43 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> JSONResponse:
 def _valid_metadata(metadata: Any) -> bool:
     return isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
         isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())
+
+
+async def _read_counted(request: Request, limit: int, hold: Hold) -> bytes | None:
+    """The body (None past `limit`), each chunk counted in `hold` as it arrives, times the copies
+    parsing and checking make: a slow sender holds only what it sent. MemoryBusy when the
+    process's Batch API memory has no room for it (refused now: waiting would hold what it sent)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        if not hold.grow(COPIES_IN_MEMORY * len(chunk)):
+            raise MemoryBusy(f"no room for {size} bytes of upload")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _over_cap(refused: str, count: int, size: int, footprint: int, policy: Any) -> JSONResponse:
+    """The answer to a batch a cap refused: the tenant's own caps are 429 (its batches must end
+    first), the gateway's are 503 (everyone's batches fill it; retry later)."""
+    if refused == "tenant_batches":
+        return errors.openai_error(
+            429, f"This tenant has {count} batches not yet finished, the most it may have "
+                 f"(gateway.batch.max_active_batches_per_tenant). Wait for one to end or cancel one.",
+            "requests", code="too_many_active_batches", headers={"x-should-retry": "false"})
+    if refused == "tenant_bytes":
+        return errors.openai_error(
+            429, f"The batch's lines need {footprint} bytes of queue; this tenant's unfinished batches hold {size} of "
+                 f"the {policy.max_queued_bytes_per_tenant} it may use (gateway.batch.max_queued_bytes_per_tenant). "
+                 "Wait for a batch to end, or split this one.", "requests", code="batch_queue_full",
+            headers={"x-should-retry": "false"})
+    return errors.openai_error(
+        503, "The gateway's batch queue is full (gateway.batch.max_active_batches / max_queued_bytes). "
+             "Please retry later.", errors.SERVER_ERROR, code="batch_capacity_full", headers={"Retry-After": "60"})
 
 
 def batches_unavailable(why: str) -> JSONResponse:

@@ -22,7 +22,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from serving.gateway import errors
-from serving.gateway.admission import model_allowed, requested_model
+from serving.gateway.admission import model_allowed, requested_model, reservation_for
 from serving.gateway.batch.objects import LineError
 from serving.gateway.body import BodyError, parse_json, request_document
 from serving.gateway.key_format import KeyRecord
@@ -41,6 +41,8 @@ class Line:
     number: int  # 1-based line number in the file
     custom_id: str
     body: bytes
+    model: str = ""
+    reserved: int = 0  # the tokens admission will reserve for it (line_reservation)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class Rejected:
     custom_id: str
     status: int
     body: dict[str, Any]
+
+    @property
+    def answer_bytes(self) -> int:
+        """The size of its error body, as its answer keeps it until the batch ends."""
+        return len(json.dumps(self.body, separators=(",", ":")))
 
 
 @dataclass
@@ -70,7 +77,20 @@ def _answer(response: JSONResponse) -> tuple[int, dict[str, Any]]:
     return response.status_code, json.loads(bytes(response.body))
 
 
-def check_body(body: Any, endpoint: str, key: KeyRecord, settings: GatewaySettings) -> tuple[int, dict] | bytes:
+@dataclass(frozen=True)
+class CheckedBody:
+    raw: bytes
+    model: str
+    reserved: int
+
+
+def line_reservation(document: dict[str, Any], body_size: int, endpoint: str, settings: GatewaySettings) -> int:
+    """The tokens admission will reserve for this body when its line runs: the same function."""
+    reservation, _ = reservation_for(document, body_size, endpoint, settings)
+    return reservation.total
+
+
+def check_body(body: Any, endpoint: str, key: KeyRecord, settings: GatewaySettings) -> tuple[int, dict] | CheckedBody:
     """The body to send for one line, or the (status, error body) admission would answer it with."""
     if not isinstance(body, dict):
         return _answer(errors.invalid_request("body", "The line's body must be a JSON object.",
@@ -91,7 +111,7 @@ def check_body(body: Any, endpoint: str, key: KeyRecord, settings: GatewaySettin
     violation = check_request(document, endpoint, settings)
     if violation is not None:
         return _answer(errors.invalid_request(violation.param, violation.message, violation.code))
-    return raw
+    return CheckedBody(raw, model, line_reservation(document, len(raw), endpoint, settings))
 
 
 def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: GatewaySettings) -> CheckedInput:
@@ -133,8 +153,8 @@ def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: Gateway
             continue
         seen.add(custom_id)
         outcome = _check_line(line, endpoint, key, settings)
-        if isinstance(outcome, bytes):
-            checked.lines.append(Line(number, custom_id, outcome))
+        if isinstance(outcome, CheckedBody):
+            checked.lines.append(Line(number, custom_id, outcome.raw, outcome.model, outcome.reserved))
         else:
             checked.rejected.append(Rejected(number, custom_id, *outcome))
     if count == 0 and not checked.problems:
@@ -143,7 +163,7 @@ def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: Gateway
 
 
 def _check_line(line: dict[str, Any], endpoint: str, key: KeyRecord,
-                settings: GatewaySettings) -> tuple[int, dict] | bytes:
+                settings: GatewaySettings) -> tuple[int, dict] | CheckedBody:
     unknown = sorted(set(line) - LINE_FIELDS)
     if unknown:
         return _answer(errors.invalid_request(unknown[0][:100], f"Unrecognized line field: {unknown[0][:100]}. A "

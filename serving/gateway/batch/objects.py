@@ -98,6 +98,8 @@ class BatchRecord(_Record):
     error_file_id: str | None = None
     errors: list[LineError] | None = None
     enqueued: bool = Field(default=False, description="Every line is in the batch's work stream (or answered).")
+    input_bytes: int = Field(default=0, description="The input file's size: what validating it holds in memory.")
+    footprint: int = Field(default=0, description="Most Redis bytes its lines hold while it runs (batch.quota).")
     ending: Ending | None = None
     stop_code: str | None = None
     stop_message: str | None = None

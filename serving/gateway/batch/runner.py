@@ -10,6 +10,14 @@ scope, which no client can set) at the queue's lowest tier. So a line is billed 
 tenant like any request, waits behind interactive traffic when the model is saturated, and shows
 up in the access log and metrics.
 
+A line a limit refuses for now (the key's rate, a saturated model) is put back with the time it
+may run again (store.put_back), and an upstream failure is retried the same way: the worker takes
+the next line at once. A worker never sleeps on one tenant's limits, so one throttled tenant's
+big batch cannot hold the workers while other tenants' lines wait.
+
+Line bodies are read from the batch's lines file in storage when the line runs (one byte range);
+Redis holds only references to them.
+
 A worker renews its claim on a line every lease_s / 3 (XCLAIM ... JUSTID resets the entry's idle
 time); a line whose worker died is claimed again by another one after lease_s (XAUTOCLAIM on the
 streams of the active batches). Its result is kept once per custom_id (store.record), so redoing
@@ -39,7 +47,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from serving.gateway.batch.caller import BATCH_CALLER, BatchCaller
-from serving.gateway.batch.lines import check_input
+from serving.gateway.batch.lines import CheckedInput, check_input
+from serving.gateway.batch.memory import MemoryBudget
 from serving.gateway.batch.objects import (
     ENDING_CODE,
     ENDING_MESSAGE,
@@ -50,8 +59,9 @@ from serving.gateway.batch.objects import (
     error_line,
     output_line,
 )
+from serving.gateway.batch.policy import COPIES_IN_MEMORY
 from serving.gateway.batch.storage import FileStorage, StorageError
-from serving.gateway.batch.store import BatchStore, now
+from serving.gateway.batch.store import BatchStore, lines_name, now
 from serving.gateway.budgets import REFUSAL_CODE
 from serving.gateway.key_format import is_usable
 from serving.gateway.keys import KeyStore
@@ -65,12 +75,20 @@ READ_BLOCK_MS = 1000  # an idle worker's wait for new lines; below the Redis cli
 QUOTA_CODES = frozenset({"daily_token_budget_exceeded", REFUSAL_CODE})
 # The model or the gateway is full: wait as long as the batch may run, without counting attempts.
 BUSY_CODES = frozenset({"model_saturated", "tenant_queue_share_exceeded", "gateway_busy"})
-MAX_WAIT_S = 30.0
+MAX_WAIT_S = 30.0  # the longest a line is put back for at once (it is refused again if still too early)
 TIDY_INTERVAL_S = 600.0
 STATIC_RECORDS = 1024  # batches whose fixed fields a process keeps; past it, the cache starts over
 GONE_CONSUMER_MS = 3_600_000  # an hour without reading: that process is gone (a live one reads every second)
 FINAL_STATUS = {"completed": "completed", "stopped": "completed", "cancelled": "cancelled", "expired": "expired"}
 FINAL_TIME = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
+
+
+@dataclass(frozen=True)
+class Later:
+    """Not now: run the line again in `wait_s`, its `attempts` at the upstream so far."""
+
+    wait_s: float
+    attempts: int
 
 
 @dataclass(frozen=True)
@@ -143,9 +161,9 @@ class BatchRunner:
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.app: ASGIApp | None = None
         self._tasks: list[asyncio.Task] = []
-        # Uploads, validations and finalizations hold whole files: one at a time per process
-        # (gateway.batch.memory_bytes() is what the pod's memory limit allows for them).
-        self.heavy = asyncio.Semaphore(1)
+        # Uploads, validations, finalizations and downloads share the memory the pod's limit
+        # allows for them (gateway.batch.memory_bytes()), each counting what it holds.
+        self.memory = MemoryBudget(self.policy.memory_bytes(), on_change=metrics.batch_memory.set)
         self._next_reclaim = 0.0
         self._records: dict[str, BatchRecord] = {}
         self._next_tidy = 0.0
@@ -181,10 +199,11 @@ class BatchRunner:
             if wait_s:
                 await asyncio.sleep(wait_s)
 
-    async def prepare_soon(self, batch_id: str) -> None:
-        """`prepare` for a batch just created; a failure is logged and left to the sweeper."""
+    async def prepare_soon(self, batch_id: str, checked: CheckedInput | None = None) -> None:
+        """`prepare` for a batch just created (its input as create checked it); a failure is
+        logged and left to the sweeper."""
         try:
-            await self.prepare(batch_id)
+            await self.prepare(batch_id, checked)
         except Exception as exc:
             log.warning("batch %s validation failed (the sweeper retries): %s: %s", batch_id, type(exc).__name__, exc)
 
@@ -199,7 +218,7 @@ class BatchRunner:
         for batch_id in await self.store.active():
             record = await self.store.batch(batch_id)
             if record is None or record.status in TERMINAL:
-                await self.store.retire(batch_id, None if record is None else record.tenant)
+                await self._retire(batch_id, None if record is None else record.tenant)
             elif record.status in ("validating", "in_progress") and now() >= record.expires_at:
                 # No line of it starts from here on; the ones running get lease_s to finish.
                 await self.store.transition(batch_id, ("validating", "in_progress"), status="finalizing",
@@ -252,13 +271,16 @@ class BatchRunner:
             renewing.cancel()
             await self.store.unlock(batch_id, owner)
 
-    async def prepare(self, batch_id: str) -> None:
-        """Check the input file and enqueue its lines: validating -> in_progress (or failed)."""
-        async with self.heavy, self._locked(batch_id) as mine:
+    async def prepare(self, batch_id: str, checked: CheckedInput | None = None) -> None:
+        """Check the input file (unless `checked`), store its checked bodies and enqueue its
+        lines: validating -> in_progress (or failed)."""
+        record = await self.store.batch(batch_id)
+        size = COPIES_IN_MEMORY * (record.input_bytes if record is not None else 0)
+        async with self.memory.holding(size), self._locked(batch_id) as mine:
             if mine:
-                await self._prepare(batch_id)
+                await self._prepare(batch_id, checked)
 
-    async def _prepare(self, batch_id: str) -> None:
+    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:
         record = await self.store.batch(batch_id)
         if record is None or record.status not in ("validating", "in_progress") or record.enqueued:
             return
@@ -266,12 +288,14 @@ class BatchRunner:
         if key is None or not is_usable(key, _utcnow()):
             await self._fail(record, "invalid_api_key", "The API key that created this batch was revoked or expired.")
             return
-        try:
-            content = await self.storage.get(record.input_file_id)
-        except StorageError:
-            await self._fail(record, "file_not_found", f"The input file {record.input_file_id} cannot be read.")
-            return
-        checked = await asyncio.to_thread(check_input, content, record.endpoint, key, self.settings)
+        if checked is None:
+            try:
+                content = await self.storage.get(record.input_file_id)
+            except StorageError:
+                await self._fail(record, "file_not_found", f"The input file {record.input_file_id} cannot be read.")
+                return
+            checked = await asyncio.to_thread(check_input, content, record.endpoint, key, self.settings)
+            del content
         if checked.problems:
             await self._fail(record, errors=checked.problems)
             return
@@ -285,21 +309,33 @@ class BatchRunner:
             if not await self.store.transition(batch_id, ("validating",), status="in_progress",
                                                in_progress_at=now(), total=len(checked.custom_ids)):
                 return  # cancelled or expired meanwhile
-        # Redone after a crash, lines may have answers already; a fresh batch has none but its refusals.
-        todo = [(line.custom_id, line.body) for line in checked.lines
-                if fresh or not await self.store.answered(batch_id, line.custom_id)]
+        # The bodies go to storage, one after another; each line's stream entry says where its is.
+        todo, at, bodies = [], 0, []
+        for line in checked.lines:
+            # Redone after a crash, lines may have answers already; a fresh batch has none but its refusals.
+            if fresh or not await self.store.answered(batch_id, line.custom_id):
+                todo.append({"custom_id": line.custom_id, "at": str(at), "len": str(len(line.body))})
+            bodies.append(line.body)
+            at += len(line.body)
+        if todo:
+            await self.storage.put(lines_name(batch_id), b"".join(bodies))
+        del bodies
         await self.store.enqueue(batch_id, record.tenant, todo)
         self.metrics.batch_lines.labels(tenant=record.tenant, outcome="queued").inc(len(todo))
         await self.store.transition(batch_id, ("in_progress", "cancelling", "finalizing"), enqueued=True)
         if not todo:
             await self._finish(batch_id)
 
+    async def _retire(self, batch_id: str, tenant: str | None) -> None:
+        await self.store.retire(batch_id, tenant)
+        await self.storage.delete(lines_name(batch_id))
+
     async def _fail(self, record: BatchRecord, code: str | None = None, message: str | None = None, *,
                     errors: list[LineError] | None = None) -> None:
         errors = errors or [LineError(code=code or "invalid_batch", message=message or "")]
         await self.store.transition(record.id, ("validating", "in_progress"), status="failed", failed_at=now(),
                                     errors=errors)
-        await self.store.retire(record.id, record.tenant)
+        await self._retire(record.id, record.tenant)
 
     async def _finish(self, batch_id: str) -> None:
         if await self.store.transition(batch_id, ("in_progress",), status="finalizing", finalizing_at=now(),
@@ -315,12 +351,14 @@ class BatchRunner:
     async def finalize(self, batch_id: str, ending: str) -> None:
         """Fail the lines without an answer (cancelled, expired, stopped), write the output and
         error files, and set the final status. Redone whole if this process dies half way."""
-        async with self.heavy, self._locked(batch_id) as mine:
+        record = await self.store.batch(batch_id)
+        size = COPIES_IN_MEMORY * (record.input_bytes if record is not None else 0)
+        async with self.memory.holding(size), self._locked(batch_id) as mine:
             if not mine:
                 return
             record = await self.store.batch(batch_id)
             if record is None or record.status in TERMINAL:
-                await self.store.retire(batch_id, None if record is None else record.tenant)
+                await self._retire(batch_id, None if record is None else record.tenant)
                 return
             await self._write_results(record, ending)
 
@@ -353,7 +391,7 @@ class BatchRunner:
         await self.store.transition(batch_id, allowed, status=FINAL_STATUS[ending], total=len(ids),
                                     completed=len(done), failed=len(failed), **files, **final)
         await self.store.keep_until(batch_id, self.expires_at())
-        await self.store.retire(batch_id, record.tenant)
+        await self._retire(batch_id, record.tenant)
         log.info("batch %s %s: %d completed, %d failed", batch_id, FINAL_STATUS[ending], len(done), len(failed))
 
     # --- the workers -------------------------------------------------------------------
@@ -378,13 +416,19 @@ class BatchRunner:
         if claimed is None:
             return
         batch_id, entry_id, fields = claimed
-        custom_id, body = fields.get("custom_id"), fields.get("body")
-        if custom_id is None or body is None:
+        custom_id = fields.get("custom_id")
+        if custom_id is None or not ("body" in fields or {"at", "len"} <= fields.keys()):
             log.warning("batch %s work entry %s is not a line: dropped", batch_id, entry_id)  # nothing to run or redo
         else:
             heartbeat = asyncio.create_task(self._renew(batch_id, entry_id))
             try:
-                await self._run_line(batch_id, custom_id, body.encode())
+                later = await self._run_line(batch_id, custom_id, fields)
+                if later is not None:
+                    record = await self._static_record(batch_id)
+                    fields = {**fields, "attempts": str(later.attempts)}
+                    if record is not None:
+                        not_before = await self.store.clock_ms() + int(later.wait_s * 1000)
+                        await self.store.put_back(batch_id, record.tenant, entry_id, fields, not_before)
             finally:
                 heartbeat.cancel()
         await self.store.line_done(batch_id, entry_id)
@@ -395,16 +439,25 @@ class BatchRunner:
             with contextlib.suppress(Exception):  # a missed renewal costs at most a redone line
                 await self.store.renew_line(batch_id, self.consumer, entry_id)
 
-    async def _run_line(self, batch_id: str, custom_id: str, body: bytes) -> None:
+    async def _run_line(self, batch_id: str, custom_id: str, fields: dict[str, str]) -> Later | None:
+        """Run the line; a `Later` when it is to be put back."""
         record = await self._static_record(batch_id)
         if record is None:
-            return  # its records expired (retention_days): nothing to run it for
+            return None  # its records expired (retention_days): nothing to run it for
         status, answered = await self.store.begin(batch_id, custom_id)
         recorded = False
         try:
             if status != "in_progress" or now() >= record.expires_at or answered:
-                return  # cancelled, expired, stopped or done: the finalizer answers what never ran
-            recorded = await self._answer(record, custom_id, body)
+                return None  # cancelled, expired, stopped or done: the finalizer answers what never ran
+            if "body" in fields:  # enqueued by an earlier version, body and all
+                body = fields["body"].encode()
+            else:
+                body = await self.storage.get_range(lines_name(batch_id), int(fields["at"]), int(fields["len"]))
+            outcome = await self._answer(record, custom_id, body, int(fields.get("attempts", "0")))
+            if isinstance(outcome, Later):
+                return outcome
+            recorded = outcome
+            return None
         finally:
             if not recorded:
                 await self.store.running(batch_id, -1)
@@ -421,12 +474,13 @@ class BatchRunner:
                 self._records[batch_id] = record
         return record
 
-    async def _answer(self, record: BatchRecord, custom_id: str, body: bytes) -> bool:
-        """Send the line and keep its answer; True when that write also ended its running count."""
+    async def _answer(self, record: BatchRecord, custom_id: str, body: bytes, attempts: int) -> bool | Later:
+        """Send the line and keep its answer; True when that write also ended its running count,
+        a `Later` when the line is to run again later."""
         batch_id, tenant = record.id, record.tenant
-        answer = await self._send(record, body)
-        if answer is None:
-            return False
+        answer = await self._send(record, body, attempts)
+        if isinstance(answer, Later):
+            return answer
         if answer.status == 401:
             await self.stop(batch_id, "invalid_api_key", "The API key that created this batch was revoked or expired.")
             return False
@@ -443,24 +497,25 @@ class BatchRunner:
             await self._finish(batch_id)
         return True
 
-    async def _send(self, record: BatchRecord, body: bytes) -> Answer | None:
-        """The line's answer; None when the batch stopped running while it waited. Waits out rate
-        limits and a saturated model for as long as the batch may run; retries upstream failures
-        up to max_attempts."""
+    async def _send(self, record: BatchRecord, body: bytes, attempts: int) -> Answer | Later:
+        """The line's answer, or when to try it again: rate limits and a saturated model are
+        waited out for as long as the batch may run (without counting attempts); upstream
+        failures are tried up to max_attempts. The wait is the line's, never the worker's."""
         assert self.app is not None
-        caller = BatchCaller(key_id=record.key_id, tier=self.tier)
-        attempts = 0
-        while True:
-            answer = await call_app(self.app, record.endpoint, body, caller)
-            transient = answer.status == 429 and answer.error_code not in QUOTA_CODES and \
-                answer.headers.get("x-should-retry") != "false"
-            busy = transient or (answer.status == 503 and answer.error_code in BUSY_CODES)
-            attempts += 0 if busy else 1
-            if not (busy or (answer.status >= 500 and attempts < self.policy.max_attempts)):
-                return answer
-            await asyncio.sleep(answer.retry_after_s(float(attempts or 1)))
-            if await self.store.status(record.id) != "in_progress" or now() >= record.expires_at:
-                return None
+        answer = await call_app(self.app, record.endpoint, body, BatchCaller(key_id=record.key_id, tier=self.tier))
+        return retry_or_answer(answer, attempts, self.policy.max_attempts)
+
+
+def retry_or_answer(answer: Answer, attempts: int, max_attempts: int) -> Answer | Later:
+    """The answer to keep, or a `Later` for a refusal that waiting can help (a rate, a busy
+    model) and for an upstream failure with attempts left."""
+    transient = answer.status == 429 and answer.error_code not in QUOTA_CODES and \
+        answer.headers.get("x-should-retry") != "false"
+    busy = transient or (answer.status == 503 and answer.error_code in BUSY_CODES)
+    attempts += 0 if busy else 1
+    if not (busy or (answer.status >= 500 and attempts < max_attempts)):
+        return answer
+    return Later(answer.retry_after_s(float(attempts or 1)), attempts)
 
 
 def _utcnow() -> datetime:

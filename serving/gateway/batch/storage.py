@@ -1,5 +1,7 @@
 """Where file bytes live: a local directory (make dev, tests) or S3 (the stack's model-cache bucket,
-under `batches/`). Redis holds only the records; the bytes of an upload or a result file are here.
+under `batches/`). Redis holds only the records and the work queue's references; the bytes of an
+upload, of a batch's checked request bodies and of a result file are here. Readers take a byte
+range (one request body) or a stream of bounded chunks (a download), never more than they need.
 
 `storage_for(url)`: `file:///abs/dir` or `s3://bucket/prefix`. S3 uses boto3 on the standard
 credential chain (the pod's IRSA role) and its standard endpoint variables
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -24,6 +27,13 @@ class FileStorage(Protocol):
 
     async def get(self, name: str) -> bytes:
         """The bytes stored under `name`; `StorageError` if there are none."""
+
+    async def get_range(self, name: str, start: int, length: int) -> bytes:
+        """`length` bytes of `name` from offset `start`; `StorageError` if there are none."""
+
+    def chunks(self, name: str, size: int) -> AsyncIterator[bytes]:
+        """The bytes of `name` in chunks of at most `size`; `StorageError` (at the first chunk)
+        if there are none."""
 
     async def delete(self, name: str) -> None:
         """Remove `name`; nothing happens when it is already gone."""
@@ -56,6 +66,28 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"cannot read {name} in {self.root}: {exc.strerror}") from None
 
+    async def get_range(self, name: str, start: int, length: int) -> bytes:
+        def read() -> bytes:
+            with self._path(name).open("rb") as file:
+                file.seek(start)
+                return file.read(length)
+
+        try:
+            return await asyncio.to_thread(read)
+        except OSError as exc:
+            raise StorageError(f"cannot read {name} in {self.root}: {exc.strerror}") from None
+
+    async def chunks(self, name: str, size: int) -> AsyncIterator[bytes]:
+        try:
+            file = await asyncio.to_thread(self._path(name).open, "rb")
+        except OSError as exc:
+            raise StorageError(f"cannot read {name} in {self.root}: {exc.strerror}") from None
+        try:
+            while chunk := await asyncio.to_thread(file.read, size):
+                yield chunk
+        finally:
+            file.close()
+
     async def delete(self, name: str) -> None:
         await asyncio.to_thread(self._path(name).unlink, True)
 
@@ -81,6 +113,29 @@ class S3Storage:
     async def get(self, name: str) -> bytes:
         response = await self._call("get_object", name)
         return await asyncio.to_thread(response["Body"].read)
+
+    async def get_range(self, name: str, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        response = await self._call("get_object", name, Range=f"bytes={start}-{start + length - 1}")
+        return await asyncio.to_thread(response["Body"].read)
+
+    async def chunks(self, name: str, size: int) -> AsyncIterator[bytes]:
+        from botocore.exceptions import BotoCoreError
+
+        body = (await self._call("get_object", name))["Body"]
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.to_thread(body.read, size)
+                except BotoCoreError as exc:
+                    raise StorageError(f"s3://{self.bucket}/{self._key(name)}: read failed: "
+                                       f"{type(exc).__name__}") from None
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            body.close()
 
     async def delete(self, name: str) -> None:
         await self._call("delete_object", name)

@@ -8,7 +8,10 @@
     llmstack:{batch:<id>}:lock        who validates or finalizes it now (SET NX with an expiry)
     llmstack:batches:tenant:<tenant>  sorted set of the tenant's batch ids by creation order
     llmstack:batches:active           set of batches not yet in a final status (the sweeper's list)
-    llmstack:{batches:work}:lines:<id>       stream of the batch's lines to run (consumer group `workers`)
+    llmstack:{batches:work}:lines:<id>       stream of the batch's lines to run (consumer group `workers`):
+                                             each a custom_id and where its body is in the batch's lines
+                                             file in storage (`lines_name`), never the body itself
+    llmstack:{batches:work}:later            sorted set: lines put back until a time (ms), rate-limited
     llmstack:{batches:work}:tenants          sorted set: tenants with lines waiting, by their last turn
     llmstack:{batches:work}:tenant:<tenant>  sorted set: that tenant's batches with lines waiting, by last turn
     llmstack:{batches:work}:turn             counter of turns (the scores above)
@@ -19,6 +22,15 @@ tenant whose turn is oldest and that tenant's batch whose turn is oldest (CLAIM_
 go to the back. So tenants with lines waiting take turns, then their batches do: a 3-line batch
 created behind a 50,000-line one runs alongside it instead of after it. A batch leaves the
 rotation when a claim finds nothing new in its stream, and its stream is deleted when it is retired.
+
+Put back, not waited for: a line its key's rate limit refused goes to `later` with the time it
+may run again, and its worker takes the next line; the first claim after that time puts it back
+in its batch's stream (CLAIM_LUA). So no worker ever sleeps on one tenant's limits.
+
+Bounded: store.ADMIT_LUA creates a batch only within the caps on active batches and on the Redis
+bytes their lines hold (serving.gateway.batch.quota), per tenant and for all tenants. A batch's
+custom ids and results leave Redis when it ends (they are in its output files then); its record
+stays until retention_days.
 
 Exactly once: a line's result is written with one script that refuses a custom_id already in
 `done` or `failed`, so a line run twice (its worker died after sending it; a duplicate stream
@@ -33,6 +45,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from serving.gateway.batch.objects import BatchRecord, FileRecord
@@ -42,12 +55,39 @@ WORK_GROUP = "workers"
 WORK_TENANTS = f"{WORK}:tenants"
 WORK_TURN = f"{WORK}:turn"
 WORK_BELL = f"{WORK}:bell"
+WORK_LATER = f"{WORK}:later"
 # Before batches took turns, every line was in this one stream; a gateway moves what an earlier
 # version left there to the batches' own streams (`adopt_legacy_lines`), under a lock.
 LEGACY_STREAM = "llmstack:batches:work"
 ACTIVE = "llmstack:batches:active"
 SEQUENCE = "llmstack:batches:seq"
 
+# Create a batch within the caps, counting the active batches (and the Redis bytes their lines
+# hold, `footprint`) of its tenant and of all tenants: {refused cap or '', count, bytes}.
+# KEYS: active set, the new batch's hash, its tenant's index. ARGV: tenant (JSON, as stored),
+# footprint, tenant's most batches, tenant's most bytes, all tenants' most batches, most bytes,
+# batch id, seq, the batch key prefix, then field/value pairs. It reads the active batches'
+# hashes by name (one Redis, not Cluster, as CLAIM_LUA).
+ADMIT_LUA = """
+local t_count, t_bytes, a_count, a_bytes = 0, 0, 0, 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local got = redis.call('HMGET', ARGV[9] .. id .. '}', 'tenant', 'footprint')
+  if got[1] then
+    local bytes = tonumber(got[2]) or 0
+    a_count, a_bytes = a_count + 1, a_bytes + bytes
+    if got[1] == ARGV[1] then t_count, t_bytes = t_count + 1, t_bytes + bytes end
+  end
+end
+local need = tonumber(ARGV[2])
+if t_count + 1 > tonumber(ARGV[3]) then return {'tenant_batches', t_count, t_bytes} end
+if t_bytes + need > tonumber(ARGV[4]) then return {'tenant_bytes', t_count, t_bytes} end
+if a_count + 1 > tonumber(ARGV[5]) then return {'gateway_batches', a_count, a_bytes} end
+if a_bytes + need > tonumber(ARGV[6]) then return {'gateway_bytes', a_count, a_bytes} end
+for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('ZADD', KEYS[3], ARGV[8], ARGV[7])
+redis.call('SADD', KEYS[1], ARGV[7])
+return {'', t_count + 1, t_bytes + need}
+"""
 # Change fields only while the status is one of ARGV[2..ARGV[1]+1] (JSON-encoded, as stored).
 TRANSITION_LUA = """
 local current = redis.call('HGET', KEYS[1], 'status')
@@ -63,8 +103,13 @@ for i = allowed + 2, #ARGV, 2 do
 end
 return 1
 """
-# One result per custom_id: {written (0|1), completed, failed}.
+# One result per custom_id: {written (0|1), completed, failed}. None once the batch is final:
+# its results are in its files then, and a late worker must not bring the hashes back.
 RECORD_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == '"completed"' or status == '"failed"' or status == '"expired"' or status == '"cancelled"' then
+  return {0, 0, 0}
+end
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 or redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
   return {0, redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
 end
@@ -88,8 +133,28 @@ return turn
 # One new line from the batch whose turn it is: {batch, entry id, fields}; or {'', the bell's last
 # entry id} when no batch has one. A tenant or batch with nothing left leaves the rotation, so each
 # pass of the loop returns or removes one member: it ends.
-# KEYS: tenants, turn, bell; ARGV: group, consumer, the work keys' prefix.
+# Lines put back whose time has come (`later`) go first to the end of their batch's stream (unless
+# the batch was retired: no stream), and the batch and tenant back into the rotation.
+# KEYS: tenants, turn, bell, later; ARGV: group, consumer, the work keys' prefix.
 CLAIM_LUA = """
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100)) do
+  redis.call('ZREM', KEYS[4], member)
+  local line = cjson.decode(member)
+  local stream = ARGV[3] .. ':lines:' .. line.batch
+  if redis.call('EXISTS', stream) == 1 then
+    local fields = {}
+    for name, value in pairs(line.fields) do
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
+    redis.call('XADD', stream, '*', unpack(fields))
+    local turn = redis.call('INCR', KEYS[2])
+    redis.call('ZADD', ARGV[3] .. ':tenant:' .. line.tenant, 'NX', turn, line.batch)
+    redis.call('ZADD', KEYS[1], 'NX', turn, line.tenant)
+  end
+end
 while true do
   local tenant = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
   if not tenant then break end
@@ -153,8 +218,23 @@ def tenant_work_key(tenant: str) -> str:
     return f"{WORK}:tenant:{tenant}"
 
 
+def lines_name(batch_id: str) -> str:
+    """The batch's checked request bodies in storage, one after another; stream entries point into it."""
+    return f"{batch_id}.lines"
+
+
 def tenant_files_key(tenant: str) -> str:
     return f"llmstack:files:tenant:{tenant}"
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Most active batches, and most Redis bytes their lines hold, per tenant and for all tenants."""
+
+    tenant_batches: int = 2**31
+    tenant_bytes: int = 2**62
+    gateway_batches: int = 2**31
+    gateway_bytes: int = 2**62
 
 
 def _encode(record: BatchRecord, fields: set[str] | None = None) -> dict[str, str]:
@@ -174,6 +254,7 @@ class BatchStore:
         self._ready = redis.register_script(READY_LUA)
         self._claim = redis.register_script(CLAIM_LUA)
         self._delete_empty = redis.register_script(DELETE_EMPTY_LUA)
+        self._admit = redis.register_script(ADMIT_LUA)
 
     # --- files -------------------------------------------------------------------------
 
@@ -211,12 +292,17 @@ class BatchStore:
     async def next_seq(self) -> int:
         return int(await self.redis.incr(SEQUENCE))
 
-    async def create(self, record: BatchRecord) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(batch_key(record.id), mapping=_encode(record))
-            pipe.zadd(tenant_batches_key(record.tenant), {record.id: record.seq})
-            pipe.sadd(ACTIVE, record.id)
-            await pipe.execute()
+    async def create(self, record: BatchRecord, caps: Caps | None = None) -> tuple[str, int, int]:
+        """Create the batch unless a cap refuses it: ('', ...) when created, else (the cap that
+        refused: tenant_batches, tenant_bytes, gateway_batches, gateway_bytes; the active
+        batches and bytes it counted)."""
+        caps = caps or Caps()
+        fields = [value for pair in _encode(record).items() for value in pair]
+        refused, count, size = await self._admit(
+            keys=[ACTIVE, batch_key(record.id), tenant_batches_key(record.tenant)],
+            args=[json.dumps(record.tenant), record.footprint, caps.tenant_batches, caps.tenant_bytes,
+                  caps.gateway_batches, caps.gateway_bytes, record.id, record.seq, "llmstack:{batch:", *fields])
+        return refused, int(count), int(size)
 
     async def batch(self, batch_id: str, tenant: str | None = None) -> BatchRecord | None:
         """The batch; with `tenant`, only if it is that tenant's."""
@@ -285,21 +371,21 @@ class BatchStore:
             bound = f"({int(ids[-1][1])}"
 
     async def keep_until(self, batch_id: str, expires_at: int) -> None:
-        """A finished batch's records (and results) are deleted at `expires_at`."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for part in ("", "ids", "done", "failed"):
-                pipe.expireat(batch_key(batch_id, part), expires_at)
-            await pipe.execute()
+        """A finished batch's record is deleted at `expires_at` (its results were in Redis only
+        until its files were written: `retire` deleted them)."""
+        await self.redis.expireat(batch_key(batch_id), expires_at)
 
     async def active(self) -> list[str]:
         return sorted(await self.redis.smembers(ACTIVE))
 
     async def retire(self, batch_id: str, tenant: str | None = None) -> None:
         """The batch is done with (final, or its records gone): off the sweeper's list, its lines'
-        stream deleted and, with its `tenant`, out of the rotation (else a claim drops it there)."""
+        stream, custom ids and results deleted (a final batch's are in its files) and, with its
+        `tenant`, out of the rotation (else a claim drops it there)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.srem(ACTIVE, batch_id)
-            pipe.delete(work_key(batch_id))
+            pipe.delete(work_key(batch_id), batch_key(batch_id, "ids"), batch_key(batch_id, "done"),
+                        batch_key(batch_id, "failed"))
             if tenant is not None:
                 pipe.zrem(tenant_work_key(tenant), batch_id)
             await pipe.execute()
@@ -328,8 +414,9 @@ class BatchStore:
     async def ids(self, batch_id: str) -> list[str]:
         return await self.redis.lrange(batch_key(batch_id, "ids"), 0, -1)
 
-    async def enqueue(self, batch_id: str, tenant: str, lines: list[tuple[str, bytes]]) -> None:
-        """Add (custom_id, body) lines to the batch's stream, then the batch to the rotation. Run
+    async def enqueue(self, batch_id: str, tenant: str, lines: list[dict[str, str]]) -> None:
+        """Add lines (their stream fields: custom_id and where the body is) to the batch's
+        stream, then the batch to the rotation. Run
         again after a crash it adds them twice; a line already answered is skipped, and `record`
         keeps one answer."""
         from redis.exceptions import ResponseError
@@ -343,15 +430,16 @@ class BatchStore:
                 raise
         for start in range(0, len(lines), 500):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for custom_id, body in lines[start:start + 500]:
-                    pipe.xadd(work_key(batch_id), {"custom_id": custom_id, "body": body.decode()})
+                for fields in lines[start:start + 500]:
+                    pipe.xadd(work_key(batch_id), fields)
                 await pipe.execute()
         await self._ready(keys=[WORK_TURN, tenant_work_key(tenant), WORK_TENANTS, WORK_BELL], args=[batch_id, tenant])
 
     async def claim(self, consumer: str) -> tuple[tuple[str, str, dict[str, str]] | None, str]:
         """A new line, from the batch whose turn it is: ((batch id, entry id, fields), ""); or
         (None, the bell's last entry id) when none waits, for `wait_for_lines`."""
-        found = await self._claim(keys=[WORK_TENANTS, WORK_TURN, WORK_BELL], args=[WORK_GROUP, consumer, WORK])
+        found = await self._claim(keys=[WORK_TENANTS, WORK_TURN, WORK_BELL, WORK_LATER],
+                                  args=[WORK_GROUP, consumer, WORK])
         if not found[0]:
             return None, found[1]
         batch_id, entry_id, flat = found
@@ -390,11 +478,11 @@ class BatchStore:
         try:
             while entries := await self.redis.xrange(LEGACY_STREAM, count=500):
                 active = set(await self.redis.smembers(ACTIVE))
-                lines: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
+                lines: dict[tuple[str, str], list[dict[str, str]]] = {}
                 for _, fields in entries:
                     line = tuple(fields.get(name) for name in ("batch", "tenant", "custom_id", "body"))
                     if None not in line and line[0] in active:
-                        lines.setdefault((line[0], line[1]), []).append((line[2], line[3].encode()))
+                        lines.setdefault((line[0], line[1]), []).append({"custom_id": line[2], "body": line[3]})
                 for (batch_id, tenant), todo in lines.items():
                     await self.enqueue(batch_id, tenant, todo)
                     moved += len(todo)
@@ -403,6 +491,18 @@ class BatchStore:
         finally:
             await self._release(keys=[f"{LEGACY_STREAM}:adopting"], args=[owner])
         return moved
+
+    async def put_back(self, batch_id: str, tenant: str, entry_id: str, fields: dict[str, str],
+                       not_before_ms: int) -> None:
+        """The line runs again from `not_before_ms` (epoch, Redis's clock), at the end of its
+        batch's stream; its entry now is done with (the caller's `line_done`)."""
+        member = json.dumps({"batch": batch_id, "tenant": tenant, "entry": entry_id, "fields": fields},
+                            separators=(",", ":"), sort_keys=True)
+        await self.redis.zadd(WORK_LATER, {member: not_before_ms})
+
+    async def clock_ms(self) -> int:
+        seconds, micros = await self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     async def renew_line(self, batch_id: str, consumer: str, entry_id: str) -> None:
         """Still running it: the line's idle time starts again (XCLAIM ... JUSTID)."""

@@ -120,7 +120,7 @@ def test_the_gateway_keeps_batch_files_under_batches_with_its_own_irsa_role():
     gateway = run.one("kubernetes:apps/v1:Deployment", "deployment-llmstack-gateway")
     pod = gateway.inputs["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "llmstack-gateway" and pod["automountServiceAccountToken"] is False
-    [container] = pod["containers"]
+    [container] = [c for c in pod["containers"] if c["name"] == "gateway"]
     settings = json.loads(next(e["value"] for e in container["env"] if e["name"] == "LLMSTACK_GATEWAY_SETTINGS"))
     assert settings["batch_storage_url"] == f"s3://{bucket}/batches"
     assert run.waits_for(gateway, run.one("kubernetes:core/v1:ServiceAccount", "llmstack-gateway"))

@@ -86,3 +86,28 @@ def test_tls_gcs_gets_the_ca_bundle_and_the_elasticache_host() -> None:
 def test_plain_in_cluster_redis_gets_no_tls_variables() -> None:
     env = head_env("dev")
     assert "RAY_REDIS_CA_CERT" not in env and "RAY_REDIS_SERVER_NAME" not in env
+
+
+# --- memory: full means refuse, never evict ----------------------------------------------
+
+
+def test_elasticache_never_evicts() -> None:
+    # ElastiCache's default policy, volatile-lru, evicts keys with a TTL first: the gateway's
+    # daily counters, monthly spend and usage ledger. The stack's own parameter group says noeviction.
+    run = example_run("prod")
+    [parameters] = run.of_type("aws:elasticache/parameterGroup:ParameterGroup")
+    assert parameters.inputs["family"] == "redis7"
+    assert parameters.inputs["parameters"] == [{"name": "maxmemory-policy", "value": "noeviction"}]
+    [replication] = run.of_type("aws:elasticache/replicationGroup:ReplicationGroup")
+    assert replication.inputs["parameterGroupName"] == parameters.inputs.get("name", parameters.name)
+
+
+def test_in_cluster_redis_never_evicts_and_fits_its_memory_limit() -> None:
+    run = example_run("dev")
+    [container] = run.one("kubernetes:apps/v1:Deployment", "llmstack-redis").inputs["spec"]["template"]["spec"][
+        "containers"]
+    args = container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    maxmemory_mib = int(args[args.index("--maxmemory") + 1].removesuffix("mb"))
+    limit_mib = int(container["resources"]["limits"]["memory"].removesuffix("Mi"))
+    assert 0.5 * limit_mib <= maxmemory_mib < limit_mib  # below the limit: Redis refuses before the kernel kills it

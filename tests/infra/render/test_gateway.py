@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from infra.render.gateway import gateway_objects, memory_limit_mib
+from infra.render.gateway import edge_health_port, gateway_api_port, gateway_objects, memory_limit_mib
 from infra.spec import Gateway
 from infra.stack_file import load_stack
 from serving.gateway.settings import load_settings
@@ -27,21 +27,61 @@ def container_of(objects: list[dict]) -> dict:
     return kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_the_metrics_port_is_a_container_port_the_service_does_not_publish(example_stack, objects):
+def edge_of(objects: list[dict]) -> dict:
+    return kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][1]
+
+
+def test_the_public_port_is_the_edges_and_the_metrics_port_the_gateways(example_stack, objects):
     g = example_stack.gateway
-    ports = {p["name"]: p["containerPort"] for p in container_of(objects)["ports"]}
-    assert ports == {"http": g.port, "metrics": g.metrics_port}
+    assert {p["name"]: p["containerPort"] for p in container_of(objects)["ports"]} == {"metrics": g.metrics_port}
+    assert {p["name"]: p["containerPort"] for p in edge_of(objects)["ports"]} == {
+        "http": g.port, "edge-health": edge_health_port(example_stack)}
     [service] = kind(objects, "Service")
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
 
-def test_probes_and_scraping_use_the_metrics_port(example_stack, objects):
+def test_the_edge_runs_the_rendered_haproxy_config_behind_the_proxy_protocol(example_stack, objects):
+    edge = edge_of(objects)
+    [config_map] = kind(objects, "ConfigMap")
+    config = config_map["data"]["haproxy.cfg"]
+    assert edge["command"] == ["haproxy", "-db", "-f", "/etc/llmstack/edge/haproxy.cfg"]
+    assert edge["volumeMounts"][0]["mountPath"] == "/etc/llmstack/edge"
+    pod = kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "edge", "configMap": {"name": config_map["metadata"]["name"]}}]
+    # The gateway behind it listens on loopback only, on the port the edge forwards to.
+    settings = json.loads(next(e["value"] for e in container_of(objects)["env"]
+                               if e["name"] == "LLMSTACK_GATEWAY_SETTINGS"))
+    assert (settings["host"], settings["metrics_host"]) == ("127.0.0.1", "0.0.0.0")
+    assert f"server gateway 127.0.0.1:{settings['port']}" in config
+    [service] = kind(objects, "Service")
+    if example_stack.cloud.provider == "aws":  # the NLB tells the edge each client's address
+        assert f"bind :{example_stack.gateway.port} accept-proxy" in config
+        assert service["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-proxy-protocol"] == "*"
+    else:
+        assert f"bind :{example_stack.gateway.port}\n" in config
+    assert "kill -USR1 1" in edge["lifecycle"]["preStop"]["exec"]["command"][-1]  # soft stop: streams finish
+
+
+def test_probes_and_scraping_use_ports_no_public_flood_reaches(example_stack, objects):
     container = container_of(objects)
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert edge_of(objects)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "edge-health"}
     annotations = kind(objects, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
-                           "prometheus.io/port": str(example_stack.gateway.metrics_port)}
+    assert annotations.items() >= {"prometheus.io/scrape": "true", "prometheus.io/path": "/metrics",
+                                   "prometheus.io/port": str(example_stack.gateway.metrics_port)}.items()
+
+
+def test_a_changed_edge_config_rolls_the_pods(example_stack, objects):
+    def edge_hash(objects: list[dict]) -> str:
+        return kind(objects, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"][
+            "llmstack.dev/edge-config-sha256"]
+
+    g = example_stack.gateway
+    tighter = example_stack.model_copy(update={"gateway": g.model_copy(
+        update={"edge": g.edge.model_copy(update={"header_timeout_s": 5})})})
+    assert edge_hash(gateway_objects(tighter)) != edge_hash(objects)
+    assert edge_hash(gateway_objects(example_stack)) == edge_hash(objects)
 
 
 def test_only_the_prometheus_namespace_reaches_the_metrics_port(example_stack, objects):
@@ -64,7 +104,7 @@ def test_the_rendered_settings_are_what_the_gateway_loads(example_stack, objects
             settings.allowed_body_extensions, settings.forward_request_headers) == (
         g.metrics_port, g.max_connections, g.body_timeout_s, g.max_json_depth, g.allowed_body_extensions,
         g.forward_request_headers)
-    assert json.loads(env["LLMSTACK_GATEWAY_SETTINGS"])["port"] == g.port
+    assert settings.port == gateway_api_port(example_stack) not in (g.port, g.metrics_port)
 
 
 def test_the_memory_limit_covers_every_connection_holding_a_whole_body(example_stack):

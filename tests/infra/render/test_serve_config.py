@@ -186,3 +186,68 @@ def test_engine_priority_refuses_a_model_that_schedules_first_come_first_served(
     document = stack_document(models=[model], gateway={"allow_plaintext": True, "queue": {"engine_priority": True}})
     with pytest.raises(StackFileError, match="scheduling_policy"):
         spec_from_document(document, name="t", file_label="Pulumi.t.yaml")
+
+
+def test_the_engine_fetches_media_only_from_the_hosts_the_gateway_lets_through():
+    """Each engine gets the media hosts its model's requests may carry past the gateway
+    (serving.gateway.media_urls), under the argument vLLM reads, and follows no redirects."""
+    import dataclasses
+
+    from ray.serve.llm import LLMConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from infra.render.gateway import gateway_settings
+    from infra.render.serve_config import NO_REMOTE_MEDIA
+    from serving.gateway.settings import load_settings
+
+    models = [{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192},
+              {"id": "pixtral", "source": "mistralai/Pixtral-12B-2409", "node_group": "l4", "max_model_len": 8192,
+               "allowed_media_domains": []}]
+    for gateway_domains, expected in (([], {"llama": [NO_REMOTE_MEDIA], "pixtral": [NO_REMOTE_MEDIA]}),
+                                      (["images.example.com"], {"llama": ["images.example.com"],
+                                                                "pixtral": [NO_REMOTE_MEDIA]})):
+        spec = spec_from_document(stack_document(models=models, gateway={
+            "allow_plaintext": True, "allowed_media_domains": gateway_domains}), name="t", file_label="t")
+        configs = {c["model_loading_config"]["model_id"]: c for c in llm_configs(serve_config(spec))}
+        assert {m: c["engine_kwargs"]["allowed_media_domains"] for m, c in configs.items()} == expected
+        assert all(c["runtime_env"]["env_vars"]["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0" for c in configs.values())
+        for config in configs.values():
+            LLMConfig.model_validate(config)
+        settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000",
+                                  "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec)})
+        for model in ("llama", "pixtral"):  # what the gateway lets through, the engine may fetch
+            assert (settings.media_domains(model) or [NO_REMOTE_MEDIA]) == expected[model]
+    assert "allowed_media_domains" in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+@pytest.mark.parametrize("domains", [["169.254.169.254"], ["http://images.example.com"], ["*.example.com"],
+                                     ["Images.example.com"], ["images.example.com:443"], ["localhost"]])
+def test_media_domains_must_be_plain_host_names(domains):
+    from infra.stack_file import StackFileError
+
+    with pytest.raises(StackFileError, match="allowed_media_domains"):
+        spec_from_document(stack_document(gateway={"allow_plaintext": True, "allowed_media_domains": domains}),
+                           name="t", file_label="t")
+    with pytest.raises(StackFileError, match="allowed_media_domains"):
+        spec_with(allowed_media_domains=domains)
+    with pytest.raises(StackFileError, match="engine_args"):
+        spec_with(engine_args={"allowed_media_domains": ["images.example.com"]})
+
+
+def test_the_engine_refuses_remote_media_with_the_list_it_is_rendered_with():
+    """Defence in depth behind the gateway: vLLM's own check, given the rendered engine arg,
+    refuses the metadata service in any spelling (vLLM reads an empty list as "any host", hence
+    the .invalid host for "none"). Importing vLLM's media code costs seconds on a busy machine."""
+    from urllib3.util import parse_url
+    from vllm.multimodal.media.connector import MediaConnector
+
+    from infra.render.serve_config import NO_REMOTE_MEDIA
+
+    allowed = "images.example.com"
+    for domains in ([NO_REMOTE_MEDIA], [allowed]):
+        connector = MediaConnector(allowed_media_domains=domains)
+        for url in ["http://169.254.169.254/latest/meta-data/", "http://0xa9fea9fe/", f"https://{allowed}@169.254.169.254/"]:
+            with pytest.raises(ValueError, match="allowed domains"):
+                connector._assert_url_in_allowed_media_domains(parse_url(url))
+    MediaConnector(allowed_media_domains=[allowed])._assert_url_in_allowed_media_domains(
+        parse_url(f"https://{allowed}/x.png"))

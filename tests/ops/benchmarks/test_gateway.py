@@ -43,3 +43,14 @@ def test_summary_is_gateway_minus_direct_per_pace():
         "gateway_added_ms_by_pace": {"1000": {"p50": 0.5, "p99": 2.0}}, "gateway_saturated_over_direct": 0.4,
         "redis_commands_per_request": 3.0, "gateway_over_litellm_saturated": 4.0,
         "litellm_added_ms_by_pace": {"1000": {"p50": 29.0, "p99": 86.0}}}
+
+
+def test_summary_reports_the_edge_hop_against_the_gateway_alone():
+    def target(p50: float, p99: float, rps: float) -> dict:
+        return {"paced": {"200": {"p50_ms": p50, "p99_ms": p99}}, "saturated": {"requests_per_s": rps},
+                "redis_commands_per_request": 3.0}
+
+    result = summary({"direct": target(0.3, 0.8, 10_000), "gateway": target(2.3, 6.5, 800),
+                      "gateway_edge": target(2.6, 7.0, 760)})
+    assert result["edge_saturated_over_gateway"] == 0.95
+    assert result["edge_added_ms_by_pace"] == {"200": {"p50": 0.3, "p99": 0.5}}

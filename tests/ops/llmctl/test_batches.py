@@ -47,7 +47,8 @@ def batches(redis_server) -> dict[str, BatchRecord]:
                 await store.retire(record.id)
             made[f"{tenant}-{status}"] = record
         await store.record(made["acme-in_progress"].id, "a", {"custom_id": "a"}, ok=True)
-        await store.enqueue(made["acme-in_progress"].id, "acme", [("b", b"{}"), ("c", b"{}")])
+        await store.enqueue(made["acme-in_progress"].id, "acme",
+                            [{"custom_id": c, "at": "0", "len": "2"} for c in "bc"])
 
     store_call(redis_server.url, make)
     return made

@@ -92,7 +92,10 @@ def test_alerts_cover_the_issue_list():
         "error rate": "llmstack_gateway_requests_total",
         "TTFT p99": "llmstack_gateway_time_to_first_token_seconds_bucket",
         "queue depth": "ray_vllm_num_requests_waiting", "rate-limit rejections": "llmstack_gateway_rate_limited_total",
-        "Redis errors": "llmstack_gateway_redis_errors_total", "GPU pending": "kube_pod_status_unschedulable"}
+        "Redis errors": "llmstack_gateway_redis_errors_total", "GPU pending": "kube_pod_status_unschedulable",
+        "Redis memory": "llmstack_gateway_redis_memory_used_bytes",
+        "Redis refusing writes": "llmstack_gateway_redis_out_of_memory_total",
+        "Redis evicting": "llmstack_gateway_redis_evicting"}
     for concern, metric in wanted.items():
         assert any(metric in metric_names(e) for e in exprs.values()), f"no alert on {concern}"
 
@@ -165,6 +168,8 @@ FIRING = {
                                       "0+50x30")],
                                     "20m", {}),
     "LLMStackRedisErrors": ([("llmstack_gateway_degraded", "1x10")], "5m", {}),
+    "LLMStackRedisMemoryHigh": ([("llmstack_gateway_redis_memory_used_bytes", "900x10"),
+                                 ("llmstack_gateway_redis_memory_max_bytes", "1000x10")], "5m", {}),
     "LLMStackEngineQueueDeep": ([('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "40x20")],
                                 "15m", {"model_name": "m"}),
     "LLMStackServeQueueDeep": ([('ray_serve_deployment_queued_queries{application="llm",deployment="d",handle="h"}',
@@ -183,6 +188,9 @@ QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', 
          ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+100x40"),
          ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+1x40"),
          ("llmstack_gateway_degraded", "0x40"),
+         ("llmstack_gateway_redis_memory_used_bytes", "500x40"), ("llmstack_gateway_redis_memory_max_bytes", "1000x40"),
+         ("llmstack_gateway_redis_evicting", "0x40"),
+         ('llmstack_gateway_redis_out_of_memory_total{component="limiter"}', "0x40"),
          ('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "3x40"),
          ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40"),
          ('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.5x40")]

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore
-from serving.gateway.metering import output_allowance
+from serving.gateway.output_bound import CHAT, OutputBound, output_bound
 from serving.gateway.reservation import reserve
 from tests.support.openai_fakes import (
     PROMPT,
@@ -65,20 +65,22 @@ def value(admin: str, name: str, **labels: str) -> float:
 # --- pure decisions ------------------------------------------------------------------------------
 
 
-def test_output_allowance_sends_the_ceiling_only_when_the_context_would_not_bound_output():
-    assert output_allowance(100, 4096) == (100, 100)  # long context: the ceiling must be sent
-    assert output_allowance(100, 64) == (64, None)  # the context already bounds it: add nothing
-    assert output_allowance(100, None) == (100, 100)  # unknown model: be safe
+def test_max_tokens_is_sent_only_when_the_context_would_not_bound_output():
+    chat = {"messages": []}
+    assert output_bound(chat, CHAT, context_length=4096, ceiling=100) == OutputBound(100, added_max_tokens=100)
+    assert output_bound(chat, CHAT, context_length=64, ceiling=100) == OutputBound(64)  # the context bounds it
+    assert output_bound(chat, CHAT, context_length=None, ceiling=100) == OutputBound(100, added_max_tokens=100)
 
 
-def test_best_of_reserves_every_generated_sequence():
+def test_every_generated_sequence_is_reserved():
     def output(**body) -> int:
-        return reserve({"prompt": "abcd", "max_tokens": 10, **body}, 40, "/v1/completions", output_allowance=100,
-                       context_length=None, template_tokens=0).output
+        document = {"prompt": "abcd", "max_tokens": 10, **body}
+        bound = output_bound(document, "/v1/completions", context_length=None, ceiling=100)
+        return reserve(document, 40, "/v1/completions", output=bound, context_length=None, template_tokens=0).output
 
     assert output() == 10
     assert output(n=2) == 20
-    assert output(n=2, best_of=3) == 30
+    assert output(n=2, best_of=3) == 20  # vLLM 0.32 has no best_of: it generates n sequences
     assert output(n=2, prompt=["a", "b", "c"]) == 60  # each prompt generates n sequences
 
 

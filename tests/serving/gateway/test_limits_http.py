@@ -25,6 +25,7 @@ from serving.gateway.app import create_app
 from serving.gateway.key_format import KeyRecord
 from serving.gateway.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
 from serving.gateway.metering import LimitDecision, UsageMeter, format_reset, rate_limit_headers, request_usage_upstream
+from serving.gateway.output_bound import output_bound
 from serving.gateway.reservation import Reservation, reserve
 from serving.gateway.tenants import counter_keys
 from tests.support.openai_fakes import (
@@ -113,7 +114,8 @@ def test_reservation_of_this_modules_requests():
     payload = chat_payload(max_tokens=100)
     assert reserved_for(payload) == len(payload) + 4 * 7 + 256 + 100
     document = json.loads(payload)
-    assert reserve(document, len(payload), "/v1/chat/completions", output_allowance=4096, context_length=None,
+    output = output_bound(document, "/v1/chat/completions", context_length=None, ceiling=4096)
+    assert reserve(document, len(payload), "/v1/chat/completions", output=output, context_length=None,
                    template_tokens=256).total == reserved_for(payload)
     assert reserved_for(chat_payload(max_tokens=max_tokens_reserving(905))) == 905
 

@@ -9,6 +9,8 @@ counter in Redis.
 from __future__ import annotations
 
 import json
+import socket
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -42,33 +44,28 @@ def meter(reservation: Reservation, **wishes: bool) -> UsageMeter:
 # --- the meter, pure -------------------------------------------------------------------------------
 
 
-def test_a_cut_stream_is_billed_each_sequences_last_usage():
-    m = meter(Reservation(prompt=100, output=40, n=2, choices=2))
+def test_a_cut_stream_is_billed_its_reservation_until_every_sequence_has_finished():
+    m = meter(Reservation(prompt=100, output=40, n=2))
     m.feed(chunk(0, "a", usage(7, 1)) + chunk(1, "b", usage(7, 2)) + chunk(0, "cd", usage(7, 3))
            + chunk(1, "efg", usage(7, 5)))
-    assert m.caught_up and not m.finished
-    # vLLM counts each sequence in its own chunks: summed, not the last one; and each sequence,
-    # still running when cut, may be one more step (2 and 3 tokens here) along.
-    assert m.billed() == 7 + (3 + 2) + (5 + 3)
+    # Cut with both sequences running: the engine may be any way further along. The prompt is known.
+    assert not m.finished and m.billed() == 7 + 40
     m.feed(sse({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length"}],
                 "usage": usage(7, 4)}))
-    assert m.billed() == 7 + 4 + (5 + 3)  # a finished sequence is not one step further
+    assert m.billed() == 7 + 40  # one still running
+    m.feed(sse({"choices": [{"index": 1, "delta": {"content": "y"}, "finish_reason": "stop"}],
+                "usage": usage(7, 6)}))
+    # Both finished: nothing more is generated. vLLM counts each sequence in its own chunks: summed.
+    assert m.billed() == 7 + 4 + 6
 
 
 def test_tokens_not_chunks():
     m = meter(Reservation(prompt=50, output=30))
     m.feed(chunk(0, "abc", usage(5, 3)) + chunk(0, "def", usage(5, 6)))  # 3 tokens a chunk (speculative decoding)
-    assert m.billed() == 5 + 6 + 3
+    assert m.billed() == 5 + 30  # cut while running: the reservation
     m.feed(sse("[DONE]"))
     m.finish()
     assert m.billed() == 5 + 6  # ended: nothing more was generated
-
-
-def test_a_stream_cut_while_the_client_was_not_reading_is_billed_its_reservation():
-    m = meter(Reservation(prompt=50, output=30))
-    m.feed(chunk(0, "a", usage(5, 1)))
-    m.caught_up = False  # cut while a chunk was on its way to the client: the upstream may be far ahead
-    assert m.billed() == 5 + 30  # the prompt's exact count, and all the output it may have generated
 
 
 def test_a_partly_received_event_means_more_was_sent_than_counted():
@@ -98,13 +95,15 @@ def test_final_usage_wins_and_upstream_refusals_cost_nothing():
 
 
 def test_prompt_arrays_map_sequences_to_their_prompts():
-    r = Reservation(prompt=100, output=80, prompts=2, n=2, choices=2)  # indexes: prompt * n + sequence
+    r = Reservation(prompt=100, output=80, prompts=2, n=2)  # indexes: prompt * n + sequence
     m = meter(r)
     m.feed(chunk(0, "a", usage(10, 1)) + chunk(1, "b", usage(10, 1)))
-    # Prompt 1 not heard of yet: its prompt may be read already, so the bound; every sequence one step on.
-    assert m.billed() == 100 + 2 + 4
+    # Prompt 1 not heard of yet: its prompt may be read already, so the bound.
+    assert m.billed() == 100 + 80
     m.feed(chunk(2, "c", usage(20, 4)) + chunk(3, "d", usage(20, 1)))
-    assert m.billed() == 10 + 20 + (1 + 1 + 4 + 1) + (1 + 1 + 4 + 1)
+    assert m.billed() == 10 + 20 + 80  # every prompt's exact count
+    m.finish()
+    assert m.billed() == 10 + 20 + (1 + 1 + 4 + 1)
 
 
 def test_usage_is_asked_of_the_upstream_and_given_to_the_client_only_as_asked():
@@ -131,10 +130,11 @@ def test_events_the_fast_parser_reads_otherwise_are_still_counted_and_stripped()
     # integer past 64 bits as a float: both must count as the standard library reads them.
     lone = (b'data: {"choices": [{"index": 0, "delta": {"content": "\\ud800"}}], '
             b'"usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}\n\n')
-    m = meter(Reservation(prompt=50, output=30), client_final_usage=False, client_continuous_usage=False)
+    # An output reservation of 1: what is billed past it is what the meter counted.
+    m = meter(Reservation(prompt=50, output=1), client_final_usage=False, client_continuous_usage=False)
     out = m.feed(lone)
     assert b"usage" not in out and json.loads(out[len(b"data: "):])["choices"][0]["delta"]["content"] == "\ud800"
-    assert m.billed() == 5 + 3 + 3  # 3 seen, and one more step of 3: the stream is not over
+    assert m.billed() == 5 + 3
     m.feed(chunk(0, "b", usage(5, 2**70)))
     assert m.billed() == 5 + 2**70
 
@@ -181,7 +181,7 @@ def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_
                   for i, text in enumerate(TRICKY_TEXTS)]
         stream = b"".join(events)
         for continuous, piece in [(False, len(stream)), (False, 1), (False, 13), (True, 13)]:
-            m = meter(Reservation(prompt=50, output=100), client_final_usage=continuous,
+            m = meter(Reservation(prompt=50, output=1), client_final_usage=continuous,
                       client_continuous_usage=continuous)
             out = b"".join(m.feed(stream[i:i + piece]) for i in range(0, len(stream), piece))
             expected = data_events(stream)
@@ -189,7 +189,7 @@ def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_
                 expected = [{k: v for k, v in e.items() if k != "usage"} for e in expected]
             assert data_events(out) == expected
             last = 2 * len(TRICKY_TEXTS)
-            assert m.billed() == 7 + last + 2  # cut: the last usage, and one more step of 2
+            assert m.billed() == 7 + last  # cut: past an output reservation of 1, the last usage
             if not compact:  # every later event was read by its bytes: it keeps the upstream's spacing
                 assert all(b'"index": 0, ' in e for e in out.split(b"\n\n")[1:-1])
             m.feed(vllm_event("end", last + 1, finish="stop", compact=compact, chat=chat) + sse("[DONE]"))
@@ -198,7 +198,7 @@ def test_events_read_by_the_bytes_they_repeat_are_billed_and_stripped_as_parsed_
 
 
 def test_the_sequences_of_one_stream_are_each_read_by_their_own_bytes():
-    m = meter(Reservation(prompt=50, output=100, n=2, choices=2), client_final_usage=False,
+    m = meter(Reservation(prompt=50, output=1, n=2), client_final_usage=False,
               client_continuous_usage=False)
     out = b""
     for step in range(1, 6):  # vLLM's usage per chunk counts its own sequence: 1 token a step for 0, 3 for 1
@@ -206,26 +206,26 @@ def test_the_sequences_of_one_stream_are_each_read_by_their_own_bytes():
                                                                                   index=1))
     assert all(b'"index": ' in e for e in out.split(b"\n\n")[2:-1])  # after each one's first: read by its bytes
     assert [e["choices"][0]["index"] for e in data_events(out)] == [0, 1] * 5 and b"usage" not in out
-    assert m.billed() == 7 + (5 + 1) + (15 + 3)  # each sequence's last count and one more step of its own size
+    assert m.billed() == 7 + 5 + 15  # each sequence's last count, summed
 
 
 def test_an_event_that_does_not_repeat_the_bytes_is_parsed_in_full():
-    m = meter(Reservation(prompt=50, output=30), client_final_usage=False, client_continuous_usage=False)
+    m = meter(Reservation(prompt=50, output=1), client_final_usage=False, client_continuous_usage=False)
     m.feed(vllm_event("a", 1))
     # The text as an escape orjson refuses (read as the standard library reads it), usage past 64 bits,
     # usage that is not an object, a raw control character (not JSON: relayed as it came, not counted).
     lone = vllm_event("LONE", 2).replace(b"LONE", b"\\ud800")
     out = m.feed(lone)
     assert data_events(out)[0]["choices"][0]["delta"]["content"] == "\ud800" and b"usage" not in out
-    assert m.billed() == 7 + 2 + 1
+    assert m.billed() == 7 + 2
     raw = vllm_event("b", 3).replace(b'"b"', b'"b\x01"')
-    assert m.feed(raw) == raw and m.billed() == 7 + 2 + 1
+    assert m.feed(raw) == raw and m.billed() == 7 + 2
     not_object = vllm_event("c", 4).replace(b'"usage":{', b'"usage":[{').replace(b"}}\n\n", b"}]}\n\n")
-    assert json.loads(m.feed(not_object)[len(b"data: "):])["usage"] == [usage(7, 4)] and m.billed() == 7 + 2 + 1
+    assert json.loads(m.feed(not_object)[len(b"data: "):])["usage"] == [usage(7, 4)] and m.billed() == 7 + 2
     m.feed(vllm_event("d", 2**70))
     assert m.billed() == 7 + 2**70
     m.feed(vllm_event("e", 2**70 + 1, finish="length"))  # the finish reason differs from the repeated bytes
-    assert m.billed() == 7 + 2**70 + 1  # finished: no step beyond
+    assert m.billed() == 7 + 2**70 + 1  # its one sequence finished: exactly its count
 
 
 def test_a_large_json_body_is_billed_its_usage_without_keeping_a_copy():
@@ -302,16 +302,18 @@ def test_leaving_at_the_headers_is_billed_the_reservation_not_zero(gateway, upst
     assert expected >= sum(upstream.generated["leave"].values())
 
 
-def test_a_cut_stream_is_billed_the_tokens_generated_not_the_chunks(gateway, upstream, redis_server, access_lines):
+def test_a_cut_stream_is_billed_its_reservation_with_the_prompts_exact_count(gateway, upstream, redis_server,
+                                                                            access_lines):
+    """Read two chunks of a stream and leave: the engine runs on until the cut reaches it, so no
+    count the gateway saw bounds what it generated. The prompt's count is exact once seen."""
     key = create_key_sync(redis_server.url, "acme", "cutter")
     body = chat_body(directive(id="spec", tokens=12, per_chunk=3, pause_after=2), stream=True, max_tokens=50)
     assert len(read_then_leave(gateway, key, body, content_chunks=2)) == 2
     generated = upstream.generated["spec"]
     assert generated["completion"] == 6  # two chunks of three tokens
     eventually(lambda: "spec" in upstream.closed, "the gateway never closed the upstream stream")
-    # The tokens seen, not the 2 chunks; plus the one step of 3 the upstream may have taken before the cut reached it.
-    assert billed(access_lines, key) == generated["prompt"] + 6 + 3
-    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == generated["prompt"] + 9
+    assert billed(access_lines, key) == generated["prompt"] + 50
+    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == generated["prompt"] + 50
     assert upstream.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
@@ -338,3 +340,58 @@ def test_a_large_answer_is_billed_its_usage(gateway, upstream, redis_server, acc
     generated = upstream.generated["large"]
     assert billed(access_lines, key) == generated["prompt"] + generated["completion"] == sum(
         answer.json()["usage"][k] for k in ("prompt_tokens", "completion_tokens"))
+
+
+def open_stream(gateway: str, key: str, body: bytes) -> socket.socket:
+    """A raw client: a socket with a small receive buffer (so it soon stops taking bytes when it
+    stops reading), the request sent, the response's headers and first events read."""
+    parts = urlsplit(gateway)
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: it sets the TCP window
+    client.settimeout(HANG_BOUND_S)
+    client.connect((parts.hostname, parts.port))
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                   + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while received.count(b'"content":" tok') < 3:
+        data = client.recv(4096)
+        assert data, received
+        received += data
+    assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    return client
+
+
+def test_a_client_that_stops_reading_and_leaves_is_billed_what_the_engine_generated(
+        gateway, upstream, redis_server, access_lines):
+    """The attack: stream with top_logprobs (a few KB a token), read a few events, stop reading
+    while the engine keeps generating at its own pace, then close the connection. After the close,
+    uvicorn's send() returns silently, so a relay that trusted it drained what it had buffered into
+    nothing and was billed as caught up: 15-47% of the generated tokens went unbilled."""
+    key = create_key_sync(redis_server.url, "acme", "stopped-reading")
+    body = chat_body(directive(id="stopped", tokens=4000, per_chunk=8, interval=0.005, event_pad=4000,
+                               abort_delay=0.1), stream=True, max_tokens=4000)
+    client = open_stream(gateway, key, body)
+    # Not reading: the engine runs on; past the socket buffers (megabytes on loopback), the
+    # gateway's sends to this client block, and so do the upstream's sends to the gateway.
+    eventually(lambda: upstream.generated["stopped"]["completion"] >= 2400, "the engine never got ahead")
+    client.close()
+    eventually(lambda: "stopped" in upstream.stopped, "the engine never stopped")
+    generated = upstream.generated["stopped"]
+    reservation = reserved_for(body, top_level_fields=4, max_tokens=4000)
+    assert generated["prompt"] + generated["completion"] <= billed(access_lines, key) <= reservation
+    assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == billed(access_lines, key)
+
+
+def test_a_client_that_reads_everything_is_billed_exactly_what_was_generated(
+        gateway, upstream, redis_server, access_lines):
+    key = create_key_sync(redis_server.url, "acme", "read-all")
+    body = chat_body(directive(id="read-all", tokens=300, interval=0.001, event_pad=1000), stream=True,
+                     max_tokens=1500)
+    with httpx.stream("POST", f"{gateway}/v1/chat/completions", content=body, timeout=HANG_BOUND_S,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}) as response:
+        assert response.status_code == 200
+        text = response.read()
+    assert text.endswith(b"data: [DONE]\n\n")
+    generated = upstream.generated["read-all"]
+    assert generated["completion"] == 300
+    assert billed(access_lines, key) == generated["prompt"] + generated["completion"]

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serving.gateway.keys import create_key_sync
+from serving.gateway.output_bound import output_bound
 from serving.gateway.reservation import Reservation, prompt_bound, reserve
 from tests.support.hypothesis import examples
 from tests.support.servers import HANG_BOUND_S
@@ -53,16 +54,22 @@ def test_a_media_part_counts_a_whole_context_and_every_prompt_is_capped_at_one()
 
 
 def test_prompt_arrays_reserve_for_every_prompt_and_sequence():
+    def reserved(document: dict, body_size: int, *, ceiling: int, context_length: int | None,
+                 template_tokens: int) -> Reservation:
+        output = output_bound(document, LEGACY, context_length=context_length, ceiling=ceiling)
+        return reserve(document, body_size, LEGACY, output=output, context_length=context_length,
+                       template_tokens=template_tokens)
+
     document = {"model": "m", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 10}
     body = json.dumps(document).encode()
-    r = reserve(document, len(body), LEGACY, output_allowance=100, context_length=None, template_tokens=256)
+    r = reserved(document, len(body), ceiling=100, context_length=None, template_tokens=256)
     # values: root, model, prompt (3 items + the list), n, max_tokens = 1 + 4 + 3 = 8
-    assert r == Reservation(prompt=len(body) + 4 * 8, output=10 * 2 * 3, prompts=3, n=2, choices=2)
+    assert r == Reservation(prompt=len(body) + 4 * 8, output=10 * 2 * 3, prompts=3, n=2)
     ids = {"model": "m", "prompt": [[1, 2, 3], [4, 5]], "max_tokens": 7}
-    capped = reserve(ids, 10_000, LEGACY, output_allowance=100, context_length=50, template_tokens=0)
+    capped = reserved(ids, 10_000, ceiling=100, context_length=50, template_tokens=0)
     assert (capped.prompts, capped.prompt, capped.output) == (2, 2 * 50, 14)
-    no_max = reserve({"prompt": "x"}, 15, LEGACY, output_allowance=64, context_length=None, template_tokens=0)
-    assert no_max.output == 64  # the allowance the gateway gives a request without max_tokens
+    no_max = reserved({"prompt": "x"}, 15, ceiling=64, context_length=None, template_tokens=0)
+    assert no_max.output == 16  # vLLM's own default for a completion without max_tokens
 
 
 # --- against a real tokenizer and chat template --------------------------------------------------

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
+from serving.gateway.keys import create_key_sync
 from serving.gateway.upstream_errors import rewritten
 from tests.support.gateway import Answer
 from tests.support.servers import HANG_BOUND_S
+from tests.support.vllm_upstream import directive, eventually, key_id_of, running_gateway
 
 SERVE_ADDRESS = "llmstack-serve-svc.llmstack.svc.cluster.local:8000"
 INTERNAL = (SERVE_ADDRESS, "10.0.3.7", "RayActorError", "Internal exception", "original exception",
@@ -114,3 +117,48 @@ def test_every_status_maps_to_an_openai_error_of_ours(status, expected):
     error = json.loads(response.body)["error"]
     assert error["type"] == ("server_error" if expected >= 500 else "invalid_request_error")
     assert "10.0.3.7" not in response.body.decode() and "boom" not in response.body.decode()
+
+
+# --- an error inside a 200 stream ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def streaming_gateway(redis_server, upstream):
+    """The gateway in front of the vLLM-like upstream, whose engine can fail mid-stream."""
+    with running_gateway(upstream.url, redis_server.url, model_context_lengths={"tiny": 4096}) as url:
+        yield url
+
+
+def test_an_error_event_inside_a_stream_names_nothing_internal_and_is_billed(streaming_gateway, upstream,
+                                                                             redis_server, access_lines):
+    """vLLM streams an engine failure as a `data: {"error": ...}` event after the 200 status line;
+    Ray wraps it with its internal exception text and addresses. It reached clients verbatim."""
+    key = create_key_sync(redis_server.url, "acme", "stream-error")
+    messages = [{"role": "user", "content": directive(id="fails", tokens=50, interval=0.001, error_after=3)}]
+    llm = openai.OpenAI(base_url=f"{streaming_gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+    stream = llm.chat.completions.create(model="tiny", messages=messages, max_tokens=50, stream=True)
+    texts = []
+    with pytest.raises(openai.APIError) as caught:
+        for chunk in stream:
+            texts.extend(choice.delta.content for choice in chunk.choices if choice.delta.content)
+    assert texts == [" tok"] * 3  # what was generated before the failure came through
+    assert caught.value.message == "The model servers failed while handling the request. Please retry."
+    for word in INTERNAL:
+        assert word not in json.dumps(caught.value.body), word
+    # The whole stream as bytes: the error event is ours, with the status it stands for.
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": directive(
+        id="fails-raw", tokens=50, interval=0.001, error_after=2)}], "max_tokens": 50, "stream": True})
+    raw = httpx.post(f"{streaming_gateway}/v1/chat/completions", content=body, timeout=HANG_BOUND_S,
+                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    assert raw.status_code == 200 and raw.text.endswith("data: [DONE]\n\n")
+    errors = [json.loads(line[6:]) for line in raw.text.splitlines() if line.startswith("data: {\"error\"")]
+    assert errors == [{"error": {"message": "The model servers failed while handling the request. Please retry.",
+                                 "type": "server_error", "param": None, "code": "upstream_error", "status": 500}}]
+    for word in INTERNAL:
+        assert word not in raw.text, word
+    # Billed what the engine generated: its last usage, the stream having ended.
+    lines = eventually(lambda: access_lines.of(key_id_of(key)) if len(access_lines.of(key_id_of(key))) == 2
+                       else None, "the streams never ended")
+    for rid, line in zip(("fails", "fails-raw"), lines, strict=True):
+        generated = upstream.generated[rid]
+        assert line["prompt_tokens"] + line["completion_tokens"] == generated["prompt"] + generated["completion"]

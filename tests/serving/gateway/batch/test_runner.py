@@ -140,7 +140,7 @@ def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(re
         try:
             store = BatchStore(client)
             stream = work_key("batch_ghosts")
-            await store.enqueue("batch_ghosts", "ghost-co", [("a", b"{}")])
+            await store.enqueue("batch_ghosts", "ghost-co", [{"custom_id": "a", "at": "0", "len": "2"}])
             await client.sadd(ACTIVE, "batch_ghosts")
             await client.xreadgroup(WORK_GROUP, "ghost", {stream: "0"}, count=1)  # joins, takes nothing
             await client.xreadgroup(WORK_GROUP, "holder", {stream: ">"}, count=1)  # dies holding a line
@@ -211,3 +211,46 @@ def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, 
     assert big_done.status == "completed" and sorted(line["custom_id"] for line in output) == sorted(
         f"big-{n}" for n in range(60))
     assert left == 0 and big.id not in rotation  # a retired batch's stream goes, and it leaves the rotation
+
+
+def test_a_rate_limited_tenant_does_not_hold_the_workers(start_gateway, redis_server, recorded) -> None:
+    # A key allowed 6 requests a minute sends a 10-line batch: its upload and create take 2 of
+    # its burst of 6, 4 lines run, the 6 others are refused by its rate for ~10 s each. Another
+    # tenant's 1-line batch created once the refusals began must run before any of those: a
+    # worker that slept on a refused line held one of the 2 workers for each.
+    throttled = create_key_sync(redis_server.url, "throttled-co", "batch",
+                                limits={**GENEROUS, "requests_per_minute": 6})
+    reader = create_key_sync(redis_server.url, "throttled-co", "reader", limits=GENEROUS)
+    prompt = create_key_sync(redis_server.url, "prompt-co", "batch", limits=GENEROUS)
+
+    def line(custom_id: str) -> dict:
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "tiny", "messages": [{"role": "user", "content": custom_id}], "max_tokens": 4}}
+
+    def batch_of(client: openai.OpenAI, ids: list[str]):
+        uploaded = client.files.create(file=("in.jsonl", "".join(json.dumps(line(i)) + "\n" for i in ids).encode()),
+                                       purpose="batch")
+        return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                     completion_window="24h")
+
+    refused = ("llmstack_gateway_rate_limited_total", (("limit", "requests"), ("mode", "enforced")))
+    with start_gateway(batch={"workers": 2}) as (api, metrics):
+        a_client, a_reader, b_client = (openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0,
+                                                      timeout=HANG_BOUND_S) for key in (throttled, reader, prompt))
+        a = batch_of(a_client, [f"a-{n}" for n in range(10)])
+        deadline = time.monotonic() + HANG_BOUND_S
+        while samples(metrics).get(refused, 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert samples(metrics).get(refused, 0) >= 1, "no line of A was refused by its rate"
+        b = batch_of(b_client, ["b-0"])
+        b_done = wait_for(b_client, b.id, {"completed", "failed"})
+        contents = [json.loads(s.body)["messages"][0]["content"] for s in recorded.seen]
+        a_meanwhile = a_reader.batches.retrieve(a.id)
+        a_reader.batches.cancel(a.id)
+        wait_for(a_reader, a.id, {"cancelled"})
+    assert b_done.status == "completed"
+    a_before_b = [c for c in contents[:contents.index("b-0")] if c.startswith("a-")]
+    assert len(a_before_b) <= 4  # A's burst only: none of its refused lines ran before B's line
+    assert a_meanwhile.status == "in_progress" and a_meanwhile.request_counts is not None
+    assert a_meanwhile.request_counts.completed <= 4  # and A's refused lines wait, not fail
+    assert a_meanwhile.request_counts.failed == 0

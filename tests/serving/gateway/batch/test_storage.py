@@ -14,10 +14,16 @@ async def round_trip(storage) -> None:
     await storage.put("file-a", b'{"x": 1}\n')
     await storage.put("file-a", b'{"x": 2}\n')  # a redone write replaces
     assert await storage.get("file-a") == b'{"x": 2}\n'
+    assert await storage.get_range("file-a", 2, 3) == b'x":'  # one line's body of a lines file
+    assert [chunk async for chunk in storage.chunks("file-a", 4)] == [b'{"x"', b': 2}', b"\n"]
     await storage.delete("file-a")
     await storage.delete("file-a")  # already gone: no error
     with pytest.raises(StorageError):
         await storage.get("file-a")
+    with pytest.raises(StorageError):
+        await storage.get_range("file-a", 0, 1)
+    with pytest.raises(StorageError):
+        await anext(storage.chunks("file-a", 4))
 
 
 def test_local_directory(tmp_path) -> None:

@@ -19,8 +19,8 @@ from serving.gateway.batch.store import (
 from serving.gateway.redis_client import redis_client
 
 
-def lines(prefix: str, n: int) -> list[tuple[str, bytes]]:
-    return [(f"{prefix}-{i}", b"{}") for i in range(n)]
+def lines(prefix: str, n: int) -> list[dict[str, str]]:
+    return [{"custom_id": f"{prefix}-{i}", "at": "0", "len": "2"} for i in range(n)]
 
 
 def test_tenants_take_turns_then_their_batches(redis_server) -> None:
