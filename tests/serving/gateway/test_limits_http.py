@@ -318,7 +318,7 @@ def test_redis_commands_per_admitted_request(stream_recording_upstream, prompt, 
         key = create_key_sync(own.url, "acme", "count")
         with serving(create_app(settings_for(stream_recording_upstream.url, own.url, max_body_bytes=200_000),
                                 RedisKeyStore(own.url))) as gw:
-            assert chat_raw(limits_gateway=gw, key=key, max_tokens=5).status_code == 200  # loads the scripts
+            assert chat_raw(gateway=gw, key=key, max_tokens=5).status_code == 200  # loads the scripts
             watcher = redis.Redis.from_url(own.url, decode_responses=True)
             ender = redis.Redis.from_url(own.url)
             ender.ping()  # connect now, so its handshake is not counted

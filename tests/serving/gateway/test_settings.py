@@ -21,7 +21,7 @@ def test_the_rendered_deployment_env_loads(example_stack):
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert not any("value" in e for e in container["env"] if e["name"] == "LLMSTACK_REDIS_URL")  # a Secret
     settings = load_settings({**env, "LLMSTACK_REDIS_URL": "redis://redis:6379/0"})
-    assert settings.port == example_stack.gateway.port == container["ports"][0]["containerPort"]
+    assert settings.metrics_port == example_stack.gateway.metrics_port == container["ports"][0]["containerPort"]
     assert settings.models == [m.model_name for m in example_stack.models]
     assert settings.default_limits.model_dump() == example_stack.gateway.default_limits.model_dump()
 
