@@ -27,6 +27,7 @@ from ops.harness.processes import free_port, terminate, wait_for_http
 from ops.llmctl.bench.stats import BenchReport, RequestResult, summarise
 from serving.gateway.budgets import REFUSAL_CODE, cost_nano_usd, month_of, seconds_until_next_month, spend_key
 from serving.gateway.keys import create_key_sync
+from serving.gateway.output_bound import output_bound
 from serving.gateway.reservation import reserve
 from serving.gateway.tenants import key_daily_key
 from serving.gateway.usage_ledger import parse_usage_hash, usage_key
@@ -71,7 +72,8 @@ def most_reserved() -> int:
     document = {"model": "llama", "max_tokens": 30, "messages": [
         {"role": "user", "content": directive(id="budget-99", tokens=30) + "\nHow big is a KV cache?"}]}
     body_size = len(json.dumps(document).encode())  # spaced JSON: longer than the client's compact body
-    return reserve(document, body_size, "/v1/chat/completions", output_allowance=0, context_length=None,
+    output = output_bound(document, "/v1/chat/completions", context_length=None, ceiling=10**6)  # max_tokens: 30
+    return reserve(document, body_size, "/v1/chat/completions", output=output, context_length=None,
                    template_tokens=0).total
 
 
