@@ -169,7 +169,7 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         if route.model is not None and allowed_models is not None and route.model not in allowed_models:
             admission.meter.status = 404
             await admission.settle(NOTHING_BILLED)
-            response = errors.model_not_found(route.model)
+            response: Response = errors.model_not_found(route.model)
             response.headers.update(admission.headers)
             return response
         # admission.settle bills the key and gives the model's queue slot back: exactly once,
@@ -279,11 +279,12 @@ def _refusal(refusal: RouteRefusal, request: Request) -> Response:
     return errors.not_found(request.scope["path"])
 
 
-async def _not_found(request: Request, exc: HTTPException) -> Response:
+async def _not_found(request: Request, exc: Exception) -> Response:
     return errors.not_found(request.scope["path"])
 
 
-async def _method_not_allowed(request: Request, exc: HTTPException) -> Response:
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
     response = errors.method_not_allowed(request.method)
-    response.headers.update(exc.headers or {})  # keeps `Allow`
+    if isinstance(exc, HTTPException):  # Starlette's 405 always is one
+        response.headers.update(exc.headers or {})  # keeps `Allow`
     return response

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time as clock
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -23,7 +23,7 @@ class BudgetUsage(Collector):
     HELP = ("Share of the monthly budget in dollars spent, by tenant and key_id (\"\" for the tenant's own "
             "budget), as of the last admission this replica saw this month.")
 
-    def __init__(self, now=clock.time) -> None:
+    def __init__(self, now: Callable[[], float] = clock.time) -> None:
         self._now = now
         self._seen: dict[tuple[str, str], tuple[str, float]] = {}
 

@@ -231,7 +231,8 @@ class RedisKeyStore(KeyStore):
 
         async with self._client.slot() as redis:
             try:
-                return await redis.get(name)
+                value: str | None = await redis.get(name)  # decode_responses: str
+                return value
             except (RedisError, OSError) as exc:
                 raise KeyStoreUnavailable(f"Redis did not answer: {type(exc).__name__}") from exc
 

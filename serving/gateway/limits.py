@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
+from typing import Any
 
 import anyio
 
@@ -132,7 +133,7 @@ class Ticket:
     month: str = field(default_factory=lambda: month_of(datetime.now(timezone.utc)))  # charged to
     reserved_nano_usd: int = 0  # the reservation's cost, charged to `month` at admission
     spend: Spend | None = None  # seen at admission (Redis only), for the budget-used gauge
-    backend: object | None = None
+    backend: RedisLimiter | LocalLimiter | None = None
     settled: bool = False
     on_error: Callable[[], None] | None = None  # told when settling in Redis fails
 
@@ -176,11 +177,11 @@ class Ticket:
                     self.on_error()
 
 
-def _text(value: object) -> object:
+def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
+def _decision(limits: KeyLimits, reply: list[Any]) -> tuple[LimitDecision, dict[str, Any]]:
     (allowed, refused, scope, rem_req, reset_req, rem_tok, reset_tok, wait, day, key_charged,
      t_rpm, t_tpm, t_daily, t_conc, key_spent, tenant_spent, tenant_budget) = reply
     wait_us = float(wait)

@@ -240,12 +240,13 @@ class RedisLimiter:
         self._admit = self._client.redis.register_script(ADMIT_LUA)
         self._settle = self._client.redis.register_script(SETTLE_LUA)
 
-    async def admit(self, ticket: Any, args: list[object], *, along: ScriptCall | None = None) -> list:
+    async def admit(self, ticket: Any, args: list[object], *, along: ScriptCall | None = None) -> list[Any]:
         """`along`: another script (the fair queue's try) sent in the same round trip; its reply
         stays in it."""
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
-        return await self._run(self._admit, keys, args, along)
+        reply: list[Any] = await self._run(self._admit, keys, args, along)
+        return reply
 
     async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
                      along: ScriptCall | None = None) -> None:

@@ -94,7 +94,7 @@ class BatchApi:
                  runner: BatchRunner) -> None:
         self.settings, self.policy = settings, settings.batch
         self.admitter, self.store, self.storage, self.runner = admitter, store, storage, runner
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request, route: ApiRoute) -> Response:
         known = await self.admitter.authenticate(request)
@@ -114,7 +114,8 @@ class BatchApi:
 
         handler = getattr(self, str(route.handler).replace(".", "_"))  # resolve() names only these methods
         try:
-            return await handler(request, route, key)
+            response: Response = await handler(request, route, key)
+            return response
         except StorageError:
             return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
                                        errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})

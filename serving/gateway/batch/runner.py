@@ -160,7 +160,7 @@ class BatchRunner:
         self.tier = settings.queue.tiers[-1].name
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.app: ASGIApp | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         # Uploads, validations, finalizations and downloads share the memory the pod's limit
         # allows for them (gateway.batch.memory_bytes()), each counting what it holds.
         self.memory = MemoryBudget(self.policy.memory_bytes(), on_change=metrics.batch_memory.set)
@@ -303,8 +303,8 @@ class BatchRunner:
         if fresh:
             await self.store.set_ids(batch_id, checked.custom_ids)
             for rejected in checked.rejected:
-                line = output_line(rejected.custom_id, rejected.status, None, rejected.body)
-                if (await self.store.record(batch_id, rejected.custom_id, line, ok=False))[0]:
+                answer = output_line(rejected.custom_id, rejected.status, None, rejected.body)
+                if (await self.store.record(batch_id, rejected.custom_id, answer, ok=False))[0]:
                     self.metrics.batch_lines.labels(tenant=record.tenant, outcome="failed").inc()
             if not await self.store.transition(batch_id, ("validating",), status="in_progress",
                                                in_progress_at=now(), total=len(checked.custom_ids)):
