@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import versions
-from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
+from infra.gpu_catalog import GpuClass, InstanceType, default_instance_for, load_catalog
 from infra.images import missing_registry_problem
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
@@ -170,6 +170,12 @@ class GpuNodeGroup(_NodeGroupBase):
             )
         object.__setattr__(self, "gpu_class", actual)
         return self
+
+    @property
+    def instance(self) -> InstanceType:
+        """The group's entry in the GPU catalog (validation resolved its instance type)."""
+        assert self.instance_type is not None, "set by _resolve_instance"
+        return load_catalog()[self.instance_type]
 
 
 class CpuNodeGroup(_NodeGroupBase):

@@ -151,7 +151,7 @@ def _model_at(path: str) -> type[BaseModel] | None:
             "gateway": spec.Gateway, "versions": spec.Versions, "model_cache": spec.ModelCache}
     head, *rest = path.removeprefix(f"{NAMESPACE}:").replace("[", ".[").split(".")
     keys = [k for k in rest if not k.startswith("[")][:-1]
-    model = tops.get(head.split("[")[0])
+    model: type[BaseModel] | None = tops.get(head.split("[")[0])
     for key in keys:
         if model is None:
             return None
