@@ -265,13 +265,16 @@ def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH,
     tail: list[str] = []
     cold_start: dict[str, int] = {}
 
+    assert process.stdout is not None and process.stderr is not None  # both PIPE
+    stdout, stderr = process.stdout, process.stderr
+
     def pump_stdout() -> None:
-        for line in process.stdout:
+        for line in stdout:
             if line.startswith("{") and '"ready"' in line:
                 ready.update(json.loads(line))
 
     def pump_stderr() -> None:  # forward ops.devstack's progress lines; keep the rest for errors
-        for line in process.stderr:
+        for line in stderr:
             tail[:] = (tail + [line])[-60:]
             if line.startswith("[llmstack dev]"):
                 print(line, end="", file=sys.stderr, flush=True)
@@ -383,8 +386,10 @@ def _run_marked(command: list[str], env: dict[str, str]
     marks: dict[str, float] = {}
     started = 0.0
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None  # both PIPE
+    out_pipe = process.stdout
     stdout: list[str] = []
-    reader = threading.Thread(target=lambda: stdout.extend(process.stdout), daemon=True)
+    reader = threading.Thread(target=lambda: stdout.extend(out_pipe), daemon=True)
     reader.start()
     stderr = []
     for line in process.stderr:
@@ -484,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = [ServingPath(p) for p in args.paths.split(",") if p]
     prompts = QUICK_PROMPTS if args.quick else PROMPTS
-    started, results, starts = time.monotonic(), [], {}
+    results: list[dict[str, Any]] = []
+    starts: dict[str, Any] = {}
+    started = time.monotonic()
     loadavg = os.getloadavg()
     try:
         with tempfile.TemporaryDirectory(prefix="llmstack-bench-") as folder:

@@ -113,7 +113,7 @@ def wait_running(app: str, *, timeout_s: float, on_change: Callable[[str], None]
 
     Raises RuntimeError on DEPLOY_FAILED / UNHEALTHY and TimeoutError past `timeout_s`.
     """
-    start, last, said = time.monotonic(), "", set()
+    start, last, said = time.monotonic(), "", set[str]()
     while True:
         current = details().get("applications", {}).get(app)
         if current is not None:

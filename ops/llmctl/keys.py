@@ -136,7 +136,8 @@ def _queueing(**values: str | float | None) -> dict[str, Any]:
     for name, value in given.items():
         field = KeyRecord.model_fields[name]
         try:
-            TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+            rule: Any = Annotated[field.annotation, field]  # a type built at run time, from the field
+            TypeAdapter(rule).validate_python(value)
         except ValidationError as exc:
             raise typer.BadParameter(exc.errors()[0]["msg"], param_hint=f"--{name}") from None
     return given

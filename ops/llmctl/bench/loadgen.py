@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Literal
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast
 
 import numpy as np
 import openai
 from pydantic import BaseModel, ConfigDict, Field
 
 from ops.llmctl.bench.stats import LengthDistribution, RequestResult, error_type
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 # Plain words that most BPE vocabularies hold as single tokens, so `--prompt-tokens 64` asks
 # for about 64 tokens on any model; the server's usage chunk reports the exact count.
@@ -82,17 +86,22 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | 
     string (a user message, or the completions prompt) or a whole chat conversation; the
     answer's text is appended to `text_out` chunk by chunk when given."""
     extra = {"ignore_eos": True} if spec.ignore_eos else None
-    common = dict(model=spec.model, max_tokens=max_tokens, stream=True,
-                  stream_options={"include_usage": True}, extra_body=extra)
+    common: dict[str, Any] = dict(model=spec.model, max_tokens=max_tokens, stream_options={"include_usage": True},
+                                  extra_body=extra)
     start = clock()
     chunk_times: list[float] = []
     usage = None
     try:
         if spec.api == "chat":
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            stream = await client.chat.completions.create(messages=messages, **common)
+            # The conversations we send are role/content dicts: what the SDK's message types describe.
+            messages = cast("list[ChatCompletionMessageParam]",
+                            prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
+            stream: AsyncIterator[Any] = await client.chat.completions.create(messages=messages, stream=True,
+                                                                              **common)
         else:
-            stream = await client.completions.create(prompt=prompt, **common)
+            if isinstance(prompt, list):  # becomes this request's error, like any other failure
+                raise ValueError("a chat conversation needs api chat")
+            stream = await client.completions.create(prompt=prompt, stream=True, **common)
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage

@@ -145,7 +145,7 @@ def report(
     hours = Decimal(str((end - start).total_seconds())) / 3600
     assumed = assumed_node_hours(plan, hours)
     groups = [GroupCost(node_group=g.name, node_hours=given_hours.get(g.name, assumed[g.name]),
-                        usd_per_node_hour=None if prices[g.name] is None else prices[g.name].usd_per_hour,
+                        usd_per_node_hour=None if (price := prices[g.name]) is None else price.usd_per_hour,
                         assumed_hours=g.name not in given_hours) for g in spec.node_groups]
     usage = _usage(redis_url, stack, spec, inputs.days_in(start, end))
     result = showback(usage, groups, model_rates(plan, costs))

@@ -39,7 +39,7 @@ def spot_prices(spec: StackSpec, start: datetime, end: datetime, *, session=None
         return {g.name: f"no AWS credentials ({aws.LOGIN_HINT})" for g in groups}
     ec2 = aws.client(session, "ec2")
     found: dict[str, NodePrice | str] = {}
-    for instance_type in sorted({g.instance_type for g in groups}):
+    for instance_type in sorted({g.instance.instance_type for g in groups}):
         try:
             points = _history(ec2, instance_type, spec.cloud.availability_zones, start, end)
         except (BotoCoreError, ClientError) as exc:
