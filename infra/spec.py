@@ -460,7 +460,8 @@ class StackSpec(_Spec):
     model_cache: ModelCache = Field(default_factory=ModelCache, description="S3 cache of model weights.")
 
     @model_validator(mode="after")
-    def _references(self) -> StackSpec:
+    # Complex on purpose: one validator for every cross-reference, so a stack file's mistakes come together.
+    def _references(self) -> StackSpec:  # noqa: C901
         groups = {g.name: g for g in self.node_groups}
         if len(groups) != len(self.node_groups):
             raise ValueError("node group names must be unique")

@@ -76,9 +76,9 @@ def spec_from_document(document: Any, *, name: str, file_label: str) -> StackSpe
         if namespace == NAMESPACE and field not in SECRET_KEYS:
             raw[field] = value
     cloud = raw.get("cloud")
-    if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud:
-        if "aws:region" in config:
-            raw["cloud"] = {**cloud, "region": config["aws:region"]}
+    if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud \
+            and "aws:region" in config:
+        raw["cloud"] = {**cloud, "region": config["aws:region"]}
     try:
         return StackSpec.model_validate(raw)
     except ValidationError as exc:

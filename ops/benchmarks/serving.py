@@ -253,7 +253,8 @@ def wait_models(root_url: str, process: subprocess.Popen, log: Path, timeout_s: 
         raise RuntimeError(f"{exc}:\n{log.read_text()[-3000:]}") from None
 
 
-def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH, timeout_s: float = 900,
+# Complex on purpose: start, pump and wait for one process; the branches are its failure modes.
+def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH, timeout_s: float = 900,  # noqa: C901
                     stack: str = "local") -> tuple[subprocess.Popen, dict[str, Any]]:
     """`python -m ops.devstack --ready-json`; returns once its ready line is printed, with the
     cold start it reported (`first_token_s`: start to first token through the gateway)."""

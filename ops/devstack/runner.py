@@ -25,9 +25,10 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from infra.render.gateway import gateway_settings
 from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
@@ -296,10 +297,8 @@ def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
         ray.shutdown()
         _, alive = psutil.wait_procs(started, timeout=20)
         for process in alive:
-            try:
+            with suppress(psutil.NoSuchProcess):
                 process.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(alive, timeout=5)
 
 

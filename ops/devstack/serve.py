@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from infra.render.serve_config import SERVING_PATH, ServingPath, serve_config, serving_env
 from infra.spec import StackSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time as clock
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from prometheus_client.core import GaugeMetricFamily
@@ -32,7 +32,7 @@ class BudgetUsage(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["tenant", "key_id"])
-        current = month_of(datetime.fromtimestamp(self._now(), timezone.utc))
+        current = month_of(datetime.fromtimestamp(self._now(), UTC))
         for (tenant, key_id), (month, ratio) in sorted(self._seen.items()):
             if month == current:
                 family.add_metric([tenant, key_id], ratio)

@@ -47,7 +47,7 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -130,7 +130,7 @@ class Ticket:
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)  # effective at admission
     model: str = ""  # the metrics label of the model: the usage ledger's field
     usd_per_million_tokens: Decimal | None = None  # the model's rate card; None: no cost, no budget
-    month: str = field(default_factory=lambda: month_of(datetime.now(timezone.utc)))  # charged to
+    month: str = field(default_factory=lambda: month_of(datetime.now(UTC)))  # charged to
     reserved_nano_usd: int = 0  # the reservation's cost, charged to `month` at admission
     spend: Spend | None = None  # seen at admission (Redis only), for the budget-used gauge
     backend: RedisLimiter | LocalLimiter | None = None
@@ -171,7 +171,7 @@ class Ticket:
                     await self.backend.settle(self, billed, give_back_request=give_back_request, along=along)
                 else:
                     await self.backend.settle(self, billed, give_back_request=give_back_request)
-            except Exception as exc:  # the slot then frees itself when its expiry passes
+            except Exception as exc:  # noqa: BLE001 - the slot then frees itself when its expiry passes
                 log.warning("could not settle usage for key %s: %s", self.who.key_id, type(exc).__name__)
                 if self.on_error is not None:
                     self.on_error()
@@ -312,6 +312,6 @@ def _price(ticket: Ticket, tokens: int, model: str, usd_per_million_tokens: Deci
     """What the ticket reserves, in tokens and in nano-USD at the model's rate, charged to the
     current UTC month."""
     ticket.reserved, ticket.model, ticket.usd_per_million_tokens = tokens, model, usd_per_million_tokens
-    ticket.month = month_of(datetime.now(timezone.utc))
+    ticket.month = month_of(datetime.now(UTC))
     ticket.reserved_nano_usd = ticket.cost_of(tokens)
 

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 MAX_CONNECTIONS = 32
@@ -59,7 +59,7 @@ def redis_client(url: str, *, decode_responses: bool = False, max_connections: i
     return redis.Redis(connection_pool=pool)
 
 
-@lru_cache(maxsize=None)
+@cache
 def packed_by_hiredis(connection_class: type) -> type:
     """`connection_class` with commands packed by hiredis (C) instead of redis-py's asyncio
     packer, which joins the growing command once per argument in Python: the limiter scripts
@@ -160,5 +160,5 @@ async def run_together(redis: Any, calls: Sequence[ScriptCall]) -> None:
         if isinstance(result, NoScriptError):
             try:
                 call.result = await call.run()
-            except Exception as exc:  # kept for the call's owner, like a pipelined error
+            except Exception as exc:  # noqa: BLE001 - kept for the call's owner, like a pipelined error
                 call.result = exc

@@ -13,7 +13,7 @@ a Redis restart).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from serving.gateway.budgets import BUDGET_LUA, spend_expire_at, spend_key
@@ -262,7 +262,7 @@ class RedisLimiter:
             int(give_back_request), limits.requests_per_minute, no_limit_as_zero(tenant.requests_per_minute),
             int(ticket.key_request_charged)]
         ledger_keys, ledger_args = record_call(who.tenant, who.key_id, ticket.model, billed.prompt, billed.completion,
-                                               datetime.now(timezone.utc))
+                                               datetime.now(UTC))
         if not ticket.tokens_phase_done:  # released after the slot phase: nothing charged, nothing used
             ledger_args, delta = ["", "", "", "", ""], 0
         else:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Callable, Literal, cast
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import openai
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # Plain words that most BPE vocabularies hold as single tokens, so `--prompt-tokens 64` asks
 # for about 64 tokens on any model; the server's usage chunk reports the exact count.
-WORDS = ("the of and to in is was for on that with as by at from his her an it are this be or "
+WORDS = ("the of and to in is was for on that with as by at from his her an it are this be or "  # noqa: SIM905 - reads as prose
          "which one had not but all were they she there been have their has would more time will "
          "when who new after first also two may some other into over up than its only most out "
          "made such these many then could year where so like what about between well people").split()
@@ -110,7 +110,7 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | 
                 chunk_times.append(clock())
                 if text_out is not None:
                     text_out.append(text)
-    except Exception as exc:  # every failure is data: grouped by type in the summary
+    except Exception as exc:  # noqa: BLE001 - every failure is data: grouped by type in the summary
         return RequestResult(start=start, end=clock(), first_token=chunk_times[0] if chunk_times else None,
                              chunk_times=chunk_times, requested_output_tokens=max_tokens, error=error_type(exc),
                              error_message=str(exc).splitlines()[0] if str(exc) else "")
@@ -144,7 +144,8 @@ def make_client(spec: LoadSpec) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=spec.base_url, api_key=spec.api_key, max_retries=0, timeout=spec.timeout_s)
 
 
-async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float, *,
+# Complex on purpose: both load modes (concurrency, rate) share one pacing loop.
+async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float, *,  # noqa: C901
                     on_result: Callable[[RequestResult], None] | None = None,
                     stop: Callable[[], bool] | None = None,
                     clock: Callable[[], float] = time.monotonic) -> list[RequestResult]:

@@ -10,7 +10,7 @@ its plan, 2 unusable options, 3 the gateway's Redis could not be read.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated
 
@@ -97,7 +97,7 @@ def cost(
     if stack is None:
         raise fail("give --stack, e.g. llmctl cost --stack dev", ExitCode.UNUSABLE_INPUT)
     spec = load_spec(stack)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     _, _, costs = priced(spec, bench=bench, level=concurrency, bench_replicas=bench_replicas,
                          usd_per_hour=usd_per_hour, offline=offline, start=now - SPOT_WINDOW, end=now)
     if as_json:
@@ -134,7 +134,7 @@ def report(
     if as_json and as_csv:
         raise fail("give --json or --csv, not both", ExitCode.UNUSABLE_INPUT)
     spec = load_spec(stack)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     try:
         start, end = inputs.report_window(since, month, now)
         given_hours = inputs.group_amounts(spec, node_hours or [], "--node-hours")

@@ -8,7 +8,7 @@ of a price, and `infra.cost.node_prices` falls back to the catalog's on-demand p
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -30,7 +30,7 @@ def spot_prices(spec: StackSpec, start: datetime, end: datetime, *, session=None
     groups = spot_groups(spec)
     if not groups or not isinstance(spec.cloud, AwsCloud):
         return {}
-    oldest = datetime.now(timezone.utc) - timedelta(days=HISTORY_DAYS - 1)
+    oldest = datetime.now(UTC) - timedelta(days=HISTORY_DAYS - 1)
     start = max(start, oldest)
     if start >= end:
         return {g.name: f"the period is older than EC2's {HISTORY_DAYS} days of spot price history" for g in groups}

@@ -23,9 +23,10 @@ import os
 import shutil
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from infra.images import parse_image
 from infra.planner import StackPlan, plan_stack

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.types import ASGIApp, Message
@@ -193,7 +193,7 @@ class BatchRunner:
                 await step()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis or storage away: log, wait, go on (a crash would stop all batches)
+            except Exception as exc:  # noqa: BLE001 - Redis or storage away: log, wait, go on (a crash stops all batches)
                 log.warning("batch %s failed: %s: %s", name, type(exc).__name__, exc)
                 wait_s = max(pause_s, 1.0)
             if wait_s:
@@ -204,7 +204,7 @@ class BatchRunner:
         logged and left to the sweeper."""
         try:
             await self.prepare(batch_id, checked)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the sweeper retries the batch
             log.warning("batch %s validation failed (the sweeper retries): %s: %s", batch_id, type(exc).__name__, exc)
 
     # --- the sweeper -------------------------------------------------------------------
@@ -280,7 +280,8 @@ class BatchRunner:
             if mine:
                 await self._prepare(batch_id, checked)
 
-    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:
+    # Complex on purpose: a batch's validation steps in order, each resumable after a crash.
+    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:  # noqa: C901
         record = await self.store.batch(batch_id)
         if record is None or record.status not in ("validating", "in_progress") or record.enqueued:
             return
@@ -519,4 +520,4 @@ def retry_or_answer(answer: Answer, attempts: int, max_attempts: int) -> Answer 
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
