@@ -10,12 +10,13 @@ STACK ?= local
 PORT ?= 8080
 LITELLM := .cache/llmstack/litellm-venv/bin/litellm
 
-.PHONY: help install lint redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast bench plan render clean
+.PHONY: help install lint redis-server wrk promtool dev preview deploy destroy cloud-stack test test-fast test-deep bench plan render clean
 
 help:
 	@echo "make dev          run the whole serving path on this machine (gateway on PORT=8080)"
 	@echo "make bench        benchmarks (figures recorded in BENCHMARKS.md)"
-	@echo "make test         install into .venv and run every test"
+	@echo "make test         install into .venv and run every test (test-fast: without the slow ones;"
+	@echo "                  test-deep: every test, hypothesis properties explored deeper)"
 	@echo "make plan STACK=  capacity and cost of a stack (llmctl plan)"
 	@echo "make render STACK= Kubernetes manifests of a stack into build/manifests/"
 	@echo "make preview|deploy|destroy STACK=dev   Pulumi, after llmctl plan (deploy: llmctl doctor) passes"
@@ -55,11 +56,29 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) redis-server promtool lint
-	$(PY) -m pytest -q
+# Two pytest runs side by side. The end-to-end tests (tests/e2e: one shared dev stack, mostly
+# waiting on engines) run in the background, their output kept in build/e2e-tests.log and shown
+# when they end (that run leaves .pytest_cache to the other). Every other test runs in the
+# foreground on PYTEST_WORKERS processes (pytest-xdist; `--dist loadfile` keeps a module's tests on
+# one worker, so tests that measure CPU or share a module's servers never run beside each other),
+# so a unit test's failure shows within minutes.
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
+test: $(STAMP) redis-server promtool lint
+	@mkdir -p build
+	@$(PY) -m pytest -q -p no:cacheprovider tests/e2e > build/e2e-tests.log 2>&1 & e2e=$$!; \
+	  $(PYTEST) --ignore=tests/e2e; others=$$?; \
+	  echo "==> the end-to-end tests (tests/e2e; log: build/e2e-tests.log)"; \
+	  wait $$e2e; e2e_status=$$?; cat build/e2e-tests.log; \
+	  test $$others = 0 && test $$e2e_status = 0
+
+# Without the tests marked slow (real server processes, engines): a few minutes.
 test-fast: $(STAMP) redis-server promtool lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
+
+test-deep: export HYPOTHESIS_PROFILE = deep
+test-deep: test
 
 # The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.
 dev: $(STAMP)

@@ -1,12 +1,50 @@
-"""Fixtures for every test: the example stacks, the tiny local models, a private redis-server."""
+"""Fixtures for every test: the example stacks, the tiny local models, a private redis-server.
+Also the session's rules: hypothesis profiles, and nothing this run started may outlive it."""
 
 from __future__ import annotations
 
+import os
+import uuid
+
 import pytest
+from hypothesis import settings
 
 from infra.spec import StackSpec
 from infra.stack_file import PROJECT_ROOT, load_stack
+from tests.support.hypothesis import PROFILE
+from tests.support.leftovers import RUN_TAG, left_running, stop_leftovers
 from tests.support.stacks import EXAMPLE_STACKS, TEST_CLOUD_STACKS
+
+# `make test` runs the "fast" profile; `make test-deep` (HYPOTHESIS_PROFILE=deep) explores more,
+# with fresh random examples on every run. "fast" is derandomized: a property's own count of
+# what it exercised (see the fuzz tests) is then the same on every run. Per-test example
+# counts: tests.support.hypothesis.examples.
+settings.register_profile("fast", deadline=None, derandomize=True, database=None)
+settings.register_profile("deep", deadline=None)
+settings.load_profile(PROFILE)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every process this run starts inherits the tag (xdist workers, servers, Ray, its HAProxy):
+    # what is found with it at the end was left behind by this run, never by someone else's.
+    if not hasattr(config, "workerinput"):
+        os.environ.setdefault(RUN_TAG, uuid.uuid4().hex)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a process it started is still running once every test is done."""
+    if hasattr(session.config, "workerinput"):
+        return  # each worker's own processes are checked by the controller, after all workers end
+    leftovers = left_running(os.environ[RUN_TAG])
+    if leftovers:
+        stop_leftovers(leftovers)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "FAILED: left running after the tests (stopped now): " + "; ".join(leftovers.values())
+        if reporter:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,6 @@
-"""End to end: `llmctl bench` as a subprocess against the real dev stack (`python -m ops.devstack`:
-redis-server, Ray Serve, CPU vLLM, gateway), through the gateway with a key and against Ray
-Serve directly. Small loads (a few seconds each): the stack's start is most of the time.
+"""End to end: `llmctl bench` as a subprocess against the session's shared dev stack (`python -m
+ops.devstack`: redis-server, Ray Serve, CPU vLLM, gateway; tests/e2e/conftest.py), through the
+gateway with a key and against Ray Serve directly. Small loads, a few seconds each.
 """
 
 from __future__ import annotations
@@ -9,26 +9,19 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from infra.stack_file import PROJECT_ROOT
-from ops.benchmarks.serving import start_dev_stack, stop_tree
-from ops.harness.processes import free_port
 
 ROOT = PROJECT_ROOT
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def stack():
-    state = tempfile.mkdtemp(prefix="llmstack-bench-e2e-")
-    process, ready = start_dev_stack(free_port(), state)
-    try:
-        yield ready
-    finally:
-        stop_tree(process, 180)
+@pytest.fixture
+def dev_ready(dev_stack) -> dict:
+    """The shared stack's ready line: URLs, the dev key, its models."""
+    return dev_stack.ready
 
 
 def llmctl_bench(*args: str, api_key: str | None = None) -> subprocess.CompletedProcess:
@@ -39,11 +32,11 @@ def llmctl_bench(*args: str, api_key: str | None = None) -> subprocess.Completed
                           capture_output=True, text=True, timeout=300)
 
 
-def test_gateway_levels_json_and_plot(stack, tmp_path):
+def test_gateway_levels_json_and_plot(dev_ready, tmp_path):
     out = tmp_path / "gw.json"
-    run = llmctl_bench("--url", stack["base_url"], "--model", "tiny-chat", "-c", "1,4", "-n", "8",
+    run = llmctl_bench("--url", dev_ready["base_url"], "--model", "tiny-chat", "-c", "1,4", "-n", "8",
                        "--prompt-tokens", "uniform:8-32", "--output-tokens", "fixed:16", "--out", str(out),
-                       api_key=stack["api_key"])
+                       api_key=dev_ready["api_key"])
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "concurrency" and [s["level"] for s in report["levels"]] == [1, 4]
@@ -58,13 +51,13 @@ def test_gateway_levels_json_and_plot(stack, tmp_path):
     assert "RateLimitError" not in run.stdout
 
 
-def test_rate_limited_key_counts_429s_by_type(stack, tmp_path):
+def test_rate_limited_key_counts_429s_by_type(dev_ready, tmp_path):
     """A key allowed 2 requests a minute: the run completes and reports the gateway's 429s."""
     from serving.gateway.keys import create_key_sync
 
-    key = create_key_sync(stack["redis_url"], tenant="bench-test", name="tight", limits={"requests_per_minute": 2})
+    key = create_key_sync(dev_ready["redis_url"], tenant="bench-test", name="tight", limits={"requests_per_minute": 2})
     out = tmp_path / "limited.json"
-    run = llmctl_bench("--url", stack["base_url"], "-m", "tiny-chat", "-c", "2", "-n", "8", "--output-tokens",
+    run = llmctl_bench("--url", dev_ready["base_url"], "-m", "tiny-chat", "-c", "2", "-n", "8", "--output-tokens",
                        "fixed:4", "--no-warm-up", "--no-plot", "--out", str(out), api_key=key)
     assert run.returncode == 0, run.stderr[-3000:]
     level = json.loads(out.read_text())["levels"][0]
@@ -74,14 +67,14 @@ def test_rate_limited_key_counts_429s_by_type(stack, tmp_path):
     assert not out.with_suffix(".png").exists()
 
 
-def test_open_loop_rate_against_ray_serve_completions(stack, tmp_path):
+def test_open_loop_rate_against_ray_serve_completions(dev_ready, tmp_path):
     out = tmp_path / "serve.json"
-    model_url = stack["model_urls"][stack["models"][0]]  # Serve serves each model under its own prefix
+    model_url = dev_ready["model_urls"][dev_ready["models"][0]]  # Serve serves each model under its own prefix
     run = llmctl_bench("--url", model_url, "--rate", "4", "-n", "6", "--api",
                        "completions", "--output-tokens", "normal:12,3", "--out", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["model"] == stack["models"][0]  # picked from GET /v1/models
+    assert report["model"] == dev_ready["models"][0]  # picked from GET /v1/models
     assert report["base_url"] == model_url
     level = report["levels"][0]
     assert (level["mode"], level["requests"], level["ok"]) == ("rate", 6, 6)

@@ -3,6 +3,7 @@ node, $/1M tokens at a known throughput, spot prices averaged over time, the rat
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -23,7 +24,7 @@ from infra.cost import (
 )
 from infra.planner import plan_stack
 from infra.spec import StackSpec
-from infra.stack_file import load_stack, spec_from_document
+from infra.stack_file import PROJECT_ROOT, load_stack, spec_from_document
 from infra.throughput import Throughput
 from tests.support.stacks import stack_document
 
@@ -133,12 +134,20 @@ def test_throughput_is_validated(bad):
 
 
 def test_benchmarks_worked_example_for_the_local_cpu_stack():
-    """BENCHMARKS.md's worked example: m7a.large at $0.11592/h over the local stack's measured
-    throughput (run 1, c=32 and c=1; 64 input / 64 output tokens, so total = 2 x output)."""
-    price = Decimal("0.11592")
+    """BENCHMARKS.md's worked example (m7a.large over the local stack's measured throughput, run 1,
+    c=32 and c=1; 64 input / 64 output tokens, so total = 2 x output), recomputed from the figures
+    as the page states them: a changed throughput or price there must come with its costs."""
+    text = (PROJECT_ROOT / "BENCHMARKS.md").read_text()
+    section = text[text.index("What `llmctl cost` computes, done by hand"):text.index("## Cold start of `make dev`")]
+    [price] = re.findall(r"\$(\d+\.\d+) per hour Linux On-Demand", section)
+    rows = re.findall(r"^\| (full path \(gateway\)|bare vLLM) \| ([\d,]+) \| ([\d,]+) \| \$([\d.]+) \| \$([\d.]+) \|$",
+                      section, re.MULTILINE)
+    [(single, single_cost)] = re.findall(r"full path's (\d+) output tokens/s cost \$([\d.]+) per 1M", section)
+    assert [row[0] for row in rows] == ["full path (gateway)", "bare vLLM"]
     places = Decimal("0.0001")
-    assert per_million(price, Decimal(977)).quantize(places) == Decimal("0.0330")
-    assert per_million(price, Decimal(2 * 977)).quantize(places) == Decimal("0.0165")
-    assert per_million(price, Decimal(3658)).quantize(places) == Decimal("0.0088")
-    assert per_million(price, Decimal(2 * 3658)).quantize(places) == Decimal("0.0044")
-    assert per_million(price, Decimal(218)).quantize(places) == Decimal("0.1477")
+    for _, output, per_hour, output_cost, total_cost in rows:
+        tokens_per_s = Decimal(output.replace(",", ""))
+        assert Decimal(per_hour.replace(",", "")) == tokens_per_s * 3600
+        assert per_million(Decimal(price), tokens_per_s).quantize(places) == Decimal(output_cost)
+        assert per_million(Decimal(price), 2 * tokens_per_s).quantize(places) == Decimal(total_cost)
+    assert per_million(Decimal(price), Decimal(single)).quantize(places) == Decimal(single_cost)

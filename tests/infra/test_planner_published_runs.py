@@ -2,8 +2,11 @@
 
 Every case is a real log: where it was published, which vLLM, and the line the figure comes from.
 V1-engine cases must land in [0.95, 1.02] of what vLLM reported (conservative by at most 5%,
-over-promising by at most 2%). Older-engine cases are listed and printed, not asserted: the V0
-engine profiled and captured CUDA graphs differently.
+over-promising by at most 2%). Two of them are not evidence: the two coefficients of the V1
+profiling peak (infra.vllm_memory, SAMPLER_BYTES_PER_LOGIT and HIDDEN_BYTES_PER_ELEMENT) were
+fitted to those two runs (`fitted=True`), so they are reported apart from the held-out runs,
+which the fit never saw. Older-engine cases are listed and printed, not asserted: the V0 engine
+profiled and captured CUDA graphs differently.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class PublishedRun:
     kv_cache_gib: float | None = None  # "Available KV cache memory"
     max_concurrency: float | None = None  # "Maximum concurrency for <max_model_len> tokens per request"
     refused: bool = False  # the engine did not start: no room for one max_model_len sequence
+    fitted: bool = False  # infra.vllm_memory's V1 coefficients were fitted to this run
 
     @property
     def v1_engine(self) -> bool:
@@ -52,10 +56,10 @@ def _model(source: str, max_model_len: int, **fields) -> dict:
 # the release the llm-d runs are quoted with.
 RUNS = [
     PublishedRun("llama-3.1-8b-h100-tp1", LLM_D, "0.11.0", "Available KV cache memory: 51.38 GiB",
-                 _model("meta-llama/Llama-3.1-8B-Instruct", 16000), "p5.48xlarge", kv_cache_gib=51.38),
+                 _model("meta-llama/Llama-3.1-8B-Instruct", 16000), "p5.48xlarge", kv_cache_gib=51.38, fitted=True),
     PublishedRun("llama-3.3-70b-fp8-h100-tp2", LLM_D, "0.11.0", "Available KV cache memory: 32.0 GiB",
                  _model("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", 16000, quantization="fp8",
-                        tensor_parallel_size=2), "p5.48xlarge", kv_cache_gib=32.0),
+                        tensor_parallel_size=2), "p5.48xlarge", kv_cache_gib=32.0, fitted=True),
     PublishedRun("qwen3-32b-h100-tp1", LLM_D, "0.11.0", "Available KV cache memory: 4.45 GiB",
                  _model("Qwen/Qwen3-32B", 16000), "p5.48xlarge", kv_cache_gib=4.45),
     PublishedRun("qwen3-32b-h100-tp2", LLM_D + "; figures as quoted by the issue that asked for this table",
@@ -90,8 +94,27 @@ def ratio(run: PublishedRun, plan: StackPlan) -> float:
     return model.kv_tokens_per_replica / run.model["max_model_len"] / run.max_concurrency
 
 
-@pytest.mark.parametrize("run", [r for r in RUNS if r.v1_engine and not r.refused], ids=lambda r: r.name)
-def test_v1_engine_runs_within_band(run: PublishedRun):
+V1_RUNS = [r for r in RUNS if r.v1_engine and not r.refused]
+
+
+def test_the_fit_leaves_held_out_runs():
+    assert [r.name for r in V1_RUNS if r.fitted] == ["llama-3.1-8b-h100-tp1", "llama-3.3-70b-fp8-h100-tp2"]
+    assert len([r for r in V1_RUNS if not r.fitted]) == 4
+
+
+@pytest.mark.parametrize("run", [r for r in V1_RUNS if not r.fitted], ids=lambda r: r.name)
+def test_held_out_v1_engine_runs_within_band(run: PublishedRun):
+    """The evidence: runs the coefficients were not fitted to."""
+    check_within_band(run)
+
+
+@pytest.mark.parametrize("run", [r for r in V1_RUNS if r.fitted], ids=lambda r: r.name)
+def test_the_runs_the_coefficients_were_fitted_to_are_reproduced(run: PublishedRun):
+    """Only that the fit holds (these pass by construction of the coefficients)."""
+    check_within_band(run)
+
+
+def check_within_band(run: PublishedRun) -> None:
     plan = plan_for(run)
     assert plan.ok, plan.problems
     assert plan.vllm_version == run.vllm_version

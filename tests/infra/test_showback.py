@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infra.showback import GroupCost, ModelRate, Usage, apportion, assumed_node_hours, model_rates, showback
+from tests.support.hypothesis import examples
 
 PER_MILLION = Decimal("0.000001")
 
@@ -112,7 +113,7 @@ def test_model_rates_and_assumed_hours_come_from_the_plan(example_stack):
 tokens = st.integers(min_value=0, max_value=10**12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(fast=100, deep=300))
 @given(rows=st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from(["k1", "k2"]),
                                st.sampled_from(["m1", "m2"]), tokens, tokens), max_size=12),
        hours=st.decimals(min_value=0, max_value=10**5, places=3),

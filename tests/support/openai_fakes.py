@@ -126,6 +126,12 @@ def serving_gateway(settings: GatewaySettings, key_store) -> Iterator[tuple[str,
         thread.join(HANG_BOUND_S)
 
 
+def chat(llm: openai.OpenAI, model: str = "tiny", **kwargs):
+    """One chat completion with a fixed question through the official client."""
+    return llm.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is a KV cache?"}],
+                                       **kwargs)
+
+
 def client(gateway: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
 

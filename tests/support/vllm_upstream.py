@@ -38,7 +38,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,22 +49,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.servers import serving
+from tests.support.waiting import eventually  # noqa: F401 (the billing tests import it from here)
 
 DIRECTIVE = "#stub "
 
 
-
-
-def eventually(check: Any, what: str) -> Any:
-    """Poll `check` until it returns something true; the deadline only bounds a hang."""
-    deadline = time.monotonic() + HANG_BOUND_S
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            assert result, what
-            return result
-        time.sleep(0.02)
 
 
 def directive(**steer: Any) -> str:

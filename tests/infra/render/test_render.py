@@ -172,14 +172,18 @@ def test_only_the_gateway_reaches_ray_serve(rendered):
     assert [s["metadata"]["name"] for s in load_balancers] == expected
 
 
-def test_local_serve_app_builds_with_ray_serve_llm():
-    from ray.serve import Application
+def test_local_serve_args_are_ray_serve_llm_serving_args():
+    """What `serving.app:build_app` hands to Ray's `build_openai_app`, checked with Ray's own
+    model and without a Ray cluster (building the app needs one: tests/e2e/test_serve_app.py
+    builds it on the shared dev stack's Ray)."""
+    from ray.serve.llm import LLMServingArgs
 
     from infra.render.serve_config import serving_args
     from infra.stack_file import load_stack
-    from serving.app import build_app
 
-    assert isinstance(build_app(serving_args(load_stack("local"))), Application)  # the paths via an OpenAI ingress
+    spec = load_stack("local")
+    args = LLMServingArgs.model_validate(serving_args(spec))
+    assert [c.model_id for c in args.llm_configs] == [m.model_name for m in spec.models]
 
 
 def test_render_refuses_a_stack_that_fails_its_plan():

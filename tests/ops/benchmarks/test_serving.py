@@ -29,7 +29,9 @@ def test_local_replica_settings_as_flags():
     flags = engine_cli_flags(llm_config(spec.model("tiny-chat"), spec)["engine_kwargs"])
     assert flags == ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "1", "--max-model-len", "512",
                      "--dtype", "float32", "--enforce-eager", "--enable-prefix-caching",
-                     "--enable-prompt-tokens-details"]
+                     "--enable-prompt-tokens-details",
+                     # no media host allowed: vLLM reads an empty list as "any", so a host that never resolves
+                     "--allowed-media-domains", '["data-urls-only.invalid"]']
 
 
 def test_flags_parse_with_vllms_own_parsers():

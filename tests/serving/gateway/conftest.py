@@ -10,7 +10,8 @@ from contextlib import AbstractContextManager
 
 import pytest
 
-from serving.gateway.keys import create_key_sync
+from serving.gateway.app import create_app
+from serving.gateway.keys import RedisKeyStore, create_key_sync
 from tests.support.gateway import (
     GENEROUS,
     RecordingUpstream,
@@ -19,6 +20,7 @@ from tests.support.gateway import (
     raw_request,
     serving_gateway,
 )
+from tests.support.openai_fakes import FakeUpstream, StreamRecordingUpstream, settings_for
 from tests.support.servers import serving
 from tests.support.servers import serving as serving_app
 from tests.support.vllm_upstream import AccessLines, VllmLikeUpstream
@@ -86,6 +88,40 @@ def access_lines() -> Iterator[AccessLines]:
     finally:
         logger.removeHandler(handler)
         logger.disabled, logger.level = was_disabled, old_level
+
+
+@pytest.fixture(scope="module")
+def fake_upstream() -> Iterator[FakeUpstream]:
+    """An upstream like Ray Serve's OpenAI ingress: models, chats streamed or not, and the headers
+    it got (tests.support.openai_fakes)."""
+    fake = FakeUpstream()
+    with serving_app(fake.app()) as url:
+        fake.url = url
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def stream_recording_upstream() -> Iterator[StreamRecordingUpstream]:
+    """An OpenAI-like upstream that records every body it gets and sends the usage chunk of a
+    stream only when asked, as OpenAI and vLLM do (tests.support.openai_fakes)."""
+    fake = StreamRecordingUpstream()
+    with serving_app(fake.app()) as url:
+        fake.url = url
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def fake_upstream_gateway(redis_server, fake_upstream: FakeUpstream) -> Iterator[str]:
+    """The URL of a gateway (its ASGI app under uvicorn) in front of `fake_upstream`."""
+    settings = settings_for(fake_upstream.url, redis_server.url)
+    with serving_app(create_app(settings, RedisKeyStore(redis_server.url))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def api_key(redis_server) -> str:
+    """A key of tenant acme with the gateway's default limits."""
+    return create_key_sync(redis_server.url, "acme", "tests")
 
 
 @pytest.fixture(scope="module")

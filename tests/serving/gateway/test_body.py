@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from serving.gateway.body import BodyError, nesting_within, parse_json, request_document
 from serving.gateway.routes import CHAT_FIELDS, COMPLETION_FIELDS, EMBEDDING_FIELDS
 from serving.gateway.settings import GatewaySettings
+from tests.support.hypothesis import examples
 
 DEPTH = 32
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000")
@@ -82,7 +83,7 @@ def depth_of(value) -> int:
     return 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(fast=100, deep=300))
 @given(document=json_documents, max_depth=st.integers(2, 8))
 def test_parse_agrees_with_json_within_the_bound(document, max_depth):
     body = json.dumps(document, ensure_ascii=False).encode()
@@ -93,7 +94,7 @@ def test_parse_agrees_with_json_within_the_bound(document, max_depth):
         assert isinstance(result, BodyError) and result.code == "json_too_deep"
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(fast=150, deep=500))
 @given(body=st.text(alphabet='[]{}",:\\ 1a', max_size=400).map(str.encode) | st.binary(max_size=200))
 def test_parse_never_raises_on_junk(body):
     result = parse(body, 4)
@@ -101,7 +102,7 @@ def test_parse_never_raises_on_junk(body):
         assert depth_of(result) <= 4
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(fast=150, deep=500))
 @given(body=st.text(alphabet="[]{}", max_size=300).map(str.encode), max_depth=st.integers(1, 10))
 def test_nesting_within_matches_a_simple_counter(body, max_depth):
     """The bound a recursive parser needs: how many brackets are open at once, objects and arrays

@@ -23,15 +23,19 @@ import pytest
 import redis
 
 from infra.stack_file import PROJECT_ROOT
-from ops.harness.processes import background, free_port, terminate, wait_for_http
+from ops.harness.processes import free_port, terminate, wait_for_http
 from ops.llmctl.bench.stats import BenchReport, RequestResult, summarise
 from serving.gateway.budgets import REFUSAL_CODE, cost_nano_usd, month_of, seconds_until_next_month, spend_key
 from serving.gateway.keys import create_key_sync
+from serving.gateway.output_bound import output_bound
+from serving.gateway.reservation import reserve
 from serving.gateway.tenants import key_daily_key
 from serving.gateway.usage_ledger import parse_usage_hash, usage_key
 from tests.support.gateway import GENEROUS
+from tests.support.gateway_process import gateway_process
+from tests.support.servers import HANG_BOUND_S
 from tests.support.stacks import stack_document, write_stack
-from tests.support.vllm_upstream import HANG_BOUND_S, daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
 
 # The test stack (tests.support.stacks) serves "llama" on one L4 group. $72 per node-hour over a
 # bench of 20 total tokens/s is $1,000 per 1M tokens: one token costs a tenth of a cent, so a few
@@ -60,6 +64,17 @@ def bench(path: Path) -> Path:
                          seed=0, levels=[summarise(results, "concurrency", 1)])
     path.write_text(report.model_dump_json(indent=2))
     return path
+
+
+def most_reserved() -> int:
+    """Tokens one request of the budget test reserves at most (serving.gateway.reservation): its
+    prompt bound from a body no shorter than the client sends, plus its max_tokens."""
+    document = {"model": "llama", "max_tokens": 30, "messages": [
+        {"role": "user", "content": directive(id="budget-99", tokens=30) + "\nHow big is a KV cache?"}]}
+    body_size = len(json.dumps(document).encode())  # spaced JSON: longer than the client's compact body
+    output = output_bound(document, "/v1/chat/completions", context_length=None, ceiling=10**6)  # max_tokens: 30
+    return reserve(document, body_size, "/v1/chat/completions", output=output, context_length=None,
+                   template_tokens=0).total
 
 
 def ledger(url: str, tenant: str) -> dict[str, tuple[int, int, int]]:
@@ -125,7 +140,7 @@ def test_two_tenants_are_billed_and_reported_in_proportion(redis_server, upstrea
 
 
 @contextmanager
-def gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[str]:
+def budget_gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[str]:
     """`python -m serving.gateway` as a pod runs it (settings from the environment)."""
     port, metrics_port = free_port(), free_port()
     # No chat-template allowance: the reservation stays close to what a request bills.
@@ -134,7 +149,7 @@ def gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[st
     env = {"LLMSTACK_UPSTREAM_URL": upstream_url, "LLMSTACK_REDIS_URL": redis_url,
            "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings), "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port), "PYTHONPATH": str(PROJECT_ROOT)}
-    with background([sys.executable, "-m", "serving.gateway"], log, env={**os.environ, **env}) as process:
+    with gateway_process({**os.environ, **env}, log) as process:
         try:
             url = f"http://127.0.0.1:{port}"
             wait_for_http(f"{url}/healthz", process, timeout_s=HANG_BOUND_S)
@@ -143,6 +158,7 @@ def gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iterator[st
             terminate(process, grace_s=10)
 
 
+@pytest.mark.slow  # starts two gateway processes
 def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstream, tmp_path):
     """$1 buys 1,000 tokens at the rate; 40 requests of about 45 tokens need twice that. Two
     replicas that each kept their own count would serve them all; sharing one count in Redis,
@@ -150,7 +166,7 @@ def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstr
     budget = Decimal("1.00")
     key = create_key_sync(redis_server.url, "team-c", "tiny-budget", limits={**GENEROUS, "monthly_budget_usd": budget})
     with ExitStack() as stack:
-        urls = [stack.enter_context(gateway_process(upstream.url, redis_server.url, tmp_path / f"gw{i}.log"))
+        urls = [stack.enter_context(budget_gateway_process(upstream.url, redis_server.url, tmp_path / f"gw{i}.log"))
                 for i in range(2)]
 
         def send(n: int) -> tuple[int, str, httpx.Response | None]:
@@ -170,8 +186,11 @@ def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstr
         billed = sum(cost_nano_usd(upstream.generated[r]["prompt"] + upstream.generated[r]["completion"], RATE)
                      for r in admitted)
         # Every admission fit the budget with its whole reservation, and no request bills more than
-        # it reserved: the two replicas together never spend more than the budget.
-        assert 0 < billed <= budget * 10**9
+        # it reserved: the two replicas together never spend more than the budget. And they stop only
+        # when one more reservation no longer fits (the requests after the run are refused): what
+        # is left of the budget is less than one request's reservation, a few hundred tokens of
+        # the 1,000 the budget buys (a budget that refused too early bills far less).
+        assert budget * 10**9 - cost_nano_usd(most_reserved(), RATE) < billed <= budget * 10**9
         assert served_by == {0, 1} and len(admitted) < 40
         assert spent(redis_server.url, "team-c", f"key:{key_id_of(key)}") == billed
         for refusal in refusals:

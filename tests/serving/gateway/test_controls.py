@@ -23,7 +23,6 @@ from serving.gateway.reservation import reserve
 from tests.support.openai_fakes import (
     PROMPT,
     USAGE,
-    StreamRecordingUpstream,
     chat_raw,
     client,
     new_key,
@@ -34,16 +33,8 @@ from tests.support.servers import serving
 
 
 @pytest.fixture(scope="module")
-def upstream():
-    fake = StreamRecordingUpstream()
-    with serving(fake.app()) as url:
-        fake.url = url
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def gateway_urls(redis_server, upstream):
-    settings = settings_for(upstream.url, redis_server.url, max_tokens_ceiling=100,
+def gateway_urls(redis_server, stream_recording_upstream):
+    settings = settings_for(stream_recording_upstream.url, redis_server.url, max_tokens_ceiling=100,
                             model_context_lengths={"tiny": 4096, "other": 64})
     with serving_gateway(settings, RedisKeyStore(redis_server.url)) as urls:
         yield urls
@@ -96,15 +87,15 @@ def test_every_generated_sequence_is_reserved():
 # --- through a running gateway -------------------------------------------------------------------
 
 
-def test_max_tokens_is_added_only_when_needed(gateway, upstream, redis_server):  # noqa: F811
+def test_max_tokens_is_added_only_when_needed(gateway, stream_recording_upstream, redis_server):  # noqa: F811
     key = new_key(redis_server)
-    upstream.bodies.clear()
+    stream_recording_upstream.bodies.clear()
     for model in ("tiny", "other"):
         body = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
         assert httpx.post(f"{gateway}/v1/chat/completions", json=body,
                           headers={"Authorization": f"Bearer {key}"}).status_code == 200
     assert chat_raw(gateway, key, max_tokens=7).status_code == 200
-    sent = [(b["model"], b.get("max_tokens")) for b in upstream.bodies]
+    sent = [(b["model"], b.get("max_tokens")) for b in stream_recording_upstream.bodies]
     assert sent == [("tiny", 100), ("other", None), ("tiny", 7)]
 
 
@@ -170,9 +161,9 @@ def test_metrics_count_requests_tokens_and_ttft(gateway, admin, redis_server):
     assert value(admin, "llmstack_gateway_in_flight_requests") == 0
 
 
-def test_idle_and_total_timeouts(redis_server, upstream):  # noqa: F811
+def test_idle_and_total_timeouts(redis_server, stream_recording_upstream):  # noqa: F811
     key = new_key(redis_server, max_concurrent_requests=1)  # a slot leaked by a timeout would 429 the next
-    idle = settings_for(upstream.url, redis_server.url, upstream_idle_timeout_s=0.5)
+    idle = settings_for(stream_recording_upstream.url, redis_server.url, upstream_idle_timeout_s=0.5)
     with serving_gateway(idle, RedisKeyStore(redis_server.url)) as (gw, admin):
         silent = httpx.post(
             f"{gw}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "x-test-scenario": "silent"},
@@ -183,7 +174,7 @@ def test_idle_and_total_timeouts(redis_server, upstream):  # noqa: F811
                                              extra_headers={"x-test-scenario": "stall"})
         assert_cut_not_timed_out(lambda: list(stream))
         assert value(admin, "llmstack_gateway_upstream_errors_total", kind="idle_timeout") == 2
-    total = settings_for(upstream.url, redis_server.url, request_timeout_s=1)
+    total = settings_for(stream_recording_upstream.url, redis_server.url, request_timeout_s=1)
     with serving_gateway(total, RedisKeyStore(redis_server.url)) as (gw, admin):
         stream = client(gw, key).chat.completions.create(
             model="tiny", stream=True, messages=[{"role": "user", "content": PROMPT}],
@@ -202,13 +193,13 @@ def assert_cut_not_timed_out(read) -> None:
     assert not isinstance(caught.value, openai.APITimeoutError)
 
 
-def test_prompts_are_logged_only_when_the_stack_says_so(redis_server, upstream, caplog):  # noqa: F811
+def test_prompts_are_logged_only_when_the_stack_says_so(redis_server, stream_recording_upstream, caplog):  # noqa: F811
     access = logging.getLogger("llmstack.gateway.access")
     access.disabled = False
     caplog.set_level(logging.INFO, logger="llmstack.gateway.access")
     key = new_key(redis_server)
     for log_prompts in (False, True):
-        settings = settings_for(upstream.url, redis_server.url, log_prompts=log_prompts)
+        settings = settings_for(stream_recording_upstream.url, redis_server.url, log_prompts=log_prompts)
         with serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw:
             caplog.clear()
             assert chat_raw(gw, key, max_tokens=5).status_code == 200

@@ -7,48 +7,16 @@ file: owner-only, never written through a symlink. The gateway runs as its pod r
 from __future__ import annotations
 
 import json
-import os
 import stat
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
+import pytest
 
-from infra.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
+from tests.support.gateway_process import gateway_process, wait_answering
 from tests.support.servers import HANG_BOUND_S
 
-
-@contextmanager
-def gateway_process(env: dict[str, str], log: Path, *args: str) -> Iterator[subprocess.Popen]:
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "serving.gateway", *args], cwd=PROJECT_ROOT,
-                                   env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(HANG_BOUND_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def wait_ok(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + HANG_BOUND_S
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(url).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} never answered 200 (exit code {process.poll()})")
+pytestmark = pytest.mark.slow  # starts gateway processes
 
 
 def env_for(upstream: str, redis_url: str, port: int, metrics_port: int) -> dict[str, str]:
@@ -62,7 +30,7 @@ def test_metrics_and_readiness_are_only_on_the_metrics_port(recording_upstream, 
     env = env_for(recording_upstream.url, redis_server.url, port, metrics_port)
     with gateway_process(env, tmp_path / "gw.log") as process:
         public, private = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
-        wait_ok(f"{public}/healthz", process)
+        wait_answering(f"{public}/healthz", process)
         assert httpx.get(f"{public}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
         for path in ("/metrics", "/readyz"):  # the old gateway answered both here, to the internet
             refused = httpx.get(f"{public}{path}")
@@ -110,6 +78,6 @@ def test_an_existing_dev_key_file_becomes_owner_only(recording_upstream, tmp_pat
     port = free_port()
     with gateway_process(dev_env(recording_upstream.url, port), tmp_path / "gw.log", "--dev-key-file",
                          str(key_file)) as process:
-        wait_ok(f"http://127.0.0.1:{port}/healthz", process)
+        wait_answering(f"http://127.0.0.1:{port}/healthz", process)
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # the old gateway kept 0644
         assert key_file.read_text().startswith("sk-llm-")

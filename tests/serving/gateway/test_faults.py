@@ -30,6 +30,9 @@ import redis
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, wait_for_http
 from serving.gateway.keys import RedisKeyStore, create_key_sync
+from tests.support.gateway_process import gateway_process
+
+pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gateway)
 
 HANG_BOUND_S = 60
 PROMPT = [{"role": "user", "content": "What is a KV cache?"}]  # estimate: 5 tokens
@@ -55,7 +58,7 @@ def gateway(tmp_path: Path, upstream: str, redis_url: str, metrics_port: int | N
            # the stub upstream is steered by headers, which the gateway forwards only when listed
            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "forward_request_headers": [
                "x-stub-chunks", "x-stub-interval-ms"], **settings})}
-    with background([sys.executable, "-m", "serving.gateway"], tmp_path / f"gateway-{port}.log", env) as proc:
+    with gateway_process(env, tmp_path / f"gateway-{port}.log") as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/healthz", proc, HANG_BOUND_S)
         yield url, proc

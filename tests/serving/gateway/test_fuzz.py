@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from serving.gateway.app import create_app
 from serving.gateway.keys import RedisKeyStore, create_key_sync
+from tests.support.hypothesis import examples
 from tests.support.openai_fakes import settings_for
 from tests.support.servers import serving
 
@@ -74,7 +75,7 @@ def recorder():
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, recorder):
+def fuzzed_gateway(redis_server, recorder):
     upstream_settings = {"max_tokens_ceiling": CEILING, "max_n": MAX_N, "max_top_logprobs": MAX_TOP_LOGPROBS,
                          "model_context_lengths": {"tiny": 4096},
                          # vLLM extensions the policy bounds: allowed here so the fuzzing reaches those bounds
@@ -135,13 +136,13 @@ def assert_obeys_policy(path: str, body: dict | list | bytes) -> None:
         assert body["stream_options"]["include_usage"] is True, body
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(PATHS), body=bodies, with_key=st.booleans(), method=st.sampled_from(["POST", "GET"]))
-def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(gateway, recorder, key, path, body,
-                                                                            with_key, method):
+def check_request(fuzzed_gateway: str, recorder: Recorder, key: str, path: str, body: bytes, with_key: bool,
+                  method: str) -> list[tuple[str, dict]]:
+    """One request through `gateway`, checked: no 5xx, OpenAI-shaped refusals, and whatever
+    reached the upstream obeys the policy. Returns what reached the upstream."""
     recorder.seen.clear()
     headers = {"Authorization": f"Bearer {key}"} if with_key else {}
-    response = httpx.request(method, f"{gateway}{path}", content=body if method == "POST" else None,
+    response = httpx.request(method, f"{fuzzed_gateway}{path}", content=body if method == "POST" else None,
                              headers={**headers, "content-type": "application/json"}, timeout=30)
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
@@ -150,15 +151,46 @@ def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(gate
         assert response.status_code in (401, 404, 405) and not recorder.seen
     for upstream_path, upstream_body in recorder.seen:
         assert_obeys_policy(upstream_path, upstream_body)
+    return list(recorder.seen)
 
 
-def test_fuzzing_can_fail(gateway, recorder, key):
-    """The property above must be able to fail: a body the policy forbids, sent straight to
-    the upstream recorder, is caught by the same check."""
-    with pytest.raises(AssertionError):
-        assert_obeys_policy("/v1/chat/completions", {"max_tokens": CEILING + 1})
-    with pytest.raises(AssertionError):
-        assert_obeys_policy("/v1/completions", {"max_tokens": 5, "logit_bias": {"1": 100}})
+def output_bound_added(sent: bytes, forwarded: list[tuple[str, dict]]) -> bool:
+    """The client named no output bound, and the gateway added its ceiling on the way."""
+    try:
+        body = json.loads(sent)
+    except ValueError:
+        return False
+    return (isinstance(body, dict) and body.get("max_tokens") is None and body.get("max_completion_tokens") is None
+            and any(isinstance(b, dict) and b.get("max_tokens") == CEILING for _, b in forwarded))
+
+
+def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(fuzzed_gateway, recorder, key):
+    tally = {"requests": 0, "forwarded": 0, "bound_added": 0}
+
+    @settings(max_examples=examples(fast=100, deep=300))
+    @given(path=st.sampled_from(PATHS), body=bodies, with_key=st.booleans(), method=st.sampled_from(["POST", "GET"]))
+    @example(path="/v1/chat/completions", method="POST", with_key=True,
+             body=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode())
+    def any_request(path, body, with_key, method):
+        forwarded = check_request(fuzzed_gateway, recorder, key, path, body, with_key, method)
+        tally["requests"] += 1
+        tally["forwarded"] += bool(forwarded)
+        tally["bound_added"] += output_bound_added(body, forwarded)
+
+    any_request()
+    # The property says nothing if nothing reaches the upstream (every request a 401, say).
+    assert tally["forwarded"] >= 1 and tally["bound_added"] >= 1, tally
+    assert tally["forwarded"] < tally["requests"], tally  # and some were refused
+
+
+def test_fuzzing_can_fail(recorder, key):
+    """The check above must be able to fail: a body the policy forbids, sent straight to the
+    upstream recorder (a gateway that enforces nothing), is caught by the same check."""
+    for body in ({"model": "tiny", "max_tokens": CEILING + 1},
+                 {"model": "tiny", "max_tokens": 5, "logit_bias": {"1": 1}},
+                 {"model": "tiny", "messages": []}):  # no output bound
+        with pytest.raises(AssertionError):
+            check_request(recorder.url, recorder, key, "/v1/chat/completions", json.dumps(body).encode(), True, "POST")
 
 
 # --- request targets ---------------------------------------------------------------------------------
@@ -231,27 +263,46 @@ def method_for(target: str) -> st.SearchStrategy[str]:
     return st.just(own) | st.sampled_from(METHODS)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(request=targets().flatmap(lambda target: st.tuples(method_for(target), st.just(target))))
-def test_the_upstream_sees_the_canonical_form_of_a_served_route_or_nothing(gateway, recorder, key, request):
-    method, target = request
+def check_target(fuzzed_gateway: str, recorder: Recorder, key: str, method: str, target: str) -> bool:
+    """One request with `target` through `gateway`, checked: no 5xx, and the upstream saw the
+    canonical form of a served route, the one the once-decoded target names, or nothing.
+    Returns whether it was forwarded."""
     recorder.request_lines.clear()
     recorder.seen.clear()
-    status = send(gateway, method, target, key)
+    status = send(fuzzed_gateway, method, target, key)
     assert status < 500, (method, target, status)
-    event(f"{'forwarded' if recorder.request_lines else 'refused'} {status}")
     if not recorder.request_lines:
-        return
+        return False
     (line,) = recorder.request_lines
     sent_method, sent_target = line.split(" ", 1)
     assert (sent_method, sent_target) in SERVED, (method, target, line)
     # ...and it is the route the target names once decoded (as uvicorn decodes it), not another
     assert (sent_method, sent_target) == (method, unquote(target.split("?")[0].split("#")[0])), (method, target, line)
+    return True
 
 
-def test_path_fuzzing_can_fail(gateway, recorder, key):
-    """The property above must see what the old gateway did: a target decoded twice on the way."""
-    recorder.request_lines.clear()
-    send(recorder.url, "GET", "/v1/%2e%2e/tokenize", key)  # straight to the recorder: nothing checks it
-    assert recorder.request_lines == ["GET /v1/%2e%2e/tokenize"]
-    assert ("GET", "/v1/%2e%2e/tokenize") not in SERVED
+def test_the_upstream_sees_the_canonical_form_of_a_served_route_or_nothing(fuzzed_gateway, recorder, key):
+    tally = {"requests": 0, "forwarded": 0}
+
+    @settings(max_examples=examples(fast=200, deep=600))
+    @given(request=targets().flatmap(lambda target: st.tuples(method_for(target), st.just(target))))
+    @example(request=("POST", "/v1/chat/completions"))
+    @example(request=("GET", "/v1/models/%74iny"))  # encoded once: served as /v1/models/tiny
+    def any_target(request):
+        method, target = request
+        tally["requests"] += 1
+        forwarded = check_target(fuzzed_gateway, recorder, key, method, target)
+        event("forwarded" if forwarded else "refused")
+        tally["forwarded"] += forwarded
+
+    any_target()
+    assert 2 <= tally["forwarded"] < tally["requests"], tally  # both outcomes were exercised
+
+
+def test_path_fuzzing_can_fail(recorder, key):
+    """The check above must see what the old gateway did: a target passed on still encoded (then
+    decoded again upstream). Sent straight to the recorder, a gateway that normalizes nothing."""
+    with pytest.raises(AssertionError):
+        check_target(recorder.url, recorder, key, "GET", "/v1/%2e%2e/tokenize")
+    with pytest.raises(AssertionError):
+        check_target(recorder.url, recorder, key, "GET", "/v1/models/%2574iny")  # decoded twice: /v1/models/tiny

@@ -39,9 +39,9 @@ from tests.support.openai_fakes import (
     new_key,
     settings_for,
 )
-from tests.support.openai_fakes import StreamRecordingUpstream as RecordingUpstream
 from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import serving_apps
+from tests.support.waiting import eventually
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
 
@@ -49,16 +49,9 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 
 
 
 @pytest.fixture(scope="module")
-def upstream():
-    fake = RecordingUpstream()
-    with serving(fake.app()) as url:
-        fake.url = url
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def gateway(redis_server, upstream):
-    with serving_apps(settings_for(upstream.url, redis_server.url), RedisKeyStore(redis_server.url)) as url:
+def limits_gateway(redis_server, stream_recording_upstream):
+    settings = settings_for(stream_recording_upstream.url, redis_server.url)
+    with serving_apps(settings, RedisKeyStore(redis_server.url)) as url:
         yield url
 
 
@@ -114,16 +107,6 @@ def counter(url: str, key: str, which: int) -> str | None:
         client.close()
 
 
-def eventually(check, what: str):
-    deadline = time.monotonic() + HANG_BOUND_S  # bounds a hang; not a speed assertion
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            assert result, what
-            return result
-        time.sleep(0.05)
-
-
 # --- pure helpers --------------------------------------------------------------------------------
 
 
@@ -177,10 +160,10 @@ def test_old_key_records_still_load():
 # --- against Redis -------------------------------------------------------------------------------
 
 
-def test_exact_admission_under_contention_across_two_gateways(redis_server, upstream):
+def test_exact_admission_under_contention_across_two_gateways(redis_server, stream_recording_upstream):
     n = 20
     key = new_key(redis_server, requests_per_minute=n, max_concurrent_requests=1000, tokens_per_minute=10_000_000)
-    settings = settings_for(upstream.url, redis_server.url)
+    settings = settings_for(stream_recording_upstream.url, redis_server.url)
     with serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw1, \
             serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw2:
 
@@ -215,12 +198,12 @@ def test_exact_admission_under_contention_across_two_gateways(redis_server, upst
         assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
 
 
-def test_retry_after_is_exact_by_redis_clock(gateway, redis_server):
+def test_retry_after_is_exact_by_redis_clock(limits_gateway, redis_server):
     key = new_key(redis_server, requests_per_minute=2)
-    assert [chat_raw(gateway, key, max_tokens=5).status_code for _ in range(2)] == [200, 200]
+    assert [chat_raw(limits_gateway, key, max_tokens=5).status_code for _ in range(2)] == [200, 200]
     tat = int(counter(redis_server.url, key, 0)) / 1e6
     before = redis_clock(redis_server.url)
-    refused = chat_raw(gateway, key, max_tokens=5)
+    refused = chat_raw(limits_gateway, key, max_tokens=5)
     after = redis_clock(redis_server.url)
     assert refused.status_code == 429
     # GCRA: the next request fits when its TAT (tat + 30 s) is within 60 s of now.
@@ -228,45 +211,48 @@ def test_retry_after_is_exact_by_redis_clock(gateway, redis_server):
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
 
 
-def test_tokens_are_reserved_then_settled_to_reported_usage(gateway, redis_server):
+def test_tokens_are_reserved_then_settled_to_reported_usage(limits_gateway, redis_server):
     key = new_key(redis_server, tokens_per_minute=1000)
-    first = chat_raw(gateway, key, max_tokens=max_tokens_reserving(905))
+    first = chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(905))
     assert first.status_code == 200
     assert first.headers["x-ratelimit-remaining-tokens"] == "95"  # a fresh bucket: exact
     assert counter(redis_server.url, key, 3) == str(USAGE["total_tokens"])  # settled to the reported usage
     second_tokens = max_tokens_reserving(400)
-    second = chat_raw(gateway, key, max_tokens=second_tokens)  # 905 + 400 > 1000: fits only because of the refund
+    # 905 + 400 > 1000: fits only because of the refund
+    second = chat_raw(limits_gateway, key, max_tokens=second_tokens)
     assert second.status_code == 200, second.text
     # Waiting only adds capacity, so this bound holds however long the test took.
     assert int(second.headers["x-ratelimit-remaining-tokens"]) >= 1000 - USAGE["total_tokens"] - 400
-    too_big = chat_raw(gateway, key, max_tokens=4000)  # more than the whole per-minute limit, under the ceiling
+    too_big = chat_raw(limits_gateway, key, max_tokens=4000)  # more than the whole per-minute limit, under the ceiling
     assert too_big.status_code == 429 and too_big.json()["error"]["type"] == "tokens"
 
 
-def test_concurrency_slot_is_released_when_the_client_disconnects(gateway, upstream, redis_server):
+def test_concurrency_slot_is_released_when_the_client_disconnects(limits_gateway, stream_recording_upstream,
+                                                                  redis_server):
     key = new_key(redis_server, max_concurrent_requests=1)
-    llm = client(gateway, key)
-    upstream.slow_ended.clear()
+    llm = client(limits_gateway, key)
+    stream_recording_upstream.slow_ended.clear()
     stream = llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}], stream=True,
                                          max_tokens=50, extra_headers={"x-test-scenario": "slow"})
     next(iter(stream))
-    busy = chat_raw(gateway, key, max_tokens=5)
+    busy = chat_raw(limits_gateway, key, max_tokens=5)
     assert busy.status_code == 429 and busy.json()["error"]["type"] == "requests"
     assert busy.headers["retry-after"] == "1"
     stream.close()  # disconnect mid-stream
-    assert upstream.slow_ended.wait(HANG_BOUND_S)
-    eventually(lambda: chat_raw(gateway, key, max_tokens=5).status_code == 200,
+    assert stream_recording_upstream.slow_ended.wait(HANG_BOUND_S)
+    eventually(lambda: chat_raw(limits_gateway, key, max_tokens=5).status_code == 200,
                "the slot was not released after the disconnect")
 
 
-def test_daily_budget_exhausted_is_429_naming_the_budget(gateway, redis_server):
+def test_daily_budget_exhausted_is_429_naming_the_budget(limits_gateway, redis_server):
     first_reserves, second_reserves = 400, 410
     for _ in range(2):  # a UTC midnight between the two requests starts a new budget: run it again
         day = int(redis_clock(redis_server.url) // 86_400)
         key = new_key(redis_server, daily_token_budget=first_reserves + 10)
-        assert chat_raw(gateway, key, max_tokens=max_tokens_reserving(first_reserves)).status_code == 200  # billed 13
+        first = chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(first_reserves))
+        assert first.status_code == 200  # billed 13
         before = redis_clock(redis_server.url)
-        refused = chat_raw(gateway, key, max_tokens=max_tokens_reserving(second_reserves))  # 13 + 410 > 410
+        refused = chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(second_reserves))  # 13 + 410 > 410
         after = redis_clock(redis_server.url)
         if int(after // 86_400) == day:
             break
@@ -276,17 +262,20 @@ def test_daily_budget_exhausted_is_429_naming_the_budget(gateway, redis_server):
     midnight = (day + 1) * 86_400  # by Redis's clock, the one the script uses
     assert math.ceil(midnight - after) <= int(refused.headers["retry-after"]) <= math.ceil(midnight - before)
     with pytest.raises(openai.RateLimitError):
-        client(gateway, key).chat.completions.create(model="tiny", max_tokens=max_tokens_reserving(second_reserves),
-                                                     messages=[{"role": "user", "content": PROMPT}])
+        client(limits_gateway, key).chat.completions.create(model="tiny",
+                                                             max_tokens=max_tokens_reserving(second_reserves),
+                                                             messages=[{"role": "user", "content": PROMPT}])
 
 
-def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(gateway, upstream, redis_server):
-    llm = client(gateway, new_key(redis_server))
+def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(limits_gateway, stream_recording_upstream,
+                                                                      redis_server):
+    llm = client(limits_gateway, new_key(redis_server))
     for asked in (False, True):
         extra = {"stream_options": {"include_usage": True}} if asked else {}
         chunks = list(llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
                                                   stream=True, **extra))
-        assert upstream.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+        assert stream_recording_upstream.bodies[-1]["stream_options"] == {"include_usage": True,
+                                                                       "continuous_usage_stats": True}
         usage = [c.usage for c in chunks if c.usage is not None]
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(WORDS)
         if asked:
@@ -295,10 +284,10 @@ def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(gateway, u
             assert not usage and all(c.choices for c in chunks)
 
 
-def test_streamed_response_carries_headers_and_is_settled(gateway, redis_server):
+def test_streamed_response_carries_headers_and_is_settled(limits_gateway, redis_server):
     key = new_key(redis_server, tokens_per_minute=1000)
     payload = chat_payload(stream=True, max_tokens=max_tokens_reserving(905, stream=True))
-    with httpx.stream("POST", f"{gateway}/v1/chat/completions", content=payload, timeout=HANG_BOUND_S,
+    with httpx.stream("POST", f"{limits_gateway}/v1/chat/completions", content=payload, timeout=HANG_BOUND_S,
                       headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}) as response:
         assert response.headers["x-ratelimit-remaining-tokens"] == "95"  # set before streaming started
         response.read()
@@ -307,12 +296,12 @@ def test_streamed_response_carries_headers_and_is_settled(gateway, redis_server)
     assert counter(redis_server.url, key, 3) == str(USAGE["total_tokens"])
 
 
-def test_refused_requests_charge_no_limit_at_all(gateway, redis_server):
+def test_refused_requests_charge_no_limit_at_all(limits_gateway, redis_server):
     """All or nothing: a request refused by one limit leaves every other limit as it was."""
     key = new_key(redis_server, requests_per_minute=5, tokens_per_minute=1000, max_concurrent_requests=3)
-    assert chat_raw(gateway, key, max_tokens=max_tokens_reserving(900)).status_code == 200  # billed 13
+    assert chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(900)).status_code == 200  # billed 13
     state = [counter(redis_server.url, key, i) for i in range(4)]
-    refused = chat_raw(gateway, key, max_tokens=max_tokens_reserving(999))  # 13 + 999 > 1000 tokens
+    refused = chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(999))  # 13 + 999 > 1000 tokens
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
     assert [counter(redis_server.url, key, i) for i in range(4)] == state  # request TAT, tokens, slots, day
 
@@ -323,11 +312,11 @@ def test_refused_requests_charge_no_limit_at_all(gateway, redis_server):
     # A large one takes its request and concurrency allowance before it is read: one more.
     ("x" * 70_000, ["GET", "EVALSHA", "EVALSHA", "EVALSHA"]),
 ])
-def test_redis_commands_per_admitted_request(upstream, prompt, commands):
+def test_redis_commands_per_admitted_request(stream_recording_upstream, prompt, commands):
     own = start_redis()
     try:
         key = create_key_sync(own.url, "acme", "count")
-        with serving(create_app(settings_for(upstream.url, own.url, max_body_bytes=200_000),
+        with serving(create_app(settings_for(stream_recording_upstream.url, own.url, max_body_bytes=200_000),
                                 RedisKeyStore(own.url))) as gw:
             assert chat_raw(gateway=gw, key=key, max_tokens=5).status_code == 200  # loads the scripts
             watcher = redis.Redis.from_url(own.url, decode_responses=True)
@@ -363,12 +352,12 @@ def test_redis_commands_per_admitted_request(upstream, prompt, commands):
 
 
 @pytest.mark.parametrize("mode", ["closed", "local"])
-def test_redis_down_fail_modes(upstream, mode):
+def test_redis_down_fail_modes(stream_recording_upstream, mode):
     own = start_redis()
     try:
         store = MemoryKeyStore()  # keys stay checkable; only the limiter's Redis goes away
         key, _ = asyncio.run(store.create("acme", "failmode", limits={"requests_per_minute": 3}))
-        settings = settings_for(upstream.url, own.url, limiter_fail_mode=mode)
+        settings = settings_for(stream_recording_upstream.url, own.url, limiter_fail_mode=mode)
         with serving(create_app(settings, store)) as gw:
             own.stop()
             statuses = [chat_raw(gw, key, max_tokens=5) for _ in range(5)]
@@ -391,24 +380,24 @@ def test_slot_is_released_when_the_upstream_is_down(redis_server):
             assert failed.status_code == 503 and "x-ratelimit-remaining-requests" in failed.headers
 
 
-def test_scripts_reload_after_a_script_flush(gateway, redis_server):
+def test_scripts_reload_after_a_script_flush(limits_gateway, redis_server):
     key = new_key(redis_server, requests_per_minute=10)
-    assert chat_raw(gateway, key, max_tokens=5).headers["x-ratelimit-remaining-requests"] == "9"
+    assert chat_raw(limits_gateway, key, max_tokens=5).headers["x-ratelimit-remaining-requests"] == "9"
     flusher = redis.Redis.from_url(redis_server.url)
     flusher.script_flush()  # as after a Redis restart: EVALSHA gets NOSCRIPT, redis-py falls back to EVAL
     flusher.close()
-    errors_before = limiter_errors(gateway)
-    again = chat_raw(gateway, key, max_tokens=5)
+    errors_before = limiter_errors(limits_gateway)
+    again = chat_raw(limits_gateway, key, max_tokens=5)
     assert again.status_code == 200
     # Counted on from Redis's state (a fresh local limiter would say 9 again), with no Redis error.
     assert again.headers["x-ratelimit-remaining-requests"] == "8"
-    assert limiter_errors(gateway) == errors_before
+    assert limiter_errors(limits_gateway) == errors_before
 
 
-def limiter_errors(gateway: str) -> float:
+def limiter_errors(limits_gateway: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(httpx.get(f"{gateway.metrics}/metrics").text):
+    for family in text_string_to_metric_families(httpx.get(f"{limits_gateway.metrics}/metrics").text):
         for sample in family.samples:
             if sample.name == "llmstack_gateway_redis_errors_total" and sample.labels.get("component") == "limiter":
                 return sample.value

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
 from infra.planner import plan_stack
-from infra.render.gateway import gateway_settings
+from infra.render.gateway import gateway_api_port, gateway_settings
 from infra.spec import Gateway
 from serving.gateway.policy import GatewayPolicy
 from serving.gateway.settings import GatewaySettings, load_settings
@@ -45,11 +45,13 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
               "max_body_bytes": 2048}
     spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
     rendered = gateway_settings(spec)
-    extra = {"host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens", "model_routes",
-             "model_deployments"}
+    extra = {"host", "metrics_host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens",
+             "model_routes", "model_deployments", "model_media_domains"}
     assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | extra
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
-    assert settings.policy_settings() == spec.gateway.policy_settings()
+    # The stack's public port is the edge's; the gateway listens behind it, on the pod's loopback.
+    assert settings.port == gateway_api_port(spec) != spec.gateway.port
+    assert {**settings.policy_settings(), "port": spec.gateway.port} == spec.gateway.policy_settings()
     assert settings.default_tenant_limits.tokens_per_minute == 50_000 and settings.max_n == 2
     assert settings.default_tenant_limits.monthly_budget_usd == Decimal("1500.50")
     # Live replica counts only when the stack opts in (the gateway then reaches the dashboard port):

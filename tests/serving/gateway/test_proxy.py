@@ -82,7 +82,7 @@ def scripted() -> Iterator[ScriptedUpstream]:
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, scripted) -> Iterator[str]:
+def scripted_gateway(redis_server, scripted) -> Iterator[str]:
     with running_gateway(scripted.url, redis_server.url) as url:
         yield url
 
@@ -95,8 +95,8 @@ def key(redis_server) -> str:
 class ChunkedReader:
     """A streamed chat completion on a raw socket: `messages()` yields each HTTP chunk's bytes."""
 
-    def __init__(self, gateway: str, key: str) -> None:
-        url = urlsplit(gateway)
+    def __init__(self, scripted_gateway: str, key: str) -> None:
+        url = urlsplit(scripted_gateway)
         body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 50,
                            "messages": [{"role": "user", "content": "hi"}]}).encode()
         self._sock = socket.create_connection((url.hostname, url.port), timeout=HANG_BOUND_S)
@@ -123,47 +123,47 @@ class ChunkedReader:
         self._sock.close()
 
 
-def stream(gateway: str, key: str) -> list[bytes]:
-    reader = ChunkedReader(gateway, key)
+def stream(scripted_gateway: str, key: str) -> list[bytes]:
+    reader = ChunkedReader(scripted_gateway, key)
     try:
         return list(reader.messages())
     finally:
         reader.close()
 
 
-def test_events_read_together_go_to_the_client_in_one_message_billed_the_last_usage(gateway, scripted, key,
+def test_events_read_together_go_to_the_client_in_one_message_billed_the_last_usage(scripted_gateway, scripted, key,
                                                                                      redis_server):
     together = event(0, "a", 1) + event(0, "b", 2) + event(0, "c", 3, finish="stop")
     scripted.script = [together, sse("[DONE]")]
-    messages = stream(gateway, key)
+    messages = stream(scripted_gateway, key)
     assert without_usage(messages[0]) == without_usage(together)  # all three, usage stripped, in one message
     assert b"usage" not in b"".join(messages) and messages[-1].endswith(b"data: [DONE]\n\n")
     used = key_daily_key("acme", key_id_of(key))
     eventually(lambda: daily_used(redis_server.url, used) == 5 + 3, "not billed the last of the three usages")
 
 
-def test_an_event_split_across_reads_at_every_byte_is_relayed_and_billed_whole(gateway, scripted, key,
+def test_an_event_split_across_reads_at_every_byte_is_relayed_and_billed_whole(scripted_gateway, scripted, key,
                                                                                redis_server):
     # The first event is parsed in full; the second, like it but for its text and usage, is read
     # by the bytes it repeats (serving.gateway.event_shape), here from every possible two pieces.
     first, whole, last = event(0, 'say "hi"', 1), event(0, 'a \\"quote\\"', 2), event(0, "", 2, finish="stop")
     scripted.script = [first, whole, last + sse("[DONE]")]
-    expected = b"".join(stream(gateway, key))
+    expected = b"".join(stream(scripted_gateway, key))
     assert without_usage(expected) == without_usage(first + whole + last) and expected.endswith(b"data: [DONE]\n\n")
     assert b'{"content": "a \\\\\\"quote' in expected  # the upstream's own bytes: read by its shape, not parsed
     for cut in range(1, len(whole)):
         scripted.script = [first, whole[:cut], whole[cut:] + last + b"data: [DO", b"NE]\n\n"]
-        assert b"".join(stream(gateway, key)) == expected, f"split at byte {cut}"
+        assert b"".join(stream(scripted_gateway, key)) == expected, f"split at byte {cut}"
     used = key_daily_key("acme", key_id_of(key))
     eventually(lambda: daily_used(redis_server.url, used) == 7 * len(whole), "a split event was billed otherwise")
 
 
-def test_a_whole_event_is_relayed_at_once_and_a_partial_one_waits_for_its_end(gateway, scripted, key):
+def test_a_whole_event_is_relayed_at_once_and_a_partial_one_waits_for_its_end(scripted_gateway, scripted, key):
     first, second = event(0, "a", 1), event(0, "b", 2, finish="stop")
     gate = threading.Event()
     # The first event and half of the second in one write; the rest only once the client has the first.
     scripted.script = [first + second[:40], gate, second[40:], sse("[DONE]")]
-    reader = ChunkedReader(gateway, key)
+    reader = ChunkedReader(scripted_gateway, key)
     try:
         messages = reader.messages()
         got = next(messages)

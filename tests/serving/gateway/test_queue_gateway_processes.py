@@ -8,7 +8,6 @@ the survivor fills the model's whole capacity again.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import uuid
@@ -18,18 +17,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
-from ops.harness.processes import background, free_port, wait_for_http
+from ops.harness.processes import free_port, wait_for_http
 from serving.gateway.fair_queue import DEFAULT_LEASE_S, queue_keys
 from serving.gateway.keys import create_key_sync
 from tests.support.counting_upstream import CountingUpstream
 from tests.support.gateway import GENEROUS
+from tests.support.gateway_process import gateway_process
 from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gateway)
 
 
 @contextmanager
-def gateway_process(upstream: str, redis_url: str, model: str, capacity: int, log: Path) -> Iterator[tuple]:
+def queue_gateway_process(upstream: str, redis_url: str, model: str, capacity: int, log: Path) -> Iterator[tuple]:
     """`python -m serving.gateway` as its own OS process: yields (API URL, the Popen)."""
     port = free_port()
     settings = {"models": [model], "model_context_lengths": {model: 4096},
@@ -37,7 +41,7 @@ def gateway_process(upstream: str, redis_url: str, model: str, capacity: int, lo
                 "model_queues": {model: {"max_ongoing_requests": capacity}}}
     env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()), "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings)}
-    with background([sys.executable, "-m", "serving.gateway"], log, env) as process:
+    with gateway_process(env, log) as process:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}", process
 
@@ -58,14 +62,6 @@ def redis_counts(redis_url: str, model: str) -> tuple[int, int]:
         return client.zcard(keys.inflight), client.zcard(keys.queues[0])
 
 
-def eventually(check, what: str, bound_s: float = HANG_BOUND_S) -> None:
-    deadline = time.monotonic() + bound_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never: {what}")
-        time.sleep(0.05)
-
-
 def test_two_gateway_processes_never_run_more_than_the_models_capacity(redis_server, tmp_path):
     model, capacity = f"m-{uuid.uuid4().hex[:8]}", 3
     key = create_key_sync(redis_server.url, "acme", "procs", limits=GENEROUS)
@@ -80,8 +76,8 @@ def test_two_gateway_processes_never_run_more_than_the_models_capacity(redis_ser
             time.sleep(0.005)
 
     with serving(counting.app()) as upstream, \
-            gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "one.log") as (one, _), \
-            gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "two.log") as (two, _), \
+            queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "one.log") as (one, _), \
+            queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "two.log") as (two, _), \
             ThreadPoolExecutor(24) as pool:
         watcher = threading.Thread(target=watch_redis, daemon=True)
         watcher.start()
@@ -100,9 +96,11 @@ def test_a_sigkilled_gateway_process_leaks_no_slot(redis_server, tmp_path):
     key = create_key_sync(redis_server.url, "acme", "procs", limits=GENEROUS)
     counting = CountingUpstream(sleep_s=0.05)
     with serving(counting.app()) as upstream, \
-            gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "survivor.log") as (survivor, _), \
+            queue_gateway_process(upstream, redis_server.url, model, capacity,
+                                  tmp_path / "survivor.log") as (survivor, _), \
             ThreadPoolExecutor(8) as pool:
-        with gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "victim.log") as (victim, process):
+        with queue_gateway_process(upstream, redis_server.url, model, capacity,
+                                   tmp_path / "victim.log") as (victim, process):
             held = [pool.submit(chat, victim, key, model, "hold") for _ in range(capacity)]
             eventually(lambda: counting.running == capacity, "the victim fills the model")
             waiting = [pool.submit(chat, victim, key, model, "hold") for _ in range(2)]

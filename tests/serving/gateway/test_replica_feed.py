@@ -8,7 +8,6 @@ import asyncio
 import copy
 import logging
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +25,7 @@ from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.replica_feed import running_replicas
 from tests.support.gateway import GENEROUS, gateway_settings, serving_gateway
 from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.waiting import eventually
 
 
 def replica(state: str, n: int) -> dict:
@@ -127,14 +127,6 @@ class HoldingUpstream:
                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                              "choices": [{"index": 0, "finish_reason": "stop",
                                           "message": {"role": "assistant", "content": "hi"}}]})
-
-
-def eventually(check, what: str) -> None:
-    deadline = time.monotonic() + HANG_BOUND_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never: {what}")
-        time.sleep(0.02)
 
 
 def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fails(redis_server, caplog):

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from serving.gateway.keys import create_key_sync
 from serving.gateway.output_bound import output_bound
 from serving.gateway.reservation import Reservation, prompt_bound, reserve
+from tests.support.hypothesis import examples
 from tests.support.servers import HANG_BOUND_S
 from tests.support.vllm_upstream import directive, running_gateway
 
@@ -78,8 +79,9 @@ def test_prompt_arrays_reserve_for_every_prompt_and_sequence():
 def llama_style():
     """A byte-level BPE trained here (as `make dev`'s tiny model is) and the tiny model's
     Llama-3-style chat template, with its special tokens."""
-    tokenizers = pytest.importorskip("tokenizers")
-    jinja2 = pytest.importorskip("jinja2")
+    import jinja2  # both declared in the test extra: a missing one fails, never skips
+    import tokenizers
+
     from ops.devstack.tiny_model import BOS, CHAT_TEMPLATE, SPECIAL_TOKENS
 
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -103,7 +105,7 @@ messages = st.lists(st.fixed_dictionaries({
     min_size=1, max_size=6)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(fast=50, deep=200))
 @given(conversation=messages)
 def test_the_bound_never_under_counts_a_real_tokenizer(llama_style, conversation):
     """Any text - CJK, emoji, control characters - through a real template and tokenizer: the
@@ -123,16 +125,16 @@ def test_the_old_estimate_would_under_count_cjk(llama_style):
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_server, upstream):
+def reserving_gateway(redis_server, upstream):
     # documents and chat_template_kwargs are vLLM extensions: a stack that allows them has them reserved too.
     with running_gateway(upstream.url, redis_server.url, model_context_lengths={"tiny": 100_000},
                          allowed_body_extensions=["documents", "chat_template_kwargs"]) as url:
         yield url
 
 
-def post(gateway: str, key: str, document: dict, path: str = CHAT) -> httpx.Response:
+def post(reserving_gateway: str, key: str, document: dict, path: str = CHAT) -> httpx.Response:
     body = json.dumps(document, ensure_ascii=False).encode()
-    return httpx.post(f"{gateway}{path}", content=body, timeout=HANG_BOUND_S,
+    return httpx.post(f"{reserving_gateway}{path}", content=body, timeout=HANG_BOUND_S,
                       headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
 
 
@@ -154,29 +156,31 @@ SMUGGLED = {
 
 
 @pytest.mark.parametrize("where", sorted(SMUGGLED))
-def test_prompt_text_outside_the_message_content_is_reserved(gateway, upstream, redis_server, where):
+def test_prompt_text_outside_the_message_content_is_reserved(reserving_gateway, upstream, redis_server, where):
     """The attack: a key with a small token rate sends a huge prompt where the old estimate did
     not look (or counted a quarter of it): admitted, and the upstream prefilled all of it."""
     key = create_key_sync(redis_server.url, "acme", f"smuggle-{where}", limits={"tokens_per_minute": 12_000})
     plain = {"model": "tiny", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-    assert post(gateway, key, plain).status_code == 200  # the key works
+    assert post(reserving_gateway, key, plain).status_code == 200  # the key works
     seen = len(upstream.bodies)
-    refused = post(gateway, key, {**plain, **SMUGGLED[where]})
+    refused = post(reserving_gateway, key, {**plain, **SMUGGLED[where]})
     assert refused.status_code == 429, refused.text  # it reserves more than the key's whole minute
     assert refused.json()["error"]["type"] == "tokens" and refused.headers["x-should-retry"] == "false"
     assert len(upstream.bodies) == seen
 
 
-def test_every_prompt_of_a_completions_request_is_reserved_and_counts_against_max_n(gateway, upstream, redis_server):
+def test_every_prompt_of_a_completions_request_is_reserved_and_counts_against_max_n(reserving_gateway, upstream,
+                                                                                    redis_server):
     """/v1/completions with N prompts generates N x n sequences; the old reservation and the
     max_n ceiling counted n alone."""
     key = create_key_sync(redis_server.url, "acme", "arrays", limits={"tokens_per_minute": 3_000})
     one = {"model": "tiny", "max_tokens": 1_000, "prompt": directive(id="one-prompt")}
-    assert post(gateway, key, one, LEGACY).status_code == 200
+    assert post(reserving_gateway, key, one, LEGACY).status_code == 200
     four = {**one, "prompt": [directive(id="four-prompts")] + ["again"] * 3}
-    too_big = post(gateway, key, four, LEGACY)
+    too_big = post(reserving_gateway, key, four, LEGACY)
     assert too_big.status_code == 429 and too_big.json()["error"]["type"] == "tokens"
     seen = len(upstream.bodies)
-    too_many = post(gateway, key, {"model": "tiny", "max_tokens": 5, "prompt": ["a", "b", "c"], "n": 2}, LEGACY)
+    too_many = post(reserving_gateway, key, {"model": "tiny", "max_tokens": 5, "prompt": ["a", "b", "c"], "n": 2},
+                    LEGACY)
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"  # 6 sequences > max_n 4
     assert len(upstream.bodies) == seen

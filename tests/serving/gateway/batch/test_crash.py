@@ -22,6 +22,7 @@ import redis
 from ops.harness.processes import background, free_port, wait_for_http
 from serving.gateway.keys import create_key_sync
 from tests.support.gateway import GENEROUS
+from tests.support.gateway_process import gateway_process
 
 HANG_BOUND_S = 120
 LINES = 400
@@ -45,8 +46,7 @@ def start_gateway(stack: ExitStack, tmp_path: Path, upstream: str, redis_url: st
                 "batch": {"workers": 4, "lease_s": 1, "sweep_interval_s": 0.1}}
     env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()), "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings)}
-    proc = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
-                                          tmp_path / f"gateway-{n}.log", env))
+    proc = stack.enter_context(gateway_process(env, tmp_path / f"gateway-{n}.log"))
     url = f"http://127.0.0.1:{port}"
     wait_for_http(f"{url}/healthz", proc, HANG_BOUND_S)
     return proc, url

@@ -18,6 +18,7 @@ from serving.gateway.batch.store import batch_key, tenant_work_key, work_key
 from serving.gateway.keys import RedisKeyStore, create_key_sync
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S
+from tests.support.waiting import eventually
 
 
 def chat_line(custom_id: str) -> dict:
@@ -179,10 +180,8 @@ def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, 
     plain = redis.Redis.from_url(redis_server.url, decode_responses=True)
 
     def enqueued(batch_id: str) -> bool:
-        deadline = time.monotonic() + HANG_BOUND_S
-        while not json.loads(plain.hget(batch_key(batch_id), "enqueued") or "false") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return True
+        return eventually(lambda: json.loads(plain.hget(batch_key(batch_id), "enqueued") or "false"),
+                          f"batch {batch_id} enqueued")
 
     try:
         with start_gateway(batch={"workers": 2}) as (api, _):
