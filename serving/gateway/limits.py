@@ -194,7 +194,7 @@ def _decision(limits: KeyLimits, reply: list[Any]) -> tuple[LimitDecision, dict[
     counts = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
     # The tenant's budget in force travels in `spend`: only Redis enforces budgets.
     tenant = TenantLimits(**{name: int(v) for name, v in zip(counts, (t_rpm, t_tpm, t_daily, t_conc)) if int(v) > 0})
-    spend = Spend(int(_text(key_spent)), int(_text(tenant_spent)), int(_text(tenant_budget)))
+    spend = Spend(int(key_spent), int(tenant_spent), int(tenant_budget))  # int() reads bytes, str and int alike
     return decision, {"day": int(day), "key_charged": bool(int(key_charged)), "tenant_limits": tenant,
                       "spend": spend}
 
