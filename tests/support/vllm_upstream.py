@@ -50,7 +50,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.support.servers import serving
-from tests.support.waiting import eventually  # noqa: F401 (the billing tests import it from here)
 
 DIRECTIVE = "#stub "
 

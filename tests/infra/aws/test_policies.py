@@ -52,6 +52,29 @@ def _public_subnet_ids(run: ProgramRun) -> set[str]:
 # --- Redis is never public ---------------------------------------------------------------
 
 
+# What each stack must declare, so that the rules below never pass by looking at nothing.
+REDIS_BY_STACK = {"dev": "in_cluster", "prod": "elasticache", "karpenter": "elasticache", "ext": "external"}
+
+
+def test_each_stack_declares_what_the_policies_look_at(graph: ProgramRun) -> None:
+    redis = REDIS_BY_STACK[graph.stack]
+    groups = graph.of_type("aws:elasticache/replicationGroup:ReplicationGroup")
+    [redis_service] = [s for s in graph.of_type("kubernetes:core/v1:Service") if s.name == "llmstack-redis"]
+    assert len(groups) == (1 if redis == "elasticache" else 0)
+    # In the cluster, Redis is a ClusterIP Service; managed or external, a name for its endpoint.
+    assert redis_service.inputs["spec"].get("type", "ClusterIP") == ("ClusterIP" if redis == "in_cluster"
+                                                                     else "ExternalName")
+    if redis == "elasticache":
+        [firewall_id] = groups[0].inputs["securityGroupIds"]
+        assert graph.by_id(firewall_id).inputs["ingress"], "ElastiCache's security group admits no one"
+    assert len(graph.of_type("aws:ec2/defaultSecurityGroup:DefaultSecurityGroup")) == 1
+    # The ingress rule types test_no_open_ingress knows; a new kind must be added there first.
+    declared = {r.type for r in graph.resources if "ecurityGroup" in r.type and "elasticache" not in r.type}
+    assert declared <= {"aws:ec2/securityGroup:SecurityGroup", "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup",
+                        "aws:ec2/securityGroupRule:SecurityGroupRule",
+                        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"}, declared
+
+
 def test_no_public_redis(graph: ProgramRun) -> None:
     for group in graph.of_type("aws:elasticache/replicationGroup:ReplicationGroup"):
         for firewall_id in group.inputs["securityGroupIds"]:

@@ -27,8 +27,10 @@ from serving.gateway.keys import create_key_sync
 from serving.gateway.output_bound import output_bound
 from serving.gateway.reservation import prompt_bound
 from serving.gateway.tenants import key_daily_key, tenant_daily_key
+from tests.support.hypothesis import examples
 from tests.support.servers import HANG_BOUND_S
-from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, redis_day, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, key_id_of, redis_day, running_gateway
+from tests.support.waiting import eventually
 
 CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 MAX_TOKENS = 12
@@ -117,8 +119,8 @@ def send(gateway: str, key: str, request: dict, body: bytes) -> bool:
         return False  # the gateway cut the answer (the upstream went silent past its idle timeout)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(max_examples=examples(fast=25, deep=200), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(mix=st.lists(requests, min_size=1, max_size=5))
 def test_each_request_is_billed_what_was_generated_and_never_more_than_it_reserved(
         gateway, upstream, redis_server, access_lines, mix):

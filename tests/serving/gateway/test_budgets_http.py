@@ -35,7 +35,8 @@ from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
 from tests.support.servers import HANG_BOUND_S
 from tests.support.stacks import stack_document, write_stack
-from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, key_id_of, running_gateway
+from tests.support.waiting import eventually
 
 # The test stack (tests.support.stacks) serves "llama" on one L4 group. $72 per node-hour over a
 # bench of 20 total tokens/s is $1,000 per 1M tokens: one token costs a tenth of a cent, so a few

@@ -23,7 +23,8 @@ from serving.gateway.policy import KeyLimits, TenantLimits
 from serving.gateway.redis_client import ScriptCall
 from serving.gateway.tenants import TenantStore, counter_keys, tenant_daily_key
 from tests.support.servers import HANG_BOUND_S
-from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, key_id_of, running_gateway
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(scope="module")

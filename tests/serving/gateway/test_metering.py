@@ -21,7 +21,8 @@ from serving.gateway.metering import UsageMeter, client_usage_wishes, request_us
 from serving.gateway.reservation import Reservation
 from serving.gateway.tenants import key_daily_key
 from tests.support.servers import HANG_BOUND_S
-from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, key_id_of, running_gateway
+from tests.support.waiting import eventually
 
 TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
 

@@ -20,7 +20,8 @@ from serving.gateway.output_bound import output_bound
 from serving.gateway.reservation import prompt_bound
 from serving.gateway.tenants import key_daily_key
 from tests.support.servers import HANG_BOUND_S
-from tests.support.vllm_upstream import daily_used, directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, directive, key_id_of, running_gateway
+from tests.support.waiting import eventually
 
 CHAT = "/v1/chat/completions"
 CONTEXT_LENGTH = 8192

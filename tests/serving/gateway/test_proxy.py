@@ -26,7 +26,8 @@ from serving.gateway.keys import create_key_sync
 from serving.gateway.tenants import key_daily_key
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S, serving
-from tests.support.vllm_upstream import daily_used, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import daily_used, key_id_of, running_gateway
+from tests.support.waiting import eventually
 
 PAUSE_S = 0.005  # between two writes of the upstream: long enough for the gateway to read them apart
 

@@ -16,7 +16,8 @@ from serving.gateway.keys import create_key_sync
 from serving.gateway.upstream_errors import rewritten
 from tests.support.gateway import Answer
 from tests.support.servers import HANG_BOUND_S
-from tests.support.vllm_upstream import directive, eventually, key_id_of, running_gateway
+from tests.support.vllm_upstream import directive, key_id_of, running_gateway
+from tests.support.waiting import eventually
 
 SERVE_ADDRESS = "llmstack-serve-svc.llmstack.svc.cluster.local:8000"
 INTERNAL = (SERVE_ADDRESS, "10.0.3.7", "RayActorError", "Internal exception", "original exception",

@@ -8,11 +8,13 @@ import http.client
 import json
 from urllib.parse import urlsplit
 
+import httpx
 import openai
 import pytest
 
 from tests.support.gateway import raw_request
 from tests.support.servers import HANG_BOUND_S
+from tests.support.waiting import eventually
 
 LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
         "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}}
@@ -33,8 +35,8 @@ def owned(gateway, make_key) -> dict[str, str]:
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
     uploaded = client.files.create(file=("in.jsonl", (json.dumps(LINE) + "\n").encode()), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    while (done := client.batches.retrieve(batch.id)).status != "completed":
-        pass
+    done = eventually(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b,
+                      f"batch {batch.id} completed")
     return {"key": key, "file": uploaded.id, "batch": batch.id, "output": str(done.output_file_id)}
 
 
@@ -96,7 +98,7 @@ def test_another_tenants_ids_are_not_found_for_it(gateway, owned, attacker, reco
 
 
 def test_uploads_past_the_cap_are_refused_declared_or_chunked(start_gateway, make_key, recorded) -> None:
-    with start_gateway(batch={"max_file_bytes": 2048}) as (api, _):
+    with start_gateway(batch={"max_file_bytes": 2048}) as (api, metrics):
         headers = {"Authorization": f"Bearer {make_key('big-co')}"}
         small, kind = multipart((json.dumps(LINE) + "\n").encode())
         assert raw_request(api, "POST", "/v1/files", headers={**headers, "Content-Type": kind}, body=small)[0] == 200
@@ -114,9 +116,16 @@ def test_uploads_past_the_cap_are_refused_declared_or_chunked(start_gateway, mak
             response = connection.getresponse()
             assert response.status == 413
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the gateway answered and closed before the rest of the body was sent: refused either way
+            pass  # the gateway answered and closed before the rest of the body was sent: its own count says how
         finally:
             connection.close()
+        # Both oversized uploads were answered 413 by the gateway's own code (a handler that crashed
+        # would have answered 500, or nothing), and only the small one is stored.
+        answered = httpx.get(f"{metrics}/metrics").text
+        assert 'llmstack_gateway_requests_total{model="",status="413",tenant="big-co"} 2.0' in answered, answered
+        assert 'status="500"' not in answered
+        listed = json.loads(raw_request(api, "GET", "/v1/files", headers=headers)[2])
+        assert len(listed["data"]) == 1
     assert recorded.seen == []
 
 
