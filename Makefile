@@ -50,9 +50,10 @@ promtool:
 
 install: $(STAMP)
 
-# Lint and the import contract first (seconds), then every test.
+# Lint, types and the import contract first (seconds with mypy's cache), then every test.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 # Two pytest runs side by side. The end-to-end tests (tests/e2e: one shared dev stack, mostly

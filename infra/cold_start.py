@@ -23,7 +23,6 @@ import math
 
 from pydantic import BaseModel, Field
 
-from infra.gpu_catalog import load_catalog
 from infra.spec import CpuNodeGroup, GpuNodeGroup, ModelSpec
 
 MIB = 1024**2
@@ -92,7 +91,7 @@ def expected_cold_start(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *,
     if isinstance(group, CpuNodeGroup):
         return ColdStart(scheduling_s=0, node_boot_s=0, image_pull_s=0, weights_s=0,
                          engine_start_s=LOCAL_ENGINE_START_S, weights_from="local")
-    host_bytes = load_catalog()[group.instance_type].memory_gib * GIB
+    host_bytes = group.instance.memory_gib * GIB
     per_gpu = weight_bytes / model.gpus_per_replica
     load_rate = PAGE_CACHE_LOAD_BYTES_PER_S if weight_bytes <= host_bytes / 2 else DISK_WRITE_BYTES_PER_S
     return ColdStart(

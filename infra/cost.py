@@ -21,7 +21,6 @@ from enum import Enum
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from infra.gpu_catalog import load_catalog
 from infra.model_arch import UnknownModelError, architecture_for
 from infra.planner import ModelPlan, StackPlan
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
@@ -114,10 +113,10 @@ def node_prices(spec: StackSpec, *, given: Mapping[str, Decimal] | None = None,
             prices[group.name] = NodePrice(usd_per_hour=money(given[group.name]), source=PriceSource.GIVEN)
         elif not isinstance(group, GpuNodeGroup):
             prices[group.name] = None
-        elif group.capacity_type is CapacityType.SPOT and isinstance(spot.get(group.name), NodePrice):
-            prices[group.name] = spot[group.name]
+        elif group.capacity_type is CapacityType.SPOT and isinstance(spot_price := spot.get(group.name), NodePrice):
+            prices[group.name] = spot_price
         else:
-            on_demand = money(load_catalog()[group.instance_type].on_demand_usd_per_hour)
+            on_demand = money(group.instance.on_demand_usd_per_hour)
             note = None
             if group.capacity_type is CapacityType.SPOT:
                 reason = spot.get(group.name) or "no spot price asked for"
@@ -139,7 +138,7 @@ def estimated_throughputs(spec: StackSpec) -> dict[str, Throughput | None]:
         except UnknownModelError:
             found[model.id] = None
             continue
-        found[model.id] = estimate_for(group.gpu_class, tensor_parallel_size=model.tensor_parallel_size,
+        found[model.id] = estimate_for(group.instance.gpu_class, tensor_parallel_size=model.tensor_parallel_size,
                                        parameters=parameters, quantized=model.quantization is not None)
     return found
 

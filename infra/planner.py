@@ -21,7 +21,7 @@ from enum import Enum
 from pydantic import BaseModel, Field
 
 from infra.cold_start import cold_start_timeout_s, expected_cold_start
-from infra.gpu_catalog import InstanceType, gpu_class_info, load_catalog
+from infra.gpu_catalog import InstanceType, gpu_class_info
 from infra.ingress_plan import IngressPlan, plan_ingress
 from infra.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.spec import (
@@ -179,11 +179,11 @@ def plan_stack(spec: StackSpec, *, vllm_version: str = CLUSTER_VLLM_VERSION) -> 
     first_cpu_group = next((g.name for g in spec.node_groups if isinstance(g, CpuNodeGroup)), None)
     for group in spec.node_groups:
         reserved = INGRESS_CPUS if spec.cloud.provider == "local" and group.name == first_cpu_group else 0
-        plan, found = plan_node_group(group, [p for p in model_plans if p.node_group == group.name],
-                                      reserved_slots=reserved)
+        group_plan, found = plan_node_group(group, [p for p in model_plans if p.node_group == group.name],
+                                            reserved_slots=reserved)
         if spec.cloud.provider == "local":
-            plan = plan.model_copy(update={"blue_green": "n/a (local stack)"})
-        group_plans.append(plan)
+            group_plan = group_plan.model_copy(update={"blue_green": "n/a (local stack)"})
+        group_plans.append(group_plan)
         problems += found
     model_plans, found = _with_cold_starts(spec, model_plans, group_plans)
     ingress = plan_ingress(model_plans, group_plans, local=spec.cloud.provider == "local")
@@ -251,7 +251,7 @@ def _valid_tp_sizes(arch: Architecture) -> list[int]:
 
 def _plan_on_gpu(model: ModelSpec, group: GpuNodeGroup, arch: Architecture,
                  vllm_version: str) -> tuple[ModelPlan | None, list[Problem]]:
-    instance = load_catalog()[group.instance_type]
+    instance = group.instance
     tp, pp, gpus = model.tensor_parallel_size, model.pipeline_parallel_size, model.gpus_per_replica
     if gpus > instance.gpus and (pp == 1 or tp > instance.gpus):
         hint = (f"lower tensor_parallel_size, or keep it <= {instance.gpus} and add pipeline_parallel_size "
@@ -367,7 +367,7 @@ def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan],
         blue_green = "fits only below peak load"
     else:
         blue_green = f"does not fit (needs {2 * lo} nodes at min load)"
-    price = load_catalog()[group.instance_type].on_demand_usd_per_hour if isinstance(group, GpuNodeGroup) else None
+    price = group.instance.on_demand_usd_per_hour if isinstance(group, GpuNodeGroup) else None
     return NodeGroupPlan(
         name=group.name, instance_type=getattr(group, "instance_type", None),
         capacity_type=group.capacity_type.value, max_size=group.max_size, nodes_at_min=lo, nodes_at_max=hi,
@@ -377,7 +377,7 @@ def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan],
 
 
 def _node_capacity(group: GpuNodeGroup | CpuNodeGroup) -> int:
-    return load_catalog()[group.instance_type].gpus if isinstance(group, GpuNodeGroup) else group.cpus_per_node
+    return group.instance.gpus if isinstance(group, GpuNodeGroup) else group.cpus_per_node
 
 
 def _whole_blocks(tokens: int, block_size: int) -> int:

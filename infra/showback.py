@@ -192,11 +192,11 @@ def showback(usage: Iterable[Usage], groups: Iterable[GroupCost], models: Iterab
                                     usd=group.usd))
             continue
         for model, cents in zip(members, _weighted(_cents(group.usd), [m.weight for m in members])):
-            model_rows, total = _split_model(model, cents, by_model.pop(model.model, []), notes)
+            model_rows, model_total = _split_model(model, cents, by_model.pop(model.model, []), notes)
             rows += model_rows
-            totals.append(total)
-    for model, leftover in sorted(by_model.items()):
-        notes.append(f"model {model!r}: tokens metered but not served by this stack's plan; listed at $0")
+            totals.append(model_total)
+    for model_name, leftover in sorted(by_model.items()):
+        notes.append(f"model {model_name!r}: tokens metered but not served by this stack's plan; listed at $0")
         rows += [_usage_row(u, "unserved", None, 0) for u in leftover]
     tenants: dict[str, list[CostRow]] = defaultdict(list)
     for row in rows:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import versions
-from infra.gpu_catalog import GpuClass, default_instance_for, load_catalog
+from infra.gpu_catalog import GpuClass, InstanceType, default_instance_for, load_catalog
 from infra.images import missing_registry_problem
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
@@ -170,6 +170,12 @@ class GpuNodeGroup(_NodeGroupBase):
             )
         object.__setattr__(self, "gpu_class", actual)
         return self
+
+    @property
+    def instance(self) -> InstanceType:
+        """The group's entry in the GPU catalog (validation resolved its instance type)."""
+        assert self.instance_type is not None, "set by _resolve_instance"
+        return load_catalog()[self.instance_type]
 
 
 class CpuNodeGroup(_NodeGroupBase):
@@ -455,7 +461,8 @@ class StackSpec(_Spec):
     model_cache: ModelCache = Field(default_factory=ModelCache, description="S3 cache of model weights.")
 
     @model_validator(mode="after")
-    def _references(self) -> StackSpec:
+    # Complex on purpose: one validator for every cross-reference, so a stack file's mistakes come together.
+    def _references(self) -> StackSpec:  # noqa: C901
         groups = {g.name: g for g in self.node_groups}
         if len(groups) != len(self.node_groups):
             raise ValueError("node group names must be unique")

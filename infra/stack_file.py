@@ -76,9 +76,9 @@ def spec_from_document(document: Any, *, name: str, file_label: str) -> StackSpe
         if namespace == NAMESPACE and field not in SECRET_KEYS:
             raw[field] = value
     cloud = raw.get("cloud")
-    if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud:
-        if "aws:region" in config:
-            raw["cloud"] = {**cloud, "region": config["aws:region"]}
+    if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud \
+            and "aws:region" in config:
+        raw["cloud"] = {**cloud, "region": config["aws:region"]}
     try:
         return StackSpec.model_validate(raw)
     except ValidationError as exc:
@@ -151,7 +151,7 @@ def _model_at(path: str) -> type[BaseModel] | None:
             "gateway": spec.Gateway, "versions": spec.Versions, "model_cache": spec.ModelCache}
     head, *rest = path.removeprefix(f"{NAMESPACE}:").replace("[", ".[").split(".")
     keys = [k for k in rest if not k.startswith("[")][:-1]
-    model = tops.get(head.split("[")[0])
+    model: type[BaseModel] | None = tops.get(head.split("[")[0])
     for key in keys:
         if model is None:
             return None

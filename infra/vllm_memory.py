@@ -79,7 +79,7 @@ class EngineRelease(BaseModel):
 
 def parse_version(version: str) -> tuple[int, int, int]:
     """(major, minor, patch) of a release string; local and pre-release suffixes are ignored."""
-    numbers = [int(re.match(r"\d*", part).group() or 0) for part in version.split("+")[0].split(".")[:3]]
+    numbers = [int(re.sub(r"\D.*", "", part) or 0) for part in version.split("+")[0].split(".")[:3]]  # leading digits
     major, minor, patch = (numbers + [0, 0, 0])[:3]
     return major, minor, patch
 

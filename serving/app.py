@@ -14,12 +14,15 @@ here, and a model request that reached `/` is told where that model lives.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+if TYPE_CHECKING:
+    from ray.serve import Application
 
-def build_app(args: dict[str, Any]):
+
+def build_app(args: dict[str, Any]) -> Application:
     """Serve application builder (`import_path: serving.app:build_app`)."""
     from ray.serve.llm import LLMServingArgs, build_openai_app
 
@@ -58,7 +61,7 @@ def answer(args: ModelListArgs, method: str, path: str, created: int) -> tuple[i
     return 404, {"error": {"message": message, "type": "NotFoundError", "param": None, "code": 404}}
 
 
-def build_model_list_app(args: dict[str, Any]):
+def build_model_list_app(args: dict[str, Any]) -> Application:
     """Serve application builder (`import_path: serving.app:build_model_list_app`)."""
     from ray import serve
     from starlette.requests import Request
@@ -66,8 +69,6 @@ def build_model_list_app(args: dict[str, Any]):
 
     validated = ModelListArgs.model_validate(args)
 
-    # No logical CPU: it runs beside HAProxy on any node, a head with `num-cpus: 0` included.
-    @serve.deployment(name="ModelList", ray_actor_options={"num_cpus": 0})
     class ModelList:
         def __init__(self) -> None:
             self._created = int(time.time())
@@ -76,4 +77,6 @@ def build_model_list_app(args: dict[str, Any]):
             status, body = answer(validated, request.method, request.url.path, self._created)
             return JSONResponse(body, status_code=status)
 
-    return ModelList.bind()
+    # No logical CPU: it runs beside HAProxy on any node, a head with `num-cpus: 0` included.
+    # Applied as a call, not as a decorator: the class statement keeps the plain class's type.
+    return serve.deployment(name="ModelList", ray_actor_options={"num_cpus": 0})(ModelList).bind()

@@ -71,10 +71,11 @@ class Addons(pulumi.ComponentResource):
         aws_opts = pulumi.ResourceOptions(parent=self)
         self._k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
 
-        def role(service: str, account: str, **policy: pulumi.Input[str]) -> aws.iam.Role:
+        def role(service: str, account: str, *, policy: pulumi.Input[str] | None = None,
+                 managed_policy_arn: str | None = None) -> aws.iam.Role:
             return irsa_role(f"{name}-{service}", oidc_provider_arn=args.oidc_provider_arn,
                              oidc_issuer=args.oidc_issuer, namespace="kube-system", service_account=account,
-                             opts=aws_opts, **policy)
+                             policy=policy, managed_policy_arn=managed_policy_arn, opts=aws_opts)
 
         lb_controller = role("lb-controller", "aws-load-balancer-controller",
                              policy=load_balancer_controller_policy(args.cluster_name, args.vpc_id))

@@ -21,7 +21,6 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws.launch_template import hardened_launch_template
-from infra.gpu_catalog import load_catalog
 from infra.gpu_nodes import GPU_TAINT, node_labels
 from infra.render.common import NODE_GROUP_LABEL
 from infra.spec import CapacityType, GpuNodeGroup
@@ -40,7 +39,7 @@ class GpuNodeGroupsArgs:
 
 def autoscaler_tags(group: GpuNodeGroup, cluster_name: str) -> dict[str, str]:
     """The ASG tags the Cluster Autoscaler reads for discovery and for scale-from-zero templates."""
-    gpus = load_catalog()[group.instance_type].gpus
+    gpus = group.instance.gpus
     tags = {f"{AUTOSCALER_TEMPLATE}/label/{key}": value for key, value in node_labels(group).items()}
     tags[f"{AUTOSCALER_TEMPLATE}/taint/{GPU_TAINT['key']}"] = f"{GPU_TAINT['value']}:{GPU_TAINT['effect']}"
     tags[f"{AUTOSCALER_TEMPLATE}/resources/nvidia.com/gpu"] = str(gpus)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -129,8 +131,8 @@ class Karpenter(pulumi.ComponentResource):
             api_version, kind_name, object_name = kind
             self.objects.append(k8s.apiextensions.CustomResource(
                 f"{kind_name.lower()}-{object_name}", api_version=api_version, kind=kind_name,
-                metadata=objects.apply(lambda objs, i=index: objs[i]["metadata"]),
-                spec=objects.apply(lambda objs, i=index: objs[i]["spec"]),
+                metadata=objects.apply(partial(_member, index, "metadata")),
+                spec=objects.apply(partial(_member, index, "spec")),
                 opts=after_chart))
         self.register_outputs({"interruption_queue": queue.name})
 
@@ -139,3 +141,8 @@ def _kinds(spec: StackSpec) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of each Karpenter object, known before the IDs are."""
     placeholders = karpenter_objects(spec, cluster_name="", instance_profile="", subnet_ids=[], security_group_ids=[])
     return [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in placeholders]
+
+
+def _member(index: int, name: str, objs: list[dict[str, Any]]) -> Any:
+    """`name` of the `index`-th rendered object (bound per object, not read from the loop later)."""
+    return objs[index][name]

@@ -36,7 +36,7 @@ class NetworkArgs:
 def subnet_cidrs(cidr: str, zones: int) -> tuple[list[str], list[str]]:
     """Private /19s from the bottom of the VPC range, public /24s from its top /19."""
     network = ipaddress.ip_network(cidr)
-    blocks = list(network.subnets(new_prefix=PRIVATE_PREFIX))
+    blocks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = list(network.subnets(new_prefix=PRIVATE_PREFIX))
     if zones > len(blocks) - 1:
         raise ValueError(f"{cidr} holds at most {len(blocks) - 1} zones")
     public = list(blocks[-1].subnets(new_prefix=PUBLIC_PREFIX))

@@ -42,7 +42,7 @@ from infra.model_cache import bucket_name
 from infra.planner import StackPlan, plan_stack
 from infra.principals import deploying_identity_problem
 from infra.render import render_stack
-from infra.spec import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, StackSpec
+from infra.spec import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, LocalRedis, StackSpec
 from infra.stack_file import StackFileError, load_stack
 from infra.versions import CLUSTER_AUTOSCALER_IMAGE_TAGS, KARPENTER_KUBERNETES_VERSIONS
 
@@ -120,6 +120,7 @@ def assumed_role(settings: dict[str, Any]) -> str | None:
 def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     """Declare every resource of the stack; return the stack outputs."""
     assert isinstance(spec.cloud, AwsCloud)
+    assert not isinstance(spec.redis, LocalRedis)  # the spec keeps redis.mode local to local stacks
     cloud, name = spec.cloud, cluster_name(spec)
     secrets = pulumi.Config("llmstack")
     aws_config = pulumi.Config("aws")

@@ -93,7 +93,7 @@ class Redis(pulumi.ComponentResource):
         if isinstance(spec, ExternalRedis):
             gateway, ray = gateway_user(spec.gateway_user), ray_user(spec.ray_user)
             assert args.external_passwords is not None
-            gateway_password, ray_password = (pulumi.Output.secret(p) for p in args.external_passwords)
+            gateway_password, ray_password = (_secret(p) for p in args.external_passwords)
             host = pulumi.Output.from_input(spec.host)
             scheme, port = ("rediss" if spec.tls else "redis"), spec.port
         else:
@@ -104,17 +104,17 @@ class Redis(pulumi.ComponentResource):
                 host, scheme, port = self._elasticache(spec, users), "rediss", PORT
             else:
                 host, scheme, port = pulumi.Output.from_input(IN_CLUSTER_HOST), "redis", PORT
-        self.url = pulumi.Output.secret(pulumi.Output.concat(
+        self.url = _secret(pulumi.Output.concat(
             scheme, "://", gateway.name, ":", gateway_password, "@", host, f":{port}/0"))
         self.endpoint = pulumi.Output.concat(host, f":{port}")
         # Ray GCS speaks TLS to ElastiCache only by its real host name (the certificate's).
         self.gcs_address: pulumi.Output[str] | None = (
             pulumi.Output.concat("rediss://", host, f":{port}") if isinstance(spec, ManagedRedis) else None)
         self.secret = k8s.core.v1.Secret(REDIS_SECRET, metadata=self._metadata(REDIS_SECRET), string_data={
-            "url": self.url, "username": gateway.name, "password": pulumi.Output.secret(gateway_password)},
+            "url": self.url, "username": gateway.name, "password": _secret(gateway_password)},
             opts=self._k8s)
         self.ray_secret = k8s.core.v1.Secret(REDIS_RAY_SECRET, metadata=self._metadata(REDIS_RAY_SECRET), string_data={
-            "username": ray.name, "password": pulumi.Output.secret(ray_password)}, opts=self._k8s)
+            "username": ray.name, "password": _secret(ray_password)}, opts=self._k8s)
         if isinstance(spec, InClusterRedis):
             self._in_cluster(spec, {gateway: gateway_password, ray: ray_password})
         else:
@@ -126,7 +126,7 @@ class Redis(pulumi.ComponentResource):
     def _password(self, name: str) -> pulumi.Output[str]:
         # No punctuation: ElastiCache refuses some of it in passwords, and it would need
         # escaping in the gateway's URL.
-        return pulumi.Output.secret(random.RandomPassword(
+        return _secret(random.RandomPassword(
             name, length=40, special=False, opts=pulumi.ResourceOptions(parent=self)).result)
 
     def _metadata(self, name: str) -> dict:
@@ -191,7 +191,7 @@ class Redis(pulumi.ComponentResource):
         acl = pulumi.Output.all(*passwords.values()).apply(
             lambda values: acl_file({u.name: v for u, v in zip(users, values)}, users))
         acl_secret = k8s.core.v1.Secret(ACL_SECRET, metadata=self._metadata(ACL_SECRET),
-                                        string_data={"users.acl": pulumi.Output.secret(acl)}, opts=self._k8s)
+                                        string_data={"users.acl": _secret(acl)}, opts=self._k8s)
         claim = k8s.core.v1.PersistentVolumeClaim(DATA_CLAIM, metadata=self._metadata(DATA_CLAIM), spec={
             "accessModes": ["ReadWriteOnce"], "storageClassName": self._args.storage_class,
             "resources": {"requests": {"storage": f"{spec.storage_gib}Gi"}}}, opts=self._k8s)
@@ -234,3 +234,9 @@ class Redis(pulumi.ComponentResource):
                 {"key": COMPONENT_LABEL, "operator": "In", "values": ["gateway", "ray"]}]}}],
                 "ports": [{"protocol": "TCP", "port": PORT}]}],
         }, opts=self._k8s)
+
+
+def _secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
+    """`value` marked secret (encrypted in the Pulumi state). Typed for str: in a dict display
+    mypy solves `Output.secret`'s `Input[U]` for an Output[str] as Never."""
+    return pulumi.Output.secret(value)

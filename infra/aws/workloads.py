@@ -12,6 +12,7 @@ The gateway's Service is the stack's only load balancer; its hostname is the end
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pulumi
@@ -68,11 +69,11 @@ class Workloads(pulumi.ComponentResource):
                 string_data={"token": pulumi.Output.secret(args.hf_token)}, opts=k8s_opts))
         opts_after = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=after))
 
-        gateway = None
+        gateway: Any = None  # the Service: pulumi_kubernetes's own types are not read by mypy
         for obj in args.objects:
             if obj["kind"] == "RayService" and args.gcs_redis_address is not None:
                 spec = pulumi.Output.from_input(args.gcs_redis_address).apply(
-                    lambda address, base=obj["spec"]: with_gcs_redis_address(base, address))
+                    partial(with_gcs_redis_address, obj["spec"]))
                 obj = {**obj, "spec": spec}
             resource = apply_object(obj, opts_after)
             if obj["kind"] == "Service" and obj["metadata"]["name"] == GATEWAY_NAME:

@@ -270,7 +270,7 @@ def _service(spec: StackSpec) -> dict[str, Any]:
             # would otherwise show the NLB's own address for every client).
             "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol": "*",
         }
-        if tls:
+        if spec.gateway.certificate_arn is not None:  # tls
             annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-cert"] = spec.gateway.certificate_arn
             annotations["service.beta.kubernetes.io/aws-load-balancer-ssl-ports"] = "https"
         service["metadata"]["annotations"] = annotations

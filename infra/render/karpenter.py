@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.gpu_catalog import load_catalog
 from infra.gpu_nodes import GPU_TAINT, fallback_instance_types, node_labels
 from infra.spec import AwsCloud, CapacityType, GpuNodeGroup, StackSpec
 
@@ -70,7 +69,7 @@ def node_class(spec: StackSpec, group: GpuNodeGroup, *, cluster_name: str, insta
 
 def node_pool(spec: StackSpec, group: GpuNodeGroup) -> dict[str, Any]:
     assert isinstance(spec.cloud, AwsCloud)
-    gpus = load_catalog()[group.instance_type].gpus
+    gpus = group.instance.gpus
     capacity = "spot" if group.capacity_type is CapacityType.SPOT else "on-demand"
     return {
         "apiVersion": NODEPOOL_API,

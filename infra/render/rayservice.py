@@ -41,7 +41,6 @@ from typing import Any
 
 import yaml
 
-from infra.gpu_catalog import load_catalog
 from infra.planner import StackPlan
 from infra.render.common import (
     HF_TOKEN_SECRET,
@@ -216,7 +215,7 @@ def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
 def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes: int,
                   max_nodes: int, env: dict[str, str]) -> dict[str, Any]:
     if isinstance(group, GpuNodeGroup):
-        instance = load_catalog()[group.instance_type]
+        instance = group.instance
         cpus, memory_gib, gpus = instance.vcpus, instance.memory_gib, instance.gpus
         tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     else:

@@ -33,8 +33,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import psutil
 
@@ -176,7 +177,7 @@ class LoadThread(threading.Thread):
     def __init__(self, spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float) -> None:
         super().__init__(daemon=True)
         self.spec, self.mode, self.level = spec, mode, level
-        self.stop, self.results = threading.Event(), []
+        self.stop, self.results = threading.Event(), list[RequestResult]()
 
     def run(self) -> None:
         # Serve's start re-applies Ray's logging setup, which shows every request at INFO.
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     # A short path: Ray's socket paths under it must stay within the 107-byte Unix limit.
-    mode, level = ("concurrency", args.concurrency) if args.concurrency else ("rate", args.rate)
+    mode: Literal["concurrency", "rate"] = "concurrency" if args.concurrency else "rate"
+    level = args.concurrency if args.concurrency else args.rate
     record: dict[str, Any] = {"command": "python -m ops.benchmarks.autoscale_demo " + " ".join(argv or sys.argv[1:])}
     try:
         with tempfile.TemporaryDirectory(prefix="llmas-") as folder:

@@ -35,9 +35,10 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 
@@ -118,10 +119,8 @@ def rss(processes: list[psutil.Process]) -> int:
     total = 0
     for process in processes:
         for p in [process, *process.children(recursive=True)]:
-            try:
+            with suppress(psutil.NoSuchProcess):
                 total += p.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
     return total
 
 

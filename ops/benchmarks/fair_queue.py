@@ -154,7 +154,8 @@ def load_process(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
     return asyncio.run(_load(scenario, index))
 
 
-async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
+# Complex on purpose: a benchmark client's loop: send, classify each outcome, record.
+async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:  # noqa: C901
     import httpx
 
     from serving.gateway.fair_queue import FairQueue, QueueRefused

@@ -124,7 +124,8 @@ def phase(t: float, load: dict[str, Any]) -> str:
     return "settling" if since < load["settle_s"] else state
 
 
-async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
+# Complex on purpose: a benchmark client's loop: send, classify each outcome, record.
+async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:  # noqa: C901
     import httpx
 
     records: list[dict[str, Any]] = []

@@ -101,10 +101,10 @@ def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, 
             measure(url, pid, script, connections=connections, duration_s=2, tokens=tokens)
         for number in range(rounds):
             row = {}
-            for source, url, pid in gateways:
-                row[source] = measured = measure(url, pid, script, connections=connections, duration_s=duration_s,
+            for label, url, pid in gateways:
+                row[label] = measured = measure(url, pid, script, connections=connections, duration_s=duration_s,
                                                  tokens=tokens)
-                print(f"round {number + 1} {source}: {measured['cpu_ms_per_output_token']:.4f} CPU-ms/token, "
+                print(f"round {number + 1} {label}: {measured['cpu_ms_per_output_token']:.4f} CPU-ms/token, "
                       f"{measured['output_tokens_per_s']:.0f} tok/s, p50 {measured.get('p50_ms', 0):.1f} ms, "
                       f"non-2xx {measured['non_2xx']:.0f}, load {psutil.getloadavg()[0]:.2f}", flush=True)
             results["rounds"].append(row)

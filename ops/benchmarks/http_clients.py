@@ -71,11 +71,11 @@ def main() -> None:
                     Path("/dev/null")) as stub:
         wait_for_http(f"http://127.0.0.1:{port}/v1/models", stub)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        results = {"httpx": [], "aiohttp": []}
+        results: dict[str, list[float]] = {"httpx": [], "aiohttp": []}
         for _ in range(2):  # interleaved, so both see the same machine
             results["httpx"].append(asyncio.run(with_httpx(url, args.requests, args.in_flight)))
             results["aiohttp"].append(asyncio.run(with_aiohttp(url, args.requests, args.in_flight)))
-    summary = {name: [round(v, 3) for v in values] for name, values in results.items()}
+    summary: dict[str, list[float] | float] = {name: [round(v, 3) for v in values] for name, values in results.items()}
     summary["httpx_over_aiohttp"] = round(min(results["httpx"]) / min(results["aiohttp"]), 1)
     print(json.dumps({"cpu_ms_per_request": summary, "in_flight": args.in_flight}, indent=2))
 

@@ -51,7 +51,7 @@ def measure(stack: str) -> list[dict[str, Any]]:
 
     spec = load_stack(stack)
     plans = {p.model_id: p for p in plan_stack(spec).models}
-    results = []
+    results: list[dict[str, Any]] = []
     for model in spec.models:
         if not isinstance(spec.node_group(model.node_group), CpuNodeGroup):
             results.append({"model": model.id, "skipped": "GPU model: needs a GPU to measure"})

@@ -24,6 +24,7 @@ import os
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -57,6 +58,15 @@ def baseline_upload(s3, bucket: str, prefix: str, folder: Path) -> None:
             future.result()
 
 
+def _sync(s3, bucket: str, folder: Path, hashes: Path) -> None:
+    sync_model(s3, stack="bench", bucket=bucket, model_id="m", folder=folder, settings=SyncSettings(),
+               cache_dir=hashes)
+
+
+def _digest(folder: Path, cache_dir: Path) -> None:
+    digest_folder(folder, SyncSettings(), cache_dir)
+
+
 def timed(action) -> float:
     start = time.perf_counter()
     action()
@@ -78,15 +88,13 @@ def main(out: Annotated[Path, typer.Option(help="JSON results.")] = Path("build/
         for i in range(repeats):
             for bucket in (f"bench-baseline-{i}", f"bench-sync-{i}"):
                 s3.create_bucket(Bucket=bucket)
-            times["baseline"].append(timed(lambda: baseline_upload(s3, f"bench-baseline-{i}", "models/m/", folder)))
+            # Each action is bound to this round's buckets and folders now, not looked up in the loop later.
+            times["baseline"].append(timed(partial(baseline_upload, s3, f"bench-baseline-{i}", "models/m/", folder)))
             hashes = Path(tmp) / f"hashes-{i}"  # cold: the first sync of a folder hashes every file
-
-            def sync() -> None:
-                sync_model(s3, stack="bench", bucket=f"bench-sync-{i}", model_id="m", folder=folder,
-                           settings=SyncSettings(), cache_dir=hashes)
+            sync = partial(_sync, s3, f"bench-sync-{i}", folder, hashes)
             times["sync"].append(timed(sync))
             times["rerun"].append(timed(sync))
-            times["hash"].append(timed(lambda: digest_folder(folder, SyncSettings(), Path(tmp) / f"cold-{i}")))
+            times["hash"].append(timed(partial(_digest, folder, Path(tmp) / f"cold-{i}")))
             for bucket in (f"bench-baseline-{i}", f"bench-sync-{i}"):  # keep moto's memory flat
                 for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
                     for item in page.get("Contents", []):

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one round of 16 turns per model (smoke run)")
     args = parser.parse_args(argv)
     rounds, requests = (1, 16) if args.quick else (2, 96)
-    started, runs, loadavg = time.monotonic(), [], os.getloadavg()
+    started, runs, loadavg = time.monotonic(), list[dict[str, Any]](), os.getloadavg()
     try:
         with tempfile.TemporaryDirectory(prefix="llmstack-bench-prefix-") as folder:
             run(rounds, requests, Path(folder), runs)

@@ -253,7 +253,8 @@ def wait_models(root_url: str, process: subprocess.Popen, log: Path, timeout_s: 
         raise RuntimeError(f"{exc}:\n{log.read_text()[-3000:]}") from None
 
 
-def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH, timeout_s: float = 900,
+# Complex on purpose: start, pump and wait for one process; the branches are its failure modes.
+def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH, timeout_s: float = 900,  # noqa: C901
                     stack: str = "local") -> tuple[subprocess.Popen, dict[str, Any]]:
     """`python -m ops.devstack --ready-json`; returns once its ready line is printed, with the
     cold start it reported (`first_token_s`: start to first token through the gateway)."""
@@ -265,13 +266,16 @@ def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH,
     tail: list[str] = []
     cold_start: dict[str, int] = {}
 
+    assert process.stdout is not None and process.stderr is not None  # both PIPE
+    stdout, stderr = process.stdout, process.stderr
+
     def pump_stdout() -> None:
-        for line in process.stdout:
+        for line in stdout:
             if line.startswith("{") and '"ready"' in line:
                 ready.update(json.loads(line))
 
     def pump_stderr() -> None:  # forward ops.devstack's progress lines; keep the rest for errors
-        for line in process.stderr:
+        for line in stderr:
             tail[:] = (tail + [line])[-60:]
             if line.startswith("[llmstack dev]"):
                 print(line, end="", file=sys.stderr, flush=True)
@@ -383,8 +387,10 @@ def _run_marked(command: list[str], env: dict[str, str]
     marks: dict[str, float] = {}
     started = 0.0
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None  # both PIPE
+    out_pipe = process.stdout
     stdout: list[str] = []
-    reader = threading.Thread(target=lambda: stdout.extend(process.stdout), daemon=True)
+    reader = threading.Thread(target=lambda: stdout.extend(out_pipe), daemon=True)
     reader.start()
     stderr = []
     for line in process.stderr:
@@ -484,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = [ServingPath(p) for p in args.paths.split(",") if p]
     prompts = QUICK_PROMPTS if args.quick else PROMPTS
-    started, results, starts = time.monotonic(), [], {}
+    results: list[dict[str, Any]] = []
+    starts: dict[str, Any] = {}
+    started = time.monotonic()
     loadavg = os.getloadavg()
     try:
         with tempfile.TemporaryDirectory(prefix="llmstack-bench-") as folder:

@@ -14,10 +14,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ops.harness.processes import die_with_parent, free_port, terminate
 from serving.gateway.redis_memory import REQUIRED_POLICY

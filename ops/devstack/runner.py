@@ -25,9 +25,10 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from infra.render.gateway import gateway_settings
 from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
@@ -115,8 +116,7 @@ def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: st
     batches = f"file://{state_dir() / 'batches'}" if redis_url else None
     env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream,
            "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(
-               spec, path=path, batch_storage_url=batches,
-               **({"serve_dashboard_url": dashboard_url} if dashboard_url else {})),
+               spec, path=path, batch_storage_url=batches, serve_dashboard_url=dashboard_url or None),
            "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_METRICS_HOST": "127.0.0.1",
            "LLMSTACK_GATEWAY_PORT": str(port),
            "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
@@ -231,6 +231,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             if redis_url:
                 api_key = create_key_sync(redis_url, tenant="dev", name="make-dev")
             else:
+                assert key_file is not None  # the in-memory store's gateway wrote its key there
                 api_key = key_file.read_text().strip()
             models = [m.model_name for m in spec.models]
             first_token(base_url, api_key, models[0])
@@ -296,10 +297,8 @@ def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
         ray.shutdown()
         _, alive = psutil.wait_procs(started, timeout=20)
         for process in alive:
-            try:
+            with suppress(psutil.NoSuchProcess):
                 process.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(alive, timeout=5)
 
 

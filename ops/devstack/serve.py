@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from infra.render.serve_config import SERVING_PATH, ServingPath, serve_config, serving_env
 from infra.spec import StackSpec
@@ -113,7 +114,7 @@ def wait_running(app: str, *, timeout_s: float, on_change: Callable[[str], None]
 
     Raises RuntimeError on DEPLOY_FAILED / UNHEALTHY and TimeoutError past `timeout_s`.
     """
-    start, last, said = time.monotonic(), "", set()
+    start, last, said = time.monotonic(), "", set[str]()
     while True:
         current = details().get("applications", {}).get(app)
         if current is not None:

@@ -13,9 +13,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from ops.harness.processes import die_with_parent, free_port, terminate
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -127,7 +128,8 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float = 120, *
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args[:3]} exited with {process.returncode} before answering {url}")
+            argv = cast(list[str], process.args)  # we start processes from argv lists, never a shell string
+            raise RuntimeError(f"{argv[:3]} exited with {process.returncode} before answering {url}")
         try:
             response = httpx.get(url, timeout=2)
             if ok(response):

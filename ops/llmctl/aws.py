@@ -12,6 +12,8 @@ failed and what to do about it. Credentials never appear in it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import boto3
 from botocore.config import Config
 from botocore.exceptions import (
@@ -57,8 +59,9 @@ def session(region: str) -> boto3.session.Session:
     return boto3.session.Session(region_name=region)
 
 
-def client(aws: boto3.session.Session, service: str):
-    return aws.client(service, config=RETRIES)
+def client(aws: boto3.session.Session, service: str) -> Any:
+    # boto3-stubs types a client by its service name as a literal; callers here name it in a str.
+    return aws.client(service, config=RETRIES)  # type: ignore[call-overload]
 
 
 def is_unreachable(exc: BaseException) -> bool:

@@ -9,7 +9,7 @@ for that last step).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -53,7 +53,7 @@ async def _batches(admin: _Admin, tenant: str | None, active: bool) -> list[tupl
 
 
 def _when(timestamp: int | None) -> str:
-    return "" if timestamp is None else datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return "" if timestamp is None else datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _check_id(batch_id: str) -> None:

@@ -28,8 +28,9 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
 StackOption = Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")]
 
 
-def fail(message: str, code: ExitCode = ExitCode.FAILED) -> typer.Exit:
-    """Print `message` as an error; return the Exit to raise."""
+def fail(message: str, code: int = ExitCode.FAILED) -> typer.Exit:
+    """Print `message` as an error; return the Exit to raise. `code`: an ExitCode, or 130 for an
+    interrupted command (the shell's code for SIGINT)."""
     err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 

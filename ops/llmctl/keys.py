@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -136,7 +136,8 @@ def _queueing(**values: str | float | None) -> dict[str, Any]:
     for name, value in given.items():
         field = KeyRecord.model_fields[name]
         try:
-            TypeAdapter(Annotated[field.annotation, field]).validate_python(value)
+            rule: Any = Annotated[field.annotation, field]  # a type built at run time, from the field
+            TypeAdapter(rule).validate_python(value)
         except ValidationError as exc:
             raise typer.BadParameter(exc.errors()[0]["msg"], param_hint=f"--{name}") from None
     return given
@@ -175,7 +176,7 @@ def create(
     weight: WeightOption = None,
 ) -> None:
     """Make a key. The key is printed once, on stdout; only its hash is stored."""
-    expires = datetime.now(timezone.utc) + timedelta(days=expires_in_days) if expires_in_days else None
+    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
     limits = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
                      daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests,
                      monthly_budget_usd=monthly_budget_usd)
@@ -197,7 +198,7 @@ def list_keys(stack: StackOption = "local", redis_url: RedisOption = None,
         print(json.dumps([_describe(r) for r in records], indent=2))
         return
     table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides", "mode", "queue")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for r in records:
         state = "revoked" if r.revoked else "expired" if r.expires_at and r.expires_at <= now else "active"
         overrides = ", ".join(f"{f}={getattr(r, f)}" for f in LIMIT_FIELDS if getattr(r, f) is not None)

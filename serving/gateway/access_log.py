@@ -48,7 +48,8 @@ class Caller:
 
 def caller_of(scope: Scope) -> Caller:
     """The record that handlers fill once a key is verified."""
-    return scope.setdefault(_SCOPE_KEY, Caller())
+    caller: Caller = scope.setdefault(_SCOPE_KEY, Caller())
+    return caller
 
 
 def note_caller(scope: Scope, key: KeyRecord) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time as clock
-from collections.abc import Iterator
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from prometheus_client.core import GaugeMetricFamily
@@ -23,7 +23,7 @@ class BudgetUsage(Collector):
     HELP = ("Share of the monthly budget in dollars spent, by tenant and key_id (\"\" for the tenant's own "
             "budget), as of the last admission this replica saw this month.")
 
-    def __init__(self, now=clock.time) -> None:
+    def __init__(self, now: Callable[[], float] = clock.time) -> None:
         self._now = now
         self._seen: dict[tuple[str, str], tuple[str, float]] = {}
 
@@ -32,7 +32,7 @@ class BudgetUsage(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(self.NAME, self.HELP, labels=["tenant", "key_id"])
-        current = month_of(datetime.fromtimestamp(self._now(), timezone.utc))
+        current = month_of(datetime.fromtimestamp(self._now(), UTC))
         for (tenant, key_id), (month, ratio) in sorted(self._seen.items()):
             if month == current:
                 family.add_metric([tenant, key_id], ratio)

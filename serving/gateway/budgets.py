@@ -20,7 +20,7 @@ Counters expire `SPEND_RETENTION_DAYS` after their month ends. The budget-used g
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from functools import lru_cache
 
@@ -63,7 +63,7 @@ end
 
 def month_of(moment: datetime) -> str:
     """`YYYY-MM` of the UTC month `moment` falls in."""
-    utc = moment.astimezone(timezone.utc)
+    utc = moment.astimezone(UTC)
     return f"{utc.year:04d}-{utc.month:02d}"  # strftime's format parsing is most of its cost
 
 
@@ -84,8 +84,8 @@ def month_window(month: str) -> tuple[datetime, datetime]:
     """[start, end) of a calendar month in UTC."""
     first = parse_month(month)
     following = date(first.year + first.month // 12, first.month % 12 + 1, 1)
-    return (datetime.combine(first, time(), tzinfo=timezone.utc),
-            datetime.combine(following, time(), tzinfo=timezone.utc))
+    return (datetime.combine(first, time(), tzinfo=UTC),
+            datetime.combine(following, time(), tzinfo=UTC))
 
 
 def seconds_until_next_month(moment: datetime) -> float:

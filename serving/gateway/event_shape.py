@@ -43,7 +43,9 @@ def learn(event: bytes, chunk: dict[str, Any], index: int, finished: bool) -> Ev
             or event.count(b'"content"') + event.count(b'"text"') != 1 or not isinstance(chunk.get("usage"), dict):
         return None
     text = _TEXT.search(event)
-    close = -1 if text is None else _string_end(event, text.end())
+    if text is None:
+        return None
+    close = _string_end(event, text.end())
     usage = None if close < 0 else _USAGE_MEMBER.search(event, close)
     if usage is None or _object(event[usage.end():-1]) != chunk["usage"]:  # the very usage the parse read
         return None

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NamedTuple
 
-from serving.gateway.fair_share import Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
+from serving.gateway.fair_share import Reason, Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
 from serving.gateway.queue_policy import ModelQueue, QueuePolicy
 from serving.gateway.redis_client import ScriptCall
 
@@ -206,7 +206,7 @@ class FairQueue:
         self._reserve_share = repr(policy.reserve_share)
         self._waiting: dict[str, _Waiter] = {}  # token -> waiter
         self._held: dict[str, set[str]] = {}  # model -> slot ids this process holds
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -337,7 +337,7 @@ class FairQueue:
             remaining, capacity_, service, ahead = details
             raise QueueRefused(refusal("timeout", tenant_waiting=remaining, ahead=ahead, capacity_=capacity_,
                                        mean_service_s=service, model=model, tier=tier_.name))
-        reason = "pushed_out" if outcome == "S" else "lost"
+        reason: Reason = "pushed_out" if outcome == "S" else "lost"
         raise QueueRefused(refusal(reason, tenant_waiting=0, ahead=0, capacity_=capacity_, mean_service_s=service,
                                    model=model, tier=tier_.name))
 

@@ -24,7 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 
 from serving.gateway.key_format import KeyRecord, hash_key, is_usable, looks_like_key, new_key
@@ -50,7 +50,7 @@ class KeyStoreUnavailable(RuntimeError):
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _record_key(key_hash: str) -> str:
@@ -231,7 +231,8 @@ class RedisKeyStore(KeyStore):
 
         async with self._client.slot() as redis:
             try:
-                return await redis.get(name)
+                value: str | None = await redis.get(name)  # decode_responses: str
+                return value
             except (RedisError, OSError) as exc:
                 raise KeyStoreUnavailable(f"Redis did not answer: {type(exc).__name__}") from exc
 

@@ -47,8 +47,9 @@ import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import anyio
 
@@ -129,10 +130,10 @@ class Ticket:
     tenant_limits: TenantLimits = field(default_factory=TenantLimits)  # effective at admission
     model: str = ""  # the metrics label of the model: the usage ledger's field
     usd_per_million_tokens: Decimal | None = None  # the model's rate card; None: no cost, no budget
-    month: str = field(default_factory=lambda: month_of(datetime.now(timezone.utc)))  # charged to
+    month: str = field(default_factory=lambda: month_of(datetime.now(UTC)))  # charged to
     reserved_nano_usd: int = 0  # the reservation's cost, charged to `month` at admission
     spend: Spend | None = None  # seen at admission (Redis only), for the budget-used gauge
-    backend: object | None = None
+    backend: RedisLimiter | LocalLimiter | None = None
     settled: bool = False
     on_error: Callable[[], None] | None = None  # told when settling in Redis fails
 
@@ -170,17 +171,17 @@ class Ticket:
                     await self.backend.settle(self, billed, give_back_request=give_back_request, along=along)
                 else:
                     await self.backend.settle(self, billed, give_back_request=give_back_request)
-            except Exception as exc:  # the slot then frees itself when its expiry passes
+            except Exception as exc:  # noqa: BLE001 - the slot then frees itself when its expiry passes
                 log.warning("could not settle usage for key %s: %s", self.who.key_id, type(exc).__name__)
                 if self.on_error is not None:
                     self.on_error()
 
 
-def _text(value: object) -> object:
+def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
+def _decision(limits: KeyLimits, reply: list[Any]) -> tuple[LimitDecision, dict[str, Any]]:
     (allowed, refused, scope, rem_req, reset_req, rem_tok, reset_tok, wait, day, key_charged,
      t_rpm, t_tpm, t_daily, t_conc, key_spent, tenant_spent, tenant_budget) = reply
     wait_us = float(wait)
@@ -193,7 +194,7 @@ def _decision(limits: KeyLimits, reply: list) -> tuple[LimitDecision, dict]:
     counts = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
     # The tenant's budget in force travels in `spend`: only Redis enforces budgets.
     tenant = TenantLimits(**{name: int(v) for name, v in zip(counts, (t_rpm, t_tpm, t_daily, t_conc)) if int(v) > 0})
-    spend = Spend(int(_text(key_spent)), int(_text(tenant_spent)), int(_text(tenant_budget)))
+    spend = Spend(int(key_spent), int(tenant_spent), int(tenant_budget))  # int() reads bytes, str and int alike
     return decision, {"day": int(day), "key_charged": bool(int(key_charged)), "tenant_limits": tenant,
                       "spend": spend}
 
@@ -311,6 +312,6 @@ def _price(ticket: Ticket, tokens: int, model: str, usd_per_million_tokens: Deci
     """What the ticket reserves, in tokens and in nano-USD at the model's rate, charged to the
     current UTC month."""
     ticket.reserved, ticket.model, ticket.usd_per_million_tokens = tokens, model, usd_per_million_tokens
-    ticket.month = month_of(datetime.now(timezone.utc))
+    ticket.month = month_of(datetime.now(UTC))
     ticket.reserved_nano_usd = ticket.cost_of(tokens)
 

@@ -17,7 +17,7 @@ and a test checks that they reference nothing else.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -155,7 +155,7 @@ class GatewayMetrics:
         spend, who = ticket.spend, ticket.who
         if spend is None:
             return
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if who.monthly_budget_usd is not None:
             self.budget_used.observe(who.tenant, who.key_id, spend.key_nano_usd, who.monthly_budget_usd, now)
         if spend.tenant_budget_nano_usd > 0:

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import aiohttp
 import anyio
@@ -205,7 +206,7 @@ class UpstreamProxy:
         headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
         # aiohttp has one read timeout for the first byte and the gaps after it: a cold model's
         # request gets the longer one for both.
-        timeout = {} if first_byte_timeout_s is None else {"timeout": aiohttp.ClientTimeout(
+        timeout: dict[str, Any] = {} if first_byte_timeout_s is None else {"timeout": aiohttp.ClientTimeout(
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=first_byte_timeout_s)}
         try:
             with anyio.fail_after(total_timeout_s):

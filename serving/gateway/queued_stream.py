@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -24,7 +26,15 @@ from serving.gateway.metering import NOTHING_BILLED
 from serving.gateway.proxy import UpstreamStream
 
 Forward = Callable[[QueueTicket | None], Awaitable[Response]]
-_GONE = object()  # the client left while waiting
+
+
+class _Gone(enum.Enum):
+    """The client left while waiting (an enum member, so the type checker can tell it apart)."""
+
+    GONE = enum.auto()
+
+
+_GONE = _Gone.GONE
 
 
 def comment(waited_s: float) -> bytes:
@@ -80,7 +90,8 @@ class QueuedStream(Response):
         await self._admission.settle(self._admission.meter.billed_usage())
         await _body(send, error_events(response), more=False)
 
-    async def _wait(self, pending: PendingSlot, gone: asyncio.Task, send: Send) -> object:
+    async def _wait(self, pending: PendingSlot, gone: asyncio.Task[None],
+                    send: Send) -> QueueTicket | Response | None | Literal[_Gone.GONE]:
         while True:
             signal = asyncio.create_task(pending.signals.get())
             done, _ = await asyncio.wait({pending.outcome, signal, gone}, return_when=asyncio.FIRST_COMPLETED)

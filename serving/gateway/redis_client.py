@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 MAX_CONNECTIONS = 32
@@ -54,11 +54,12 @@ def redis_client(url: str, *, decode_responses: bool = False, max_connections: i
         url, max_connections=max_connections or MAX_CONNECTIONS, timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S,
         socket_connect_timeout=TIMEOUT_S, decode_responses=decode_responses, retry=Retry(NoBackoff(), 0))
     # The URL picks the class (TCP, TLS for rediss://, unix socket); only its packer changes.
-    pool.connection_class = packed_by_hiredis(pool.connection_class)
+    # A class is hashable; mypy reads `type[X].__hash__` as X's unbound method and says it is not.
+    pool.connection_class = packed_by_hiredis(pool.connection_class)  # type: ignore[arg-type]
     return redis.Redis(connection_pool=pool)
 
 
-@lru_cache(maxsize=None)
+@cache
 def packed_by_hiredis(connection_class: type) -> type:
     """`connection_class` with commands packed by hiredis (C) instead of redis-py's asyncio
     packer, which joins the growing command once per argument in Python: the limiter scripts
@@ -81,9 +82,10 @@ def packed_by_hiredis(connection_class: type) -> type:
             return [hiredis.pack_command(args)]
         except TypeError:
             pass
-        try:  # hiredis takes no buffers: copied here, off the common path
-            return [hiredis.pack_command(tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a
-                                               for a in args))]
+        # hiredis takes no buffers: copied here, off the common path
+        copied: tuple[Any, ...] = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+        try:
+            return [hiredis.pack_command(copied)]
         except TypeError as exc:  # bool, None, ...: refused, as redis-py's encoder refuses them
             raise DataError(str(exc)) from exc
 
@@ -158,5 +160,5 @@ async def run_together(redis: Any, calls: Sequence[ScriptCall]) -> None:
         if isinstance(result, NoScriptError):
             try:
                 call.result = await call.run()
-            except Exception as exc:  # kept for the call's owner, like a pipelined error
+            except Exception as exc:  # noqa: BLE001 - kept for the call's owner, like a pipelined error
                 call.result = exc

@@ -13,7 +13,7 @@ a Redis restart).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from serving.gateway.budgets import BUDGET_LUA, spend_expire_at, spend_key
@@ -240,12 +240,13 @@ class RedisLimiter:
         self._admit = self._client.redis.register_script(ADMIT_LUA)
         self._settle = self._client.redis.register_script(SETTLE_LUA)
 
-    async def admit(self, ticket: Any, args: list[object], *, along: ScriptCall | None = None) -> list:
+    async def admit(self, ticket: Any, args: list[object], *, along: ScriptCall | None = None) -> list[Any]:
         """`along`: another script (the fair queue's try) sent in the same round trip; its reply
         stays in it."""
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
-        return await self._run(self._admit, keys, args, along)
+        reply: list[Any] = await self._run(self._admit, keys, args, along)
+        return reply
 
     async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
                      along: ScriptCall | None = None) -> None:
@@ -261,7 +262,7 @@ class RedisLimiter:
             int(give_back_request), limits.requests_per_minute, no_limit_as_zero(tenant.requests_per_minute),
             int(ticket.key_request_charged)]
         ledger_keys, ledger_args = record_call(who.tenant, who.key_id, ticket.model, billed.prompt, billed.completion,
-                                               datetime.now(timezone.utc))
+                                               datetime.now(UTC))
         if not ticket.tokens_phase_done:  # released after the slot phase: nothing charged, nothing used
             ledger_args, delta = ["", "", "", "", ""], 0
         else:

@@ -66,7 +66,7 @@ class ReplicaFeed:
         self.deployments, self.publish, self.poll_s = dict(deployments), publish, poll_s
         self.on_error, self.on_count = on_error, on_count
         self._failing = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._session: Any = None
 
     async def start(self) -> None:

@@ -115,7 +115,7 @@ def _check_shapes(document: dict[str, Any], path: str) -> PolicyViolation | None
     return None
 
 
-def check_request(document: dict | None, path: str, settings: GatewayPolicy) -> PolicyViolation | None:
+def check_request(document: dict[str, Any] | None, path: str, settings: GatewayPolicy) -> PolicyViolation | None:
     """The first policy violation in a completions request body, or None to admit it.
     `document` is the parsed body (None when it is not a JSON object); other paths pass."""
     if path not in COMPLETION_PATHS:

@@ -76,7 +76,8 @@ def stream_error_event(chunk: dict[str, Any], data: bytes) -> bytes:
     """Our SSE `data:` line (without its blank-line end) for an upstream error event `chunk`
     (whose raw JSON is `data`): the same rewrite as a non-2xx body, by the status it names, or
     500 when it names none. The status goes in the error too: the status line said 200."""
-    error = chunk.get("error") if isinstance(chunk.get("error"), dict) else chunk
+    inner = chunk.get("error")
+    error: dict[str, Any] = inner if isinstance(inner, dict) else chunk
     code = error.get("code")
     status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599 else 500
     response = rewritten(status, data)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from functools import lru_cache
 from urllib.parse import quote, unquote
 
@@ -68,12 +68,12 @@ def day_pattern(day: date) -> str:
 @lru_cache(maxsize=64)  # once a day, not once a request
 def expire_at(day: date) -> int:
     """Epoch seconds when the day's hash is dropped: `RETENTION_DAYS` after the day ends."""
-    end = datetime.combine(day + timedelta(days=1), time(), tzinfo=timezone.utc)
+    end = datetime.combine(day + timedelta(days=1), time(), tzinfo=UTC)
     return int((end + timedelta(days=RETENTION_DAYS)).timestamp())
 
 
 def utc_day(moment: datetime) -> date:
-    return moment.astimezone(timezone.utc).date()
+    return moment.astimezone(UTC).date()
 
 
 def record_call(tenant: str, key_id: str, model: str, prompt: int, completion: int, moment: datetime

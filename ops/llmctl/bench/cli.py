@@ -11,7 +11,7 @@ import asyncio
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -84,7 +84,7 @@ async def _pick_model(spec: LoadSpec) -> str:
     try:
         async with make_client(spec) as client:
             models = [m.id async for m in client.models.list()]
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of the SDK call is reported, by its type
         kind = error_type(exc)
         raise BenchError(f"listing models at {spec.base_url} failed: {kind}: {exc}; {_hint(kind)}") from None
     if not models:
@@ -153,12 +153,12 @@ async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels:
             failed = 0
             started = time.monotonic()
 
-            def done(result, task=task) -> None:
+            def done(result, task=task, by_time=by_time) -> None:
                 nonlocal failed
                 failed += result.error is not None
                 progress.update(task, advance=0 if by_time else 1, status=f"{failed} failed" if failed else "")
 
-            async def tick(task=task, started=started) -> None:  # duration levels advance with the clock
+            async def tick(task=task, started=started, level_spec=level_spec) -> None:  # advance with the clock
                 while True:
                     progress.update(task, completed=min(time.monotonic() - started, level_spec.duration_s))
                     await asyncio.sleep(0.5)
@@ -291,7 +291,7 @@ def bench(
                         output_tokens=_distribution("--output-tokens", output_tokens), requests=requests,
                         duration_s=duration, ignore_eos=ignore_eos, seed=seed, timeout_s=timeout,
                         workload=workload.value, turns=turns, system_prompt_tokens=system_prompt_tokens)
-        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
 
         async def main() -> list[LevelSummary]:
             nonlocal spec
@@ -303,7 +303,7 @@ def bench(
     except BenchError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
-    except Exception as exc:  # e.g. connection refused while listing models
+    except Exception as exc:  # noqa: BLE001 - e.g. connection refused while listing models
         err.print(f"[red]error:[/red] {url}: {type(exc).__name__}: {exc}; is the server running "
                   "there?", highlight=False, soft_wrap=True)
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import openai
@@ -28,9 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ops.llmctl.bench.stats import LengthDistribution, RequestResult, error_type
 
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
 # Plain words that most BPE vocabularies hold as single tokens, so `--prompt-tokens 64` asks
 # for about 64 tokens on any model; the server's usage chunk reports the exact count.
-WORDS = ("the of and to in is was for on that with as by at from his her an it are this be or "
+WORDS = ("the of and to in is was for on that with as by at from his her an it are this be or "  # noqa: SIM905 - reads as prose
          "which one had not but all were they she there been have their has would more time will "
          "when who new after first also two may some other into over up than its only most out "
          "made such these many then could year where so like what about between well people").split()
@@ -82,17 +86,22 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | 
     string (a user message, or the completions prompt) or a whole chat conversation; the
     answer's text is appended to `text_out` chunk by chunk when given."""
     extra = {"ignore_eos": True} if spec.ignore_eos else None
-    common = dict(model=spec.model, max_tokens=max_tokens, stream=True,
-                  stream_options={"include_usage": True}, extra_body=extra)
+    common: dict[str, Any] = dict(model=spec.model, max_tokens=max_tokens, stream_options={"include_usage": True},
+                                  extra_body=extra)
     start = clock()
     chunk_times: list[float] = []
     usage = None
     try:
         if spec.api == "chat":
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            stream = await client.chat.completions.create(messages=messages, **common)
+            # The conversations we send are role/content dicts: what the SDK's message types describe.
+            messages = cast("list[ChatCompletionMessageParam]",
+                            prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
+            stream: AsyncIterator[Any] = await client.chat.completions.create(messages=messages, stream=True,
+                                                                              **common)
         else:
-            stream = await client.completions.create(prompt=prompt, **common)
+            if isinstance(prompt, list):  # becomes this request's error, like any other failure
+                raise ValueError("a chat conversation needs api chat")
+            stream = await client.completions.create(prompt=prompt, stream=True, **common)
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
@@ -101,7 +110,7 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | 
                 chunk_times.append(clock())
                 if text_out is not None:
                     text_out.append(text)
-    except Exception as exc:  # every failure is data: grouped by type in the summary
+    except Exception as exc:  # noqa: BLE001 - every failure is data: grouped by type in the summary
         return RequestResult(start=start, end=clock(), first_token=chunk_times[0] if chunk_times else None,
                              chunk_times=chunk_times, requested_output_tokens=max_tokens, error=error_type(exc),
                              error_message=str(exc).splitlines()[0] if str(exc) else "")
@@ -135,7 +144,8 @@ def make_client(spec: LoadSpec) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=spec.base_url, api_key=spec.api_key, max_retries=0, timeout=spec.timeout_s)
 
 
-async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float, *,
+# Complex on purpose: both load modes (concurrency, rate) share one pacing loop.
+async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float, *,  # noqa: C901
                     on_result: Callable[[RequestResult], None] | None = None,
                     stop: Callable[[], bool] | None = None,
                     clock: Callable[[], float] = time.monotonic) -> list[RequestResult]:

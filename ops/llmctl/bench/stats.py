@@ -150,6 +150,7 @@ def summarise(results: list[RequestResult], mode: Literal["concurrency", "rate"]
     per_second = (lambda x: round(x / duration, 3)) if duration > 0 else (lambda x: 0.0)
     examples: dict[str, str] = {}
     for r in failed:
+        assert r.error is not None  # failed: those with an error
         examples.setdefault(r.error, (r.error_message or "")[:300])
     ttft = [r.first_token - r.start for r in ok if r.first_token is not None]
     itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]

@@ -10,7 +10,7 @@ its plan, 2 unusable options, 3 the gateway's Redis could not be read.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated
 
@@ -97,7 +97,7 @@ def cost(
     if stack is None:
         raise fail("give --stack, e.g. llmctl cost --stack dev", ExitCode.UNUSABLE_INPUT)
     spec = load_spec(stack)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     _, _, costs = priced(spec, bench=bench, level=concurrency, bench_replicas=bench_replicas,
                          usd_per_hour=usd_per_hour, offline=offline, start=now - SPOT_WINDOW, end=now)
     if as_json:
@@ -134,7 +134,7 @@ def report(
     if as_json and as_csv:
         raise fail("give --json or --csv, not both", ExitCode.UNUSABLE_INPUT)
     spec = load_spec(stack)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     try:
         start, end = inputs.report_window(since, month, now)
         given_hours = inputs.group_amounts(spec, node_hours or [], "--node-hours")
@@ -145,7 +145,7 @@ def report(
     hours = Decimal(str((end - start).total_seconds())) / 3600
     assumed = assumed_node_hours(plan, hours)
     groups = [GroupCost(node_group=g.name, node_hours=given_hours.get(g.name, assumed[g.name]),
-                        usd_per_node_hour=None if prices[g.name] is None else prices[g.name].usd_per_hour,
+                        usd_per_node_hour=None if (price := prices[g.name]) is None else price.usd_per_hour,
                         assumed_hours=g.name not in given_hours) for g in spec.node_groups]
     usage = _usage(redis_url, stack, spec, inputs.days_in(start, end))
     result = showback(usage, groups, model_rates(plan, costs))

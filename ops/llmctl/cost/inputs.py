@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
@@ -140,7 +140,7 @@ def report_window(since: str | None, month: str | None, now: datetime) -> tuple[
     match = _SINCE.match(since or "30d")
     if not match or int(match[1]) < 1:
         raise CostInputError(f"--since {since!r}: give whole days, e.g. --since 30d")
-    today = datetime.combine(now.astimezone(timezone.utc).date(), datetime.min.time(), tzinfo=timezone.utc)
+    today = datetime.combine(now.astimezone(UTC).date(), datetime.min.time(), tzinfo=UTC)
     return today - timedelta(days=int(match[1]) - 1), now
 
 

@@ -8,7 +8,7 @@ of a price, and `infra.cost.node_prices` falls back to the catalog's on-demand p
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -30,7 +30,7 @@ def spot_prices(spec: StackSpec, start: datetime, end: datetime, *, session=None
     groups = spot_groups(spec)
     if not groups or not isinstance(spec.cloud, AwsCloud):
         return {}
-    oldest = datetime.now(timezone.utc) - timedelta(days=HISTORY_DAYS - 1)
+    oldest = datetime.now(UTC) - timedelta(days=HISTORY_DAYS - 1)
     start = max(start, oldest)
     if start >= end:
         return {g.name: f"the period is older than EC2's {HISTORY_DAYS} days of spot price history" for g in groups}
@@ -39,7 +39,7 @@ def spot_prices(spec: StackSpec, start: datetime, end: datetime, *, session=None
         return {g.name: f"no AWS credentials ({aws.LOGIN_HINT})" for g in groups}
     ec2 = aws.client(session, "ec2")
     found: dict[str, NodePrice | str] = {}
-    for instance_type in sorted({g.instance_type for g in groups}):
+    for instance_type in sorted({g.instance.instance_type for g in groups}):
         try:
             points = _history(ec2, instance_type, spec.cloud.availability_zones, start, end)
         except (BotoCoreError, ClientError) as exc:

@@ -19,7 +19,6 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from infra.gpu_catalog import load_catalog
 from infra.planner import StackPlan
 from infra.spec import CapacityType, GpuNodeGroup, StackSpec
 
@@ -76,8 +75,9 @@ def quota_needs(spec: StackSpec, plan: StackPlan) -> list[QuotaNeed]:
     for group in spec.node_groups:
         if not isinstance(group, GpuNodeGroup) or not nodes_at_max.get(group.name):
             continue
-        quota = QUOTAS[(quota_family(group.instance_type), group.capacity_type)]
-        nodes, vcpus = nodes_at_max[group.name], load_catalog()[group.instance_type].vcpus
+        instance = group.instance
+        quota = QUOTAS[(quota_family(instance.instance_type), group.capacity_type)]
+        nodes, vcpus = nodes_at_max[group.name], instance.vcpus
         need = needs.setdefault(quota.code, QuotaNeed(quota=quota, vcpus=0, breakdown=[]))
         need.vcpus += nodes * vcpus
         need.breakdown.append(f"{group.name}: {nodes} x {group.instance_type} ({vcpus} vCPUs)")
@@ -99,7 +99,7 @@ def offering_checks(spec: StackSpec, offered: set[tuple[str, str]]) -> list[Chec
     """Each GPU instance type against the stack's zones: missing in some warns, in all fails."""
     zones = list(getattr(spec.cloud, "availability_zones", []))
     checks = []
-    for instance_type in sorted({g.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)}):
+    for instance_type in sorted({g.instance.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)}):
         missing = [z for z in zones if (instance_type, z) not in offered]
         name = f"{instance_type} offered"
         if not missing:

@@ -23,8 +23,10 @@ import os
 import shutil
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from infra.images import parse_image
 from infra.planner import StackPlan, plan_stack
@@ -160,16 +162,20 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
     checks += ask(["region and zones"], f"listing the zones of {region}", lambda: [zones_check(
         region, zones, {z["ZoneName"]: z["State"] for z in clients.ec2.describe_availability_zones()[
             "AvailabilityZones"]})])
+    def quota_of(need: QuotaNeed) -> list[Check]:
+        return [quota_check(need, _quota_value(clients.service_quotas, need), region)]
+
+    def image_of(key: str, reference: str) -> list[Check]:
+        return [image_check(key, reference, found=_in_ecr(clients, reference))]
+
     for need in needs:
-        checks += ask([f"quota {need.quota.code}"], f"reading quota {need.quota.code}",
-                      lambda need=need: [quota_check(need, _quota_value(clients.service_quotas, need), region)])
-    types = sorted({g.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)})
+        checks += ask([f"quota {need.quota.code}"], f"reading quota {need.quota.code}", partial(quota_of, need))
+    types = sorted({g.instance.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)})
     checks += ask([f"{t} offered" for t in types], "listing instance type offerings",
                   lambda: offering_checks(spec, _offerings(clients.ec2, types, zones)))
     for key, reference in images.items():
         checks += ask([f"image {key}"], f"looking up {reference} in ECR",
-                      lambda key=key, reference=reference: [image_check(key, reference,
-                                                                        found=_in_ecr(clients, reference))])
+                      partial(image_of, key, reference))
     if needs_spot_role_check(spec):
         checks += ask([SPOT_ROLE_CHECK], f"looking up the role {SPOT_ROLE}",
                       lambda: [spot_role_check(spec, exists=_role_exists(clients.iam, SPOT_ROLE))])

@@ -21,11 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.exceptions import BotoCoreError, ClientError
@@ -245,7 +245,7 @@ def sync_model(s3, *, stack: str, bucket: str, model_id: str, folder: Path, sett
             raise AwsProblem(f"S3 does not hold what was uploaded for {', '.join(f.path for f in still)} "
                              f"(checksum mismatch after upload); run the sync again")
     manifest = Manifest(stack=stack, model_id=model_id, bucket=bucket, prefix=prefix, files=local,
-                        synced_at=datetime.now(timezone.utc), total_bytes=sum(f.size for f in local))
+                        synced_at=datetime.now(UTC), total_bytes=sum(f.size for f in local))
     try:
         s3.put_object(Bucket=bucket, Key=manifest_key(model_id), Body=manifest.model_dump_json(indent=2).encode(),
                       ContentType="application/json", ChecksumAlgorithm="SHA256")

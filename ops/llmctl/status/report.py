@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
@@ -232,7 +233,7 @@ def node_rows(nodes: list[dict[str, Any]], group_label: str) -> list[NodeRow]:
     for node in nodes:
         labels = node["metadata"].get("labels") or {}
         status = node.get("status") or {}
-        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
         rows.append(NodeRow(name=node["metadata"]["name"], group=labels.get(group_label, "-"),
                             instance_type=labels.get("node.kubernetes.io/instance-type", "?"),
                             gpus=int((status.get("allocatable") or {}).get("nvidia.com/gpu", 0)),
@@ -280,7 +281,7 @@ def pending_hint(message: str) -> str:
     return "see `kubectl describe pod` events"
 
 
-def pending_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]] = ()) -> list[PendingPod]:
+def pending_pods(pods: list[dict[str, Any]], events: Sequence[dict[str, Any]] = ()) -> list[PendingPod]:
     """Pods stuck in Pending, with the scheduler's reason (or the autoscaler's, from events)."""
     found = []
     for pod in pods:
@@ -288,7 +289,8 @@ def pending_pods(pods: list[dict[str, Any]], events: list[dict[str, Any]] = ()) 
         if status.get("phase") != "Pending":
             continue
         name = pod["metadata"]["name"]
-        scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        scheduled: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
         waiting = [(cs.get("state") or {}).get("waiting") or {} for cs in status.get("containerStatuses") or []]
         reason = scheduled.get("message") if scheduled.get("status") == "False" else None
         reason = reason or next((w.get("reason") for w in waiting if w.get("reason")), None) or "Pending"

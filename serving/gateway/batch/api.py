@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -94,7 +94,7 @@ class BatchApi:
                  runner: BatchRunner) -> None:
         self.settings, self.policy = settings, settings.batch
         self.admitter, self.store, self.storage, self.runner = admitter, store, storage, runner
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request, route: ApiRoute) -> Response:
         known = await self.admitter.authenticate(request)
@@ -114,7 +114,8 @@ class BatchApi:
 
         handler = getattr(self, str(route.handler).replace(".", "_"))  # resolve() names only these methods
         try:
-            return await handler(request, route, key)
+            response: Response = await handler(request, route, key)
+            return response
         except StorageError:
             return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
                                        errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})
@@ -152,7 +153,7 @@ class BatchApi:
 
         try:
             form = await _InMemoryForm(request.headers, replay(), max_files=1, max_fields=8).parse()
-        except Exception:  # starlette's MultiPartException, python-multipart's parse errors
+        except Exception:  # noqa: BLE001 - starlette's MultiPartException, python-multipart's parse errors
             return _bad("The upload is not valid multipart/form-data.", "file")
         try:
             purpose, upload = form.get("purpose"), form.get("file")
@@ -283,7 +284,7 @@ class BatchApi:
         fails as a batch)."""
         if checked.problems or not checked.lines:
             return None
-        left = await budget_left(self.store.redis, key, self.settings, datetime.now(timezone.utc))
+        left = await budget_left(self.store.redis, key, self.settings, datetime.now(UTC))
         short = shortfall(batch_need(checked, self.settings), left)
         if short is None:
             return None

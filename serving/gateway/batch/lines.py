@@ -90,7 +90,8 @@ def line_reservation(document: dict[str, Any], body_size: int, endpoint: str, se
     return reservation.total
 
 
-def check_body(body: Any, endpoint: str, key: KeyRecord, settings: GatewaySettings) -> tuple[int, dict] | CheckedBody:
+def check_body(body: Any, endpoint: str, key: KeyRecord,
+               settings: GatewaySettings) -> tuple[int, dict[str, Any]] | CheckedBody:
     """The body to send for one line, or the (status, error body) admission would answer it with."""
     if not isinstance(body, dict):
         return _answer(errors.invalid_request("body", "The line's body must be a JSON object.",
@@ -163,7 +164,7 @@ def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: Gateway
 
 
 def _check_line(line: dict[str, Any], endpoint: str, key: KeyRecord,
-                settings: GatewaySettings) -> tuple[int, dict] | CheckedBody:
+                settings: GatewaySettings) -> tuple[int, dict[str, Any]] | CheckedBody:
     unknown = sorted(set(line) - LINE_FIELDS)
     if unknown:
         return _answer(errors.invalid_request(unknown[0][:100], f"Unrecognized line field: {unknown[0][:100]}. A "

@@ -44,7 +44,8 @@ def redis_footprint(checked: CheckedInput) -> int:
     list, a stream entry (custom_id and where its body is) per line to run, the answer of each
     line refused up front (its error line, which names the custom_id, under the custom_id).
     Answers of lines that ran come on top, each bounded by what it was billed."""
-    ids = sum(len(x.custom_id.encode()) + ID_OVERHEAD for x in (*checked.lines, *checked.rejected))
+    every_id = [x.custom_id for x in checked.lines] + [x.custom_id for x in checked.rejected]
+    ids = sum(len(custom_id.encode()) + ID_OVERHEAD for custom_id in every_id)
     queued = sum(len(x.custom_id.encode()) + ENTRY_OVERHEAD for x in checked.lines)
     refused = sum(2 * len(x.custom_id.encode()) + x.answer_bytes + ANSWER_ENVELOPE + ANSWER_OVERHEAD
                   for x in checked.rejected)

@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.types import ASGIApp, Message
@@ -160,7 +160,7 @@ class BatchRunner:
         self.tier = settings.queue.tiers[-1].name
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.app: ASGIApp | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         # Uploads, validations, finalizations and downloads share the memory the pod's limit
         # allows for them (gateway.batch.memory_bytes()), each counting what it holds.
         self.memory = MemoryBudget(self.policy.memory_bytes(), on_change=metrics.batch_memory.set)
@@ -193,7 +193,7 @@ class BatchRunner:
                 await step()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis or storage away: log, wait, go on (a crash would stop all batches)
+            except Exception as exc:  # noqa: BLE001 - Redis or storage away: log, wait, go on (a crash stops all batches)
                 log.warning("batch %s failed: %s: %s", name, type(exc).__name__, exc)
                 wait_s = max(pause_s, 1.0)
             if wait_s:
@@ -204,7 +204,7 @@ class BatchRunner:
         logged and left to the sweeper."""
         try:
             await self.prepare(batch_id, checked)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the sweeper retries the batch
             log.warning("batch %s validation failed (the sweeper retries): %s: %s", batch_id, type(exc).__name__, exc)
 
     # --- the sweeper -------------------------------------------------------------------
@@ -280,7 +280,8 @@ class BatchRunner:
             if mine:
                 await self._prepare(batch_id, checked)
 
-    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:
+    # Complex on purpose: a batch's validation steps in order, each resumable after a crash.
+    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:  # noqa: C901
         record = await self.store.batch(batch_id)
         if record is None or record.status not in ("validating", "in_progress") or record.enqueued:
             return
@@ -303,8 +304,8 @@ class BatchRunner:
         if fresh:
             await self.store.set_ids(batch_id, checked.custom_ids)
             for rejected in checked.rejected:
-                line = output_line(rejected.custom_id, rejected.status, None, rejected.body)
-                if (await self.store.record(batch_id, rejected.custom_id, line, ok=False))[0]:
+                answer = output_line(rejected.custom_id, rejected.status, None, rejected.body)
+                if (await self.store.record(batch_id, rejected.custom_id, answer, ok=False))[0]:
                     self.metrics.batch_lines.labels(tenant=record.tenant, outcome="failed").inc()
             if not await self.store.transition(batch_id, ("validating",), status="in_progress",
                                                in_progress_at=now(), total=len(checked.custom_ids)):
@@ -519,4 +520,4 @@ def retry_or_answer(answer: Answer, attempts: int, max_attempts: int) -> Answer 
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

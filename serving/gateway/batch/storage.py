@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -31,7 +31,7 @@ class FileStorage(Protocol):
     async def get_range(self, name: str, start: int, length: int) -> bytes:
         """`length` bytes of `name` from offset `start`; `StorageError` if there are none."""
 
-    def chunks(self, name: str, size: int) -> AsyncIterator[bytes]:
+    def chunks(self, name: str, size: int) -> AsyncGenerator[bytes, None]:
         """The bytes of `name` in chunks of at most `size`; `StorageError` (at the first chunk)
         if there are none."""
 
@@ -77,7 +77,7 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"cannot read {name} in {self.root}: {exc.strerror}") from None
 
-    async def chunks(self, name: str, size: int) -> AsyncIterator[bytes]:
+    async def chunks(self, name: str, size: int) -> AsyncGenerator[bytes, None]:
         try:
             file = await asyncio.to_thread(self._path(name).open, "rb")
         except OSError as exc:
@@ -120,7 +120,7 @@ class S3Storage:
         response = await self._call("get_object", name, Range=f"bytes={start}-{start + length - 1}")
         return await asyncio.to_thread(response["Body"].read)
 
-    async def chunks(self, name: str, size: int) -> AsyncIterator[bytes]:
+    async def chunks(self, name: str, size: int) -> AsyncGenerator[bytes, None]:
         from botocore.exceptions import BotoCoreError
 
         body = (await self._call("get_object", name))["Body"]

@@ -412,7 +412,8 @@ class BatchStore:
             await pipe.execute()
 
     async def ids(self, batch_id: str) -> list[str]:
-        return await self.redis.lrange(batch_key(batch_id, "ids"), 0, -1)
+        custom_ids: list[str] = await self.redis.lrange(batch_key(batch_id, "ids"), 0, -1)
+        return custom_ids
 
     async def enqueue(self, batch_id: str, tenant: str, lines: list[dict[str, str]]) -> None:
         """Add lines (their stream fields: custom_id and where the body is) to the batch's
@@ -528,7 +529,8 @@ class BatchStore:
         from redis.exceptions import ResponseError
 
         try:
-            return await self.redis.xinfo_consumers(work_key(batch_id), WORK_GROUP)
+            consumers: list[dict[str, Any]] = await self.redis.xinfo_consumers(work_key(batch_id), WORK_GROUP)
+            return consumers
         except ResponseError:  # no stream (not enqueued yet, or retired)
             return []
 

@@ -301,7 +301,9 @@ def test_refused_requests_charge_no_limit_at_all(limits_gateway, redis_server):
     key = new_key(redis_server, requests_per_minute=5, tokens_per_minute=1000, max_concurrent_requests=3)
     assert chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(900)).status_code == 200  # billed 13
     state = [counter(redis_server.url, key, i) for i in range(4)]
-    refused = chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(999))  # 13 + 999 > 1000 tokens
+    # More than a whole minute of tokens: refused however long the first request took (a refusal
+    # that leaned on the 13 already spent turned into a 200 whenever 0.7 s passed between them).
+    refused = chat_raw(limits_gateway, key, max_tokens=max_tokens_reserving(1500))
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
     assert [counter(redis_server.url, key, i) for i in range(4)] == state  # request TAT, tokens, slots, day
 
