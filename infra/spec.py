@@ -353,8 +353,9 @@ class InClusterRedis(_Spec):
 
 class ExternalRedis(_Spec):
     mode: Literal["external"] = Field(
-        description="A Redis you run, with two ACL users (README: the gateway's and Ray's); their passwords are "
-                    "the secret config values `llmstack:redis_password` and `llmstack:redis_ray_password`.")
+        description="A Redis you run, with two ACL users (docs/deploying.md: the gateway's and Ray's); their "
+                    "passwords are the secret config values `llmstack:redis_password` and "
+                    "`llmstack:redis_ray_password`.")
     host: str = Field(description="Host name reachable from the cluster.")
     port: int = Field(default=6379, ge=1, le=65535, description="Port.")
     tls: bool = Field(default=True, description="Connect with TLS.")

@@ -139,7 +139,7 @@ def _is_union_tag(node: dict[str, Any], part: str) -> bool:
 def _valid_keys_hint(path: str) -> str:
     model = _model_at(path)
     if model is None:
-        return "check the README's stack reference"
+        return "valid keys: docs/stack-file.md"
     return "valid keys here: " + ", ".join(model.model_fields)
 
 

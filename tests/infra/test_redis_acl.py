@@ -98,7 +98,7 @@ def test_ray_cannot_touch_api_keys(acl_redis: int) -> None:
 
 def test_residual_risk_ray_lists_the_gateways_key_names_and_reads_none_of_them(acl_redis: int) -> None:
     """KubeRay's cleanup job needs SCAN, and SCAN takes no key: no ACL key pattern limits which
-    names it lists. README's threat model states this residual risk; this pins both sides of it."""
+    names it lists. The threat model (docs/deploying.md) states this residual risk; this pins both sides of it."""
     gateway = as_user(acl_redis, GATEWAY_USER)
     gateway.set("llmstack:{tenant:acme}:spend", "1")
     ray = as_user(acl_redis, RAY_USER)
@@ -113,7 +113,7 @@ def test_residual_risk_ray_lists_the_gateways_key_names_and_reads_none_of_them(a
     keyless = [c for c in ray_user().commands.split() if c.startswith("+")
                and c[1:] in ("scan", "keys", "randomkey", "info", "ping")]
     assert keyless == ["+ping", "+info", "+scan"]
-    threat_model = " ".join((PROJECT_ROOT / "README.md").read_text().split())
+    threat_model = " ".join((PROJECT_ROOT / "docs" / "deploying.md").read_text().split())
     assert "SCAN lists every key name" in threat_model and "`+scan`" in threat_model
 
 
@@ -287,9 +287,9 @@ def test_elasticache_rules_still_let_the_gateway_wake_its_queue_and_keep_ray_out
     assert ray.execute_command("HSET", TABLE, "a", "1") == 1
 
 
-def test_the_readme_gives_external_redis_the_same_rules() -> None:
+def test_the_deploying_guide_gives_external_redis_the_same_rules() -> None:
     from infra.stack_file import PROJECT_ROOT
 
-    readme = " ".join((PROJECT_ROOT / "README.md").read_text().split())
+    guide = " ".join((PROJECT_ROOT / "docs" / "deploying.md").read_text().split())
     for user in (gateway_user(), ray_user()):
-        assert f"ACL SETUSER {user.name} on >PASSWORD {user.rules()}" in readme
+        assert f"ACL SETUSER {user.name} on >PASSWORD {user.rules()}" in guide

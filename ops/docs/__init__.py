@@ -1,0 +1,1 @@
+"""Documentation generated from the code, so it cannot drift from it."""
