@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -177,9 +177,11 @@ def reservation_for(document: dict[str, Any] | None, body_size: int, path: str,
     return reservation, output.added_max_tokens
 
 
-async def read_body_within(request: Request, limit: int) -> bytes | None:
+async def read_body_within(request: Request, limit: int,
+                           on_chunk: Callable[[bytes, int], None] | None = None) -> bytes | None:
     """The body, or None as soon as it is known to exceed `limit` bytes. Checks the declared
-    Content-Length first, then counts while reading, since chunked bodies declare nothing."""
+    Content-Length first, then counts while reading, since chunked bodies declare nothing.
+    `on_chunk(chunk, size so far)` sees each chunk before it is kept (it may raise to stop)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return None
@@ -188,6 +190,8 @@ async def read_body_within(request: Request, limit: int) -> bytes | None:
         size += len(chunk)
         if size > limit:
             return None
+        if on_chunk is not None:
+            on_chunk(chunk, size)
         parts.append(chunk)
     return b"".join(parts)
 

@@ -96,6 +96,14 @@ def _prompts(body: dict) -> list[str]:
     return [prompt if isinstance(prompt, str) else ""]
 
 
+
+def usage_event(chat: bool, model: str, prompt: int, completion: int) -> bytes:
+    """The stream's last event before [DONE] when the client asked for usage, as vLLM sends it."""
+    final = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+             "model": model, "choices": [],
+             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+    return f"data: {json.dumps(final)}\n\n".encode()
+
 class VllmLikeUpstream:
     def __init__(self) -> None:
         self.bodies: list[dict] = []
@@ -188,12 +196,7 @@ class VllmLikeUpstream:
                         if pause_after is not None and sent >= pause_after:
                             await asyncio.sleep(3600)  # until the gateway closes the connection
                 if include_usage:
-                    total_prompt, total_completion = sum(prompt_tokens), sum(done)
-                    final = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
-                             "created": 0, "model": model, "choices": [],
-                             "usage": {"prompt_tokens": total_prompt, "completion_tokens": total_completion,
-                                       "total_tokens": total_prompt + total_completion}}
-                    yield f"data: {json.dumps(final)}\n\n".encode()
+                    yield usage_event(chat, model, sum(prompt_tokens), sum(done))
                 yield b"data: [DONE]\n\n"
             except BaseException:
                 self.closed.add(rid)
@@ -256,12 +259,7 @@ class VllmLikeUpstream:
                 if running.done() and not queued:
                     break
             if include_usage:
-                total_prompt, total_completion = sum(prompt_tokens), sum(done)
-                final = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
-                         "created": 0, "model": model, "choices": [],
-                         "usage": {"prompt_tokens": total_prompt, "completion_tokens": total_completion,
-                                   "total_tokens": total_prompt + total_completion}}
-                yield f"data: {json.dumps(final)}\n\n".encode()
+                yield usage_event(chat, model, sum(prompt_tokens), sum(done))
             yield b"data: [DONE]\n\n"
         except BaseException:
             self.closed.add(rid)

@@ -346,18 +346,12 @@ async def _read_counted(request: Request, limit: int, hold: Hold) -> bytes | Non
     """The body (None past `limit`), each chunk counted in `hold` as it arrives, times the copies
     parsing and checking make: a slow sender holds only what it sent. MemoryBusy when the
     process's Batch API memory has no room for it (refused now: waiting would hold what it sent)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
+
+    def count(chunk: bytes, size: int) -> None:
         if not hold.grow(COPIES_IN_MEMORY * len(chunk)):
             raise MemoryBusy(f"no room for {size} bytes of upload")
-        parts.append(chunk)
-    return b"".join(parts)
+
+    return await read_body_within(request, limit, on_chunk=count)
 
 
 def _over_cap(refused: str, count: int, size: int, footprint: int, policy: Any) -> JSONResponse:
