@@ -9,8 +9,8 @@ import uuid
 import pytest
 from hypothesis import settings
 
-from infra.spec import StackSpec
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.schema import StackSpec
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from tests.support.hypothesis import PROFILE
 from tests.support.leftovers import RUN_TAG, left_running, stop_leftovers
 from tests.support.stacks import EXAMPLE_STACKS, TEST_CLOUD_STACKS

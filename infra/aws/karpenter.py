@@ -27,10 +27,10 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws.iam import assume_role_policy, irsa_role, karpenter_controller_policy
+from infra.catalog.versions import KARPENTER_CHART
 from infra.render.common import NODE_GROUP_LABEL
 from infra.render.karpenter import karpenter_objects
-from infra.spec import StackSpec
-from infra.versions import KARPENTER_CHART
+from infra.spec.schema import StackSpec
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"

@@ -16,7 +16,7 @@
   allowed to get, put and delete objects under `batches/` (the gateway's Batch API), nothing
   else; the rendered gateway pods name that service account (`infra.render.gateway`).
 
-Naming and layout of the bucket: `infra.model_cache`.
+Naming and layout of the bucket: `infra.plan.cache_layout`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws.iam import irsa_role
-from infra.model_cache import BATCHES_PREFIX, MODELS_PREFIX
+from infra.plan.cache_layout import BATCHES_PREFIX, MODELS_PREFIX
 from infra.render.common import (
     GATEWAY_SERVICE_ACCOUNT,
     NAMESPACE,
@@ -70,7 +70,7 @@ def tls_only_policy(bucket: str) -> str:
 class ModelCacheArgs:
     stack: str
     bucket: str
-    """`infra.model_cache.bucket_name(spec, account_id)`."""
+    """`infra.plan.cache_layout.bucket_name(spec, account_id)`."""
     oidc_provider_arn: pulumi.Input[str]
     oidc_issuer: pulumi.Input[str]
     k8s_provider: k8s.Provider

@@ -1,7 +1,7 @@
 """What `pulumi up` builds for one stack, in the order it builds it.
 
 `infra/__main__.py` calls `main()`; the tests call the same function under Pulumi's mocks.
-The stack file is read once (`infra.stack_file`) and must pass `llmctl plan` before any
+The stack file is read once (`infra.spec.stack_file`) and must pass `llmctl plan` before any
 resource is declared; the Kubernetes objects come from `infra.render.render_stack`, so
 `pulumi up` applies exactly what `llmctl render` prints.
 
@@ -15,7 +15,7 @@ explicit AWS provider the same way they would configure Pulumi's default one: an
 provider reads none of them by itself. The region is the spec's; an `aws:region` that says
 otherwise is refused rather than silently ignored.
 
-The model cache bucket is named by `infra.model_cache.bucket_name`: the stack file's
+The model cache bucket is named by `infra.plan.cache_layout.bucket_name`: the stack file's
 `llmstack:model_cache.bucket`, or a name made from the stack and the AWS account the
 program runs in (so `llmctl models sync` can find it without Pulumi).
 """
@@ -32,19 +32,19 @@ import pulumi_kubernetes as k8s
 
 from infra.aws.addons import STORAGE_CLASS, Addons, AddonsArgs
 from infra.aws.cluster import SYSTEM_GROUP, Cluster, ClusterArgs
-from infra.aws.gpu_node_groups import GpuNodeGroups, GpuNodeGroupsArgs
 from infra.aws.karpenter import Karpenter, KarpenterArgs
+from infra.aws.managed_node_groups import GpuNodeGroups, GpuNodeGroupsArgs
 from infra.aws.model_cache import ModelCache, ModelCacheArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.redis import Redis, RedisArgs
 from infra.aws.workloads import Workloads, WorkloadsArgs, app_namespace
-from infra.model_cache import bucket_name
-from infra.planner import StackPlan, plan_stack
-from infra.principals import deploying_identity_problem
+from infra.catalog.versions import CLUSTER_AUTOSCALER_IMAGE_TAGS, KARPENTER_KUBERNETES_VERSIONS
+from infra.plan.cache_layout import bucket_name
+from infra.plan.planner import StackPlan, plan_stack
 from infra.render import render_stack
-from infra.spec import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, LocalRedis, StackSpec
-from infra.stack_file import StackFileError, load_stack
-from infra.versions import CLUSTER_AUTOSCALER_IMAGE_TAGS, KARPENTER_KUBERNETES_VERSIONS
+from infra.spec.principals import deploying_identity_problem
+from infra.spec.schema import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, LocalRedis, StackSpec
+from infra.spec.stack_file import StackFileError, load_stack
 
 # `aws:` settings that are secrets in a stack file; read with Pulumi's secret accessors.
 SECRET_AWS_SETTINGS = {"accessKey", "secretKey", "token"}
@@ -77,7 +77,7 @@ def checked_stack(stack: str) -> tuple[StackSpec, StackPlan]:
     if version not in supported:
         raise StackRefused(
             f"{where}: llmstack:cloud.kubernetes_version {version} has no {provisioner} release pinned in "
-            f"infra/versions.py; use one of {', '.join(sorted(supported))}")
+            f"infra/catalog/versions.py; use one of {', '.join(sorted(supported))}")
     for i, group in enumerate(spec.node_groups):
         if isinstance(group, CpuNodeGroup):
             raise StackRefused(f"{where}: llmstack:node_groups[{i}] ({group.name}) is kind: cpu; "
@@ -133,7 +133,7 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
         tags={"llmstack.dev/stack": spec.name, "llmstack.dev/managed-by": "pulumi"}))
     on_aws = pulumi.ResourceOptions(providers={"aws": aws_provider})
     # Asked before anything is declared: an admin entry for this identity would fail the deploy
-    # once the cluster exists (infra/principals.py).
+    # once the cluster exists (infra/spec/principals.py).
     identity = aws.get_caller_identity(opts=pulumi.InvokeOptions(provider=aws_provider))
     problem = deploying_identity_problem(spec.name, identity.arn, cloud.admin_principal_arns)
     if problem:

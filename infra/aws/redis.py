@@ -1,7 +1,7 @@
 """Redis for the gateway (keys, limits, usage) and Ray GCS fault tolerance, per `redis.mode`.
 
 The gateway and Ray sign in as separate ACL users, each allowed only its own key prefix
-(`infra.redis_acl`): Ray pods handle tenant input and must not reach API keys.
+(`infra.plan.redis_acl`): Ray pods handle tenant input and must not reach API keys.
 
 Every mode the stack runs sets `maxmemory-policy noeviction` (serving.gateway.redis_memory): a
 full Redis refuses writes, and the gateway refuses requests, instead of deleting budget counters,
@@ -36,7 +36,8 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from infra.redis_acl import AclUser, access_string, acl_file, gateway_user, ray_user
+from infra.catalog.versions import ELASTICACHE_ENGINE_VERSION, IN_CLUSTER_REDIS_IMAGE
+from infra.plan.redis_acl import AclUser, access_string, acl_file, gateway_user, ray_user
 from infra.render.common import (
     COMPONENT_LABEL,
     NAMESPACE,
@@ -46,8 +47,7 @@ from infra.render.common import (
     REDIS_SERVICE,
     labels,
 )
-from infra.spec import ExternalRedis, InClusterRedis, ManagedRedis
-from infra.versions import ELASTICACHE_ENGINE_VERSION, IN_CLUSTER_REDIS_IMAGE
+from infra.spec.schema import ExternalRedis, InClusterRedis, ManagedRedis
 from serving.gateway.redis_memory import REQUIRED_POLICY
 
 PORT = 6379

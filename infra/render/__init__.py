@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from infra.planner import StackPlan, plan_stack
+from infra.plan.planner import StackPlan, plan_stack
 from infra.render.gateway import gateway_objects
 from infra.render.namespace import namespace_object
 from infra.render.rayservice import rayservice
-from infra.spec import StackSpec
+from infra.spec.schema import StackSpec
 
 
 class RenderRefused(Exception):
@@ -29,7 +29,7 @@ def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_ad
                  model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
     """`gcs_redis_address`: the Redis Ray GCS uses, when only the Pulumi program knows it
     (ElastiCache's TLS endpoint); see `rayservice.redis_address`. `model_cache_bucket`: the
-    stack's S3 model cache (`infra.model_cache.bucket_name`), needed when a model is cached; the
+    stack's S3 model cache (`infra.plan.cache_layout.bucket_name`), needed when a model is cached; the
     gateway keeps its Batch API files there too (without it, the gateway serves no Batch API)."""
     plan = plan or plan_stack(spec)
     if not plan.ok:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 
-from infra.spec import Edge
+from infra.spec.schema import Edge
 
 CONFIG_FILE = "haproxy.cfg"
 HEADERS_TOO_LARGE_FILE = "431.json"

@@ -25,9 +25,9 @@ import json
 import math
 from typing import Any
 
-from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
-from infra.model_cache import batches_uri
-from infra.planner import StackPlan, plan_stack
+from infra.plan.cache_layout import batches_uri
+from infra.plan.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.plan.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
     GATEWAY_NAME,
@@ -43,7 +43,7 @@ from infra.render.common import (
 )
 from infra.render.edge import CONFIG_FILE, edge_files, edge_memory_mib
 from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, llm_deployment_name, model_routes
-from infra.spec import StackSpec
+from infra.spec.schema import StackSpec
 from serving.gateway.queue_policy import ModelQueue
 
 PRESTOP_SLEEP_S = 10

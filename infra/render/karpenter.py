@@ -5,11 +5,11 @@ karpenter.k8s.aws/v1; field names as in aws/karpenter-provider-aws website/conte
 concepts/nodepools.md and docs/concepts/nodeclasses.md):
 
 - The NodePool allows every instance type of the group's GPU class that can hold the group's
-  Ray worker pod (`infra.gpu_nodes.fallback_instance_types`): when the cheapest one is short
+  Ray worker pod (`infra.render.gpu_node_template.fallback_instance_types`): when the cheapest one is short
   in a zone (GPU capacity often is), Karpenter launches the next instead of leaving the pod
   Pending. Capacity type and zones come from the spec; `limits` caps the pool at
   `max_size` nodes' worth of GPUs.
-- Nodes get the same labels and GPU taint as managed node groups (`infra.gpu_nodes`), so the
+- Nodes get the same labels and GPU taint as managed node groups (`infra.render.gpu_node_template`), so the
   rendered RayService needs no change.
 - Consolidation only of empty nodes: Ray's autoscaler removes idle worker pods itself, and a
   node running a model replica must not be drained to save money (a replica reloads its
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.gpu_nodes import GPU_TAINT, fallback_instance_types, node_labels
-from infra.spec import AwsCloud, CapacityType, GpuNodeGroup, StackSpec
+from infra.render.gpu_node_template import GPU_TAINT, fallback_instance_types, node_labels
+from infra.spec.schema import AwsCloud, CapacityType, GpuNodeGroup, StackSpec
 
 NODEPOOL_API = "karpenter.sh/v1"
 NODECLASS_API = "karpenter.k8s.aws/v1"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from infra.render.common import NAMESPACE, labels
-from infra.spec import StackSpec
+from infra.spec.schema import StackSpec
 
 READINESS_GATE_LABEL = "elbv2.k8s.aws/pod-readiness-gate-inject"
 

@@ -11,7 +11,7 @@ Shape, and why:
   engine bundles ask for it (see serve_config.py), which pins models to their group.
 - Replica bounds come from the capacity plan: nodes at each model's min and max replicas.
 - GCS fault tolerance on Redis, so a head restart keeps Serve applications running. Ray signs in
-  as its own Redis user (`infra.redis_acl`), never the gateway's. Over TLS the head gets the CA
+  as its own Redis user (`infra.plan.redis_acl`), never the gateway's. Over TLS the head gets the CA
   bundle Ray's C++ Redis client verifies against (`RAY_REDIS_CA_CERT`): without it the GCS
   cannot connect and the head never starts (Ray docs, kuberay-gcs-ft.md "Connect to Redis over
   TLS"). KubeRay builds its Redis cleanup Job from the head's pod template, so the Job gets
@@ -41,7 +41,8 @@ from typing import Any
 
 import yaml
 
-from infra.planner import StackPlan
+from infra.catalog.versions import RAY_VERSION
+from infra.plan.planner import StackPlan
 from infra.render.common import (
     HF_TOKEN_SECRET,
     NAMESPACE,
@@ -62,8 +63,7 @@ from infra.render.serve_config import (
     serve_config,
     serving_env,
 )
-from infra.spec import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
-from infra.versions import RAY_VERSION
+from infra.spec.schema import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
 
 # Left to the kubelet, system daemonsets and the NVIDIA device plugin on each node.
 NODE_RESERVED_CPUS = 2

@@ -39,9 +39,17 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from infra.model_cache import model_uri
-from infra.model_source import resolve_local_source
-from infra.spec import CpuNodeGroup, DraftModelSpeculation, Dtype, ModelSpec, NgramSpeculation, Routing, StackSpec
+from infra.plan.cache_layout import model_uri
+from infra.spec.model_source import resolve_local_source
+from infra.spec.schema import (
+    CpuNodeGroup,
+    DraftModelSpeculation,
+    Dtype,
+    ModelSpec,
+    NgramSpeculation,
+    Routing,
+    StackSpec,
+)
 
 APP_NAME = "llm"  # the one application of the paths through an OpenAI ingress
 MODELS_APP_NAME = "models"  # direct path: `GET /v1/models` for every model, at `/`
@@ -81,7 +89,7 @@ def node_group_resource(group_name: str) -> str:
 def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None = None) -> dict[str, Any]:
     """One `ray.serve.llm.LLMConfig`, as the plain dict that goes into `serveConfigV2`.
 
-    `model_cache_bucket`: the stack's cache bucket (`infra.model_cache.bucket_name`), needed
+    `model_cache_bucket`: the stack's cache bucket (`infra.plan.cache_layout.bucket_name`), needed
     when the model is `cached`."""
     group = spec.node_group(model.node_group)
     on_cpu = isinstance(group, CpuNodeGroup)
@@ -272,7 +280,7 @@ def serving_env(spec: StackSpec, path: ServingPath = SERVING_PATH, *, routers_pe
     """Environment every Ray process of the stack needs for `path`: pod env in the cluster,
     `os.environ` before `ray.init` locally. Ray reads these at import time
     (ray.serve._private.constants, ray.llm._internal.serve.constants). `routers_per_node`:
-    LLMRouter replicas of each model on each node that runs a proxy (`infra.ingress_plan`)."""
+    LLMRouter replicas of each model on each node that runs a proxy (`infra.plan.ingress_plan`)."""
     if path is ServingPath.RAY_PROXY:
         return {}
     # Ray's "high throughput" settings, on head and workers alike (Ray docs, "Enable High

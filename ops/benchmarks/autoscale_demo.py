@@ -40,8 +40,8 @@ from typing import Any, Literal
 import psutil
 
 from infra.render.serve_config import SERVING_PATH, app_name, route_prefix
-from infra.spec import CpuNodeGroup, StackSpec
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.schema import CpuNodeGroup, StackSpec
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.autoscale_timeline import Sample, findings
 from ops.devstack import serve as local_serve
 from ops.devstack.serve import (  # make dev's deploy path

@@ -43,7 +43,7 @@ from typing import Any
 import psutil
 
 from infra.render.edge import CONFIG_FILE, edge_files
-from infra.spec import Edge
+from infra.spec.schema import Edge
 from ops.harness.processes import free_port, terminate, wait_for_http
 
 APP_MODULE = "ops.benchmarks.edge_attacks:app"

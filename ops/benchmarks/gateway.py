@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from infra.spec import Edge
+from infra.spec.schema import Edge
 from ops.devstack.edge import start_edge
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, terminate, wait_for_http

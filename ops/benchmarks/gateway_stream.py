@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.benchmarks.gateway import GENEROUS, parse_wrk
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, wait_for_http

@@ -25,7 +25,7 @@ RESULT_PREFIX = "KV_CACHE_TOKENS="
 def _measure_one(stack: str, model_id: str) -> None:
     """Child process: start vLLM with the rendered engine settings, print its KV capacity."""
     from infra.render.serve_config import llm_config
-    from infra.stack_file import load_stack
+    from infra.spec.stack_file import load_stack
 
     spec = load_stack(stack)
     config = llm_config(spec.model(model_id), spec)
@@ -45,9 +45,9 @@ def _measure_one(stack: str, model_id: str) -> None:
 
 
 def measure(stack: str) -> list[dict[str, Any]]:
-    from infra.planner import plan_stack
-    from infra.spec import CpuNodeGroup
-    from infra.stack_file import load_stack
+    from infra.plan.planner import plan_stack
+    from infra.spec.schema import CpuNodeGroup
+    from infra.spec.stack_file import load_stack
 
     spec = load_stack(stack)
     plans = {p.model_id: p for p in plan_stack(spec).models}

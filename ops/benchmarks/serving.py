@@ -230,7 +230,7 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[
 def start_bare_vllm(port: int, log: Path) -> subprocess.Popen:
     """vLLM's own OpenAI server with exactly the replica's engine settings and env."""
     from infra.render.serve_config import llm_config
-    from infra.stack_file import load_stack
+    from infra.spec.stack_file import load_stack
 
     spec = load_stack(STACK)
     config = llm_config(spec.model(MODEL), spec)
@@ -450,7 +450,7 @@ def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]], clie
     """Bare vLLM first, then a dev stack per serving path (Serve alone, then the gateway),
     each stopped before the next. Appends to `results` as it goes, so a later failure keeps
     the earlier figures; `starts` gets each dev stack's cold start (first token, seconds)."""
-    from infra.model_source import resolve_local_source
+    from infra.spec.model_source import resolve_local_source
 
     tokenizer = resolve_local_source(".cache/llmstack/models/tiny-llama")
     port = free_port()

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from infra.render.edge import CONFIG_FILE, edge_files
-from infra.spec import Edge
+from infra.spec.schema import Edge
 from ops.harness.processes import die_with_parent
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.model_source import is_local_path, local_folder
-from infra.spec import DraftModelSpeculation, StackSpec
+from infra.spec.model_source import is_local_path, local_folder
+from infra.spec.schema import DraftModelSpeculation, StackSpec
 
 
 def local_sources(spec: StackSpec) -> list[str]:

@@ -32,8 +32,8 @@ from typing import Any
 
 from infra.render.gateway import gateway_settings
 from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
-from infra.spec import CpuNodeGroup, StackSpec
-from infra.stack_file import load_stack
+from infra.spec.schema import CpuNodeGroup, StackSpec
+from infra.spec.stack_file import load_stack
 from ops.devstack.edge import start_edge
 from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
@@ -165,7 +165,7 @@ Ctrl-C stops everything.
 
 def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say,
         path: ServingPath = SERVING_PATH) -> int:
-    from infra.stack_file import StackFileError
+    from infra.spec.stack_file import StackFileError
     from serving.gateway.keys import create_key_sync
 
     started = time.monotonic()

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infra.render.serve_config import SERVING_PATH, ServingPath, serve_config, serving_env
-from infra.spec import StackSpec
+from infra.spec.schema import StackSpec
 from ops.harness.processes import free_port
 
 TERMINAL_FAILURES = ("DEPLOY_FAILED", "UNHEALTHY")

@@ -1,7 +1,7 @@
 """docs/stack-file.md: every key of a stack file, generated from the spec's own models.
 
 The types, defaults, bounds and descriptions are read from the pydantic models in
-`infra.spec` (and the gateway policy it extends), so the reference says what validation
+`infra.spec.schema` (and the gateway policy it extends), so the reference says what validation
 enforces. `python -m ops.docs.stack_reference` rewrites the file; `--check` exits 1 when the
 checked-in file is not what the models produce (a test runs the same comparison).
 """
@@ -23,8 +23,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from infra.spec import StackSpec
-from infra.stack_file import NAMESPACE, PROJECT_ROOT, SECRET_KEYS
+from infra.spec.schema import StackSpec
+from infra.spec.stack_file import NAMESPACE, PROJECT_ROOT, SECRET_KEYS
 
 REFERENCE = PROJECT_ROOT / "docs" / "stack-file.md"
 REGENERATE = "python -m ops.docs.stack_reference"
@@ -219,7 +219,7 @@ def render() -> str:
     lines = [
         "# Stack file reference",
         "",
-        f"<!-- Generated from infra/spec.py by `{REGENERATE}`; do not edit by hand. -->",
+        f"<!-- Generated from infra/spec/schema.py by `{REGENERATE}`; do not edit by hand. -->",
         "",
         "Every key llmstack reads from a stack file (`Pulumi.<stack>.yaml`), under `config:` as",
         f"`{NAMESPACE}:<key>`, with the type, default, bounds and meaning that validation enforces.",

@@ -17,7 +17,7 @@ from typing import cast
 
 import httpx
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 
 
 def free_port() -> int:

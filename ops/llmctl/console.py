@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from infra.spec import StackSpec
-from infra.stack_file import StackFileError, load_stack
+from infra.spec.schema import StackSpec
+from infra.spec.stack_file import StackFileError, load_stack
 
 
 class ExitCode(IntEnum):

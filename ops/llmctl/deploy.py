@@ -17,8 +17,8 @@ from pathlib import Path
 
 import typer
 
-from infra.planner import plan_stack
-from infra.stack_file import PROJECT_ROOT, StackFileError, load_stack
+from infra.plan.planner import plan_stack
+from infra.spec.stack_file import PROJECT_ROOT, StackFileError, load_stack
 from ops.llmctl.doctor.checks import PULUMI_INSTALL
 
 ACTIONS = {"preview": ["preview", "--diff"], "deploy": ["up"], "destroy": ["destroy"]}

@@ -12,11 +12,11 @@ from typing import Annotated
 
 import typer
 
-from infra.model_cache import bucket_name, needs_bucket_name
-from infra.planner import plan_stack
+from infra.plan.cache_layout import bucket_name, needs_bucket_name
+from infra.plan.planner import plan_stack
 from infra.render import RenderRefused, manifest_filename, render_stack, to_yaml
-from infra.spec import StackSpec
-from infra.stack_warnings import stack_warnings
+from infra.spec.schema import StackSpec
+from infra.spec.stack_warnings import stack_warnings
 from ops.llmctl.batches import app as batches_app
 from ops.llmctl.bench.cli import bench
 from ops.llmctl.console import ExitCode, StackOption, err, load_spec, out
@@ -43,7 +43,7 @@ app.command("bench")(bench)
 def _cache_bucket(spec: StackSpec) -> str | None:
     """The cache bucket, when a cached model needs it in the serve config or the gateway keeps
     Batch API files in it. Named after the AWS account unless the stack names it
-    (`infra.model_cache`), so this may ask STS. Only cached models make it required: without
+    (`infra.plan.cache_layout`), so this may ask STS. Only cached models make it required: without
     AWS credentials the gateway is rendered without the Batch API's storage, and that is said."""
     cached = needs_bucket_name(spec)
     if spec.cloud.provider != "aws" or not (cached or spec.gateway.batch.enabled):

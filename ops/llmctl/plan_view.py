@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from infra.planner import StackPlan
+from infra.plan.planner import StackPlan
 
 GIB = 1024**3
 
@@ -63,7 +63,7 @@ def ingress_table(plan: StackPlan) -> Table:
     """The serving ingress: LLMRouter replicas sized for the stack's estimated peak tokens/s."""
     ingress = plan.ingress
     assert ingress is not None
-    table = Table(title=f"stack {plan.stack}: serving ingress (estimates: infra/serving_estimates.yaml)",
+    table = Table(title=f"stack {plan.stack}: serving ingress (estimates: infra/catalog/serving_estimates.yaml)",
                   title_justify="left")
     for column in ("model", "out tok/s per replica", "out tok/s at max_replicas", "LLMRouter replicas at peak"):
         table.add_column(column, justify="left" if column == "model" else "right")

@@ -1,7 +1,7 @@
 """Monthly budgets in dollars: calendar-month windows (UTC), dollars <-> tokens at a model's
 rate, the Redis counters and Lua the limiter scripts use, and the budget-used gauge.
 
-A request is charged at its model's rate card (USD per 1M total tokens, `infra.cost.rate_card`
+A request is charged at its model's rate card (USD per 1M total tokens, `infra.plan.cost.rate_card`
 rendered into the gateway's settings): at admission its reservation, at settlement corrected to
 what it was billed, exactly like the token limits. Money in Redis is integer nano-dollars
 (1e-9 USD): exact in Redis's 64-bit integers and in Lua's doubles up to $9M a month, and fine

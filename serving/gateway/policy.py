@@ -1,6 +1,6 @@
 """The gateway's policy: limits, ceilings and timeouts, each field and its bound written once.
 
-The stack spec (`infra.spec.Gateway`, read from `llmstack:gateway` in a stack file) and the
+The stack spec (`infra.spec.schema.Gateway`, read from `llmstack:gateway` in a stack file) and the
 gateway's own settings (`serving.gateway.settings.GatewaySettings`, read from the pod's
 environment) both extend `GatewayPolicy`, and the renderer copies these fields from one to the
 other with `policy_settings()`, so a bound checked by `llmctl plan` is the bound the gateway

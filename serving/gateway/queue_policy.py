@@ -4,7 +4,7 @@
 which both the stack spec and the gateway's settings extend: the stack file, `llmctl plan` and
 the gateway read one model.
 `ModelQueue` is what the gateway needs per served model; the renderer derives it from the
-model's `autoscaling` block (see `infra.cold_start` for the cold-start timeout).
+model's `autoscaling` block (see `infra.plan.cold_start` for the cold-start timeout).
 
 Tiers are strict priorities: a waiter of an earlier tier is always admitted before any waiter of
 a later one. Within a tier, tenants share by weight (serving.gateway.fair_share).

@@ -68,7 +68,7 @@ class GatewaySettings(GatewayPolicy):
     )
     model_usd_per_million_tokens: dict[str, Annotated[Decimal, Field(ge=0)]] = Field(
         default_factory=dict,
-        description="Rate card per served model: USD per 1M prompt + completion tokens (infra.cost.rate_card, "
+        description="Rate card per served model: USD per 1M prompt + completion tokens (infra.plan.cost.rate_card, "
                     "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
                     "it; a model without a rate costs nothing and no budget stops it.",
     )

@@ -1,6 +1,6 @@
 # The Ray cluster image: the pinned Ray LLM image (Ray, Ray Serve LLM, vLLM, CUDA) plus this
 # package, so `serveConfigV2`'s `import_path: serving.app:build_app` resolves on every node.
-# Build from the repository root (the base tag is infra/versions.py's RAY_LLM_IMAGE):
+# Build from the repository root (the base tag is infra/catalog/versions.py's RAY_LLM_IMAGE):
 #   docker build -f serving/images/serving.Dockerfile -t llmstack-serving:0.1.0 .
 # The base runs Python 3.12, which pyproject's requires-python must allow (pip refuses otherwise).
 ARG BASE_IMAGE=rayproject/ray-llm:2.60.0-py312-cu130

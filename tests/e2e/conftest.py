@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from tests.support.devstack import DevStack, e2e_stack_text
 
 E2E = Path(__file__).parent

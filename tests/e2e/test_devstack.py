@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
 
 ROOT = PROJECT_ROOT

@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from tests.support.devstack import DevStack
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.planner import plan_stack
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.plan.planner import plan_stack
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.kv_capacity import measure
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 
 ROOT = PROJECT_ROOT
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stack_file import load_stack
+from infra.spec.stack_file import load_stack
 from tests.support.devstack import DevStack
 
 pytestmark = pytest.mark.slow

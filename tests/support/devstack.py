@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
 
 # vLLM's own line once it has sized the cache (vllm/v1/core/kv_cache_utils.py, update_kv_cache_capacity)

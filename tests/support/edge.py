@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from infra.spec import Edge
+from infra.spec.schema import Edge
 from ops.devstack.edge import start_edge
 from ops.harness.processes import free_port, terminate, wait_for_http
 from tests.support.servers import HANG_BOUND_S

@@ -23,7 +23,7 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.sync_await import _sync_await
 
 from infra.aws import program
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 
 ELASTICACHE_HOST = "master.llmstack.abc123.use1.cache.amazonaws.com"
 

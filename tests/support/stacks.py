@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 
 EXAMPLE_STACKS = ("local", "dev", "prod")
 # Stacks under tests/stacks/ that run on AWS: checked like the example cloud stacks.

@@ -13,7 +13,7 @@ machine stays out. `cpu_ms_per_token` is pure; `CpuSampler` is the thin psutil s
     ray background  Serve's controller, raylet, GCS, idle workers and agents
 Two parts are also reported on their own, beside the layers (not added to the sums): within the
 Serve ingress, the Python process that handles each request (the LLMRouter on the direct path,
-the OpenAI ingress on the others) as `ingress router`, which `infra/serving_estimates.yaml`
+the OpenAI ingress on the others) as `ingress router`, which `infra/catalog/serving_estimates.yaml`
 sizes; within the engine, the process that runs the model (vLLM's worker) as `engine worker`.
 
 Besides CPU, the sampler reads how long each layer's threads stood runnable but unscheduled

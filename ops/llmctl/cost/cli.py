@@ -3,7 +3,7 @@ who used what share of it.
 
 Thin: options -> typed inputs (`ops.llmctl.cost.inputs`), prices from the catalog or EC2's spot
 history (`ops.llmctl.cost.spot`), usage from the gateway's Redis (`ops.llmctl.cost.usage`); the
-arithmetic is `infra.cost` and `infra.showback`. Exit codes: 0 done, 1 the stack does not pass
+arithmetic is `infra.plan.cost` and `infra.plan.showback`. Exit codes: 0 done, 1 the stack does not pass
 its plan, 2 unusable options, 3 the gateway's Redis could not be read.
 """
 
@@ -16,10 +16,10 @@ from typing import Annotated
 
 import typer
 
-from infra.cost import ModelCost, NodePrice, estimated_throughputs, node_prices, stack_costs
-from infra.planner import StackPlan, plan_stack
-from infra.showback import GroupCost, assumed_node_hours, model_rates, showback
-from infra.spec import StackSpec
+from infra.plan.cost import ModelCost, NodePrice, estimated_throughputs, node_prices, stack_costs
+from infra.plan.planner import StackPlan, plan_stack
+from infra.plan.showback import GroupCost, assumed_node_hours, model_rates, showback
+from infra.spec.schema import StackSpec
 from ops.llmctl.console import ExitCode, err, fail, load_spec, out
 from ops.llmctl.cost import inputs, views
 from ops.llmctl.cost.inputs import CostInputError

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from infra.spec import StackSpec
-from infra.throughput import Throughput
+from infra.catalog.throughput import Throughput
+from infra.spec.schema import StackSpec
 from serving.gateway.budgets import month_window
 
 

@@ -1,9 +1,9 @@
 """Spot node prices from EC2's spot price history (boto3), for the stack's spot node groups.
 
 One `DescribeSpotPriceHistory` query per instance type (paginated), Linux, limited to the
-stack's zones, over the period priced; `infra.cost.spot_price` averages it. EC2 keeps 90 days of
+stack's zones, over the period priced; `infra.plan.cost.spot_price` averages it. EC2 keeps 90 days of
 history. Without credentials, or when the call fails, each spot group gets the reason instead
-of a price, and `infra.cost.node_prices` falls back to the catalog's on-demand price with it.
+of a price, and `infra.plan.cost.node_prices` falls back to the catalog's on-demand price with it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from decimal import Decimal
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.cost import NodePrice, SpotPricePoint, spot_price
-from infra.spec import AwsCloud, CapacityType, GpuNodeGroup, StackSpec
+from infra.plan.cost import NodePrice, SpotPricePoint, spot_price
+from infra.spec.schema import AwsCloud, CapacityType, GpuNodeGroup, StackSpec
 from ops.llmctl import aws
 
 HISTORY_DAYS = 90

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import date
 
-from infra.showback import Usage
+from infra.plan.showback import Usage
 from serving.gateway.usage_ledger import DailyUsage, day_pattern, parse_usage_hash, parse_usage_key
 
 

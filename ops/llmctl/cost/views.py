@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.table import Table
 
-from infra.cost import ModelCost
-from infra.showback import Showback
+from infra.plan.cost import ModelCost
+from infra.plan.showback import Showback
 
 CSV_COLUMNS = ("period_start", "period_end", "kind", "tenant", "key_id", "model", "node_group", "prompt_tokens",
                "completion_tokens", "requests", "usd")

@@ -2,7 +2,7 @@
 
 GPU quotas. EC2 limits running instances per family group in vCPUs, per region, separately
 for On-Demand and Spot. The Service Quotas codes (service `ec2`) for the families in
-`infra/gpu_catalog.yaml`:
+`infra/catalog/gpu_catalog.yaml`:
 
     L-DB2E81BA  Running On-Demand G and VT instances   g4dn, g5, g6, g6e, vt1 ...
     L-417A185B  Running On-Demand P instances          p3, p4d, p4de, p5 ...
@@ -19,8 +19,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from infra.planner import StackPlan
-from infra.spec import CapacityType, GpuNodeGroup, StackSpec
+from infra.plan.planner import StackPlan
+from infra.spec.schema import CapacityType, GpuNodeGroup, StackSpec
 
 PULUMI_INSTALL = "https://www.pulumi.com/docs/iac/download-install/"
 
@@ -210,8 +210,8 @@ def spot_role_check(spec: StackSpec, *, exists: bool) -> Check:
 
 
 def admins_check(stack: str, caller_arn: str, admin_arns: list[str]) -> Check:
-    """`pulumi up` refuses the same (infra/principals.py); asked here before anything runs."""
-    from infra.principals import deploying_identity_among_admins
+    """`pulumi up` refuses the same (infra/spec/principals.py); asked here before anything runs."""
+    from infra.spec.principals import deploying_identity_among_admins
 
     index = deploying_identity_among_admins(caller_arn, admin_arns)
     if index is not None:
@@ -227,8 +227,8 @@ def admins_check(stack: str, caller_arn: str, admin_arns: list[str]) -> Check:
 
 def gpu_ami_check(kubernetes_version: str, release: str | None, cuda_tag: str) -> Check:
     """The AMI EKS recommends for the version exists; its driver branch is the one
-    infra/versions.py records from the AMI's build templates, against the image's CUDA."""
-    from infra.versions import CUDA_MIN_DRIVER_MAJOR, EKS_NVIDIA_AMI_DRIVER_MAJOR
+    infra/catalog/versions.py records from the AMI's build templates, against the image's CUDA."""
+    from infra.catalog.versions import CUDA_MIN_DRIVER_MAJOR, EKS_NVIDIA_AMI_DRIVER_MAJOR
 
     name = gpu_ami_check_name(kubernetes_version)
     if release is None:
@@ -240,7 +240,7 @@ def gpu_ami_check(kubernetes_version: str, release: str | None, cuda_tag: str) -
         return Check(name=name, status=Status.FAIL,
                      detail=f"release {release}: driver branch {driver or 'unknown'}, "
                             f"the image's {cuda_tag} needs {need}+",
-                     fix="pin the image's cu128 variant for this AMI in infra/versions.py (CUDA_TAG)")
+                     fix="pin the image's cu128 variant for this AMI in infra/catalog/versions.py (CUDA_TAG)")
     return Check(name=name, status=Status.PASS,
                  detail=f"EKS recommends release {release}; driver branch {driver} (amazon-eks-ami templates) runs "
                         f"the image's {cuda_tag} (needs {need}+)")
@@ -251,5 +251,5 @@ def base_image_check(reference: str, *, found: bool) -> Check:
         return Check(name=BASE_IMAGE_CHECK, status=Status.PASS, detail=f"{reference} is published on Docker Hub")
     return Check(name=BASE_IMAGE_CHECK, status=Status.FAIL,
                  detail=f"{reference} is not on Docker Hub: serving.Dockerfile cannot build",
-                 fix="set RAY_LLM_IMAGE in infra/versions.py to a published tag of the pinned Ray "
+                 fix="set RAY_LLM_IMAGE in infra/catalog/versions.py to a published tag of the pinned Ray "
                      "(e.g. its -cu128 variant)")

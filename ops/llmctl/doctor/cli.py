@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from infra.images import parse_image
-from infra.planner import StackPlan, plan_stack
-from infra.spec import AwsCloud, GpuNodeGroup, StackSpec
-from infra.versions import CUDA_TAG, RAY_LLM_IMAGE
+from infra.catalog.images import parse_image
+from infra.catalog.versions import CUDA_TAG, RAY_LLM_IMAGE
+from infra.plan.planner import StackPlan, plan_stack
+from infra.spec.schema import AwsCloud, GpuNodeGroup, StackSpec
 from ops.llmctl.doctor.checks import (
     ADMINS_CHECK,
     BASE_IMAGE_CHECK,

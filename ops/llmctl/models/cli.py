@@ -1,4 +1,4 @@
-"""`llmctl models sync|ls`: the stack's S3 model cache (layout: `infra.model_cache`).
+"""`llmctl models sync|ls`: the stack's S3 model cache (layout: `infra.plan.cache_layout`).
 
 Which bucket: `llmstack:model_cache.bucket` from the stack file, else the name made from
 the stack and the AWS account of the current credentials (one STS call). Credentials and
@@ -16,10 +16,10 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from infra.model_cache import bucket_name, model_prefix
-from infra.model_source import is_local_path, resolve_local_source
-from infra.spec import AwsCloud, StackSpec
-from infra.stack_file import StackFileError, load_stack
+from infra.plan.cache_layout import bucket_name, model_prefix
+from infra.spec.model_source import is_local_path, resolve_local_source
+from infra.spec.schema import AwsCloud, StackSpec
+from infra.spec.stack_file import StackFileError, load_stack
 from ops.llmctl.console import ExitCode, StackOption, err, fail, out
 from ops.llmctl.models.manifest import SyncPlan, verify_against_manifest
 

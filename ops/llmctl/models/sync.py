@@ -32,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.subscribers import BaseSubscriber
 from s3transfer.utils import ChunksizeAdjuster
 
-from infra.model_cache import MANIFESTS_PREFIX, manifest_key, model_prefix
+from infra.plan.cache_layout import MANIFESTS_PREFIX, manifest_key, model_prefix
 from ops.llmctl.aws import AwsProblem, describe_aws_error
 from ops.llmctl.models.manifest import FileDigest, Manifest, RemoteObject, SyncPlan, plan_sync, s3_checksum
 

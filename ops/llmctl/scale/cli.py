@@ -26,10 +26,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from infra.planner import StackPlan, plan_stack
+from infra.plan.planner import StackPlan, plan_stack
 from infra.render.serve_config import SERVING_PATH, ServingPath, app_name, llm_deployment_name
-from infra.spec import ModelSpec, StackSpec
-from infra.stack_file import StackFileError, resolve_stack, spec_from_text, stack_name
+from infra.spec.schema import ModelSpec, StackSpec
+from infra.spec.stack_file import StackFileError, resolve_stack, spec_from_text, stack_name
 from ops.llmctl.console import ExitCode, err, out
 from ops.llmctl.plan_view import plan_tables, problem_lines
 from ops.llmctl.scale.stack_edit import set_model_autoscaling

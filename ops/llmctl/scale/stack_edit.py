@@ -15,7 +15,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from infra.stack_file import NAMESPACE, StackFileError
+from infra.spec.stack_file import NAMESPACE, StackFileError
 
 MODELS_KEY = f"{NAMESPACE}:models"
 

@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from infra.render.common import GATEWAY_NAME, NAMESPACE, NODE_GROUP_LABEL, RAYSERVICE_NAME
-from infra.spec import GpuNodeGroup, StackSpec
+from infra.spec.schema import GpuNodeGroup, StackSpec
 from ops.llmctl.console import ExitCode, err, load_spec, out
 from ops.llmctl.status.report import (
     Check,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.spec import Versions
+from infra.spec.schema import Versions
 from tests.support.pulumi_program import CLOUD_STACKS, ProgramRun, example_run, run_program
 from tests.support.stacks import stack_document, write_stack
 

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from infra import versions
-from infra.gpu_catalog import load_catalog
-from infra.gpu_nodes import node_labels
-from infra.spec import CapacityType, GpuNodeGroup
-from infra.stack_file import load_stack
+from infra.catalog import versions
+from infra.catalog.gpu_catalog import load_catalog
+from infra.render.gpu_node_template import node_labels
+from infra.spec.schema import CapacityType, GpuNodeGroup
+from infra.spec.stack_file import load_stack
 from tests.support.pulumi_program import KARPENTER_STACK, NODE_SECURITY_GROUP, ProgramRun, example_run, mock_arn
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"

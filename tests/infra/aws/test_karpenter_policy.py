@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from infra.aws.iam import KARPENTER_OMITTED_STATEMENTS
-from infra.stack_file import load_stack
+from infra.spec.stack_file import load_stack
 from tests.support.pulumi_program import KARPENTER_STACK, MOCK_ACCOUNT, ProgramRun, example_run, mock_arn
 from tests.support.stacks import KARPENTER_SCHEMAS
 

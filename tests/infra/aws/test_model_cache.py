@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from infra.model_cache import MAX_BUCKET_NAME, bucket_name
-from infra.stack_file import PROJECT_ROOT, StackFileError, spec_from_document
+from infra.plan.cache_layout import MAX_BUCKET_NAME, bucket_name
+from infra.spec.stack_file import PROJECT_ROOT, StackFileError, spec_from_document
 from tests.support.pulumi_program import MOCK_ACCOUNT, example_run, mock_arn, run_program
 from tests.support.stacks import stack_document, write_stack
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from infra import versions
 from infra.aws.program import StackRefused
-from infra.gpu_catalog import load_catalog
-from infra.model_cache import bucket_name
+from infra.catalog import versions
+from infra.catalog.gpu_catalog import load_catalog
+from infra.catalog.versions import KUBERAY_VERSION
+from infra.plan.cache_layout import bucket_name
 from infra.render import render_stack
-from infra.spec import CapacityType, GpuNodeGroup, StackSpec
-from infra.stack_file import load_stack
-from infra.versions import KUBERAY_VERSION
+from infra.spec.schema import CapacityType, GpuNodeGroup, StackSpec
+from infra.spec.stack_file import load_stack
 from tests.support.pulumi_program import (
     CLOUD_STACKS,
     ELASTICACHE_HOST,

@@ -1,6 +1,6 @@
 """Redis users under Pulumi's mocks: ElastiCache RBAC for managed Redis, an ACL file for the
 in-cluster one, and Ray GCS signing in as its own user, over TLS with the CA it needs.
-(tests/infra/test_redis_acl.py runs the same rules on a real redis-server.)"""
+(tests/infra/plan/test_redis_acl.py runs the same rules on a real redis-server.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from infra.redis_acl import access_string, gateway_user, ray_user
+from infra.plan.redis_acl import access_string, gateway_user, ray_user
 from tests.support.pulumi_program import ELASTICACHE_HOST, MOCK_PASSWORD, example_run
 
 
@@ -31,7 +31,7 @@ def test_elasticache_has_one_user_per_component_and_the_default_user_off() -> No
 
 def test_every_elasticache_access_string_uses_only_documented_grammar() -> None:
     """ElastiCache refuses what it does not support at CreateUser, halfway through `pulumi up`."""
-    from tests.infra.test_redis_acl import ELASTICACHE_DOCUMENTED
+    from tests.infra.plan.test_redis_acl import ELASTICACHE_DOCUMENTED
 
     for user in example_run("prod").of_type("aws:elasticache/user:User"):
         tokens = user.inputs["accessString"].split()

@@ -10,7 +10,7 @@ import pytest
 
 from infra.render.edge import CONFIG_FILE, HEADERS_TOO_LARGE_FILE, buffer_bytes, edge_files, edge_memory_mib
 from infra.render.gateway import edge_files_for
-from infra.spec import Edge
+from infra.spec.schema import Edge
 from ops.devstack.edge import haproxy_binary
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from infra.render.gateway import edge_health_port, gateway_api_port, gateway_objects, memory_limit_mib
-from infra.spec import Gateway
-from infra.stack_file import load_stack
+from infra.spec.schema import Gateway
+from infra.spec.stack_file import load_stack
 from serving.gateway.settings import load_settings
 
 

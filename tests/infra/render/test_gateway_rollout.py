@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infra.render import render_stack
-from infra.stack_file import load_stack
+from infra.spec.stack_file import load_stack
 from tests.support.pulumi_program import example_run
 
 

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from infra.gpu_nodes import node_labels
+from infra.render.gpu_node_template import node_labels
 from infra.render.karpenter import karpenter_objects
-from infra.spec import CapacityType, GpuNodeGroup
-from infra.stack_file import load_stack
+from infra.spec.schema import CapacityType, GpuNodeGroup
+from infra.spec.stack_file import load_stack
 from tests.support.crds import CrdValidator, crd_schema
 from tests.support.stacks import KARPENTER_SCHEMAS, TEST_CLOUD_STACKS
 

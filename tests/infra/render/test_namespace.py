@@ -6,9 +6,9 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
+from infra.catalog.versions import KUBERNETES_VERSION
 from infra.render import render_stack
-from infra.stack_file import load_stack
-from infra.versions import KUBERNETES_VERSION
+from infra.spec.stack_file import load_stack
 from tests.support.pulumi_program import example_run
 
 GATE = "elbv2.k8s.aws/pod-readiness-gate-inject"

@@ -8,7 +8,7 @@ import yaml
 
 from infra.render import render_stack, to_yaml
 from infra.render.rayservice import RAY_CA_BUNDLE, with_gcs_redis_address
-from infra.stack_file import spec_from_document
+from infra.spec.stack_file import spec_from_document
 from tests.support.stacks import SCHEMAS, stack_document
 
 

@@ -10,13 +10,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.planner import plan_stack
+from infra.catalog.versions import KUBERNETES_VERSION
+from infra.plan.planner import plan_stack
 from infra.render import RenderRefused, render_stack, to_yaml
 from infra.render.common import COMPONENT_LABEL
 from infra.render.serve_config import node_group_resource
-from infra.spec import GpuNodeGroup
-from infra.stack_file import spec_from_document
-from infra.versions import KUBERNETES_VERSION
+from infra.spec.schema import GpuNodeGroup
+from infra.spec.stack_file import spec_from_document
 from tests.support.stacks import SCHEMAS, stack_document
 
 
@@ -179,7 +179,7 @@ def test_local_serve_args_are_ray_serve_llm_serving_args():
     from ray.serve.llm import LLMServingArgs
 
     from infra.render.serve_config import serving_args
-    from infra.stack_file import load_stack
+    from infra.spec.stack_file import load_stack
 
     spec = load_stack("local")
     args = LLMServingArgs.model_validate(serving_args(spec))

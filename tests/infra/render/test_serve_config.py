@@ -21,8 +21,8 @@ from infra.render.serve_config import (
     serve_config,
     serving_env,
 )
-from infra.spec import Routing
-from infra.stack_file import PROJECT_ROOT, load_stack, spec_from_document
+from infra.spec.schema import Routing
+from infra.spec.stack_file import PROJECT_ROOT, load_stack, spec_from_document
 from tests.support.stacks import EXAMPLE_STACKS, stack_document
 
 # Ray reads the serving path's switches at import time: an application built under them has
@@ -179,7 +179,7 @@ def test_engine_priority_turns_on_vllms_priority_scheduling_for_every_model():
 
 
 def test_engine_priority_refuses_a_model_that_schedules_first_come_first_served():
-    from infra.stack_file import StackFileError
+    from infra.spec.stack_file import StackFileError
 
     model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
              "engine_args": {"scheduling_policy": "fcfs"}}
@@ -223,7 +223,7 @@ def test_the_engine_fetches_media_only_from_the_hosts_the_gateway_lets_through()
 @pytest.mark.parametrize("domains", [["169.254.169.254"], ["http://images.example.com"], ["*.example.com"],
                                      ["Images.example.com"], ["images.example.com:443"], ["localhost"]])
 def test_media_domains_must_be_plain_host_names(domains):
-    from infra.stack_file import StackFileError
+    from infra.spec.stack_file import StackFileError
 
     with pytest.raises(StackFileError, match="allowed_media_domains"):
         spec_from_document(stack_document(gateway={"allow_plaintext": True, "allowed_media_domains": domains}),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.stack_file import load_stack
+from infra.spec.stack_file import load_stack
 from ops.benchmarks.prefix_routing import LOAD, MODELS, STACK, bench_args, markdown_report, summary
 
 

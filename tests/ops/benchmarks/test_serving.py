@@ -9,7 +9,7 @@ import json
 import pytest
 
 from infra.render.serve_config import llm_config
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.serving import bench_client_args, engine_cli_flags, markdown_report, parse_result, ratios
 
 SAVED_RESULT = PROJECT_ROOT / "tests" / "data" / "vllm_bench_result.json"

@@ -12,7 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read i
 import pytest
 from pydantic import ValidationError
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.devstack.tiny_model import (
     MARKER_NAME,
     RECIPES,

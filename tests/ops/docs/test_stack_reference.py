@@ -6,7 +6,7 @@ from ops.docs import stack_reference
 def test_the_checked_in_stack_file_reference_is_current():
     current = stack_reference.REFERENCE.read_text()
     assert current == stack_reference.render(), (
-        f"docs/stack-file.md is not what infra/spec.py says: run `{stack_reference.REGENERATE}` and commit it"
+        f"docs/stack-file.md is not what infra/spec/schema.py says: run `{stack_reference.REGENERATE}` and commit it"
     )
 
 

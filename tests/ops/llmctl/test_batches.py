@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from serving.gateway.batch.objects import BatchRecord, new_batch_id
 from serving.gateway.batch.store import BatchStore
 from serving.gateway.redis_client import redis_client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.llmctl.deploy import aws_credentials_hint, preflight
 from tests.support.stacks import stack_document, write_stack
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 import typer
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.llmctl.keys import resolve_redis_url
 from serving.gateway.keys import RedisKeyStore
 
@@ -113,7 +113,7 @@ def test_set_changes_limits_and_mode_and_rotate_keeps_shadow(redis_url):
 
 
 def test_monthly_budget_in_dollars_is_stored_and_survives_rotation(redis_url):
-    from infra.stack_file import PROJECT_ROOT
+    from infra.spec.stack_file import PROJECT_ROOT
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "keys", *args, "--redis-url", redis_url],

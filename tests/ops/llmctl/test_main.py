@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from tests.support.stacks import stack_document, write_stack
 
 

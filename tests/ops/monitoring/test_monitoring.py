@@ -19,7 +19,7 @@ import promql_parser
 import pytest
 import yaml
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.monitoring import serving_metrics
 from serving.gateway.metrics import GatewayMetrics
 

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from infra.render import common as names
 from infra.render import render_stack
-from infra.stack_file import PROJECT_ROOT, available_stacks, load_stack
+from infra.spec.stack_file import PROJECT_ROOT, available_stacks, load_stack
 
 RUNBOOKS = PROJECT_ROOT / "ops" / "runbooks"
 SHELL_TOOLS = {"curl", "grep", "head", "export", "echo", "jq", "docker"}
@@ -297,7 +297,7 @@ def test_the_checks_can_fail():
 def test_the_first_deploy_runbook_names_every_doctor_check_and_the_new_account_prerequisites() -> None:
     """What `llmctl doctor` can fail on, the first-deploy runbook explains; what a new account
     needs once (the spot service-linked role among it), the runbook says how to get."""
-    from infra.versions import KUBERNETES_VERSION
+    from infra.catalog.versions import KUBERNETES_VERSION
     from ops.llmctl.doctor.checks import (
         ADMINS_CHECK,
         BASE_IMAGE_CHECK,

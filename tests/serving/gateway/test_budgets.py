@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 import redis
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from serving.gateway.budget_metrics import BudgetUsage
 from serving.gateway.budgets import (
     BUDGET_LUA,

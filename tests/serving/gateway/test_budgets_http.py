@@ -22,7 +22,7 @@ import openai
 import pytest
 import redis
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port, terminate, wait_for_http
 from ops.llmctl.bench.stats import BenchReport, RequestResult, summarise
 from serving.gateway.budgets import REFUSAL_CODE, cost_nano_usd, month_of, seconds_until_next_month, spend_key

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
 from tests.support.gateway_process import gateway_process, wait_answering
 from tests.support.openai_fakes import WORDS, chat, client

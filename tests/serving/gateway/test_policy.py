@@ -9,10 +9,10 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from infra.cost import estimated_throughputs, node_prices, rate_card, stack_costs
-from infra.planner import plan_stack
+from infra.plan.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.plan.planner import plan_stack
 from infra.render.gateway import gateway_api_port, gateway_settings
-from infra.spec import Gateway
+from infra.spec.schema import Gateway
 from serving.gateway.policy import GatewayPolicy
 from serving.gateway.settings import GatewaySettings, load_settings
 from tests.support.stacks import stack_document, write_stack
@@ -38,7 +38,7 @@ def test_a_bound_is_the_same_in_the_stack_and_in_the_gateway(field, value):
 
 
 def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
-    from infra.stack_file import load_stack
+    from infra.spec.stack_file import load_stack
 
     policy = {"allow_plaintext": True, "max_n": 2, "chat_template_tokens": 64, "shadow_max_concurrent_requests": 5,
               "default_tenant_limits": {"tokens_per_minute": 50_000, "monthly_budget_usd": "1500.50"},

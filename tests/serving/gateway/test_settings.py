@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from infra.render.gateway import gateway_objects
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from serving.gateway.settings import SettingsError, load_settings
 
 

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from infra.spec import Edge
+from infra.spec.schema import Edge
 from tests.support.edge import PublicPort, edge_in_front
 from tests.support.gateway import gateway_settings, serving_gateway
 from tests.support.servers import HANG_BOUND_S

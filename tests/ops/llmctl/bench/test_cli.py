@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
 from ops.llmctl.bench.plot import plot_report
 from ops.llmctl.bench.stats import BenchReport, RequestResult, summarise

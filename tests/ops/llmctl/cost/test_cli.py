@@ -17,7 +17,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from infra.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
 from ops.llmctl.main import app
 from serving.gateway.usage_ledger import LEDGER_LUA, record_call

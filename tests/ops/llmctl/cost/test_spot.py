@@ -9,8 +9,8 @@ from decimal import Decimal
 import boto3
 from botocore.stub import ANY, Stubber
 
-from infra.cost import NodePrice, PriceSource
-from infra.stack_file import load_stack
+from infra.plan.cost import NodePrice, PriceSource
+from infra.spec.stack_file import load_stack
 from ops.llmctl.cost.spot import spot_prices
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)

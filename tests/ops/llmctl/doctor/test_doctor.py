@@ -16,10 +16,10 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from infra.planner import plan_stack
-from infra.spec import CapacityType
-from infra.stack_file import PROJECT_ROOT, load_stack
-from infra.versions import RAY_LLM_IMAGE
+from infra.catalog.versions import RAY_LLM_IMAGE
+from infra.plan.planner import plan_stack
+from infra.spec.schema import CapacityType
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.harness.processes import free_port
 from ops.llmctl.doctor.checks import CREATE_SPOT_ROLE, QUOTAS, Status, exit_code, quota_family, quota_needs
 from ops.llmctl.doctor.cli import AwsClients, docker_hub_tag_exists, run_doctor
@@ -474,7 +474,7 @@ def test_the_ray_llm_base_image_is_looked_up_on_docker_hub(hub):
         check = aws.run(load_stack("dev"))["image ray-llm base"]
     finally:
         DockerHub.published = {RAY_LLM_IMAGE}
-    assert check.status is Status.FAIL and "RAY_LLM_IMAGE in infra/versions.py" in check.fix
+    assert check.status is Status.FAIL and "RAY_LLM_IMAGE in infra/catalog/versions.py" in check.fix
 
     aws = Aws()  # Docker Hub unreachable: said, not guessed
     dev_answers(aws, quota=64)

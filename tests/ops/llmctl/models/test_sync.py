@@ -17,9 +17,9 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from infra.model_cache import bucket_name, manifest_key, model_prefix
+from infra.plan.cache_layout import bucket_name, manifest_key, model_prefix
 from infra.render.serve_config import llm_config
-from infra.stack_file import load_stack
+from infra.spec.stack_file import load_stack
 from ops.harness.local_s3 import MOTO_ACCOUNT, running_s3
 from ops.llmctl.main import app
 from ops.llmctl.models.manifest import Manifest

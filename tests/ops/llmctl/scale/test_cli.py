@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.llmctl.scale.cli import applied, scale_changes
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.stack_file import PROJECT_ROOT, StackFileError, spec_from_text
+from infra.spec.stack_file import PROJECT_ROOT, StackFileError, spec_from_text
 from ops.llmctl.scale.stack_edit import set_model_autoscaling
 
 STACK_FILES = sorted([*PROJECT_ROOT.glob("Pulumi.*.yaml"), *(PROJECT_ROOT / "tests" / "stacks").glob("Pulumi.*.yaml")])

@@ -19,7 +19,7 @@ import pytest
 
 from infra.render import render_stack
 from infra.render.common import NODE_GROUP_LABEL
-from infra.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.devstack.lock import parse_lock
 from ops.llmctl.status import report as sm
 from ops.llmctl.status.cli import interpret_cloud
