@@ -254,7 +254,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             say(f"{'gateway' if which is gateway else 'edge (HAProxy)'} exited with {which.returncode}; stopping")
             return 1
     except KeyboardInterrupt:
-        say("stopping ...")
+        say("stopping (Serve stops the engines first; this can take half a minute) ...")
         return 0
     finally:
         for sig, handler in previous.items():
@@ -275,7 +275,7 @@ def _claim_gateway_port(claims: PortClaims, port: int) -> None:
 
 
 def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
-    """Stop Ray (Serve with it), then wait for every process Ray started to be gone.
+    """Stop Serve and Ray, then wait for every process Ray started to be gone.
 
     `ray.shutdown()` returns while its workers (and their vLLM engine processes) are still
     exiting, some already re-parented away from us; so take the list of our descendants
@@ -289,16 +289,17 @@ def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
         return
     spared = keep()
     started = [p for p in psutil.Process().children(recursive=True) if p.pid not in spared]
-    # Not serve.shutdown(): it waits up to 30 s for Serve's controller, and with Ray 2.60 on the
-    # direct ingress path that wait ran out on every stop we measured (most of a stop's time),
-    # while nothing local needs a graceful drain: the gateway and the edge have stopped first.
-    # ray.shutdown() ends the workers; the engine processes they started are waited for below.
-    ray.shutdown()
-    _, alive = psutil.wait_procs(started, timeout=20)
-    for process in alive:
-        with suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5)
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        _, alive = psutil.wait_procs(started, timeout=20)
+        for process in alive:
+            with suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive, timeout=5)
 
 
 def main() -> None:
