@@ -254,7 +254,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             say(f"{'gateway' if which is gateway else 'edge (HAProxy)'} exited with {which.returncode}; stopping")
             return 1
     except KeyboardInterrupt:
-        say("stopping (Serve stops the engines first; this can take half a minute) ...")
+        say("stopping (Serve stops the engines first) ...")
         return 0
     finally:
         for sig, handler in previous.items():

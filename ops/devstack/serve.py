@@ -43,6 +43,9 @@ def local_serve_config(spec: StackSpec, serve_port: int, path: ServingPath = SER
     return config
 
 
+LOCAL_DRAIN_S = 2
+
+
 def haproxy_dir() -> str:
     """A new private folder for HAProxy's files. Short on purpose: Ray puts them in a subfolder
     named by the 56-character node id, and HAProxy refuses socket paths over 97 bytes."""
@@ -52,8 +55,13 @@ def haproxy_dir() -> str:
 def local_serving_env(spec: StackSpec, path: ServingPath, haproxy_dir: str) -> dict[str, str]:
     """`serving_env` for a Ray on this machine: HAProxy's own ports moved to free ones and its
     files into `haproxy_dir` (see `haproxy_dir()`), so that a second stack, or a test, does not
-    collide with this one."""
-    env = serving_env(spec, path)
+    collide with this one.
+
+    Also a short drain for the replicas that take HTTP themselves (direct ingress): Ray keeps
+    such a replica draining at least RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S (30 s in
+    Ray 2.60) so that HAProxy on every node stops sending to it first. Locally one HAProxy
+    watches one node, and that wait was most of a scale-down and of `make dev`'s stop."""
+    env = serving_env(spec, path) | {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": str(LOCAL_DRAIN_S)}
     if "RAY_SERVE_ENABLE_HA_PROXY" in env:
         env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
                 "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{haproxy_dir}/haproxy.cfg",
