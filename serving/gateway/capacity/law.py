@@ -75,6 +75,9 @@ class Tuning:
         return max(1, min(math.floor(max_slots * self.step_fraction), slots // 2))
 
 
+DEFAULT_TUNING = Tuning()
+
+
 @dataclass(frozen=True)
 class WindowCounts:
     """One window's samples of one model, merged across every gateway replica."""
@@ -108,7 +111,7 @@ def initial_state(model: ModelCapacity) -> CapacityState:
 
 
 def summarize(state: CapacityState, window: int, recent: Mapping[int, WindowCounts], model: ModelCapacity,
-              tuning: Tuning = Tuning()) -> WindowSummary:
+              tuning: Tuning = DEFAULT_TUNING) -> WindowSummary:
     """Percentiles over the newest windows up to `window`, each metric reading back until it has
     `min_samples` (at most `max_windows`): a sudden change shows in the next window, and a sparse
     metric still gets a percentile. Only windows after the last change and its settling count:
@@ -139,7 +142,7 @@ def pressure(summary: WindowSummary, model: ModelCapacity) -> float | None:
 
 
 def next_state(state: CapacityState, window: int, summary: WindowSummary, model: ModelCapacity,
-               tuning: Tuning = Tuning()) -> CapacityState:
+               tuning: Tuning = DEFAULT_TUNING) -> CapacityState:
     """The capacity after window `window` closed, always within [model.min_slots, model.max_slots].
     Either latency over target cuts; growing needs both measured and well within target."""
     low, high = model.min_slots, model.max_slots
