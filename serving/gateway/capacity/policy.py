@@ -1,10 +1,10 @@
 """What the stack says about a model's latency, and what the gateway does to keep it.
 
-`LatencyTarget` is one model's `latency_target:` block in the stack file (infra.spec.ModelSpec
-extends nothing here, it holds this model): the stack file, `llmctl plan` and the gateway read
-the same fields. `ModelCapacity` is what one gateway process needs per served model: the target
-(the stack's, or the default the renderer derived from the planner's estimates) and the bounds
-the capacity moves between.
+`LatencyTarget` is one model's `latency_target:` block in the stack file (a field of
+infra.spec.ModelSpec), so the stack file and the gateway read one model. `ModelCapacity` is what
+one gateway process needs per served model: the targets (the stack's, or the defaults
+infra.latency_target derives from the planner's estimates) and the bounds the capacity moves
+between.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ class LatencyTarget(StrictModel):
         default=None, gt=0,
         description="Time to first token the model should keep, in ms, measured by the gateway from forwarding the "
                     "request to the first streamed token (its wait in the gateway's queue is not part of it). "
-                    "Default: derived from the planner's throughput estimate for the model's GPU class "
-                    "(`llmctl plan` shows it).")
+                    "Default: 8 x itl_ms.")
     itl_ms: float | None = Field(
         default=None, gt=0,
         description="Inter-token latency the model should keep, in ms: the gap between two streamed chunks. "
-                    "Default: derived like ttft_ms.")
+                    "Default: 3 x the gap each stream sees when a replica runs max_ongoing_requests streams at "
+                    "the planner's estimate of its output tokens/s (its GPU class, GPUs and weight bytes), and "
+                    "at least 50 (infra/latency_target.py says why).")
     percentile: float = Field(
         default=90.0, gt=50, lt=100,
         description="The percentile of the measured TTFTs and ITLs that must stay within the targets, e.g. 90 "
