@@ -21,6 +21,7 @@ latency the law sees is what each engine does with its load.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -38,7 +39,7 @@ from serving.gateway.capacity.law import (
     summarize,
 )
 from serving.gateway.capacity.policy import ModelCapacity
-from serving.gateway.capacity.recorder import LatencyRecorder, WindowReport
+from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer, WindowReport
 
 log = logging.getLogger("llmstack.gateway.capacity")
 
@@ -153,8 +154,8 @@ class CapacityStore:
         return self._slots.get(model)
 
     async def run(self, recorder: LatencyRecorder, replicas: Callable[[str], int]) -> None:
-        """Tick every model twice a window until cancelled; a Redis failure skips a tick (the
-        samples of that tick are dropped: the next windows measure again)."""
+        """Tick every model twice a window until cancelled; a failure skips a tick (its samples
+        are dropped: the next windows measure again) and the capacity stays as last read."""
         from redis.exceptions import RedisError
 
         while True:
@@ -165,3 +166,42 @@ class CapacityStore:
                     await self.tick(model, report, max(1, replicas(model)))
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.warning("capacity of model %s not updated (%s)", model, type(exc).__name__)
+                except Exception:  # a bug must not stop the loop: the capacity would freeze unseen
+                    log.exception("capacity of model %s not updated", model)
+
+
+class AdaptiveCapacity:
+    """The whole of it for one gateway process: its recorder, its store and the ticking task.
+
+        capacity = AdaptiveCapacity(redis_url, settings.model_capacities, replicas=live_or_max)
+        await capacity.start()
+        timer = capacity.timer(model, loop.time())   # the relay: chunk() per token chunk, end() at the end
+        capacity.per_replica(model)                  # what the fair queue multiplies by its replicas
+
+    `replicas(model)`: the model's replicas now (the fair queue's live count, else max_replicas)."""
+
+    def __init__(self, redis_url: str, models: Mapping[str, ModelCapacity], *, replicas: Callable[[str], int],
+                 window_s: float = DEFAULT_WINDOW_S, tuning: Tuning = DEFAULT_TUNING) -> None:
+        self.models = dict(models)
+        self.recorder = LatencyRecorder(self.models)
+        self.store = CapacityStore(redis_url, self.models, window_s=window_s, tuning=tuning)
+        self._replicas = replicas
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.store.run(self.recorder, self._replicas), name="adaptive-capacity")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.store.aclose()
+
+    def timer(self, model: str | None, now: float) -> StreamTimer:
+        return self.recorder.start(model, now)
+
+    def per_replica(self, model: str) -> int | None:
+        """The model's capacity per replica as last read from Redis (None: not yet, or not an
+        adaptive model): the fair queue uses it in place of max_ongoing_requests."""
+        return self.store.last_slots(model) if model in self.models else None

@@ -13,7 +13,7 @@ from serving.gateway.capacity.histogram import bucket_of
 from serving.gateway.capacity.law import Move
 from serving.gateway.capacity.policy import ModelCapacity
 from serving.gateway.capacity.recorder import LatencyRecorder, WindowReport
-from serving.gateway.capacity.store import RING, CapacityStore, capacity_key
+from serving.gateway.capacity.store import RING, AdaptiveCapacity, CapacityStore, capacity_key
 from tests.support.waiting import eventually_async
 
 WINDOW_S = 0.2
@@ -171,3 +171,34 @@ def test_the_recorder_times_first_tokens_and_gaps_of_served_models_only():
     second.end()
     assert recorder.take("llama") == WindowReport({}, {}, 1)  # the peak restarts from what was in flight
     assert recorder.take("llama").empty
+
+
+def test_two_gateway_processes_timing_slow_streams_agree_on_a_lower_capacity(redis_server):
+    """What the relay and the fair queue will call: stream timers in, capacity per replica out."""
+    async def scenario() -> None:
+        model = fresh_model()
+        gateways = [AdaptiveCapacity(redis_server.url, {model: TARGETS}, replicas=lambda _: 1, window_s=WINDOW_S)
+                    for _ in range(2)]
+        for gateway in gateways:
+            await gateway.start()
+        try:
+            assert gateways[0].per_replica("not-served") is None
+            clock = 0.0
+            for gateway in gateways:  # 12 streams each, 2 s to first token (target 400 ms), 20 ms gaps
+                timers = [gateway.timer(model, clock) for _ in range(12)]
+                for timer in timers:
+                    timer.chunk(clock + 2.0)
+                    timer.chunk(clock + 2.02)
+                    timer.end()
+
+            async def agreed() -> bool:
+                slots = {gateway.per_replica(model) for gateway in gateways}
+                return len(slots) == 1 and None not in slots and slots.pop() < TARGETS.max_slots
+
+            await eventually_async(agreed, "both gateways reading the cut capacity", poll_s=WINDOW_S / 4)
+            assert gateways[0].per_replica(model) == 12  # 24 in flight at the peak, halved
+        finally:
+            for gateway in gateways:
+                await gateway.aclose()
+
+    asyncio.run(scenario())
