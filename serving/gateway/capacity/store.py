@@ -119,7 +119,7 @@ class CapacityStore:
         config = self.models[model]
         pairs = [x for bucket, n in report.ttft.items() for x in (f"t{bucket}", n)]
         pairs += [x for bucket, n in report.itl.items() for x in (f"i{bucket}", n)]
-        reply = await self._call(model, "tick", report.peak_in_flight, self.owner, int(self.lease_s * 1000),
+        reply = await self._call(model, "tick", report.peak_in_flight, self.owner, max(1, int(self.lease_s * 1000)),
                                  self.tuning.max_windows, *pairs)
         state = _state(reply[1:5], config)
         if int(reply[0]) == 1:
