@@ -23,6 +23,7 @@ from infra.catalog.gpu_catalog import GpuClass, InstanceType, default_instance_f
 from infra.catalog.images import missing_registry_problem
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
+from serving.gateway.capacity.policy import LatencyTarget
 from serving.gateway.policy import GatewayPolicy, checked_domains
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
@@ -302,6 +303,10 @@ class ModelSpec(_Spec):
                     "system prompts, with two or more replicas).",
     )
     architecture: Architecture | None = Field(default=None, description="Explicit shape if not known.")
+    latency_target: LatencyTarget = Field(
+        default_factory=LatencyTarget,
+        description="The TTFT and inter-token latency the model's streams should keep, and the gateway's capacity "
+                    "that adapts to keep them (requests beyond it wait in the gateway's fair queue).")
     cached: bool = Field(
         default=False,
         description="Load the weights from the stack's S3 model cache (`llmctl models sync`) instead of "
