@@ -79,5 +79,4 @@ def build_model_list_app(args: dict[str, Any]) -> Application:
 
     # No logical CPU: it runs beside HAProxy on any node, a head with `num-cpus: 0` included.
     # Applied as a call, not as a decorator: the class statement keeps the plain class's type.
-    return serve.deployment(name="ModelList", ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=1,
-                            graceful_shutdown_wait_loop_s=0.5)(ModelList).bind()
+    return serve.deployment(name="ModelList", ray_actor_options={"num_cpus": 0})(ModelList).bind()
