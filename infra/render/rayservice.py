@@ -71,7 +71,8 @@ from infra.render.serve_config import (
 )
 from infra.spec.schema import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
 
-# Left to the kubelet, system daemonsets and the NVIDIA device plugin on each node.
+# Left to the kubelet, system daemonsets, the NVIDIA device plugin and the DCGM exporter (requests
+# 100m CPU and 128 MiB, infra/render/dcgm.py) on each node.
 NODE_RESERVED_CPUS = 2
 NODE_RESERVED_MEMORY_FRACTION = 0.1
 # The CA bundle of the Ubuntu-based Ray images. ElastiCache's in-transit certificates chain to

@@ -43,7 +43,9 @@ SERVE_DEPLOYMENT_PANELS = f"{RAY_DASHBOARDS}/serve_deployment_dashboard_panels.p
 SERVE_LLM_PANELS = f"{RAY_DASHBOARDS}/serve_llm_dashboard_panels.py"
 KSM_POD_METRICS = "kube-state-metrics docs/metrics/workload/pod-metrics.md"
 DCGM_COUNTERS = "infra/render/dcgm.py FIELDS (NVIDIA/dcgm-exporter 4.5.3-4.8.2 etc/default-counters.csv)"
-DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "pod", "namespace", "container")
+# The node's label: `Hostname` up to dcgm-exporter 4.8.2, `hostname` after it (NVIDIA/dcgm-exporter#655).
+DCGM_NODE_LABEL = "Hostname"
+DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", DCGM_NODE_LABEL, "pod", "namespace", "container")
 
 
 class ExternalMetric(NamedTuple):

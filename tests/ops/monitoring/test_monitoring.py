@@ -142,6 +142,19 @@ def test_ray_metric_names_are_the_ones_ray_documents():
             assert re.sub(r"_total$", "", metric.name.removeprefix("ray_vllm_")) in vllm_names, metric.name
 
 
+def test_gpu_queries_use_the_node_label_of_the_pinned_exporter():
+    """dcgm-exporter renamed its node label from `Hostname` to `hostname` after 4.8.2: moving the
+    pin means moving every query that groups by it (and this check's version)."""
+    from infra.versions import DCGM_EXPORTER_IMAGE
+
+    exporter = DCGM_EXPORTER_IMAGE.rsplit(":", 1)[1].split("-")[1]
+    assert exporter == "4.8.2", f"re-check the exporter's label names (render_metrics.go) for {exporter}"
+    exprs = [r["expr"] for r in alert_rules()] + [e for _, e in dashboard_targets()]
+    gpu_exprs = [e for e in exprs if "DCGM_" in e]
+    assert any(serving_metrics.DCGM_NODE_LABEL in e for e in gpu_exprs)
+    assert not any(re.search(r"\bhostname\b", e) for e in gpu_exprs)
+
+
 # --- promtool ------------------------------------------------------------------------------------
 
 PROMTOOL = shutil.which("promtool")
