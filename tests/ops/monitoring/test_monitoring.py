@@ -283,6 +283,10 @@ GPU_PANEL_SERIES = [
     dcgm("DCGM_FI_DEV_GPU_UTIL", "w1", "n1", "1", "_ 60x59"),
     dcgm("DCGM_FI_DEV_GPU_UTIL", "w2", "n2", "0", "_ 40x59"),
     dcgm("DCGM_FI_DEV_GPU_UTIL", "llmstack-dcgm-exporter-x", "n3", "0", "_ 0x59"),
+    dcgm("DCGM_FI_DEV_POWER_USAGE", "w1", "n1", "0", "_ 70x59"),
+    dcgm("DCGM_FI_DEV_POWER_USAGE", "w1", "n1", "1", "_ 70x59"),
+    dcgm("DCGM_FI_DEV_POWER_USAGE", "w2", "n2", "0", "_ 100x59"),
+    ('DCGM_EXP_XID_ERRORS_COUNT{Hostname="n2",gpu="0",namespace="llmstack",pod="w2",xid="13"}', "_ 1x59"),
     ('ray_vllm_kv_cache_usage_perc{model_name="m1",pod="w1",WorkerId="1"}', "_ 0.5x59"),
     ('ray_vllm_kv_cache_usage_perc{model_name="m1",pod="w1",WorkerId="2"}', "_ 0.5x59"),
     ('ray_vllm_kv_cache_usage_perc{model_name="m1",pod="w2",WorkerId="3"}', "_ 0.5x59"),
@@ -298,6 +302,9 @@ GPU_PANEL_SERIES = [
 GPU_PANELS = {
     "GPUs held per model": {'{model_name="m1"}': 2.5, '{model_name="m2"}': 0.5},
     "GPU utilisation per model": {'{model_name="m1"}': 55, '{model_name="m2"}': 40},  # pods 70 and 40
+    "GPU power per model": {'{model_name="m1"}': 190, '{model_name="m2"}': 50},
+    "GPU memory per model (used and free)": {'{model_name="m1"}': 3500 * 2**20, '{model_name="m2"}': 1500 * 2**20},
+    "XID errors per model": {'{model_name="m1"}': 1, '{model_name="m2"}': 1},  # w2's XID concerns both
     "GPUs used per tenant (GPU-hours per hour)": {'{tenant="a"}': 1.875, '{tenant="b"}': 1.125},
     "GPU-hours per tenant (dashboard time range)": {'{tenant="a"}': 1.875, '{tenant="b"}': 1.125},
 }
