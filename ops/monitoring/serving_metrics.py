@@ -8,8 +8,8 @@ Everything else comes from components we run but do not write:
   replace characters OpenTelemetry disallows with `_` (vllm/v1/metrics/ray_wrappers.py).
   Ray ships Grafana dashboards that query these exact names; `RAY_DASHBOARDS` below is where,
   in the installed `ray` package, and a test checks every `ray_*` name here appears there.
-- kube-state-metrics (pending and crash-looping pods), from its documentation
-  (docs/metrics/workload/pod-metrics.md, v2.x: these are STABLE metrics).
+- kube-state-metrics (pending and crash-looping pods, DaemonSet readiness), from its documentation
+  (docs/metrics/workload/pod-metrics.md and daemonset-metrics.md, v2.x: these are STABLE metrics).
 - NVIDIA's DCGM exporter on GPU nodes (infra/render/dcgm.py): exactly the fields of the counters
   file rendered there (`infra.render.dcgm.FIELDS`), so the dashboard and alerts cannot read a
   field the exporter is not asked for.
@@ -42,6 +42,7 @@ SERVE_PANELS = f"{RAY_DASHBOARDS}/serve_dashboard_panels.py"
 SERVE_DEPLOYMENT_PANELS = f"{RAY_DASHBOARDS}/serve_deployment_dashboard_panels.py"
 SERVE_LLM_PANELS = f"{RAY_DASHBOARDS}/serve_llm_dashboard_panels.py"
 KSM_POD_METRICS = "kube-state-metrics docs/metrics/workload/pod-metrics.md"
+KSM_DAEMONSET_METRICS = "kube-state-metrics docs/metrics/workload/daemonset-metrics.md"
 DCGM_COUNTERS = "infra/render/dcgm.py FIELDS (NVIDIA/dcgm-exporter 4.5.3-4.8.2 etc/default-counters.csv)"
 # The node's label: `Hostname` up to dcgm-exporter 4.8.2, `hostname` after it (NVIDIA/dcgm-exporter#655).
 DCGM_NODE_LABEL = "Hostname"
@@ -96,6 +97,10 @@ SERVING_METRICS: tuple[ExternalMetric, ...] = (
                    KSM_POD_METRICS, "1 while a container waits, by reason (CrashLoopBackOff, ImagePullBackOff)."),
     ExternalMetric("kube_pod_container_status_restarts_total", "counter", ("namespace", "pod", "container"),
                    KSM_POD_METRICS, "Container restarts."),
+    ExternalMetric("kube_daemonset_status_desired_number_scheduled", "gauge", ("namespace", "daemonset"),
+                   KSM_DAEMONSET_METRICS, "Nodes that should run the DaemonSet's pod."),
+    ExternalMetric("kube_daemonset_status_number_ready", "gauge", ("namespace", "daemonset"),
+                   KSM_DAEMONSET_METRICS, "Nodes running a ready pod of the DaemonSet."),
     # DCGM exporter, one series per GPU (DCGM_EXP_XID_ERRORS_COUNT: per GPU and xid)
     *(ExternalMetric(f.name, "gauge", DCGM_LABELS + (("xid",) if f.name.startswith("DCGM_EXP_XID") else ()),
                      DCGM_COUNTERS, f.help) for f in DCGM_FIELDS),

@@ -97,7 +97,8 @@ def test_alerts_cover_the_issue_list():
         "Redis refusing writes": "llmstack_gateway_redis_out_of_memory_total",
         "Redis evicting": "llmstack_gateway_redis_evicting",
         "XID errors": "DCGM_EXP_XID_ERRORS_COUNT", "GPU memory near full": "DCGM_FI_DEV_FB_FREE",
-        "GPU idle under load": "DCGM_FI_DEV_GPU_UTIL"}
+        "GPU idle under load": "DCGM_FI_DEV_GPU_UTIL",
+        "GPU exporter not ready": "kube_daemonset_status_number_ready"}
     for concern, metric in wanted.items():
         assert any(metric in metric_names(e) for e in exprs.values()), f"no alert on {concern}"
 
@@ -169,6 +170,7 @@ def test_ci_has_promtool():
     if os.environ.get("CI") == "true":
         assert PROMTOOL, "promtool is missing under CI: `make promtool` could not install Debian's prometheus"
 
+EXPORTER = 'namespace="llmstack",daemonset="llmstack-dcgm-exporter"'
 GPU = 'Hostname="n1",gpu="0",modelName="NVIDIA L4",namespace="llmstack",pod="w1",container="ray-worker"'
 # alert -> (series that show the condition, when to evaluate, labels the alert carries)
 FIRING = {
@@ -207,6 +209,9 @@ FIRING = {
                                  ('ray_vllm_num_requests_running{model_name="m",pod="w1"}', "0x20"),
                                  ('ray_vllm_num_requests_waiting{model_name="m",pod="w1"}', "5x20")],
                                 "15m", {"pod": "w1", "model_name": "m"}),
+    "LLMStackGPUMetricsMissing": ([(f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x30"),
+                                   (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "1x30")],
+                                  "20m", {"daemonset": "llmstack-dcgm-exporter"}),
 }
 # Healthy traffic: nothing fires.
 QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x40"),
@@ -229,7 +234,9 @@ QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', 
          ('ray_vllm_num_requests_running{model_name="m",pod="busy"}', "4x40"),
          ('DCGM_FI_DEV_GPU_UTIL{Hostname="n2",gpu="0",namespace="llmstack",pod="idle"}', "0x40"),
          ('ray_vllm_num_requests_running{model_name="m2",pod="idle"}', "0x40"),
-         ('ray_vllm_num_requests_waiting{model_name="m2",pod="idle"}', "0x40")]
+         ('ray_vllm_num_requests_waiting{model_name="m2",pod="idle"}', "0x40"),
+         (f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x40"),
+         (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "2x40")]
 
 
 def test_every_alert_has_a_firing_scenario():
