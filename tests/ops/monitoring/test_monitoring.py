@@ -146,7 +146,7 @@ def test_ray_metric_names_are_the_ones_ray_documents():
 def test_gpu_queries_use_the_node_label_of_the_pinned_exporter():
     """dcgm-exporter renamed its node label from `Hostname` to `hostname` after 4.8.2: moving the
     pin means moving every query that groups by it (and this check's version)."""
-    from infra.versions import DCGM_EXPORTER_IMAGE
+    from infra.catalog.versions import DCGM_EXPORTER_IMAGE
 
     exporter = DCGM_EXPORTER_IMAGE.rsplit(":", 1)[1].split("-")[1]
     assert exporter == "4.8.2", f"re-check the exporter's label names (render_metrics.go) for {exporter}"
