@@ -24,6 +24,7 @@ from infra.render.rayservice import with_gcs_redis_address
 # (apiVersion, kind) of every rendered object -> the typed resource that applies it.
 TYPED = {
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
     ("v1", "Service"): k8s.core.v1.Service,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.autoscaling.v2.HorizontalPodAutoscaler,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,

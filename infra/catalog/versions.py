@@ -80,6 +80,10 @@ LOAD_BALANCER_CONTROLLER_CHART = Chart("https://aws.github.io/eks-charts", "aws-
 NVIDIA_DEVICE_PLUGIN_CHART = Chart("https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin", "0.17.4")
 METRICS_SERVER_CHART = Chart("https://kubernetes-sigs.github.io/metrics-server/", "metrics-server", "3.12.2")
 KUBERAY_OPERATOR_CHART = Chart("https://ray-project.github.io/kuberay-helm/", "kuberay-operator", KUBERAY_VERSION)
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless"
+"""NVIDIA's DCGM exporter (tag `<DCGM>-<exporter>`), rendered as a DaemonSet on GPU nodes
+(infra/render/dcgm.py). Its metric label names move with it: 4.8.2 names the node `Hostname`, the
+next release `hostname` (ops/monitoring reads the label)."""
 
 ELASTICACHE_ENGINE_VERSION = "7.1"
 IN_CLUSTER_REDIS_IMAGE = "redis:7.4.2-alpine"
@@ -136,6 +140,11 @@ VERIFIED_AT: dict[str, str] = {
     "NVIDIA_DEVICE_PLUGIN_CHART": "NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin, v0.17.4",
     "METRICS_SERVER_CHART": "kubernetes-sigs/metrics-server chart 3.12.2 (unchanged pin)",
     "KUBERAY_OPERATOR_CHART": "same as KUBERAY_VERSION",
+    "DCGM_EXPORTER_IMAGE": (
+        "NVIDIA/dcgm-exporter tag 4.5.3-4.8.2 (691c92762eb551313c825f6efe4ceeee20982801): "
+        "deployment/values.yaml image nvcr.io/nvidia/k8s/dcgm-exporter tag 4.5.3-4.8.2-distroless, "
+        "deployment/Chart.yaml appVersion 4.8.2, dcgm-exporter.yaml the same image; "
+        "internal/pkg/rendermetrics/render_metrics.go labels gpu, UUID, modelName, Hostname"),
     "ELASTICACHE_ENGINE_VERSION": "ElastiCache Redis OSS 7.1: RBAC user groups need engine >= 6.0",
     "IN_CLUSTER_REDIS_IMAGE": "Docker Hub redis:7.4.2-alpine (ACL files need Redis >= 6)",
     "GATEWAY_IMAGE": "built here (serving/images/gateway.Dockerfile); placeholder name, no registry",

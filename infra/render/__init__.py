@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from infra.plan.planner import StackPlan, plan_stack
+from infra.render.dcgm import dcgm_objects
 from infra.render.gateway import gateway_objects
 from infra.render.namespace import namespace_object
 from infra.render.rayservice import rayservice
@@ -35,7 +36,7 @@ def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_ad
     if not plan.ok:
         raise RenderRefused(plan)
     return [namespace_object(spec), rayservice(spec, plan, gcs_redis_address, model_cache_bucket),
-            *gateway_objects(spec, plan, model_cache_bucket)]
+            *gateway_objects(spec, plan, model_cache_bucket), *dcgm_objects(spec)]
 
 
 class _ManifestDumper(yaml.SafeDumper):

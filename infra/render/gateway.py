@@ -2,8 +2,8 @@
 
 The gateway is the product's security boundary: the Ray cluster must never face users.
 So the gateway's Service is the stack's only load balancer, and a NetworkPolicy lets
-nothing but gateway pods (and Ray itself, and the KubeRay operator's health checks)
-reach Ray pods. Secrets (the Redis URL) are referenced by name, never inlined.
+nothing but gateway pods (and Ray itself, the KubeRay operator's health checks, and the
+stack's Prometheus on Ray's metrics port) reach Ray pods. Secrets (the Redis URL) are referenced by name, never inlined.
 
 Each gateway pod runs two containers. `edge` (HAProxy, infra.render.edge) owns the public port
 `http`, published by the Service: it reads each request's headers within a deadline and a size
@@ -42,6 +42,7 @@ from infra.render.common import (
     secret_env,
 )
 from infra.render.edge import CONFIG_FILE, edge_files, edge_memory_mib
+from infra.render.rayservice import RAY_METRICS_PORT
 from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, llm_deployment_name, model_routes
 from infra.spec.schema import StackSpec
 from serving.gateway.queue_policy import ModelQueue
@@ -325,6 +326,7 @@ def _gateway_network_policy(spec: StackSpec) -> dict[str, Any]:
 
 def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
     ray_pods = {"matchLabels": {COMPONENT_LABEL: "ray"}}
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": spec.gateway.metrics_namespace}}}
     operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": KUBERAY_NAMESPACE}}}
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -346,6 +348,8 @@ def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
                   if spec.gateway.queue.live_replicas else []),
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": p}
                                                for p in (RAY_DASHBOARD_PORT, RAY_DASHBOARD_AGENT_PORT, SERVE_PORT)]},
+                # Ray's metrics (Ray, Serve, vLLM), for the stack's Prometheus only.
+                {"from": [prometheus], "ports": [{"protocol": "TCP", "port": RAY_METRICS_PORT}]},
             ],
         },
     }

@@ -20,6 +20,12 @@ Shape, and why:
   as Serve's proxy, direct streaming, LLMRouter replicas per node from the plan), because Ray
   reads it at import time in every process. HAProxy takes the head's Serve port; replicas
   listen on their own ports (30000-31000), which the NetworkPolicy's Ray-to-Ray rule allows.
+- Prometheus scrapes every Ray pod's metrics port (Ray and Serve metrics, and vLLM's as
+  `ray_vllm_*`) through `prometheus.io/*` pod annotations, like the gateway and the DCGM exporter.
+  KubeRay starts Ray with `--metrics-export-port=8080` and adds the container port `metrics`
+  unless the pod names one (ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/pod.go,
+  utils/constant.go DefaultMetricsPort). The scrape target's `pod` label is what joins a model's
+  vLLM series to the GPUs the DCGM exporter reports for that pod.
 - The head and the workers run as different service accounts. KubeRay binds its in-tree
   autoscaler's Role (get/list/watch/patch pods, patch pods/resize, get/patch the RayCluster:
   ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/rbac.go) to the head's
@@ -65,7 +71,8 @@ from infra.render.serve_config import (
 )
 from infra.spec.schema import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
 
-# Left to the kubelet, system daemonsets and the NVIDIA device plugin on each node.
+# Left to the kubelet, system daemonsets, the NVIDIA device plugin and the DCGM exporter (requests
+# 100m CPU and 128 MiB, infra/render/dcgm.py) on each node.
 NODE_RESERVED_CPUS = 2
 NODE_RESERVED_MEMORY_FRACTION = 0.1
 # The CA bundle of the Ubuntu-based Ray images. ElastiCache's in-transit certificates chain to
@@ -88,6 +95,7 @@ RAY_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # ray-operator/config/samples/ray-service.high-throughput-llm.yaml). Set explicitly so a vLLM
 # upgrade cannot switch the executor silently.
 ENGINE_ENV = {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1"}
+RAY_METRICS_PORT = 8080  # KubeRay's DefaultMetricsPort (see the module docstring)
 
 
 def redis_address(spec: StackSpec) -> str:
@@ -182,7 +190,9 @@ def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: lis
 def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, str],
          tolerations: list[dict[str, Any]], *, worker: bool) -> dict[str, Any]:
     pod: dict[str, Any] = {
-        "metadata": {"labels": labels("ray", spec.name)},
+        "metadata": {"labels": labels("ray", spec.name),
+                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(RAY_METRICS_PORT),
+                                     "prometheus.io/path": "/metrics"}},
         "spec": {
             "containers": [container],
             # vLLM and NCCL use shared memory; the container default of 64 MiB is too small.

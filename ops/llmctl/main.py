@@ -94,7 +94,7 @@ def render(
     stack: StackOption,
     out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder for the YAML files, or - for stdout.")] = "",
 ) -> None:
-    """Kubernetes manifests (RayService, gateway) as YAML, the objects `pulumi up` applies."""
+    """Kubernetes manifests (RayService, gateway, DCGM exporter) as YAML, the objects `pulumi up` applies."""
     spec = load_spec(stack)
     try:
         objects = render_stack(spec, model_cache_bucket=_cache_bucket(spec))

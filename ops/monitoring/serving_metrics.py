@@ -8,19 +8,31 @@ Everything else comes from components we run but do not write:
   replace characters OpenTelemetry disallows with `_` (vllm/v1/metrics/ray_wrappers.py).
   Ray ships Grafana dashboards that query these exact names; `RAY_DASHBOARDS` below is where,
   in the installed `ray` package, and a test checks every `ray_*` name here appears there.
-- kube-state-metrics (pending and crash-looping pods), from its documentation
-  (docs/metrics/workload/pod-metrics.md, v2.x: these are STABLE metrics).
+- kube-state-metrics (pending and crash-looping pods, DaemonSet readiness), from its documentation
+  (docs/metrics/workload/pod-metrics.md and daemonset-metrics.md, v2.x: these are STABLE metrics).
+- NVIDIA's DCGM exporter on GPU nodes (infra/render/dcgm.py): exactly the fields of the counters
+  file rendered there (`infra.render.dcgm.FIELDS`), so the dashboard and alerts cannot read a
+  field the exporter is not asked for.
 
 Label keys of the Ray Serve metrics are as ray/serve/_private declares them (tag_keys, plus the
 application/deployment/replica tags Serve sets on replica metrics).
 
-Labels worth knowing: `ray_vllm_*` carry `model_name` (the served name clients request);
-`ray_serve_*` carry `application` and `deployment` (e.g. `LLMServer:llama-3_1-8b-instruct`).
+Labels worth knowing: `ray_vllm_*` carry `model_name` (the served name clients request, the
+gateway's `model`); `ray_serve_*` carry `application` and `deployment` (e.g.
+`LLMServer:llama-3_1-8b-instruct`). Everything scraped from a pod also carries that pod's `pod`
+and `namespace` (the scrape job's target labels, infra/render/rayservice.py). DCGM series carry
+`Hostname` (the node), `gpu` (index on the node), `modelName` (the GPU's product name, NOT our
+model) and, for a GPU a pod holds, that pod's `pod`/`namespace`/`container`
+(dcgm-exporter 4.5.3-4.8.2 render_metrics.go and transformation/const.go). So a GPU joins to the
+models a Ray pod serves on `pod`: a Ray worker pod holds all of its node's GPUs, and its
+`ray_vllm_*` series name the models whose engines run in it.
 """
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple
+
+from infra.render.dcgm import FIELDS as DCGM_FIELDS
 
 MetricType = Literal["counter", "gauge", "histogram"]
 
@@ -30,6 +42,11 @@ SERVE_PANELS = f"{RAY_DASHBOARDS}/serve_dashboard_panels.py"
 SERVE_DEPLOYMENT_PANELS = f"{RAY_DASHBOARDS}/serve_deployment_dashboard_panels.py"
 SERVE_LLM_PANELS = f"{RAY_DASHBOARDS}/serve_llm_dashboard_panels.py"
 KSM_POD_METRICS = "kube-state-metrics docs/metrics/workload/pod-metrics.md"
+KSM_DAEMONSET_METRICS = "kube-state-metrics docs/metrics/workload/daemonset-metrics.md"
+DCGM_COUNTERS = "infra/render/dcgm.py FIELDS (NVIDIA/dcgm-exporter 4.5.3-4.8.2 etc/default-counters.csv)"
+# The node's label: `Hostname` up to dcgm-exporter 4.8.2, `hostname` after it (NVIDIA/dcgm-exporter#655).
+DCGM_NODE_LABEL = "Hostname"
+DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", DCGM_NODE_LABEL, "pod", "namespace", "container")
 
 
 class ExternalMetric(NamedTuple):
@@ -80,6 +97,13 @@ SERVING_METRICS: tuple[ExternalMetric, ...] = (
                    KSM_POD_METRICS, "1 while a container waits, by reason (CrashLoopBackOff, ImagePullBackOff)."),
     ExternalMetric("kube_pod_container_status_restarts_total", "counter", ("namespace", "pod", "container"),
                    KSM_POD_METRICS, "Container restarts."),
+    ExternalMetric("kube_daemonset_status_desired_number_scheduled", "gauge", ("namespace", "daemonset"),
+                   KSM_DAEMONSET_METRICS, "Nodes that should run the DaemonSet's pod."),
+    ExternalMetric("kube_daemonset_status_number_ready", "gauge", ("namespace", "daemonset"),
+                   KSM_DAEMONSET_METRICS, "Nodes running a ready pod of the DaemonSet."),
+    # DCGM exporter, one series per GPU (DCGM_EXP_XID_ERRORS_COUNT: per GPU and xid)
+    *(ExternalMetric(f.name, "gauge", DCGM_LABELS + (("xid",) if f.name.startswith("DCGM_EXP_XID") else ()),
+                     DCGM_COUNTERS, f.help) for f in DCGM_FIELDS),
 )
 
 _SUFFIXES = {"counter": ("",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}

@@ -27,7 +27,7 @@ MONITORING = PROJECT_ROOT / "ops" / "monitoring"
 ALERTS = MONITORING / "alerts.yaml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 # Grafana's variables, replaced by values PromQL accepts before parsing.
-GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$model": ".*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$model": ".*"}
 
 
 def known_series() -> set[str]:
@@ -95,7 +95,10 @@ def test_alerts_cover_the_issue_list():
         "Redis errors": "llmstack_gateway_redis_errors_total", "GPU pending": "kube_pod_status_unschedulable",
         "Redis memory": "llmstack_gateway_redis_memory_used_bytes",
         "Redis refusing writes": "llmstack_gateway_redis_out_of_memory_total",
-        "Redis evicting": "llmstack_gateway_redis_evicting"}
+        "Redis evicting": "llmstack_gateway_redis_evicting",
+        "XID errors": "DCGM_EXP_XID_ERRORS_COUNT", "GPU memory near full": "DCGM_FI_DEV_FB_FREE",
+        "GPU idle under load": "DCGM_FI_DEV_GPU_UTIL",
+        "GPU exporter not ready": "kube_daemonset_status_number_ready"}
     for concern, metric in wanted.items():
         assert any(metric in metric_names(e) for e in exprs.values()), f"no alert on {concern}"
 
@@ -140,6 +143,19 @@ def test_ray_metric_names_are_the_ones_ray_documents():
             assert re.sub(r"_total$", "", metric.name.removeprefix("ray_vllm_")) in vllm_names, metric.name
 
 
+def test_gpu_queries_use_the_node_label_of_the_pinned_exporter():
+    """dcgm-exporter renamed its node label from `Hostname` to `hostname` after 4.8.2: moving the
+    pin means moving every query that groups by it (and this check's version)."""
+    from infra.catalog.versions import DCGM_EXPORTER_IMAGE
+
+    exporter = DCGM_EXPORTER_IMAGE.rsplit(":", 1)[1].split("-")[1]
+    assert exporter == "4.8.2", f"re-check the exporter's label names (render_metrics.go) for {exporter}"
+    exprs = [r["expr"] for r in alert_rules()] + [e for _, e in dashboard_targets()]
+    gpu_exprs = [e for e in exprs if "DCGM_" in e]
+    assert any(serving_metrics.DCGM_NODE_LABEL in e for e in gpu_exprs)
+    assert not any(re.search(r"\bhostname\b", e) for e in gpu_exprs)
+
+
 # --- promtool ------------------------------------------------------------------------------------
 
 PROMTOOL = shutil.which("promtool")
@@ -154,6 +170,8 @@ def test_ci_has_promtool():
     if os.environ.get("CI") == "true":
         assert PROMTOOL, "promtool is missing under CI: `make promtool` could not install Debian's prometheus"
 
+EXPORTER = 'namespace="llmstack",daemonset="llmstack-dcgm-exporter"'
+GPU = 'Hostname="n1",gpu="0",modelName="NVIDIA L4",namespace="llmstack",pod="w1",container="ray-worker"'
 # alert -> (series that show the condition, when to evaluate, labels the alert carries)
 FIRING = {
     "LLMStackHighErrorRate": ([('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+90x30"),
@@ -180,6 +198,20 @@ FIRING = {
                                    'container="c",reason="CrashLoopBackOff"}', "1x20")], "10m", {"pod": "p"}),
     "LLMStackMonthlyBudgetNearlySpent": ([('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.85x20")],
                                          "10m", {"tenant": "t", "key_id": "k"}),
+    # GPUs: `pod` on DCGM series is the pod holding the GPU; on ray_vllm_* the pod scraped.
+    "LLMStackGPUXidError": ([(f'DCGM_EXP_XID_ERRORS_COUNT{{{GPU},xid="79",window_size_in_ms="300000"}}', "0 0 1x10")],
+                            "5m", {"Hostname": "n1", "gpu": "0", "xid": "79"}),
+    "LLMStackGPUMemoryNearFull": ([(f"DCGM_FI_DEV_FB_FREE{{{GPU}}}", "200x20"),
+                                   (f"DCGM_FI_DEV_FB_USED{{{GPU}}}", "22800x20")],
+                                  "15m", {"Hostname": "n1", "gpu": "0", "pod": "w1"}),
+    # Requests wait in the engine, none runs, the GPU does nothing: a hung engine.
+    "LLMStackGPUIdleUnderLoad": ([(f"DCGM_FI_DEV_GPU_UTIL{{{GPU}}}", "2x20"),
+                                 ('ray_vllm_num_requests_running{model_name="m",pod="w1"}', "0x20"),
+                                 ('ray_vllm_num_requests_waiting{model_name="m",pod="w1"}', "5x20")],
+                                "15m", {"pod": "w1", "model_name": "m"}),
+    "LLMStackGPUMetricsMissing": ([(f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x30"),
+                                   (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "1x30")],
+                                  "20m", {"daemonset": "llmstack-dcgm-exporter"}),
 }
 # Healthy traffic: nothing fires.
 QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x40"),
@@ -193,7 +225,18 @@ QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', 
          ('llmstack_gateway_redis_out_of_memory_total{component="limiter"}', "0x40"),
          ('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "3x40"),
          ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40"),
-         ('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.5x40")]
+         ('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.5x40"),
+         # A busy GPU (10% free is what vLLM's default 0.9 leaves), and an idle one with nothing to do.
+         ('DCGM_EXP_XID_ERRORS_COUNT{Hostname="n1",gpu="0",xid="13"}', "0x40"),
+         ('DCGM_FI_DEV_FB_FREE{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "2400x40"),
+         ('DCGM_FI_DEV_FB_USED{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "20600x40"),
+         ('DCGM_FI_DEV_GPU_UTIL{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "85x40"),
+         ('ray_vllm_num_requests_running{model_name="m",pod="busy"}', "4x40"),
+         ('DCGM_FI_DEV_GPU_UTIL{Hostname="n2",gpu="0",namespace="llmstack",pod="idle"}', "0x40"),
+         ('ray_vllm_num_requests_running{model_name="m2",pod="idle"}', "0x40"),
+         ('ray_vllm_num_requests_waiting{model_name="m2",pod="idle"}', "0x40"),
+         (f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x40"),
+         (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "2x40")]
 
 
 def test_every_alert_has_a_firing_scenario():
@@ -218,5 +261,71 @@ def test_each_alert_fires_on_its_condition_and_not_on_healthy_traffic(tmp_path):
                   "alert_rule_test": [{"eval_time": "35m", "alertname": a, "exp_alerts": []} for a in FIRING]})
     test_file = tmp_path / "alerts-test.yaml"
     test_file.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests}))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the GPU panels' joins, evaluated ------------------------------------------------------------
+
+def panel_expr(title: str, ref: str = "A") -> str:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"] == title)
+    return grafana_free(next(t["expr"] for t in panel["targets"] if t["refId"] == ref))
+
+
+def dcgm(name: str, pod: str, node: str, gpu: str, values: str) -> tuple[str, str]:
+    return f'{name}{{Hostname="{node}",gpu="{gpu}",namespace="llmstack",pod="{pod}"}}', values
+
+
+# Pod w1 (node n1, 2 GPUs) serves m1; pod w2 (node n2, 1 GPU) serves m1 and m2; a GPU on n3 is held
+# by no pod (the exporter's own pod name, as the scrape job labels it). Tenants a and b use m1 3:1;
+# b alone uses m2; c only names a model the stack does not serve. Series start at 1m, so the hour
+# before 60m holds exactly 60 one-minute samples.
+GPU_PANEL_SERIES = [
+    dcgm("DCGM_FI_DEV_FB_USED", "w1", "n1", "0", "_ 1000x59"),
+    dcgm("DCGM_FI_DEV_FB_USED", "w1", "n1", "1", "_ 1000x59"),
+    dcgm("DCGM_FI_DEV_FB_USED", "w2", "n2", "0", "_ 3000x59"),
+    dcgm("DCGM_FI_DEV_FB_USED", "llmstack-dcgm-exporter-x", "n3", "0", "_ 10x59"),
+    dcgm("DCGM_FI_DEV_GPU_UTIL", "w1", "n1", "0", "_ 80x59"),
+    dcgm("DCGM_FI_DEV_GPU_UTIL", "w1", "n1", "1", "_ 60x59"),
+    dcgm("DCGM_FI_DEV_GPU_UTIL", "w2", "n2", "0", "_ 40x59"),
+    dcgm("DCGM_FI_DEV_GPU_UTIL", "llmstack-dcgm-exporter-x", "n3", "0", "_ 0x59"),
+    dcgm("DCGM_FI_DEV_POWER_USAGE", "w1", "n1", "0", "_ 70x59"),
+    dcgm("DCGM_FI_DEV_POWER_USAGE", "w1", "n1", "1", "_ 70x59"),
+    dcgm("DCGM_FI_DEV_POWER_USAGE", "w2", "n2", "0", "_ 100x59"),
+    ('DCGM_EXP_XID_ERRORS_COUNT{Hostname="n2",gpu="0",namespace="llmstack",pod="w2",xid="13"}', "_ 1x59"),
+    ('ray_vllm_kv_cache_usage_perc{model_name="m1",pod="w1",WorkerId="1"}', "_ 0.5x59"),
+    ('ray_vllm_kv_cache_usage_perc{model_name="m1",pod="w1",WorkerId="2"}', "_ 0.5x59"),
+    ('ray_vllm_kv_cache_usage_perc{model_name="m1",pod="w2",WorkerId="3"}', "_ 0.5x59"),
+    ('ray_vllm_kv_cache_usage_perc{model_name="m2",pod="w2",WorkerId="4"}', "_ 0.5x59"),
+    ('llmstack_gateway_tokens_total{kind="prompt",model="m1",tenant="a"}', "_ 0+2x59"),
+    ('llmstack_gateway_tokens_total{kind="completion",model="m1",tenant="a"}', "_ 0+1x59"),
+    ('llmstack_gateway_tokens_total{kind="prompt",model="m1",tenant="b"}', "_ 0+1x59"),
+    ('llmstack_gateway_tokens_total{kind="prompt",model="m2",tenant="b"}', "_ 0+2x59"),
+    ('llmstack_gateway_tokens_total{kind="prompt",model="other",tenant="c"}', "_ 0+5x59"),
+]
+# panel -> samples at 60m. m1 holds w1's 2 GPUs and half of w2's; m2 the other half. a has 3/4 of
+# m1 (2.5 GPU-hours in the hour); b 1/4 of m1 and all of m2.
+GPU_PANELS = {
+    "GPUs held per model": {'{model_name="m1"}': 2.5, '{model_name="m2"}': 0.5},
+    "GPU utilisation per model": {'{model_name="m1"}': 55, '{model_name="m2"}': 40},  # pods 70 and 40
+    "GPU power per model": {'{model_name="m1"}': 190, '{model_name="m2"}': 50},
+    "GPU memory per model (used and free)": {'{model_name="m1"}': 3500 * 2**20, '{model_name="m2"}': 1500 * 2**20},
+    "XID errors per model": {'{model_name="m1"}': 1, '{model_name="m2"}': 1},  # w2's XID concerns both
+    "GPUs used per tenant (GPU-hours per hour)": {'{tenant="a"}': 1.875, '{tenant="b"}': 1.125},
+    "GPU-hours per tenant (dashboard time range)": {'{tenant="a"}': 1.875, '{tenant="b"}': 1.125},
+}
+
+
+@needs_promtool
+@pytest.mark.parametrize("title", GPU_PANELS)
+def test_gpu_panels_join_gpus_to_models_and_tenants(title, tmp_path):
+    # Rounded to 1/1024 (exact in binary), so float noise from the token shares cannot fail the test.
+    expr = f"round({panel_expr(title)}, 0.0009765625)"
+    samples = [{"labels": labels, "value": value} for labels, value in GPU_PANELS[title].items()]
+    test = {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in GPU_PANEL_SERIES],
+            "promql_expr_test": [{"expr": expr, "eval_time": "60m", "exp_samples": samples}]}
+    test_file = tmp_path / "panels-test.yaml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [test]}))
     result = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

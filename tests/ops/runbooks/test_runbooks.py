@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from infra.render import common as names
 from infra.render import render_stack
+from infra.render.dcgm import DCGM_COMPONENT
 from infra.spec.stack_file import PROJECT_ROOT, available_stacks, load_stack
 
 RUNBOOKS = PROJECT_ROOT / "ops" / "runbooks"
@@ -182,8 +183,8 @@ def known_objects() -> dict[str, set[str]]:
 
 def label_values() -> dict[str, set[str]]:
     groups = {g.name for s in available_stacks() for g in load_stack(s).node_groups}
-    return {"ray.io/group": groups, names.NODE_GROUP_LABEL: groups, names.COMPONENT_LABEL: {"ray", "gateway"},
-            "ray.io/node-type": {"head", "worker"}}
+    return {"ray.io/group": groups, names.NODE_GROUP_LABEL: groups,
+            names.COMPONENT_LABEL: {"ray", "gateway", DCGM_COMPONENT}, "ray.io/node-type": {"head", "worker"}}
 
 
 def check_kubectl(args: list[str]) -> None:
