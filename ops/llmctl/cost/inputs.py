@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infra.spec import StackSpec
 from infra.throughput import Throughput
-from serving.gateway.budgets import month_window
+from serving.gateway.limits.budgets import month_window
 
 
 class CostInputError(ValueError):

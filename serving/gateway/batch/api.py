@@ -23,8 +23,9 @@ from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.gateway import errors
-from serving.gateway.admission import Admitter, read_body_within
+from serving.gateway.admission.admitter import Admitter, read_body_within
+from serving.gateway.admission.body import BodyError, parse_json
+from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.lines import CheckedInput, check_input
 from serving.gateway.batch.memory import Hold, MemoryBusy
 from serving.gateway.batch.objects import (
@@ -35,17 +36,16 @@ from serving.gateway.batch.objects import (
     new_batch_id,
     new_file_id,
 )
-from serving.gateway.batch.policy import COPIES_IN_MEMORY, DOWNLOAD_CHUNK_BYTES, MULTIPART_OVERHEAD
 from serving.gateway.batch.quota import batch_need, budget_left, redis_footprint, shortfall
 from serving.gateway.batch.runner import BatchRunner
 from serving.gateway.batch.storage import FileStorage, StorageError
 from serving.gateway.batch.store import BatchStore, Caps, now
-from serving.gateway.body import BodyError, parse_json
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.metering import NOTHING_BILLED
-from serving.gateway.redis_client import is_out_of_memory
-from serving.gateway.routes import ApiRoute
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.batch_policy import COPIES_IN_MEMORY, DOWNLOAD_CHUNK_BYTES, MULTIPART_OVERHEAD
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.metering.usage_meter import NOTHING_BILLED
+from serving.gateway.protocol import errors
+from serving.gateway.protocol.routes import ApiRoute
+from serving.gateway.redis.client import is_out_of_memory
 
 CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
 MAX_METADATA = 16

@@ -21,13 +21,13 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from serving.gateway import errors
-from serving.gateway.admission import model_allowed, requested_model, reservation_for
+from serving.gateway.admission.admitter import model_allowed, requested_model, reservation_for
+from serving.gateway.admission.body import BodyError, parse_json, request_document
+from serving.gateway.admission.validation import check_request
+from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.objects import LineError
-from serving.gateway.body import BodyError, parse_json, request_document
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.request_policy import check_request
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.protocol import errors
 
 MAX_CUSTOM_ID = 512
 LINE_FIELDS = frozenset({"custom_id", "method", "url", "body"})

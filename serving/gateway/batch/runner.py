@@ -46,7 +46,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from serving.gateway.batch.caller import BATCH_CALLER, BatchCaller
+from serving.gateway.admission.batch_caller import BATCH_CALLER, BatchCaller
+from serving.gateway.auth.key_format import is_usable
+from serving.gateway.auth.keys import KeyStore
 from serving.gateway.batch.lines import CheckedInput, check_input
 from serving.gateway.batch.memory import MemoryBudget
 from serving.gateway.batch.objects import (
@@ -59,14 +61,12 @@ from serving.gateway.batch.objects import (
     error_line,
     output_line,
 )
-from serving.gateway.batch.policy import COPIES_IN_MEMORY
 from serving.gateway.batch.storage import FileStorage, StorageError
 from serving.gateway.batch.store import BatchStore, lines_name, now
-from serving.gateway.budgets import REFUSAL_CODE
-from serving.gateway.key_format import is_usable
-from serving.gateway.keys import KeyStore
-from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.batch_policy import COPIES_IN_MEMORY
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.limits.budgets import REFUSAL_CODE
+from serving.gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.batch")
 
