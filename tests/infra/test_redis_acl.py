@@ -26,7 +26,8 @@ from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from serving.gateway.config.gateway_policy import KeyLimits, TenantLimits
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.limits.budgets import month_of, spend_key
-from serving.gateway.limits.limiter import Limiter, Who
+from serving.gateway.limits.limiter import Limiter
+from serving.gateway.limits.ticket import Who
 from serving.gateway.limits.usage_ledger import usage_key
 from serving.gateway.metering.usage_meter import Usage
 from serving.gateway.queue.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused

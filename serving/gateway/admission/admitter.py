@@ -44,15 +44,15 @@ from serving.gateway.auth.key_format import KeyRecord, is_usable
 from serving.gateway.auth.keys import KeyStore, KeyStoreUnavailable, RecentlyVerifiedKeys
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.budgets import NANO_PER_USD
+from serving.gateway.limits.decision import rate_limit_headers
 from serving.gateway.limits.limiter import (
     Limiter,
     LimiterBusy,
     LimiterOutOfMemory,
     LimiterUnavailable,
-    Ticket,
-    Who,
     effective_limits,
 )
+from serving.gateway.limits.ticket import Ticket, Who
 from serving.gateway.metering.output_bound import output_bound
 from serving.gateway.metering.reservation import COMPLETION_PATHS, Reservation, reserve
 from serving.gateway.metering.usage_meter import (
@@ -60,7 +60,6 @@ from serving.gateway.metering.usage_meter import (
     Usage,
     UsageMeter,
     client_usage_wishes,
-    rate_limit_headers,
     request_usage_upstream,
     wants_stream,
 )

@@ -32,32 +32,27 @@ When Redis is full (it refuses writes for memory: the stack runs it with `maxmem
 noeviction`, so budgets are never evicted), admission refuses (503) in either fail mode: the local
 limiter does not enforce monthly budgets, so falling back to it would forget them.
 
-When Redis fails otherwise, `limiter_fail_mode` decides: `closed` refuses (503 + Retry-After); `local`
-admits under `LocalLimiter`, the same limits in this process's memory, per replica (while
-Redis is down the cluster-wide allowance becomes replicas x limit). Monthly budgets are not
-enforced by the local limiter and the ledger records nothing while Redis is down: spend and
-usage live in Redis only. A busy connection pool is load, not a failure: `LimiterBusy`,
-answered 503 + Retry-After in either mode.
+When Redis fails otherwise, `limiter_fail_mode` decides: `closed` refuses (503 + Retry-After);
+`local` admits under `LocalLimiter` (serving.gateway.limits.local_limiter), the same limits in
+this process's memory, per replica (while Redis is down the cluster-wide allowance becomes
+replicas x limit). Monthly budgets are not enforced by the local limiter and the ledger records
+nothing while Redis is down: spend and usage live in Redis only. A busy connection pool is load,
+not a failure: `LimiterBusy`, answered 503 + Retry-After in either mode.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
-
-import anyio
 
 from serving.gateway.config.gateway_policy import KeyLimits, TenantLimits
-from serving.gateway.limits.budgets import cost_nano_usd, month_end_s, month_of, nano_usd, spend_expire_at
+from serving.gateway.limits.budgets import month_of
 from serving.gateway.limits.local_limiter import LocalLimiter
-from serving.gateway.limits.redis_limiter import RedisLimiter, no_limit_as_zero
-from serving.gateway.metering.usage_meter import LimitDecision, Usage
+from serving.gateway.limits.redis_limiter import RedisLimiter
+from serving.gateway.limits.ticket import Phase, Ticket, Who
 from serving.gateway.redis.client import RedisBusy, ScriptCall, is_out_of_memory
 
 log = logging.getLogger("llmstack.gateway.limits")
@@ -82,121 +77,10 @@ class LimiterBusy(RuntimeError):
     """Every Redis connection is busy: load, answered 503 + Retry-After whatever the fail mode."""
 
 
-@dataclass(frozen=True)
-class Who:
-    """The caller as the limiter sees it: a key, its tenant, the key's effective limits, the
-    tenant's default limits (its stored ones win, in Redis), whether the key is in shadow mode and
-    the key's monthly budget in dollars."""
-
-    key_id: str
-    tenant: str
-    limits: KeyLimits
-    tenant_defaults: TenantLimits
-    shadow: bool = False
-    shadow_max_concurrent: int = 64
-    monthly_budget_usd: Decimal | None = None
-
-
-@dataclass(frozen=True)
-class Spend:
-    """The month's spend as the admission saw it (after its own charge), in nano-USD, and the
-    tenant's budget in force (0: none)."""
-
-    key_nano_usd: int
-    tenant_nano_usd: int
-    tenant_budget_nano_usd: int
-
-
 def effective_limits(record: object, defaults: KeyLimits) -> KeyLimits:
     """The key's own limits where it has them, the gateway's defaults elsewhere."""
     overrides = {name: getattr(record, name) for name in KeyLimits.model_fields if getattr(record, name) is not None}
     return defaults.model_copy(update=overrides)
-
-
-@dataclass
-class Ticket:
-    """One request's admission: its decision and what it charged. When allowed, `settle` it
-    exactly once when the response ends, or `release` it if the request ends before it reached
-    the upstream."""
-
-    who: Who
-    decision: LimitDecision | None = None
-    reserved: int = 0
-    slot_id: str = field(default_factory=lambda: secrets.token_hex(16))  # 128 random bits, like a uuid4
-    day: int = -1  # the UTC day (Redis's clock) the tokens were charged to
-    key_request_charged: bool = False
-    key_tokens_charged: bool = False
-    tokens_phase_done: bool = False
-    tenant_limits: TenantLimits = field(default_factory=TenantLimits)  # effective at admission
-    model: str = ""  # the metrics label of the model: the usage ledger's field
-    usd_per_million_tokens: Decimal | None = None  # the model's rate card; None: no cost, no budget
-    month: str = field(default_factory=lambda: month_of(datetime.now(UTC)))  # charged to
-    reserved_nano_usd: int = 0  # the reservation's cost, charged to `month` at admission
-    spend: Spend | None = None  # seen at admission (Redis only), for the budget-used gauge
-    backend: RedisLimiter | LocalLimiter | None = None
-    settled: bool = False
-    on_error: Callable[[], None] | None = None  # told when settling in Redis fails
-
-    @property
-    def allowed(self) -> bool:
-        return self.decision is not None and self.decision.allowed
-
-    @property
-    def local_fallback(self) -> bool:
-        """Admitted by this process's own limits because Redis failed."""
-        return isinstance(self.backend, LocalLimiter) and self.on_error is not None
-
-    def cost_of(self, tokens: int) -> int:
-        """`tokens` at the ticket's rate, in nano-USD (0 without a rate)."""
-        rate = self.usd_per_million_tokens
-        return 0 if rate is None or rate <= 0 else cost_nano_usd(tokens, rate)
-
-    async def settle(self, billed: Usage, *, along: ScriptCall | None = None) -> None:
-        """`along`: a script to send in the same Redis round trip when Redis settles this ticket
-        (the fair queue's release); left unsent otherwise, for its owner to run alone."""
-        await self._end(billed, give_back_request=False, along=along)
-
-    async def release(self) -> None:
-        """The request ended before the upstream saw it (a refusal after the slot phase, a
-        client gone while sending its body): free the slot and give back everything charged."""
-        await self._end(Usage(0, 0), give_back_request=True)
-
-    async def _end(self, billed: Usage, *, give_back_request: bool, along: ScriptCall | None = None) -> None:
-        if self.settled or not self.allowed or self.backend is None:
-            return
-        self.settled = True
-        with anyio.CancelScope(shield=True):  # runs on disconnect too, when our task is being cancelled
-            try:
-                if along is not None and isinstance(self.backend, RedisLimiter):
-                    await self.backend.settle(self, billed, give_back_request=give_back_request, along=along)
-                else:
-                    await self.backend.settle(self, billed, give_back_request=give_back_request)
-            except Exception as exc:  # noqa: BLE001 - the slot then frees itself when its expiry passes
-                log.warning("could not settle usage for key %s: %s", self.who.key_id, type(exc).__name__)
-                if self.on_error is not None:
-                    self.on_error()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _decision(limits: KeyLimits, reply: list[Any]) -> tuple[LimitDecision, dict[str, Any]]:
-    (allowed, refused, scope, rem_req, reset_req, rem_tok, reset_tok, wait, day, key_charged,
-     t_rpm, t_tpm, t_daily, t_conc, key_spent, tenant_spent, tenant_budget) = reply
-    wait_us = float(wait)
-    decision = LimitDecision(
-        allowed=bool(int(allowed)), refused=_text(refused) or None, scope=_text(scope) or None,
-        limit_requests=limits.requests_per_minute, remaining_requests=int(rem_req),
-        reset_requests_s=float(reset_req) / 1e6,
-        limit_tokens=limits.tokens_per_minute, remaining_tokens=int(rem_tok), reset_tokens_s=float(reset_tok) / 1e6,
-        retry_after_s=None if wait_us < 0 else wait_us / 1e6)
-    counts = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests")
-    # The tenant's budget in force travels in `spend`: only Redis enforces budgets.
-    tenant = TenantLimits(**{name: int(v) for name, v in zip(counts, (t_rpm, t_tpm, t_daily, t_conc)) if int(v) > 0})
-    spend = Spend(int(key_spent), int(tenant_spent), int(tenant_budget))  # int() reads bytes, str and int alike
-    return decision, {"day": int(day), "key_charged": bool(int(key_charged)), "tenant_limits": tenant,
-                      "spend": spend}
 
 
 class Limiter:
@@ -204,9 +88,9 @@ class Limiter:
 
     def __init__(self, redis_url: str | None, fail_mode: str, *, request_timeout_s: float,
                  on_redis_error: Callable[[], None]) -> None:
-        self._slot_ttl_s = math.ceil(request_timeout_s) + SLOT_TTL_MARGIN_S
-        self._redis = RedisLimiter(redis_url) if redis_url else None
-        self._local = LocalLimiter(self._slot_ttl_s)
+        slot_ttl_s = math.ceil(request_timeout_s) + SLOT_TTL_MARGIN_S
+        self._redis = RedisLimiter(redis_url, slot_ttl_s, CONCURRENCY_RETRY_S) if redis_url else None
+        self._local = LocalLimiter(slot_ttl_s, CONCURRENCY_RETRY_S)
         self._fail_mode = fail_mode
         self._on_redis_error = on_redis_error
         # Tenants' own limits as Redis last said them, so the local fallback keeps applying them.
@@ -220,13 +104,13 @@ class Limiter:
         slot), whatever the verdict; left unsent (`sent` False) when Redis does not decide."""
         ticket = Ticket(who=who)
         _price(ticket, cost, model, usd_per_million_tokens)
-        await self._run(ticket, "all", along)
+        await self._run(ticket, Phase.ALL, along)
         return ticket
 
     async def admit_slot(self, who: Who) -> Ticket:
         """Requests per minute and concurrency only, before the body is read."""
         ticket = Ticket(who=who)
-        await self._run(ticket, "slot")
+        await self._run(ticket, Phase.SLOT)
         return ticket
 
     async def admit_tokens(self, ticket: Ticket, cost: int, *, model: str = "",
@@ -235,77 +119,45 @@ class Limiter:
         here gives back what the slot phase took (the ticket's decision then says why).
         `along`: as for `admit`."""
         _price(ticket, cost, model, usd_per_million_tokens)
-        await self._run(ticket, "tokens", along)
+        await self._run(ticket, Phase.TOKENS, along)
 
-    async def _run(self, ticket: Ticket, phase: str, along: ScriptCall | None = None) -> None:
-        if self._redis is not None and not isinstance(ticket.backend, LocalLimiter):
+    async def _run(self, ticket: Ticket, phase: Phase, along: ScriptCall | None = None) -> None:
+        if self._redis is not None and ticket.backend is not self._local:
             from redis.exceptions import RedisError
 
             ticket.on_error = self._on_redis_error
             try:
-                reply = await self._redis.admit(ticket, self._args(ticket, phase), along=along)
+                result = await self._redis.admit(ticket, phase, ticket.who.tenant_defaults, along=along)
             except RedisBusy as exc:
-                if phase == "tokens":
+                if phase is Phase.TOKENS:
                     await ticket.release()
                 raise LimiterBusy(str(exc)) from None
             except (RedisError, OSError, TimeoutError) as exc:
                 self._on_redis_error()
                 if is_out_of_memory(exc):
                     log.error("limiter Redis is out of memory: refusing requests until it has room")
-                    if phase == "tokens":
+                    if phase is Phase.TOKENS:
                         await ticket.release()
                     raise LimiterOutOfMemory(type(exc).__name__) from exc
                 log.warning("limiter Redis failed (%s); fail mode %s", type(exc).__name__, self._fail_mode)
                 if self._fail_mode == "closed":
                     raise LimiterUnavailable(type(exc).__name__) from exc
-                phase = "all" if phase == "tokens" else phase  # the local limiter never saw the slot phase
+                phase = Phase.ALL if phase is Phase.TOKENS else phase  # the local limiter never saw the slot phase
             else:
-                decision, extra = _decision(ticket.who.limits, reply)
-                self._tenant_limits[ticket.who.tenant] = extra["tenant_limits"]
-                self._apply(ticket, phase, decision, extra["day"], extra["key_charged"], extra["tenant_limits"])
-                if phase != "slot":
-                    ticket.spend = extra["spend"]
+                self._tenant_limits[ticket.who.tenant] = result.tenant_limits
+                ticket.apply(phase, result)
+                if phase is not Phase.SLOT:
+                    ticket.spend = result.spend
                 ticket.backend = self._redis
                 return
         tenant_limits = self._tenant_limits.get(ticket.who.tenant, ticket.who.tenant_defaults)
         ticket.reserved_nano_usd = 0  # budgets live in Redis: none charged (nor enforced) locally
-        decision, day, key_charged = self._local.admit(ticket, phase, tenant_limits, CONCURRENCY_RETRY_S)
-        self._apply(ticket, phase, decision, day, key_charged, tenant_limits)
+        ticket.apply(phase, await self._local.admit(ticket, phase, tenant_limits))
         ticket.backend = self._local
-
-    @staticmethod
-    def _apply(ticket: Ticket, phase: str, decision: LimitDecision, day: int, key_charged: bool,
-               tenant_limits: TenantLimits) -> None:
-        ticket.decision = decision
-        ticket.tenant_limits = tenant_limits
-        if not decision.allowed:
-            return
-        if phase in ("all", "slot"):
-            ticket.key_request_charged = key_charged
-        if phase in ("all", "tokens"):
-            ticket.key_tokens_charged = key_charged
-            ticket.tokens_phase_done = True
-            ticket.day = day
-
-    def _args(self, ticket: Ticket, phase: str) -> list[object]:
-        who, defaults = ticket.who, ticket.who.tenant_defaults
-        return [phase, who.limits.requests_per_minute, who.limits.tokens_per_minute, who.limits.daily_token_budget,
-                who.limits.max_concurrent_requests, no_limit_as_zero(defaults.requests_per_minute),
-                no_limit_as_zero(defaults.tokens_per_minute), no_limit_as_zero(defaults.daily_token_budget),
-                no_limit_as_zero(defaults.max_concurrent_requests), ticket.reserved, ticket.slot_id, self._slot_ttl_s,
-                int(CONCURRENCY_RETRY_S * 1e6), int(who.shadow), who.shadow_max_concurrent,
-                int(ticket.key_request_charged),
-                who.key_id, str(ticket.reserved_nano_usd), str(_budget_nano(who.monthly_budget_usd)),
-                str(_budget_nano(defaults.monthly_budget_usd)), spend_expire_at(ticket.month),
-                month_end_s(ticket.month)]
 
     async def aclose(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
-
-
-def _budget_nano(usd: Decimal | None) -> int:
-    return 0 if usd is None else nano_usd(usd)
 
 
 def _price(ticket: Ticket, tokens: int, model: str, usd_per_million_tokens: Decimal | None) -> None:
@@ -314,4 +166,3 @@ def _price(ticket: Ticket, tokens: int, model: str, usd_per_million_tokens: Deci
     ticket.reserved, ticket.model, ticket.usd_per_million_tokens = tokens, model, usd_per_million_tokens
     ticket.month = month_of(datetime.now(UTC))
     ticket.reserved_nano_usd = ticket.cost_of(tokens)
-

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
 from serving.gateway.config.gateway_policy import TenantLimits
-from serving.gateway.metering.usage_meter import LimitDecision, Usage
+from serving.gateway.limits.decision import LimitDecision
+from serving.gateway.limits.ticket import Phase, PhaseResult, Ticket
+from serving.gateway.metering.usage_meter import Usage
+from serving.gateway.redis.client import ScriptCall
 
 _DAY_S = 86_400
 
@@ -45,20 +49,26 @@ def _limits(rpm: int | None, tpm: int | None, daily: int | None, conc: int | Non
 
 
 class LocalLimiter:
-    def __init__(self, slot_ttl_s: float, clock: Any = time.time) -> None:
+    """The limiter backend of one process (serving.gateway.limits.ticket.LimiterBackend)."""
+
+    shared: ClassVar[bool] = False
+
+    def __init__(self, slot_ttl_s: float, concurrency_wait_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self._slot_ttl_s = slot_ttl_s  # a slot never settled (a bug, a lost task) frees itself
+        self._concurrency_wait_s = concurrency_wait_s
         self._keys: dict[str, _Counters] = {}
         self._tenants: dict[str, _Counters] = {}
         self._clock = clock
 
     # Complex on purpose: mirrors the Lua admission phase by phase, so the two read side by side.
-    def admit(self, ticket: Any, phase: str, tenant_limits: TenantLimits, concurrency_wait_s: float  # noqa: C901
-              ) -> tuple[LimitDecision, int, bool]:
-        """(decision, UTC day charged, whether the key's own counters were charged) for one phase
-        of `ticket` (serving.gateway.limits.limiter.Ticket)."""
+    async def admit(self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *,  # noqa: C901
+                    along: ScriptCall | None = None) -> PhaseResult:
+        """One phase of `ticket`, all or nothing. `along` stays unsent: there is no Redis here."""
         who, now = ticket.who, self._clock()
         day = int(now // _DAY_S)
-        slots_phase, tokens_phase = phase != "tokens", phase != "slot"
+        concurrency_wait_s = self._concurrency_wait_s
+        slots_phase, tokens_phase = phase.takes_slot, phase.charges_tokens
         key = self._keys.setdefault(who.key_id, _Counters())
         tenant = self._tenants.setdefault(who.tenant, _Counters())
         key_lim = _limits(who.limits.requests_per_minute, who.limits.tokens_per_minute,
@@ -116,7 +126,7 @@ class LocalLimiter:
         if allowed:
             charge(key, k, key_charged)
             charge(tenant, t, True)
-        elif phase == "tokens":
+        elif phase is Phase.TOKENS:
             self._give_back(ticket, key, tenant, now, tenant_limits)
         req_iv, tok_iv = 60 / who.limits.requests_per_minute, 60 / who.limits.tokens_per_minute
         req_tat, tok_tat = max(key.request_tat, now), max(key.token_tat, now)
@@ -125,9 +135,9 @@ class LocalLimiter:
             remaining_requests=math.floor((now + 60 - req_tat) / req_iv), reset_requests_s=req_tat - now,
             limit_tokens=who.limits.tokens_per_minute, remaining_tokens=math.floor((now + 60 - tok_tat) / tok_iv),
             reset_tokens_s=tok_tat - now, retry_after_s=None if wait == math.inf else wait)
-        return decision, day, key_charged
+        return PhaseResult(decision, day, key_charged, tenant_limits)
 
-    def _give_back(self, ticket: Any, key: _Counters, tenant: _Counters, now: float,
+    def _give_back(self, ticket: Ticket, key: _Counters, tenant: _Counters, now: float,
                    tenant_limits: TenantLimits) -> None:
         key.slots.pop(ticket.slot_id, None)
         tenant.slots.pop(ticket.slot_id, None)
@@ -136,8 +146,9 @@ class LocalLimiter:
         if tenant_limits.requests_per_minute:
             tenant.request_tat = max(tenant.request_tat - 60 / tenant_limits.requests_per_minute, now)
 
-    async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool) -> None:
-        """No spend and no ledger here: they live in Redis."""
+    async def settle(self, ticket: Ticket, billed: Usage, *, give_back_request: bool,
+                     along: ScriptCall | None = None) -> None:
+        """No spend and no ledger here: they live in Redis. `along` stays unsent."""
         now = self._clock()
         key = self._keys.setdefault(ticket.who.key_id, _Counters())
         tenant = self._tenants.setdefault(ticket.who.tenant, _Counters())

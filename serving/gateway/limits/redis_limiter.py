@@ -14,11 +14,17 @@ a Redis restart).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, ClassVar
 
-from serving.gateway.limits.budgets import spend_expire_at, spend_key
+from serving.gateway.config.gateway_policy import KeyLimits, TenantLimits
+from serving.gateway.limits.budgets import month_end_s, nano_usd, spend_expire_at, spend_key
+from serving.gateway.limits.decision import LimitDecision
 from serving.gateway.limits.tenants import counter_keys
+from serving.gateway.limits.ticket import Phase, PhaseResult, Spend, Ticket
 from serving.gateway.limits.usage_ledger import record_call
 from serving.gateway.metering.usage_meter import Usage
 from serving.gateway.redis.client import GatedRedis, ScriptCall, run_together
@@ -56,26 +62,110 @@ def no_limit_as_zero(value: int | None) -> int:
     return value or 0
 
 
+def _budget_nano(usd: Decimal | None) -> int:
+    return 0 if usd is None else nano_usd(usd)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class AdmitReply:
+    """limiter_admit.lua's reply, field by field in the order the script returns them. Times are
+    microseconds of Redis's clock; a wait of -1 means waiting cannot help."""
+
+    allowed: bool
+    refused: str  # '' when allowed
+    scope: str  # '' when allowed; 'key' | 'tenant' | 'shadow'
+    remaining_requests: int
+    reset_requests_us: float
+    remaining_tokens: int
+    reset_tokens_us: float
+    wait_us: float
+    day: int
+    key_charged: bool
+    tenant_rpm: int  # the tenant's limits in force (0: none)
+    tenant_tpm: int
+    tenant_daily: int
+    tenant_concurrent: int
+    key_spent_nano_usd: int
+    tenant_spent_nano_usd: int
+    tenant_budget_nano_usd: int
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> AdmitReply:
+        """The script's array (bytes, str or int items, as redis-py hands them) as typed fields."""
+        return cls(*(convert(raw) for convert, raw in zip(_READERS, reply, strict=True)))
+
+    def decision(self, limits: KeyLimits) -> LimitDecision:
+        return LimitDecision(
+            allowed=self.allowed, refused=self.refused or None, scope=self.scope or None,
+            limit_requests=limits.requests_per_minute, remaining_requests=self.remaining_requests,
+            reset_requests_s=self.reset_requests_us / 1e6,
+            limit_tokens=limits.tokens_per_minute, remaining_tokens=self.remaining_tokens,
+            reset_tokens_s=self.reset_tokens_us / 1e6,
+            retry_after_s=None if self.wait_us < 0 else self.wait_us / 1e6)
+
+    def tenant_limits(self) -> TenantLimits:
+        """The tenant's limits in force (its own in Redis, else the gateway's defaults). Its budget
+        in force travels in `spend`: only Redis enforces budgets."""
+        counts = {"requests_per_minute": self.tenant_rpm, "tokens_per_minute": self.tenant_tpm,
+                  "daily_token_budget": self.tenant_daily, "max_concurrent_requests": self.tenant_concurrent}
+        return TenantLimits(**{name: value for name, value in counts.items() if value > 0})
+
+    def spend(self) -> Spend:
+        return Spend(self.key_spent_nano_usd, self.tenant_spent_nano_usd, self.tenant_budget_nano_usd)
+
+
+def _flag(raw: bytes | str | int) -> bool:
+    return bool(int(raw))
+
+
+# How each AdmitReply field is read from the script's reply; int() reads bytes, str and int alike.
+_READ_BY_TYPE: dict[str, Callable[[Any], Any]] = {"bool": _flag, "str": _text, "float": float, "int": int}
+_READERS = tuple(_READ_BY_TYPE[str(spec.type)] for spec in fields(AdmitReply))
+
+
 class RedisLimiter:
     """Runs the scripts; one EVALSHA per call (an admit or a settle may carry another script in
     its round trip), its thirty-odd keys and arguments packed by hiredis in C as they are
-    (serving.gateway.redis.client.packed_by_hiredis). The caller (limits.Limiter) builds the
-    admission arguments, turns replies into decisions and Redis failures into its fail mode."""
+    (serving.gateway.redis.client.packed_by_hiredis). The caller (limits.Limiter) turns Redis
+    failures into its fail mode."""
 
-    def __init__(self, redis_url: str) -> None:
+    shared: ClassVar[bool] = True
+
+    def __init__(self, redis_url: str, slot_ttl_s: int, concurrency_wait_s: float) -> None:
         self._client = GatedRedis(redis_url)  # no retries: a retried EVALSHA could charge twice
         self._admit = self._client.redis.register_script(ADMIT_LUA)
         self._settle = self._client.redis.register_script(SETTLE_LUA)
+        self._slot_ttl_s = slot_ttl_s
+        self._concurrency_wait_us = int(concurrency_wait_s * 1e6)
 
-    async def admit(self, ticket: Any, args: list[object], *, along: ScriptCall | None = None) -> list[Any]:
-        """`along`: another script (the fair queue's try) sent in the same round trip; its reply
-        stays in it."""
+    async def admit(self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *,
+                    along: ScriptCall | None = None) -> PhaseResult:
+        """`tenant_limits`: unused, the script reads the tenant's own. `along`: another script
+        (the fair queue's try) sent in the same round trip; its reply stays in it."""
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
-        reply: list[Any] = await self._run(self._admit, keys, args, along)
-        return reply
+        reply = AdmitReply.parse(await self._run(self._admit, keys, self._admit_args(ticket, phase), along))
+        return PhaseResult(reply.decision(who.limits), reply.day, reply.key_charged, reply.tenant_limits(),
+                           reply.spend())
 
-    async def settle(self, ticket: Any, billed: Usage, *, give_back_request: bool,
+    def _admit_args(self, ticket: Ticket, phase: Phase) -> list[object]:
+        """ARGV of limiter_admit.lua, in the order its header comment lists them."""
+        who, defaults = ticket.who, ticket.who.tenant_defaults
+        return [phase.value, who.limits.requests_per_minute, who.limits.tokens_per_minute,
+                who.limits.daily_token_budget, who.limits.max_concurrent_requests,
+                no_limit_as_zero(defaults.requests_per_minute), no_limit_as_zero(defaults.tokens_per_minute),
+                no_limit_as_zero(defaults.daily_token_budget), no_limit_as_zero(defaults.max_concurrent_requests),
+                ticket.reserved, ticket.slot_id, self._slot_ttl_s, self._concurrency_wait_us, int(who.shadow),
+                who.shadow_max_concurrent, int(ticket.key_request_charged),
+                who.key_id, str(ticket.reserved_nano_usd), str(_budget_nano(who.monthly_budget_usd)),
+                str(_budget_nano(defaults.monthly_budget_usd)), spend_expire_at(ticket.month),
+                month_end_s(ticket.month)]
+
+    async def settle(self, ticket: Ticket, billed: Usage, *, give_back_request: bool,
                      along: ScriptCall | None = None) -> None:
         """End `ticket` (serving.gateway.limits.limiter.Ticket): refund what it reserved beyond `billed`
         and free its slot; `give_back_request` also returns its request to the rate limits. In

@@ -17,9 +17,10 @@ import redis
 
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.config.gateway_policy import KeyLimits, TenantLimits
-from serving.gateway.limits.limiter import Limiter, Who
+from serving.gateway.limits.limiter import Limiter
 from serving.gateway.limits.local_limiter import LocalLimiter
 from serving.gateway.limits.tenants import TenantStore, counter_keys, tenant_daily_key
+from serving.gateway.limits.ticket import Phase, Ticket, Who
 from serving.gateway.metering.usage_meter import Usage
 from serving.gateway.redis.client import ScriptCall
 from tests.support.servers import HANG_BOUND_S
@@ -150,20 +151,14 @@ def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_serv
 
 def test_the_local_limiter_carries_the_admission_day_too():
     clock = [86_400 * 20_000 - 1.0]  # one second before a UTC midnight
-    local = LocalLimiter(slot_ttl_s=60, clock=lambda: clock[0])
+    local = LocalLimiter(slot_ttl_s=60, concurrency_wait_s=1.0, clock=lambda: clock[0])
     budget = Who(key_id="local", tenant="night", limits=KeyLimits(daily_token_budget=1_300),
                  tenant_defaults=TenantLimits())
 
-    class Ticket:  # what LocalLimiter reads of a limits.Ticket
-        def __init__(self, reserved: int) -> None:
-            self.who, self.reserved, self.slot_id = budget, reserved, str(reserved)
-            self.key_request_charged = self.key_tokens_charged = self.tokens_phase_done = True
-            self.tenant_limits = TenantLimits()
-
     def admit(reserved: int) -> tuple[Ticket, bool]:
-        ticket = Ticket(reserved)
-        decision, ticket.day, _ = local.admit(ticket, "all", TenantLimits(), 1.0)
-        return ticket, decision.allowed
+        ticket = Ticket(who=budget, reserved=reserved, slot_id=str(reserved))
+        ticket.apply(Phase.ALL, asyncio.run(local.admit(ticket, Phase.ALL, TenantLimits())))
+        return ticket, ticket.allowed
 
     before, _ = admit(1_000)
     clock[0] += 2  # past midnight: a new day's budget

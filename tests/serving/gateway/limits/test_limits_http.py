@@ -24,16 +24,11 @@ from ops.harness.stub_upstream import chunk, sse
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.auth.keys import MemoryKeyStore, RedisKeyStore, create_key_sync
 from serving.gateway.http.app import create_app
+from serving.gateway.limits.decision import LimitDecision, format_reset, rate_limit_headers
 from serving.gateway.limits.tenants import counter_keys
 from serving.gateway.metering.output_bound import output_bound
 from serving.gateway.metering.reservation import Reservation, reserve
-from serving.gateway.metering.usage_meter import (
-    LimitDecision,
-    UsageMeter,
-    format_reset,
-    rate_limit_headers,
-    request_usage_upstream,
-)
+from serving.gateway.metering.usage_meter import UsageMeter, request_usage_upstream
 from tests.support.openai_fakes import (
     PROMPT,
     RATE_HEADERS,
