@@ -1,3 +1,3 @@
-"""Whether a request may go on, before it costs anything upstream: the body read within its
-bounds, the request checked field by field, media URLs, and the admitter that runs those checks,
-the limits and the queue in order."""
+"""The stages a request passes before the proxy, each in its own module: authenticate, read the
+body within its bounds (body), validate (validation, media_urls), limit (limit_check), queue
+(queue_wait); admitter runs them in order and holds what they took until the request is admitted."""

@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.gateway.config.settings import GatewaySettings
@@ -169,3 +171,22 @@ class BodyDeadline:
             return message
 
         await self.app(scope, receive_within, send)
+
+
+async def read_body_within(request: Request, limit: int,
+                           on_chunk: Callable[[bytes, int], None] | None = None) -> bytes | None:
+    """The body, or None as soon as it is known to exceed `limit` bytes. Checks the declared
+    Content-Length first, then counts while reading, since chunked bodies declare nothing.
+    `on_chunk(chunk, size so far)` sees each chunk before it is kept (it may raise to stop)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        if on_chunk is not None:
+            on_chunk(chunk, size)
+        parts.append(chunk)
+    return b"".join(parts)

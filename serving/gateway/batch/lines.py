@@ -19,8 +19,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import JSONResponse
-
 from serving.gateway.admission.admitter import model_allowed, requested_model, reservation_for
 from serving.gateway.admission.body import BodyError, parse_json, request_document
 from serving.gateway.admission.validation import check_request
@@ -73,8 +71,8 @@ class CheckedInput:
         return [custom_id for _, custom_id in sorted(numbered)]
 
 
-def _answer(response: JSONResponse) -> tuple[int, dict[str, Any]]:
-    return response.status_code, json.loads(bytes(response.body))
+def _answer(refusal: errors.Refusal) -> tuple[int, dict[str, Any]]:
+    return refusal.status, refusal.document()
 
 
 @dataclass(frozen=True)

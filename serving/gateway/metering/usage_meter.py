@@ -252,14 +252,18 @@ class UsageMeter:
         completion = max(self.reservation.output, seen.completion if seen is not None else 0)
         return Usage(prompt, completion)
 
-    # Complex on purpose: the per-event hot path: kept in one function for CPU per streamed token.
-    def _event(self, event: bytes, end: bytes) -> bytes:  # noqa: C901
+    def _event(self, event: bytes, end: bytes) -> bytes:
+        """One SSE event, as the client gets it. The per-event hot path: an event shaped like one
+        already parsed is read here, in place; only the others are parsed (`_parsed`)."""
         for shape in self._shapes.values():
             shaped = event_shape.read(shape, event)
             if shaped is not None:
                 prompt, completion, without_usage = shaped
                 self._note_sequence(shape.index, shape.finished, prompt, completion)
                 return (without_usage if self.strip_continuous else event) + end
+        return self._parsed(event, end)
+
+    def _parsed(self, event: bytes, end: bytes) -> bytes:
         data = event.strip()
         if data == b"data: [DONE]":
             self._done = event + end
@@ -284,15 +288,18 @@ class UsageMeter:
         sequence = self._note_sequence_usage(choices, *counts)
         # Once the first text is timed, what this event's bytes repeat is all later events need.
         if sequence is not None and self.first_token_at is not None:
-            learned = event_shape.learn(event, chunk, *sequence)
-            if learned is None:
-                self._shapes.pop(sequence[0], None)
-            elif learned.index in self._shapes or len(self._shapes) < _SHAPES_KEPT:
-                self._shapes[learned.index] = learned
+            self._learn_shape(event, chunk, sequence)
         if not self.strip_continuous:
             return event + end
         del chunk["usage"]
         return b"data: " + dumps(chunk) + end
+
+    def _learn_shape(self, event: bytes, chunk: dict[str, Any], sequence: tuple[int, bool]) -> None:
+        learned = event_shape.learn(event, chunk, *sequence)
+        if learned is None:
+            self._shapes.pop(sequence[0], None)
+        elif learned.index in self._shapes or len(self._shapes) < _SHAPES_KEPT:
+            self._shapes[learned.index] = learned
 
     def _note_sequence_usage(self, choices: list[Any], prompt: int, completion: int) -> tuple[int, bool] | None:
         """vLLM's per-chunk usage counts the prompt of the chunk's sequence and that sequence's

@@ -9,7 +9,10 @@ honouring `Retry-After`. Messages never echo the presented key, not even masked.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -21,14 +24,50 @@ SERVER_ERROR = "server_error"
 BUDGET_EXCEEDED = "monthly_budget_exceeded"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A request the gateway answers itself with an error, as a value: what each step of the
+    request path returns instead of a response (`response_for` is the one place that makes
+    the HTTP answer). `headers` go out with it (Retry-After, x-ratelimit-*)."""
+
+    status: int
+    message: str
+    type: str
+    code: str | None = None
+    param: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def document(self) -> dict[str, Any]:
+        """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def with_headers(self, headers: Mapping[str, str]) -> Refusal:
+        """The same refusal with `headers` added (a header it had is replaced)."""
+        return replace(self, headers={**self.headers, **headers})
+
+    def with_default_headers(self, headers: Mapping[str, str]) -> Refusal:
+        """The same refusal with those of `headers` it does not set already."""
+        return replace(self, headers={**headers, **self.headers})
+
+
+def response_for(refusal: Refusal) -> JSONResponse:
+    """The HTTP answer to a refusal, in OpenAI's error shape."""
+    return JSONResponse(refusal.document(), status_code=refusal.status, headers=dict(refusal.headers) or None)
+
+
+def refusal(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
+            *, headers: Mapping[str, str] | None = None) -> Refusal:
+    return Refusal(status, message, type_, code, param, dict(headers or {}))
+
+
 def openai_error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
                  *, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    """A refusal answered at once, for code that answers its own requests (the Batch API)."""
+    return response_for(refusal(status, message, type_, code, param, headers=headers))
 
 
-def missing_api_key() -> JSONResponse:
-    return openai_error(
+def missing_api_key() -> Refusal:
+    return refusal(
         401,
         "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY' or 'X-API-Key: YOUR_KEY'. "
         "Ask your platform team for a key.",
@@ -36,69 +75,69 @@ def missing_api_key() -> JSONResponse:
     )
 
 
-def invalid_api_key() -> JSONResponse:
-    return openai_error(
+def invalid_api_key() -> Refusal:
+    return refusal(
         401,
         "Incorrect API key provided, or the key was revoked or has expired. Ask your platform team for a key.",
         INVALID_REQUEST, code="invalid_api_key",
     )
 
 
-def model_not_allowed(model: str | None) -> JSONResponse:
+def model_not_allowed(model: str | None) -> Refusal:
     message = (f"This API key may not use the model {model!r}." if model is not None
                else "This API key is limited to certain models: the request body must name one in 'model'.")
-    return openai_error(403, message, INVALID_REQUEST, code="model_not_allowed", param="model")
+    return refusal(403, message, INVALID_REQUEST, code="model_not_allowed", param="model")
 
 
-def body_too_large(limit: int) -> JSONResponse:
-    return openai_error(413, f"Request body is larger than this gateway accepts ({limit} bytes).",
+def body_too_large(limit: int) -> Refusal:
+    return refusal(413, f"Request body is larger than this gateway accepts ({limit} bytes).",
                         INVALID_REQUEST, code="request_too_large")
 
 
-def invalid_request(param: str | None, message: str, code: str) -> JSONResponse:
+def invalid_request(param: str | None, message: str, code: str) -> Refusal:
     """400 for a request the gateway's policy refuses (serving.gateway.admission.validation)."""
-    return openai_error(400, message, INVALID_REQUEST, code=code, param=param)
+    return refusal(400, message, INVALID_REQUEST, code=code, param=param)
 
 
-def not_found(path: str) -> JSONResponse:
-    return openai_error(404, f"Unknown path {path[:200]!r}: this gateway serves {SERVED_ROUTES}.",
+def not_found(path: str) -> Refusal:
+    return refusal(404, f"Unknown path {path[:200]!r}: this gateway serves {SERVED_ROUTES}.",
                         INVALID_REQUEST, code="unknown_url")
 
 
-def model_not_found(model: str) -> JSONResponse:
-    return openai_error(404, f"The model {model[:200]!r} does not exist or this API key may not use it.",
+def model_not_found(model: str) -> Refusal:
+    return refusal(404, f"The model {model[:200]!r} does not exist or this API key may not use it.",
                         INVALID_REQUEST, code="model_not_found", param="model")
 
 
-def body_timeout(timeout_s: float) -> JSONResponse:
+def body_timeout(timeout_s: float) -> Refusal:
     # Sent before the body was read whole: uvicorn closes the connection after it.
-    return openai_error(408, f"The request body did not arrive within {timeout_s:g} s.", INVALID_REQUEST,
+    return refusal(408, f"The request body did not arrive within {timeout_s:g} s.", INVALID_REQUEST,
                         code="request_timeout")
 
 
-def method_not_allowed(method: str) -> JSONResponse:
-    return openai_error(405, f"Method {method} is not allowed here.", INVALID_REQUEST, code="method_not_allowed")
+def method_not_allowed(method: str) -> Refusal:
+    return refusal(405, f"Method {method} is not allowed here.", INVALID_REQUEST, code="method_not_allowed")
 
 
-def upstream_unavailable() -> JSONResponse:
+def upstream_unavailable() -> Refusal:
     # Retry-After: the model servers may be restarting or scaling; the SDKs retry after it.
-    return openai_error(503, "The model servers are not reachable right now. Please retry shortly.",
+    return refusal(503, "The model servers are not reachable right now. Please retry shortly.",
                         SERVER_ERROR, code="upstream_unavailable", headers={"Retry-After": "1"})
 
 
-def key_store_unavailable() -> JSONResponse:
+def key_store_unavailable() -> Refusal:
     # Without the key store no key can be checked; refusing beats letting anyone in.
-    return openai_error(503, "The gateway cannot check API keys right now. Please retry shortly.",
+    return refusal(503, "The gateway cannot check API keys right now. Please retry shortly.",
                         SERVER_ERROR, code="key_store_unavailable", headers={"Retry-After": "1"})
 
 
-def upstream_timeout() -> JSONResponse:
-    return openai_error(504, "The model servers did not answer in time. Please retry.", SERVER_ERROR,
+def upstream_timeout() -> Refusal:
+    return refusal(504, "The model servers did not answer in time. Please retry.", SERVER_ERROR,
                         code="upstream_timeout")
 
 
-def upstream_failed() -> JSONResponse:
-    return openai_error(502, "The model servers returned an invalid response. Please retry.", SERVER_ERROR,
+def upstream_failed() -> Refusal:
+    return refusal(502, "The model servers returned an invalid response. Please retry.", SERVER_ERROR,
                         code="upstream_error")
 
 
@@ -116,7 +155,7 @@ _SCOPE_TEXT = {"key": "this API key", "tenant": "this API key's tenant (all its 
 
 
 def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers: dict[str, str], *,
-                 scope: str = "key") -> JSONResponse:
+                 scope: str = "key") -> Refusal:
     """429 as OpenAI sends it: type `requests` or `tokens`, code `rate_limit_exceeded` (the
     daily budget gets its own code, so clients can tell a quota from a rate). `scope` says whose
     limit it was: the key's, its tenant's, or the ceiling every shadow-mode key stays under."""
@@ -133,11 +172,11 @@ def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers:
         # 429 like OpenAI's "Request too large", but waiting cannot help: tell the OpenAI SDKs
         # (which honour x-should-retry) not to retry what can never be admitted.
         headers = {**headers, "x-should-retry": "false"}
-    return openai_error(429, message, type_, code=code, headers=headers)
+    return refusal(429, message, type_, code=code, headers=headers)
 
 
 def monthly_budget_exceeded(budget_usd: Decimal, retry_after_s: float | None, headers: dict[str, str], *,
-                            scope: str = "key") -> JSONResponse:
+                            scope: str = "key") -> Refusal:
     """429 with its own code (BUDGET_EXCEEDED): a quota in dollars, not a
     rate, renewed at the start of the next UTC month (Retry-After says when). Retrying before
     then cannot help, so the OpenAI SDKs are told not to (x-should-retry: false)."""
@@ -148,27 +187,27 @@ def monthly_budget_exceeded(budget_usd: Decimal, retry_after_s: float | None, he
     else:
         message = (f"The monthly budget of {whose} (${budget_usd:.2f}) is spent. It renews at the start of the next "
                    f"calendar month (UTC), in {retry_after_s:.0f}s; ask your platform team for a higher budget.")
-    return openai_error(429, message, "tokens", code=BUDGET_EXCEEDED, headers={**headers, "x-should-retry": "false"})
+    return refusal(429, message, "tokens", code=BUDGET_EXCEEDED, headers={**headers, "x-should-retry": "false"})
 
 
-def limiter_unavailable() -> JSONResponse:
+def limiter_unavailable() -> Refusal:
     # Fail mode `closed`: without the limiter nothing is admitted.
-    return openai_error(503, "The gateway cannot check rate limits right now. Please retry shortly.",
+    return refusal(503, "The gateway cannot check rate limits right now. Please retry shortly.",
                         SERVER_ERROR, code="limiter_unavailable", headers={"Retry-After": "1"})
 
 
-def gateway_busy() -> JSONResponse:
+def gateway_busy() -> Refusal:
     # Every Redis connection is busy with other requests: load, not an outage. Nothing is
     # admitted on a guess; the SDKs retry after Retry-After.
-    return openai_error(503, "The gateway is busy right now. Please retry shortly.", SERVER_ERROR,
+    return refusal(503, "The gateway is busy right now. Please retry shortly.", SERVER_ERROR,
                         code="gateway_busy", headers={"Retry-After": "1"})
 
 
 def queue_refused(status: int, code: str, message: str, retry_after_s: float,
-                  headers: dict[str, str] | None = None) -> JSONResponse:
+                  headers: dict[str, str] | None = None) -> Refusal:
     """No slot of a saturated model (serving.gateway.queue.fair_share.Refusal): 429 when the tenant's own
     requests are what it waits behind (code tenant_queue_share_exceeded), 503 model_saturated when
     everyone else's are. Retry-After is the queue's drain time; the SDKs retry after it."""
     type_ = "requests" if status == 429 else SERVER_ERROR
-    return openai_error(status, message, type_, code=code,
+    return refusal(status, message, type_, code=code,
                         headers={**(headers or {}), "Retry-After": str(max(1, round(retry_after_s)))})

@@ -23,45 +23,43 @@ import json
 import re
 from typing import Any
 
-from starlette.responses import JSONResponse
-
 from serving.gateway.protocol import errors
 
 _CONTEXT_LENGTH = re.compile(rb"maximum context length is (\d{1,9}) tokens")
 
 
-def rewritten(status: int, body: bytes) -> JSONResponse:
+def rewritten(status: int, body: bytes) -> errors.Refusal:
     """Our answer for an upstream response with `status` >= 300 and (the start of) its `body`."""
     if 300 <= status < 400:
         return errors.upstream_failed()  # no route of ours redirects: a mismatch, not the caller's doing
     if status in (400, 422):
         context = _CONTEXT_LENGTH.search(body)
         if context is not None:
-            return errors.openai_error(
+            return errors.refusal(
                 400, f"This model's maximum context length is {int(context.group(1))} tokens, and the prompt plus "
                      "the requested output exceed it. Shorten the prompt or lower max_tokens.",
                 errors.INVALID_REQUEST, code="context_length_exceeded", param="messages")
-        return errors.openai_error(
+        return errors.refusal(
             400, "The model servers refused the request's parameters. Check them against the OpenAI API reference.",
             errors.INVALID_REQUEST, code="invalid_request")
     if status == 404:
-        return errors.openai_error(404, "The model does not exist or is not being served right now.",
+        return errors.refusal(404, "The model does not exist or is not being served right now.",
                                    errors.INVALID_REQUEST, code="model_not_found", param="model")
     if status == 408:
         return errors.upstream_timeout()
     if status == 413:
-        return errors.openai_error(413, "The request is larger than the model servers accept.",
+        return errors.refusal(413, "The request is larger than the model servers accept.",
                                    errors.INVALID_REQUEST, code="request_too_large")
     if status in (429, 503):  # Ray Serve sheds load (max_queued_requests) with 503: the platform is busy, not the key
-        return errors.openai_error(503, "The model servers are at capacity. Please retry shortly.",
+        return errors.refusal(503, "The model servers are at capacity. Please retry shortly.",
                                    errors.SERVER_ERROR, code="upstream_overloaded", headers={"Retry-After": "1"})
     if status == 504:
         return errors.upstream_timeout()
     if 400 <= status < 500 and status not in (401, 403, 407):
-        return errors.openai_error(status, f"The model servers refused the request (HTTP {status}).",
+        return errors.refusal(status, f"The model servers refused the request (HTTP {status}).",
                                    errors.INVALID_REQUEST, code="upstream_refused")
     # 5xx, and auth failures the upstream should never answer (the caller's key is not the problem)
-    return errors.openai_error(502 if status < 500 else status,
+    return errors.refusal(502 if status < 500 else status,
                                "The model servers failed while handling the request. Please retry.",
                                errors.SERVER_ERROR, code="upstream_error")
 
@@ -80,7 +78,7 @@ def stream_error_event(chunk: dict[str, Any], data: bytes) -> bytes:
     error: dict[str, Any] = inner if isinstance(inner, dict) else chunk
     code = error.get("code")
     status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599 else 500
-    response = rewritten(status, data)
-    document = json.loads(bytes(response.body))
-    document["error"]["status"] = response.status_code
+    refusal = rewritten(status, data)
+    document = refusal.document()
+    document["error"]["status"] = refusal.status
     return b"data: " + json.dumps(document).encode()

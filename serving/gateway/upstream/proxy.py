@@ -233,7 +233,7 @@ class UpstreamProxy:
             self._metrics.upstream_errors.labels(kind="error_status").inc()
         log.warning("upstream answered %d (%s): relayed as an OpenAI error of ours", upstream.status,
                     _error_type(body))
-        return upstream_errors.rewritten(upstream.status, body)
+        return errors.response_for(upstream_errors.rewritten(upstream.status, body))
 
     async def _model_list(self, upstream: aiohttp.ClientResponse, allowed_models: Iterable[str],
                           deadline: float) -> Response:
@@ -246,10 +246,10 @@ class UpstreamProxy:
             return self._failed("failed", ValueError("model list unreadable"), errors.upstream_failed())
         return JSONResponse(visible_models(document, allowed_models))
 
-    def _failed(self, kind: str, exc: Exception, response: Response) -> Response:
+    def _failed(self, kind: str, exc: Exception, refusal: errors.Refusal) -> Response:
         self._metrics.upstream_errors.labels(kind=kind).inc()
         log.warning("upstream request failed (%s): %s", kind, type(exc).__name__)
-        return response
+        return errors.response_for(refusal)
 
     async def aclose(self) -> None:
         if self._client is not None:

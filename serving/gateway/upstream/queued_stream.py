@@ -20,8 +20,10 @@ from typing import Literal
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from serving.gateway.admission.admitter import Admission, PendingSlot
+from serving.gateway.admission.admitter import Admission
+from serving.gateway.admission.queue_wait import ClientLeft, PendingSlot, SlotOutcome
 from serving.gateway.metering.usage_meter import NOTHING_BILLED
+from serving.gateway.protocol import errors
 from serving.gateway.queue.fair_queue import QueueTicket
 from serving.gateway.upstream.proxy import UpstreamStream
 
@@ -72,10 +74,11 @@ class QueuedStream(Response):
             raise
         finally:
             gone.cancel()
-        if outcome is _GONE:
+        # ClientLeft ends only a non-streamed wait: a stream's client going is seen here, as _GONE.
+        if outcome is _GONE or isinstance(outcome, ClientLeft):
             return
-        if isinstance(outcome, Response):  # refused: the key was settled with nothing billed
-            await _body(send, error_events(outcome), more=False)
+        if isinstance(outcome, errors.Refusal):  # refused: the key was settled with nothing billed
+            await _body(send, error_events(errors.response_for(outcome)), more=False)
             return
         pending.slot = outcome
         try:
@@ -91,7 +94,7 @@ class QueuedStream(Response):
         await _body(send, error_events(response), more=False)
 
     async def _wait(self, pending: PendingSlot, gone: asyncio.Task[None],
-                    send: Send) -> QueueTicket | Response | None | Literal[_Gone.GONE]:
+                    send: Send) -> SlotOutcome | Literal[_Gone.GONE]:
         while True:
             signal = asyncio.create_task(pending.signals.get())
             done, _ = await asyncio.wait({pending.outcome, signal, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from serving.gateway.admission.admitter import presented_key, requested_model
+from serving.gateway.admission.admitter import requested_model
+from serving.gateway.admission.authenticate import presented_key
 from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from tests.support.openai_fakes import WORDS, chat, client
 from tests.support.vllm_upstream import key_id_of

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from serving.gateway.auth.keys import create_key_sync
+from serving.gateway.protocol import errors
 from serving.gateway.protocol.upstream_errors import rewritten
 from tests.support.gateway import Answer
 from tests.support.servers import HANG_BOUND_S
@@ -113,7 +114,7 @@ def test_only_body_headers_come_back(gateway, recorded, key):
     (413, 413), (422, 400), (429, 503), (500, 500), (501, 501), (502, 502), (503, 503), (504, 504),
 ])
 def test_every_status_maps_to_an_openai_error_of_ours(status, expected):
-    response = rewritten(status, ray_error(status, "boom", "at 10.0.3.7"))
+    response = errors.response_for(rewritten(status, ray_error(status, "boom", "at 10.0.3.7")))
     assert response.status_code == expected
     error = json.loads(response.body)["error"]
     assert error["type"] == ("server_error" if expected >= 500 else "invalid_request_error")
