@@ -7,12 +7,12 @@
     meter       serving.gateway.metering.usage_meter: the usage the upstream reported
     settle      the key's tokens, its concurrency slot and the model's slot, given back once
 
-What an admitted request holds (the limiter's ticket, the model's slot) is settled through one
-exit stack: whichever way the request ends before its response is handed over (a refusal, an
-upstream error, an exception, a cancelled task), it is settled exactly once, with nothing
-billed; a response that streams takes the stack's place (`pop_all`) and settles when its relay
-ends. The Batch API's routes are answered in process by whoever `own_routes` is; this module
-never imports it.
+What an admitted request holds (the limiter's ticket, the model's slot, then the upstream
+connection) is held by one exit stack: whichever way the request ends before its response is
+handed over (a refusal, an upstream error, an exception, a cancelled task), the connection is
+closed and the request settled exactly once, with nothing billed; a response that streams takes
+the stack's place (`pop_all`) and does both when its relay ends. The Batch API's routes are
+answered in process by whoever `own_routes` is; this module never imports it.
 """
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ class Gateway:
             if admission.pending is not None:  # a stream still queued: answer now, keep it alive while it waits
                 held.pop_all()  # the queued stream settles, whichever way its wait and relay end
                 return QueuedStream(admission, lambda slot: self._forward(request, route, admission, slot))
-            response = await self._forward(request, route, admission)
+            response = await self._forward(request, route, admission, held=held)
             if isinstance(response, UpstreamStream):
-                held.pop_all()  # the relay settles when it ends: finished, cut, failed or the client gone
+                held.pop_all()  # the relay settles and closes when it ends: finished, cut, failed or the client gone
                 return response
             # An error, or a model list filtered for this key: billed what the meter says of it.
             admission.meter.no_answer(response.status_code)
@@ -116,16 +116,17 @@ class Gateway:
             return response
 
     async def _forward(self, request: Request, route: ApiRoute, admission: Admission,
-                       queued_slot: QueueTicket | None = None) -> Response:
-        """The proxy stage. A stream that waited in the queue with its response open (`queued_slot`
-        its slot, maybe None) has sent its headers already, and gets a cold model's first-byte timeout."""
+                       queued_slot: QueueTicket | None = None, *, held: AsyncExitStack | None = None) -> Response:
+        """The proxy stage; `held` takes the upstream connection. A stream that waited in the queue
+        with its response open (`queued_slot` its slot, maybe None) has sent its headers already,
+        and gets a cold model's first-byte timeout."""
         queued = admission.pending is not None
         return await self.proxy.forward(
             request, route, admission.body, meter=admission.meter, settle=admission.settle,
             extra_headers={} if queued else admission.headers, model=admission.model,
             allowed_models=admission.key.allowed_models,
             first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot) if queued
-            else admission.first_byte_timeout_s)
+            else admission.first_byte_timeout_s, held=held)
 
 
 def route_refused(refusal: RouteRefusal, request: Request) -> Response:

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
@@ -188,7 +189,7 @@ class UpstreamProxy:
     async def forward(self, request: Request, route: ApiRoute, body: bytes, *, meter: UsageMeter, settle: Settle,
                       extra_headers: dict[str, str], model: str | None = None,
                       allowed_models: Iterable[str] | None = None,
-                      first_byte_timeout_s: float | None = None) -> Response:
+                      first_byte_timeout_s: float | None = None, held: AsyncExitStack | None = None) -> Response:
         """Send `route` (with the already-read `body`) upstream; stream the response back.
         Only the route's canonical path goes upstream, already encoded: never the caller's
         spelling of it, nor its query string. `settle(billed_usage)` is called once the
@@ -197,7 +198,9 @@ class UpstreamProxy:
         `model`: the model the body names, whose own Serve application (its route prefix in
         `model_routes`) gets the request. `first_byte_timeout_s`: the idle timeout for a model
         that may be starting from zero replicas (its cold start) instead of
-        `upstream_idle_timeout_s`."""
+        `upstream_idle_timeout_s`. `held`: the request's exit stack, which then holds the upstream
+        connection too (closed with it, unless an `UpstreamStream` takes it over: the caller pops
+        the stack then; a connection already given back to the pool is not closed again)."""
         total_timeout_s = self._settings.request_timeout_s
         deadline = time.monotonic() + total_timeout_s
         prefix = upstream_prefix_for(model, self._settings.model_routes)
@@ -219,6 +222,8 @@ class UpstreamProxy:
             return self._failed(kind, exc, errors.upstream_timeout())
         except aiohttp.ClientError as exc:
             return self._failed("failed", exc, errors.upstream_failed())
+        if held is not None:
+            held.callback(upstream.close)
         if upstream.status >= 300:
             return await self._rewritten(upstream, deadline)
         if route.path == MODELS and allowed_models is not None:

@@ -23,6 +23,7 @@ from serving.gateway.metering.usage_meter import NOTHING_BILLED, Usage, UsageMet
 from serving.gateway.pipeline.gateway import Gateway
 from serving.gateway.protocol import errors
 from serving.gateway.queue.fair_queue import QueueTicket
+from serving.gateway.upstream.proxy import UpstreamStream
 from tests.support.gateway import gateway_settings
 
 CHAT = "/v1/chat/completions"
@@ -146,3 +147,44 @@ def test_a_route_outside_the_allowlist_never_reaches_admission():
     outcome, backend, queue = run(FailingProxy(error=AssertionError("proxied")), path="/v1/../admin", method="GET")
     assert isinstance(outcome, JSONResponse) and outcome.status_code == 404
     assert backend.settled == [] and queue.releases == 0
+
+
+class Connection:
+    """The upstream connection as the proxy hands it to the request's exit stack."""
+
+    def __init__(self) -> None:
+        self.closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+class ConnectingProxy:
+    """A proxy stage that got its upstream connection, then raises `error` or streams."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error, self.connection = error, Connection()
+
+    async def forward(self, *args: Any, held: Any = None, **kwargs: Any) -> Response:
+        held.callback(self.connection.close)
+        if self.error is not None:
+            raise self.error
+        upstream = type("Upstream", (), {"status": 200, "raw_headers": []})()
+        return UpstreamStream(upstream, kwargs["meter"], kwargs["settle"], {}, deadline=0.0,  # type: ignore[arg-type]
+                              metrics=None)  # type: ignore[arg-type]
+
+
+def test_a_failure_after_the_upstream_answered_closes_its_connection_and_settles_once():
+    proxy = ConnectingProxy(error=RuntimeError("relay bug"))
+    outcome, backend, queue = run(proxy)  # type: ignore[arg-type]
+    assert isinstance(outcome, RuntimeError)
+    assert proxy.connection.closes == 1
+    assert backend.settled == [(NOTHING_BILLED, False)] and queue.releases == 1
+
+
+def test_a_streamed_answer_takes_the_connection_and_the_settlement_over():
+    proxy = ConnectingProxy()
+    outcome, backend, queue = run(proxy)  # type: ignore[arg-type]
+    assert isinstance(outcome, UpstreamStream)
+    # Nothing closed or settled yet: the relay does both when it ends (tests/serving/gateway/upstream).
+    assert proxy.connection.closes == 0 and backend.settled == [] and queue.releases == 0
