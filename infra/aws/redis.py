@@ -3,7 +3,7 @@
 The gateway and Ray sign in as separate ACL users, each allowed only its own key prefix
 (`infra.plan.redis_acl`): Ray pods handle tenant input and must not reach API keys.
 
-Every mode the stack runs sets `maxmemory-policy noeviction` (serving.gateway.redis_memory): a
+Every mode the stack runs sets `maxmemory-policy noeviction` (serving.gateway.telemetry.redis_memory): a
 full Redis refuses writes, and the gateway refuses requests, instead of deleting budget counters,
 spend and usage (ElastiCache's default, `volatile-lru`, evicts exactly those: they have TTLs).
 
@@ -48,7 +48,7 @@ from infra.render.common import (
     labels,
 )
 from infra.spec.schema import ExternalRedis, InClusterRedis, ManagedRedis
-from serving.gateway.redis_memory import REQUIRED_POLICY
+from serving.gateway.telemetry.redis_memory import REQUIRED_POLICY
 
 PORT = 6379
 REDIS_UID = 999  # the `redis` user of the official image

@@ -2,7 +2,7 @@
 
 Ray pods run tenant-supplied input through vLLM, so a compromised Ray pod must not be able to
 read, mint or un-revoke API keys. The gateway's key records, limiter state and usage all live
-under `llmstack:` (serving.gateway.keys, serving.gateway.limits); Ray GCS keeps everything in
+under `llmstack:` (serving.gateway.auth.keys, serving.gateway.limits.limiter); Ray GCS keeps everything in
 `RAY<namespace>@<table>` hashes. Each user may touch only its own prefix.
 
 Ray's user gets exactly the commands Ray's C++ GCS client issues (ray-project/ray,
@@ -19,8 +19,8 @@ NewCluster upgrade changes, so the pattern is `RAY*`; gateway keys never start w
 The gateway's user gets every command outside `@dangerous` (no KEYS, FLUSHALL, CONFIG, DEBUG,
 ...) on `llmstack:*`: its own code evolves, and the boundary that matters is the key prefix. It
 gets INFO back (in `@dangerous`): it reads `INFO memory` to export how full Redis is and whether
-it would evict (serving.gateway.redis_memory); Ray's user has INFO too.
-It also publishes and subscribes on the fair queue's wake-up channels (serving.gateway.fair_queue):
+it would evict (serving.gateway.telemetry.redis_memory); Ray's user has INFO too.
+It also publishes and subscribes on the fair queue's wake-up channels (serving.gateway.queue.fair_queue):
 Redis 7 starts users with `resetchannels`, so without `&llmstack:fq:wake:*` the queue's script
 fails on PUBLISH. Ray's user gets no channel.
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from serving.gateway.fair_queue import CHANNEL_PREFIX
+from serving.gateway.queue.fair_queue import CHANNEL_PREFIX
 
 GATEWAY_USER = "llmstack-gateway"
 RAY_USER = "llmstack-ray"

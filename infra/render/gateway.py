@@ -45,7 +45,7 @@ from infra.render.edge import CONFIG_FILE, edge_files, edge_memory_mib
 from infra.render.rayservice import RAY_METRICS_PORT
 from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, llm_deployment_name, model_routes
 from infra.spec.schema import StackSpec
-from serving.gateway.queue_policy import ModelQueue
+from serving.gateway.config.queue_policy import ModelQueue
 
 PRESTOP_SLEEP_S = 10
 BASE_MEMORY_MIB = 256  # the process itself: Python, the apps, the upstream pool
@@ -65,7 +65,7 @@ def _selector() -> dict[str, str]:
     return {COMPONENT_LABEL: "gateway"}
 
 
-# Where the gateway reads live replica counts (serving.gateway.replica_feed): Ray's REST API on the
+# Where the gateway reads live replica counts (serving.gateway.queue.replica_feed): Ray's REST API on the
 # head's dashboard port, inside the cluster.
 SERVE_DASHBOARD_URL = f"http://{HEAD_SERVICE}.{NAMESPACE}.svc.cluster.local:{RAY_DASHBOARD_PORT}"
 
@@ -342,7 +342,7 @@ def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
                  "ports": [{"protocol": "TCP", "port": SERVE_PORT}]},
                 # Only with gateway.queue.live_replicas: the gateway polls live replica counts from the
                 # dashboard's REST API (GET only; the port also takes job submissions, and a
-                # NetworkPolicy cannot make it read-only: serving.gateway.replica_feed).
+                # NetworkPolicy cannot make it read-only: serving.gateway.queue.replica_feed).
                 *([{"from": [{"podSelector": {"matchLabels": _selector()}}],
                     "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}]
                   if spec.gateway.queue.live_replicas else []),

@@ -120,7 +120,7 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
     engine["enable_prefix_caching"] = True
     engine["enable_prompt_tokens_details"] = True
     # The engine fetches media URLs from inside the VPC: the same hosts the gateway lets through
-    # (serving.gateway.media_urls). vLLM reads an empty list as "any host", so "none" is a host
+    # (serving.gateway.admission.media_urls). vLLM reads an empty list as "any host", so "none" is a host
     # that never resolves.
     engine["allowed_media_domains"] = spec.media_domains(model) or [NO_REMOTE_MEDIA]
     engine.update(model.engine_args)

@@ -24,7 +24,7 @@ from infra.catalog.images import missing_registry_problem
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
 from serving.gateway.capacity.policy import LatencyTarget
-from serving.gateway.policy import GatewayPolicy, checked_domains
+from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -405,7 +405,8 @@ class Edge(_Spec):
 
 
 class Gateway(GatewayPolicy):
-    """The gateway's policy (limits, ceilings, timeouts: serving.gateway.policy) plus how it is deployed."""
+    """The gateway's policy (limits, ceilings, timeouts: serving.gateway.config.gateway_policy) plus how it is
+    deployed."""
 
     edge: Edge = Field(default_factory=Edge,
                        description="The public port's HTTP front (HAProxy), before any key check.")

@@ -41,7 +41,7 @@ import httpx
 
 from ops.devstack.local_redis import running_redis
 from ops.harness.processes import background, free_port, wait_for_http
-from serving.gateway.keys import create_key_sync
+from serving.gateway.auth.keys import create_key_sync
 
 MODEL = "tiny"
 CHUNKS = 16

@@ -4,7 +4,7 @@
 
 Targets (each serves a minimal ASGI app that answers every path 200, so what is measured is the
 HTTP server, not the gateway's code; the gateway's connection cap is 8, as in the issue's run):
-- uvicorn-httptools: as `serving.gateway.server` ran it (limit_concurrency 9).
+- uvicorn-httptools: as `serving.gateway.http.server` ran it (limit_concurrency 9).
 - uvicorn-h11: uvicorn's own bounds turned on (h11, h11_max_incomplete_event_size 16384,
   timeout_keep_alive 5).
 - hypercorn: keep-alive 10 s, read timeout 10 s (h11_max_incomplete_size 16 KiB by default).

@@ -158,8 +158,8 @@ def load_process(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
 async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:  # noqa: C901
     import httpx
 
-    from serving.gateway.fair_queue import FairQueue, QueueRefused
-    from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
+    from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
+    from serving.gateway.queue.fair_queue import FairQueue, QueueRefused
 
     loop = asyncio.get_running_loop()
     queue = None

@@ -83,7 +83,7 @@ def queue_settings(models: list[str], capacity: int, *, enabled: bool, batch_sha
 
 
 def make_keys(redis_url: str, tenants: list[str]) -> dict[str, str]:
-    from serving.gateway.keys import RedisKeyStore
+    from serving.gateway.auth.keys import RedisKeyStore
 
     async def create() -> dict[str, str]:
         store = RedisKeyStore(redis_url)

@@ -47,7 +47,7 @@ from ops.devstack.edge import start_edge
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, terminate, wait_for_http
 from ops.harness.stub_upstream import CHAT_BODY as BODY
-from serving.gateway.keys import create_key_sync
+from serving.gateway.auth.keys import create_key_sync
 
 CONNECTIONS = 100
 UNSATURATED = 1_000_000  # a model capacity no run here reaches

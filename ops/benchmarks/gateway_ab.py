@@ -44,7 +44,7 @@ from ops.harness.stub_upstream import CHAT_BODY as BODY
 
 # Run inside the checkout whose key format the gateway expects; prints the plaintext key.
 _MAKE_KEY = ("import json, sys\n"
-             "from serving.gateway.keys import create_key_sync\n"
+             "from serving.gateway.auth.keys import create_key_sync\n"
              "print(create_key_sync(sys.argv[1], 'bench', 'bench-ab', limits=json.loads(sys.argv[2])))\n")
 
 

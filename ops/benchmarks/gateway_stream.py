@@ -35,7 +35,7 @@ from infra.spec.stack_file import PROJECT_ROOT
 from ops.benchmarks.gateway import GENEROUS, parse_wrk
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, wait_for_http
-from serving.gateway.keys import create_key_sync
+from serving.gateway.auth.keys import create_key_sync
 
 
 def stream_body(tokens: int, interval_ms: int = 0) -> dict:

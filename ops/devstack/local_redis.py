@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ops.harness.processes import die_with_parent, free_port, terminate
-from serving.gateway.redis_memory import REQUIRED_POLICY
+from serving.gateway.telemetry.redis_memory import REQUIRED_POLICY
 
 
 def redis_server_path() -> str | None:

@@ -78,7 +78,7 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPat
     for noisy in ("ray", "ray.serve", "ray.llm", "httpx"):  # keep the terminal to our progress lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # The dashboard serves Ray's REST API, where the gateway reads each model's live replicas
-    # (serving.gateway.replica_feed), as it does from the head Service in the cluster. Loopback only.
+    # (serving.gateway.queue.replica_feed), as it does from the head Service in the cluster. Loopback only.
     dashboard_port = free_port()
     ray.init(num_cpus=ray_cpus(spec), include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=dashboard_port, object_store_memory=512 * 1024**2,
@@ -166,7 +166,7 @@ Ctrl-C stops everything.
 def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say,
         path: ServingPath = SERVING_PATH) -> int:
     from infra.spec.stack_file import StackFileError
-    from serving.gateway.keys import create_key_sync
+    from serving.gateway.auth.keys import create_key_sync
 
     started = time.monotonic()
     try:

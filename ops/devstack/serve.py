@@ -10,7 +10,7 @@ The calls are the controller client's `deploy_apps` and `get_serve_details`, the
 that Ray's REST API (`PUT`/`GET /api/serve/applications/`, used by KubeRay and `serve
 deploy`) makes. We call them directly: the driver holds the controller, no HTTP needed. `make
 dev` runs Ray's dashboard on loopback all the same, because the gateway reads live replica
-counts from that REST API (serving.gateway.replica_feed), as it does in the cluster.
+counts from that REST API (serving.gateway.queue.replica_feed), as it does in the cluster.
 
 Another process (llmctl) reaches the `make dev` Ray through the GCS address and Ray's
 authentication mode that `make dev` records in its lock file.

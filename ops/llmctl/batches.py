@@ -17,9 +17,10 @@ from rich.table import Table
 
 from ops.llmctl.console import ExitCode, err, out
 from ops.llmctl.keys import PasswordFileOption, RedisOption, StackOption, _run, _store_url
-from serving.gateway.batch.objects import BATCH_ID, BatchRecord
+from serving.gateway.batch.objects import BatchRecord
 from serving.gateway.batch.store import BatchStore, now
-from serving.gateway.redis_client import redis_client
+from serving.gateway.protocol.routes import BATCH_ID
+from serving.gateway.redis.client import redis_client
 
 app = typer.Typer(help="Batches of the Batch API (/v1/batches): list, show, cancel.", no_args_is_help=True)
 PAGE = 1000

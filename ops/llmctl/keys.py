@@ -28,10 +28,10 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from ops.llmctl.console import ExitCode, err, out
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.keys import RedisKeyStore
-from serving.gateway.policy import TenantLimits
-from serving.gateway.tenants import TenantStore
+from serving.gateway.auth.key_format import KeyRecord
+from serving.gateway.auth.keys import RedisKeyStore
+from serving.gateway.config.gateway_policy import TenantLimits
+from serving.gateway.limits.tenants import TenantStore
 
 app = typer.Typer(help="Create, list, show, change, revoke and rotate API keys.", no_args_is_help=True)
 tenants_app = typer.Typer(help="Limits shared by all keys of a tenant: list, show, set.", no_args_is_help=True)
@@ -106,7 +106,7 @@ def _run(redis_url: str, action: Callable[[Any], Awaitable[T]], store_type: type
 
     from redis.exceptions import RedisError
 
-    from serving.gateway.keys import KeyStoreUnavailable
+    from serving.gateway.auth.keys import KeyStoreUnavailable
 
     try:
         return asyncio.run(go())

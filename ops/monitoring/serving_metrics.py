@@ -1,6 +1,6 @@
 """Metrics that others export and our dashboard and alerts read, each with where it is documented.
 
-The gateway's own series are defined in `serving.gateway.metrics` (`GatewayMetrics.names()`).
+The gateway's own series are defined in `serving.gateway.telemetry.metrics` (`GatewayMetrics.names()`).
 Everything else comes from components we run but do not write:
 
 - Ray Serve and vLLM inside Ray Serve LLM. Ray exports metrics with a `ray_` prefix, and vLLM's

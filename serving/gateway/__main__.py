@@ -1,8 +1,8 @@
 """Run the gateway, or make an API key.
 
     python -m serving.gateway [--dev-key-file PATH]
-        Serve: the API on the port, /metrics and /readyz on the metrics port (serving.gateway.server).
-        Settings come from the environment (see serving.gateway.settings).
+        Serve: the API on the port, /metrics and /readyz on the metrics port (serving.gateway.http.server).
+        Settings come from the environment (see serving.gateway.config.settings).
         --dev-key-file: with the in-memory key store only, make one key at start and write it
         to PATH (mode 0600; a symlink there is refused), since no other process can reach that
         store to create one.
@@ -19,8 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-from serving.gateway.keys import KeyStore, MemoryKeyStore, RedisKeyStore, create_key_sync
-from serving.gateway.settings import REDIS_VAR, SettingsError, load_settings
+from serving.gateway.auth.keys import KeyStore, MemoryKeyStore, RedisKeyStore, create_key_sync
+from serving.gateway.config.settings import REDIS_VAR, SettingsError, load_settings
 
 
 def _configure_logging() -> None:
@@ -51,8 +51,8 @@ def _make_dev_key(store: KeyStore, path: Path) -> None:
 
 
 def serve(dev_key_file: Path | None) -> int:
-    from serving.gateway import server
-    from serving.gateway.app import create_apps
+    from serving.gateway.http import server
+    from serving.gateway.http.app import create_apps
 
     settings = load_settings()
     store: KeyStore = RedisKeyStore(settings.redis_url) if settings.redis_url else MemoryKeyStore()

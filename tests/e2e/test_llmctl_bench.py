@@ -53,7 +53,7 @@ def test_gateway_levels_json_and_plot(dev_ready, tmp_path):
 
 def test_rate_limited_key_counts_429s_by_type(dev_ready, tmp_path):
     """A key allowed 2 requests a minute: the run completes and reports the gateway's 429s."""
-    from serving.gateway.keys import create_key_sync
+    from serving.gateway.auth.keys import create_key_sync
 
     key = create_key_sync(dev_ready["redis_url"], tenant="bench-test", name="tight", limits={"requests_per_minute": 2})
     out = tmp_path / "limited.json"

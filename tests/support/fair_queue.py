@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from serving.gateway.fair_queue import FairQueue
-from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
+from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
+from serving.gateway.queue.fair_queue import FairQueue
 from tests.support.waiting import eventually_async
 
 HANG_BOUND_S = 30

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ops.harness.processes import free_port
-from serving.gateway.app import create_apps
-from serving.gateway.keys import RedisKeyStore
-from serving.gateway.server import GatewayServer
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.auth.keys import RedisKeyStore
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.http.app import create_apps
+from serving.gateway.http.server import GatewayServer
 from tests.support.servers import HANG_BOUND_S
 
 MODELS = ["tiny", "other"]
@@ -103,7 +103,7 @@ class RecordingUpstream:
 
 @contextmanager
 def serving_gateway(settings: GatewaySettings) -> Iterator[tuple[str, str]]:
-    """A gateway as `python -m serving.gateway` runs one (serving.gateway.server), on free
+    """A gateway as `python -m serving.gateway` runs one (serving.gateway.http.server), on free
     ports in a thread: yields (API URL, metrics-port URL)."""
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(),
                                            "shutdown_grace_s": 5})

@@ -21,10 +21,10 @@ from starlette.routing import Route
 
 from ops.harness.processes import free_port
 from ops.harness.stub_upstream import chunk, sse
-from serving.gateway.app import create_apps
-from serving.gateway.keys import create_key_sync
-from serving.gateway.server import GatewayServer
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.auth.keys import create_key_sync
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.http.app import create_apps
+from serving.gateway.http.server import GatewayServer
 from tests.support.servers import HANG_BOUND_S
 
 WORDS = ["Paged", " attention", " keeps", " the", " KV", " cache", " tidy", "."]
@@ -107,7 +107,7 @@ def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> Gatew
 
 @contextmanager
 def serving_gateway(settings: GatewaySettings, key_store) -> Iterator[tuple[str, str]]:
-    """A gateway as `python -m serving.gateway` runs it (serving.gateway.server: both ports in
+    """A gateway as `python -m serving.gateway` runs it (serving.gateway.http.server: both ports in
     one event loop), on free ports in a thread: yields (API URL, metrics-port URL)."""
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(),
                                        "shutdown_grace_s": 5})

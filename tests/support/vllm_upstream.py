@@ -79,7 +79,7 @@ def _steering(body: dict) -> dict:
 
 
 def engine_limit(body: dict, chat: bool) -> int | None:
-    """The output limit per sequence as vLLM 0.32 reads the body (serving.gateway.output_bound
+    """The output limit per sequence as vLLM 0.32 reads the body (serving.gateway.metering.output_bound
     states the rule; its test checks it against vLLM). None: up to the context's end."""
     if chat:
         limit = body.get("max_completion_tokens")
@@ -319,7 +319,7 @@ def key_id_of(key: str) -> str:
 
 
 def gateway_settings(upstream_url: str, redis_url: str | None, **overrides: Any) -> Any:
-    from serving.gateway.settings import GatewaySettings
+    from serving.gateway.config.settings import GatewaySettings
 
     values = {"models": ["tiny"], "upstream_idle_timeout_s": 30, **overrides}
     return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, **values)
@@ -334,7 +334,7 @@ class GatewayURL(str):
 @contextmanager
 def serving_apps(settings: Any, store: Any) -> Iterator[GatewayURL]:
     """The real gateway apps (create_apps: the API and the metrics port) under uvicorn."""
-    from serving.gateway.app import create_apps
+    from serving.gateway.http.app import create_apps
 
     apps = create_apps(settings, store)
     with serving(apps.api) as api, serving(apps.admin) as admin:
@@ -347,7 +347,7 @@ def serving_apps(settings: Any, store: Any) -> Iterator[GatewayURL]:
 def running_gateway(upstream_url: str, redis_url: str | None, key_store: Any = None, **overrides: Any
                     ) -> Iterator[GatewayURL]:
     """The real gateway under uvicorn, on Redis keys unless a store is given."""
-    from serving.gateway.keys import RedisKeyStore
+    from serving.gateway.auth.keys import RedisKeyStore
 
     store = key_store if key_store is not None else RedisKeyStore(redis_url)
     with serving_apps(gateway_settings(upstream_url, redis_url, **overrides), store) as url:

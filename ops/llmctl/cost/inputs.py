@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infra.catalog.throughput import Throughput
 from infra.spec.schema import StackSpec
-from serving.gateway.budgets import month_window
+from serving.gateway.limits.budgets import month_window
 
 
 class CostInputError(ValueError):

@@ -1,4 +1,4 @@
-"""Reading the gateway's usage ledger (`serving.gateway.usage_ledger`) for a report period.
+"""Reading the gateway's usage ledger (`serving.gateway.limits.usage_ledger`) for a report period.
 
 One SCAN per day for that day's hashes of every tenant, then one HGETALL per hash: an admin
 read that touches each key once, so it works on Redis Cluster node by node the same way.
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import date
 
 from infra.plan.showback import Usage
-from serving.gateway.usage_ledger import DailyUsage, day_pattern, parse_usage_hash, parse_usage_key
+from serving.gateway.limits.usage_ledger import DailyUsage, day_pattern, parse_usage_hash, parse_usage_key
 
 
 async def _read(redis_url: str, days: list[date]) -> list[DailyUsage]:

@@ -23,8 +23,9 @@ from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serving.gateway import errors
-from serving.gateway.admission import Admitter, read_body_within
+from serving.gateway.admission.admitter import Admitter
+from serving.gateway.admission.body import BodyError, parse_json, read_body_within
+from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.lines import CheckedInput, check_input
 from serving.gateway.batch.memory import Hold, MemoryBusy
 from serving.gateway.batch.objects import (
@@ -35,17 +36,16 @@ from serving.gateway.batch.objects import (
     new_batch_id,
     new_file_id,
 )
-from serving.gateway.batch.policy import COPIES_IN_MEMORY, DOWNLOAD_CHUNK_BYTES, MULTIPART_OVERHEAD
 from serving.gateway.batch.quota import batch_need, budget_left, redis_footprint, shortfall
 from serving.gateway.batch.runner import BatchRunner
 from serving.gateway.batch.storage import FileStorage, StorageError
 from serving.gateway.batch.store import BatchStore, Caps, now
-from serving.gateway.body import BodyError, parse_json
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.metering import NOTHING_BILLED
-from serving.gateway.redis_client import is_out_of_memory
-from serving.gateway.routes import ApiRoute
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.batch_policy import COPIES_IN_MEMORY, DOWNLOAD_CHUNK_BYTES, MULTIPART_OVERHEAD
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.metering.usage_meter import NOTHING_BILLED
+from serving.gateway.protocol import errors
+from serving.gateway.protocol.routes import ApiRoute
+from serving.gateway.redis.client import is_out_of_memory
 
 CREATE_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
 MAX_METADATA = 16
@@ -64,7 +64,7 @@ class _InMemoryForm(MultiPartParser):
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> JSONResponse:
-    return errors.invalid_request(param, message, code)
+    return errors.response_for(errors.invalid_request(param, message, code))
 
 
 def _not_found(kind: str, resource: str | None) -> JSONResponse:
@@ -97,17 +97,16 @@ class BatchApi:
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request, route: ApiRoute) -> Response:
-        known = await self.admitter.authenticate(request)
-        if isinstance(known, Response):
-            return known
-        ticket, refusal = await self.admitter.admit_call(*known)
-        if refusal is not None:
-            return refusal
+        caller = await self.admitter.authenticate(request)
+        if isinstance(caller, errors.Refusal):
+            return errors.response_for(caller)
+        ticket = await self.admitter.admit_call(caller)
+        if isinstance(ticket, errors.Refusal):
+            return errors.response_for(ticket)
         try:
-            return await self._handle(request, route, known[0])
+            return await self._handle(request, route, caller.record)
         finally:
-            if ticket is not None:
-                await ticket.settle(NOTHING_BILLED)  # the call counted; its concurrency slot frees
+            await ticket.settle(NOTHING_BILLED)  # the call counted; its concurrency slot frees
 
     async def _handle(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         from redis.exceptions import RedisError  # here: an in-memory gateway (no Batch API) needs no redis package
@@ -228,7 +227,7 @@ class BatchApi:
     async def batches_create(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         body = await read_body_within(request, self.settings.max_body_bytes)
         if body is None:
-            return errors.body_too_large(self.settings.max_body_bytes)
+            return errors.response_for(errors.body_too_large(self.settings.max_body_bytes))
         document = parse_json(body, max_bytes=self.settings.max_body_bytes, max_depth=self.settings.max_json_depth)
         if isinstance(document, BodyError):
             return _bad(document.message, document.param, document.code)
@@ -373,7 +372,6 @@ def _over_cap(refused: str, count: int, size: int, footprint: int, policy: Any) 
              "Please retry later.", errors.SERVER_ERROR, code="batch_capacity_full", headers={"Retry-After": "60"})
 
 
-def batches_unavailable(why: str) -> JSONResponse:
-    return errors.openai_error(404, f"This gateway serves no Batch API: {why}", errors.INVALID_REQUEST,
-                               code="unknown_url")
+def batches_unavailable(why: str) -> errors.Refusal:
+    return errors.refusal(404, f"This gateway serves no Batch API: {why}", errors.INVALID_REQUEST, code="unknown_url")
 

@@ -19,15 +19,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import JSONResponse
-
-from serving.gateway import errors
-from serving.gateway.admission import model_allowed, requested_model, reservation_for
+from serving.gateway.admission.admitter import model_allowed, requested_model, reservation_for
+from serving.gateway.admission.body import BodyError, parse_json, request_document
+from serving.gateway.admission.validation import check_request
+from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.objects import LineError
-from serving.gateway.body import BodyError, parse_json, request_document
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.request_policy import check_request
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.protocol import errors
 
 MAX_CUSTOM_ID = 512
 LINE_FIELDS = frozenset({"custom_id", "method", "url", "body"})
@@ -73,8 +71,8 @@ class CheckedInput:
         return [custom_id for _, custom_id in sorted(numbered)]
 
 
-def _answer(response: JSONResponse) -> tuple[int, dict[str, Any]]:
-    return response.status_code, json.loads(bytes(response.body))
+def _answer(refusal: errors.Refusal) -> tuple[int, dict[str, Any]]:
+    return refusal.status, refusal.document()
 
 
 @dataclass(frozen=True)

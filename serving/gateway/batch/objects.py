@@ -9,14 +9,11 @@ guide: `{"id": "batch_req_...", "custom_id", "response": {"status_code", "reques
 
 from __future__ import annotations
 
-import re
 import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FILE_ID = re.compile(r"file-[0-9a-f]{24}")
-BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOW = "24h"
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.lines import CheckedInput
-from serving.gateway.budgets import REFUSAL_CODE, cost_nano_usd, month_of, nano_usd, spend_key
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.limits import effective_limits
-from serving.gateway.settings import GatewaySettings
-from serving.gateway.tenants import key_daily_key, tenant_daily_key, tenant_limits_key
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.limits.budgets import REFUSAL_CODE, cost_nano_usd, month_of, nano_usd, spend_key
+from serving.gateway.limits.limiter import effective_limits
+from serving.gateway.limits.tenants import key_daily_key, tenant_daily_key, tenant_limits_key
 
 # Redis's own bytes around each value (a list entry, a stream entry with its id and fields, a hash
 # field), and the allocator's size classes on top, measured with MEMORY USAGE on Redis 7 for

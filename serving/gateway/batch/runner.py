@@ -46,7 +46,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
-from serving.gateway.batch.caller import BATCH_CALLER, BatchCaller
+from serving.gateway.admission.batch_caller import BATCH_CALLER, BatchCaller
+from serving.gateway.auth.key_format import is_usable
+from serving.gateway.auth.keys import KeyStore
 from serving.gateway.batch.lines import CheckedInput, check_input
 from serving.gateway.batch.memory import MemoryBudget
 from serving.gateway.batch.objects import (
@@ -59,14 +61,12 @@ from serving.gateway.batch.objects import (
     error_line,
     output_line,
 )
-from serving.gateway.batch.policy import COPIES_IN_MEMORY
 from serving.gateway.batch.storage import FileStorage, StorageError
 from serving.gateway.batch.store import BatchStore, lines_name, now
-from serving.gateway.budgets import REFUSAL_CODE
-from serving.gateway.key_format import is_usable
-from serving.gateway.keys import KeyStore
-from serving.gateway.metrics import GatewayMetrics
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.batch_policy import COPIES_IN_MEMORY
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.limits.budgets import REFUSAL_CODE
+from serving.gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.batch")
 
@@ -280,52 +280,69 @@ class BatchRunner:
             if mine:
                 await self._prepare(batch_id, checked)
 
-    # Complex on purpose: a batch's validation steps in order, each resumable after a crash.
-    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:  # noqa: C901
+    async def _prepare(self, batch_id: str, checked: CheckedInput | None) -> None:
+        """A batch's validation steps in order, each resumable after a crash: its key and input
+        checked, its refused lines answered, its lines' bodies stored and queued."""
         record = await self.store.batch(batch_id)
         if record is None or record.status not in ("validating", "in_progress") or record.enqueued:
             return
-        key = await self.key_store.get(record.key_id)
-        if key is None or not is_usable(key, _utcnow()):
-            await self._fail(record, "invalid_api_key", "The API key that created this batch was revoked or expired.")
-            return
+        checked = await self._checked(record, checked)
         if checked is None:
-            try:
-                content = await self.storage.get(record.input_file_id)
-            except StorageError:
-                await self._fail(record, "file_not_found", f"The input file {record.input_file_id} cannot be read.")
-                return
-            checked = await asyncio.to_thread(check_input, content, record.endpoint, key, self.settings)
-            del content
-        if checked.problems:
-            await self._fail(record, errors=checked.problems)
             return
         fresh = record.status == "validating"
-        if fresh:
-            await self.store.set_ids(batch_id, checked.custom_ids)
-            for rejected in checked.rejected:
-                answer = output_line(rejected.custom_id, rejected.status, None, rejected.body)
-                if (await self.store.record(batch_id, rejected.custom_id, answer, ok=False))[0]:
-                    self.metrics.batch_lines.labels(tenant=record.tenant, outcome="failed").inc()
-            if not await self.store.transition(batch_id, ("validating",), status="in_progress",
-                                               in_progress_at=now(), total=len(checked.custom_ids)):
-                return  # cancelled or expired meanwhile
-        # The bodies go to storage, one after another; each line's stream entry says where its is.
-        todo, at, bodies = [], 0, []
-        for line in checked.lines:
-            # Redone after a crash, lines may have answers already; a fresh batch has none but its refusals.
-            if fresh or not await self.store.answered(batch_id, line.custom_id):
-                todo.append({"custom_id": line.custom_id, "at": str(at), "len": str(len(line.body))})
-            bodies.append(line.body)
-            at += len(line.body)
-        if todo:
-            await self.storage.put(lines_name(batch_id), b"".join(bodies))
-        del bodies
+        if fresh and not await self._start(record, checked):
+            return  # cancelled or expired meanwhile
+        todo = await self._store_lines(record, checked, fresh=fresh)
         await self.store.enqueue(batch_id, record.tenant, todo)
         self.metrics.batch_lines.labels(tenant=record.tenant, outcome="queued").inc(len(todo))
         await self.store.transition(batch_id, ("in_progress", "cancelling", "finalizing"), enqueued=True)
         if not todo:
             await self._finish(batch_id)
+
+    async def _checked(self, record: BatchRecord, checked: CheckedInput | None) -> CheckedInput | None:
+        """The batch's input checked against its key (read again: a revoked key stops it), or None
+        when the batch failed for it."""
+        key = await self.key_store.get(record.key_id)
+        if key is None or not is_usable(key, _utcnow()):
+            await self._fail(record, "invalid_api_key", "The API key that created this batch was revoked or expired.")
+            return None
+        if checked is None:
+            try:
+                content = await self.storage.get(record.input_file_id)
+            except StorageError:
+                await self._fail(record, "file_not_found", f"The input file {record.input_file_id} cannot be read.")
+                return None
+            checked = await asyncio.to_thread(check_input, content, record.endpoint, key, self.settings)
+            del content
+        if checked.problems:
+            await self._fail(record, errors=checked.problems)
+            return None
+        return checked
+
+    async def _start(self, record: BatchRecord, checked: CheckedInput) -> bool:
+        """A fresh batch: its ids listed, its refused lines answered, then in progress (False: it
+        was cancelled or expired meanwhile)."""
+        batch_id = record.id
+        await self.store.set_ids(batch_id, checked.custom_ids)
+        for rejected in checked.rejected:
+            answer = output_line(rejected.custom_id, rejected.status, None, rejected.body)
+            if (await self.store.record(batch_id, rejected.custom_id, answer, ok=False))[0]:
+                self.metrics.batch_lines.labels(tenant=record.tenant, outcome="failed").inc()
+        return await self.store.transition(batch_id, ("validating",), status="in_progress",
+                                           in_progress_at=now(), total=len(checked.custom_ids))
+
+    async def _store_lines(self, record: BatchRecord, checked: CheckedInput, *, fresh: bool) -> list[dict[str, str]]:
+        """The bodies go to storage, one after another; each line's stream entry says where its is.
+        Redone after a crash, lines may have answers already; a fresh batch has none but its refusals."""
+        todo, at, bodies = [], 0, []
+        for line in checked.lines:
+            if fresh or not await self.store.answered(record.id, line.custom_id):
+                todo.append({"custom_id": line.custom_id, "at": str(at), "len": str(len(line.body))})
+            bodies.append(line.body)
+            at += len(line.body)
+        if todo:
+            await self.storage.put(lines_name(record.id), b"".join(bodies))
+        return todo
 
     async def _retire(self, batch_id: str, tenant: str | None) -> None:
         await self.store.retire(batch_id, tenant)

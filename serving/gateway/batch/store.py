@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.gateway.batch.objects import BatchRecord, FileRecord
+from serving.gateway.redis.scripts import lua
 
 WORK = "llmstack:{batches:work}"
 WORK_GROUP = "workers"
@@ -68,129 +69,26 @@ SEQUENCE = "llmstack:batches:seq"
 # footprint, tenant's most batches, tenant's most bytes, all tenants' most batches, most bytes,
 # batch id, seq, the batch key prefix, then field/value pairs. It reads the active batches'
 # hashes by name (one Redis, not Cluster, as CLAIM_LUA).
-ADMIT_LUA = """
-local t_count, t_bytes, a_count, a_bytes = 0, 0, 0, 0
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local got = redis.call('HMGET', ARGV[9] .. id .. '}', 'tenant', 'footprint')
-  if got[1] then
-    local bytes = tonumber(got[2]) or 0
-    a_count, a_bytes = a_count + 1, a_bytes + bytes
-    if got[1] == ARGV[1] then t_count, t_bytes = t_count + 1, t_bytes + bytes end
-  end
-end
-local need = tonumber(ARGV[2])
-if t_count + 1 > tonumber(ARGV[3]) then return {'tenant_batches', t_count, t_bytes} end
-if t_bytes + need > tonumber(ARGV[4]) then return {'tenant_bytes', t_count, t_bytes} end
-if a_count + 1 > tonumber(ARGV[5]) then return {'gateway_batches', a_count, a_bytes} end
-if a_bytes + need > tonumber(ARGV[6]) then return {'gateway_bytes', a_count, a_bytes} end
-for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
-redis.call('ZADD', KEYS[3], ARGV[8], ARGV[7])
-redis.call('SADD', KEYS[1], ARGV[7])
-return {'', t_count + 1, t_bytes + need}
-"""
+ADMIT_LUA = lua("serving.gateway.batch", "admit.lua")
 # Change fields only while the status is one of ARGV[2..ARGV[1]+1] (JSON-encoded, as stored).
-TRANSITION_LUA = """
-local current = redis.call('HGET', KEYS[1], 'status')
-if not current then return 0 end
-local allowed = tonumber(ARGV[1])
-local ok = false
-for i = 2, allowed + 1 do
-  if ARGV[i] == current then ok = true end
-end
-if not ok then return 0 end
-for i = allowed + 2, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-end
-return 1
-"""
+TRANSITION_LUA = lua("serving.gateway.batch", "transition.lua")
 # One result per custom_id: {written (0|1), completed, failed}. None once the batch is final:
 # its results are in its files then, and a late worker must not bring the hashes back.
-RECORD_LUA = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == '"completed"' or status == '"failed"' or status == '"expired"' or status == '"cancelled"' then
-  return {0, 0, 0}
-end
-if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 or redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
-  return {0, redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
-end
-if ARGV[1] == 'done' then
-  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-else
-  redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-end
-return {1, redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
-"""
+RECORD_LUA = lua("serving.gateway.batch", "record.lua")
 # The batch (and its tenant) join the rotation once its lines are in its stream, and the bell rings.
 # A claim that found the stream empty and dropped the batch (CLAIM_LUA, atomic) ran either before
 # this (which adds it back) or after the lines were taken: no line is left out of the rotation.
-READY_LUA = """
-local turn = redis.call('INCR', KEYS[1])
-redis.call('ZADD', KEYS[2], 'NX', turn, ARGV[1])
-redis.call('ZADD', KEYS[3], 'NX', turn, ARGV[2])
-redis.call('XADD', KEYS[4], 'MAXLEN', '1', '*', 'batch', ARGV[1])
-return turn
-"""
+READY_LUA = lua("serving.gateway.batch", "ready.lua")
 # One new line from the batch whose turn it is: {batch, entry id, fields}; or {'', the bell's last
 # entry id} when no batch has one. A tenant or batch with nothing left leaves the rotation, so each
 # pass of the loop returns or removes one member: it ends.
 # Lines put back whose time has come (`later`) go first to the end of their batch's stream (unless
 # the batch was retired: no stream), and the batch and tenant back into the rotation.
 # KEYS: tenants, turn, bell, later; ARGV: group, consumer, the work keys' prefix.
-CLAIM_LUA = """
-local clock = redis.call('TIME')
-local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100)) do
-  redis.call('ZREM', KEYS[4], member)
-  local line = cjson.decode(member)
-  local stream = ARGV[3] .. ':lines:' .. line.batch
-  if redis.call('EXISTS', stream) == 1 then
-    local fields = {}
-    for name, value in pairs(line.fields) do
-      fields[#fields + 1] = name
-      fields[#fields + 1] = value
-    end
-    redis.call('XADD', stream, '*', unpack(fields))
-    local turn = redis.call('INCR', KEYS[2])
-    redis.call('ZADD', ARGV[3] .. ':tenant:' .. line.tenant, 'NX', turn, line.batch)
-    redis.call('ZADD', KEYS[1], 'NX', turn, line.tenant)
-  end
-end
-while true do
-  local tenant = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  if not tenant then break end
-  local batches = ARGV[3] .. ':tenant:' .. tenant
-  local batch = redis.call('ZRANGE', batches, 0, 0)[1]
-  if not batch then
-    redis.call('ZREM', KEYS[1], tenant)
-  else
-    local got = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1,
-                            'STREAMS', ARGV[3] .. ':lines:' .. batch, '>')
-    if type(got) == 'table' and got.err == nil then
-      local turn = redis.call('INCR', KEYS[2])
-      redis.call('ZADD', batches, turn, batch)
-      redis.call('ZADD', KEYS[1], turn, tenant)
-      local entry = got[1][2][1]
-      return {batch, entry[1], entry[2]}
-    end
-    redis.call('ZREM', batches, batch)  -- every line taken, or the batch retired (no stream)
-    if redis.call('ZCARD', batches) == 0 then redis.call('ZREM', KEYS[1], tenant) end
-  end
-end
-local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)[1]
-return {'', last and last[1] or '0-0'}
-"""
-DELETE_EMPTY_LUA = """
-if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-RENEW_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+CLAIM_LUA = lua("serving.gateway.batch", "claim.lua")
+DELETE_EMPTY_LUA = lua("serving.gateway.batch", "delete_empty.lua")
+RENEW_LUA = lua("serving.gateway.batch", "renew.lua")
+RELEASE_LUA = lua("serving.gateway.batch", "release.lua")
 
 
 def now() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from serving.gateway.strict_model import StrictModel
+from serving.gateway.config.strict_model import StrictModel
 
 
 class LatencyTarget(StrictModel):

@@ -91,7 +91,7 @@ class CapacityStore:
 
     def __init__(self, redis_url: str, models: Mapping[str, ModelCapacity], *, window_s: float = DEFAULT_WINDOW_S,
                  lease_s: float | None = None, tuning: Tuning = DEFAULT_TUNING, owner: str | None = None) -> None:
-        from serving.gateway.redis_client import redis_client
+        from serving.gateway.redis.client import redis_client
 
         if tuning.max_windows + 2 > RING:
             raise ValueError(f"tuning.max_windows {tuning.max_windows} needs a ring of more than {RING} windows")

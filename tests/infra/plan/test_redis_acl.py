@@ -22,14 +22,15 @@ from infra.plan.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import die_with_parent, free_port
-from serving.gateway.budgets import month_of, spend_key
-from serving.gateway.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused
-from serving.gateway.keys import RedisKeyStore, create_key_sync
-from serving.gateway.limits import Limiter, Who
-from serving.gateway.metering import Usage
-from serving.gateway.policy import KeyLimits, TenantLimits
-from serving.gateway.queue_policy import ModelQueue, QueuePolicy, QueueTier
-from serving.gateway.usage_ledger import usage_key
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
+from serving.gateway.config.gateway_policy import KeyLimits, TenantLimits
+from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
+from serving.gateway.limits.budgets import month_of, spend_key
+from serving.gateway.limits.limiter import Limiter
+from serving.gateway.limits.ticket import Who
+from serving.gateway.limits.usage_ledger import usage_key
+from serving.gateway.metering.usage_meter import Usage
+from serving.gateway.queue.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused
 
 # ElastiCache's documented access-string grammar (infra.plan.redis_acl.access_string has the source).
 ELASTICACHE_DOCUMENTED = re.compile(r"on|off|~\S+|&\*|[+-]@?[a-z|_-]+")

@@ -1,6 +1,6 @@
 """The edge's HAProxy configuration (infra.render.edge): HAProxy itself accepts what is rendered
 for each example stack, in the pod and in `make dev`, with the stack's bounds in it. Its
-behaviour under attack is tested through real sockets in tests/serving/gateway/test_transport.py."""
+behaviour under attack is tested through real sockets in tests/serving/gateway/http/test_transport.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 from infra.render.gateway import edge_health_port, gateway_api_port, gateway_objects, memory_limit_mib
 from infra.spec.schema import Gateway
 from infra.spec.stack_file import load_stack
-from serving.gateway.settings import load_settings
+from serving.gateway.config.settings import load_settings
 
 
 def kind(objects: list[dict], name: str) -> list[dict]:

@@ -190,7 +190,7 @@ def test_engine_priority_refuses_a_model_that_schedules_first_come_first_served(
 
 def test_the_engine_fetches_media_only_from_the_hosts_the_gateway_lets_through():
     """Each engine gets the media hosts its model's requests may carry past the gateway
-    (serving.gateway.media_urls), under the argument vLLM reads, and follows no redirects."""
+    (serving.gateway.admission.media_urls), under the argument vLLM reads, and follows no redirects."""
     import dataclasses
 
     from ray.serve.llm import LLMConfig
@@ -198,7 +198,7 @@ def test_the_engine_fetches_media_only_from_the_hosts_the_gateway_lets_through()
 
     from infra.render.gateway import gateway_settings
     from infra.render.serve_config import NO_REMOTE_MEDIA
-    from serving.gateway.settings import load_settings
+    from serving.gateway.config.settings import load_settings
 
     models = [{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192},
               {"id": "pixtral", "source": "mistralai/Pixtral-12B-2409", "node_group": "l4", "max_model_len": 8192,

@@ -14,7 +14,7 @@ import pytest
 from infra.spec.stack_file import PROJECT_ROOT
 from serving.gateway.batch.objects import BatchRecord, new_batch_id
 from serving.gateway.batch.store import BatchStore
-from serving.gateway.redis_client import redis_client
+from serving.gateway.redis.client import redis_client
 
 
 def llmctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import typer
 
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.llmctl.keys import resolve_redis_url
-from serving.gateway.keys import RedisKeyStore
+from serving.gateway.auth.keys import RedisKeyStore
 
 
 @pytest.fixture(scope="module")

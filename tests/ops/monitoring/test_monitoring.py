@@ -21,7 +21,7 @@ import yaml
 
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.monitoring import serving_metrics
-from serving.gateway.metrics import GatewayMetrics
+from serving.gateway.telemetry.metrics import GatewayMetrics
 
 MONITORING = PROJECT_ROOT / "ops" / "monitoring"
 ALERTS = MONITORING / "alerts.yaml"

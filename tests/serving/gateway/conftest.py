@@ -10,8 +10,8 @@ from contextlib import AbstractContextManager
 
 import pytest
 
-from serving.gateway.app import create_app
-from serving.gateway.keys import RedisKeyStore, create_key_sync
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
+from serving.gateway.http.app import create_app
 from tests.support.gateway import (
     GENEROUS,
     RecordingUpstream,

@@ -16,10 +16,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.gateway.app import create_app
-from serving.gateway.keys import RedisKeyStore
-from serving.gateway.output_bound import CHAT, OutputBound, output_bound
-from serving.gateway.reservation import reserve
+from serving.gateway.auth.keys import RedisKeyStore
+from serving.gateway.http.app import create_app
+from serving.gateway.metering.output_bound import CHAT, OutputBound, output_bound
+from serving.gateway.metering.reservation import reserve
 from tests.support.openai_fakes import (
     PROMPT,
     USAGE,

@@ -29,7 +29,7 @@ import redis
 
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import background, free_port, wait_for_http
-from serving.gateway.keys import RedisKeyStore, create_key_sync
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from tests.support.gateway_process import gateway_process
 
 pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gateway)

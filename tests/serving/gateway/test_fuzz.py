@@ -32,8 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from serving.gateway.app import create_app
-from serving.gateway.keys import RedisKeyStore, create_key_sync
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
+from serving.gateway.http.app import create_app
 from tests.support.hypothesis import examples
 from tests.support.openai_fakes import settings_for
 from tests.support.servers import serving

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
 from ops.llmctl.main import app
-from serving.gateway.usage_ledger import LEDGER_LUA, record_call
+from serving.gateway.limits.usage_ledger import LEDGER_LUA, record_call
 from tests.support.stacks import stack_document, write_stack
 
 SIX = Decimal("0.000001")

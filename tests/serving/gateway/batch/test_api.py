@@ -198,7 +198,7 @@ def test_files_list_like_openai_and_only_the_tenants_own(client_for, make_key) -
 
 
 def test_a_spent_daily_budget_stops_the_batch_and_fails_the_rest(client_for, redis_server, recorded) -> None:
-    from serving.gateway.keys import create_key_sync
+    from serving.gateway.auth.keys import create_key_sync
     from tests.support.gateway import GENEROUS
 
     key = create_key_sync(redis_server.url, "thrifty-co", "budget", limits={**GENEROUS, "daily_token_budget": 1000})

@@ -194,7 +194,7 @@ def test_methods_outside_the_allowlist_get_405(gateway, owned) -> None:
 
 
 def test_uploads_and_polling_count_against_the_keys_rate_limit(gateway, redis_server) -> None:
-    from serving.gateway.keys import create_key_sync
+    from serving.gateway.auth.keys import create_key_sync
     from tests.support.gateway import GENEROUS
 
     key = create_key_sync(redis_server.url, "flooder-co", "batch", limits={**GENEROUS, "requests_per_minute": 3})
@@ -215,8 +215,8 @@ def test_a_held_open_upload_holds_one_of_the_keys_concurrent_slots(gateway, redi
 
     import redis
 
-    from serving.gateway.keys import create_key_sync
-    from serving.gateway.tenants import counter_keys
+    from serving.gateway.auth.keys import create_key_sync
+    from serving.gateway.limits.tenants import counter_keys
     from tests.support.gateway import GENEROUS
 
     key = create_key_sync(redis_server.url, "slowpoke-co", "batch", limits={**GENEROUS, "max_concurrent_requests": 1})
@@ -259,7 +259,7 @@ def test_a_held_open_upload_does_not_hold_other_tenants_uploads(gateway, make_ke
 
     import redis
 
-    from serving.gateway.tenants import counter_keys
+    from serving.gateway.limits.tenants import counter_keys
 
     body, content_type = multipart((json.dumps(LINE) + "\n").encode() * 50)
     parts = urlsplit(gateway)
@@ -317,7 +317,7 @@ def test_slow_downloads_hold_a_chunk_each_not_the_file(start_gateway, make_key) 
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    from serving.gateway.batch.policy import DOWNLOAD_CHUNK_BYTES
+    from serving.gateway.config.batch_policy import DOWNLOAD_CHUNK_BYTES
 
     def held(metrics: str) -> float:
         text = httpx.get(f"{metrics}/metrics").text

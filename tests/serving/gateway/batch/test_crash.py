@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from ops.harness.processes import background, free_port, wait_for_http
-from serving.gateway.keys import create_key_sync
+from serving.gateway.auth.keys import create_key_sync
 from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
+from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.lines import check_input
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.settings import GatewaySettings
+from serving.gateway.config.settings import GatewaySettings
 
 SETTINGS = GatewaySettings(upstream_url="http://upstream:8000", models=["tiny", "other"], max_body_bytes=4096)
 FIVE_LINES = SETTINGS.model_copy(update={"batch": SETTINGS.batch.model_copy(update={"max_lines": 5})})

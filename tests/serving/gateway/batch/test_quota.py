@@ -13,14 +13,14 @@ import openai
 import pytest
 import redis
 
+from serving.gateway.auth.key_format import KeyRecord
+from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.batch.lines import check_input
 from serving.gateway.batch.objects import output_line
 from serving.gateway.batch.quota import redis_footprint
 from serving.gateway.batch.store import BatchStore, batch_key, work_key
-from serving.gateway.key_format import KeyRecord
-from serving.gateway.keys import create_key_sync
-from serving.gateway.redis_client import redis_client
-from serving.gateway.tenants import TenantStore
+from serving.gateway.limits.tenants import TenantStore
+from serving.gateway.redis.client import redis_client
 from tests.support.gateway import GENEROUS, gateway_settings
 from tests.support.servers import HANG_BOUND_S
 
@@ -52,7 +52,7 @@ def refusal(client: openai.OpenAI, lines: list[dict]) -> tuple[int, str | None, 
 def test_the_footprint_bounds_what_a_batch_holds_in_redis(redis_server, custom_id_length) -> None:
     # Its custom ids, one stream entry per line to run, the answers of lines refused up front: as
     # prepare leaves them (runner._prepare), measured with MEMORY USAGE.
-    from serving.gateway.settings import GatewaySettings
+    from serving.gateway.config.settings import GatewaySettings
 
     settings = GatewaySettings(upstream_url="http://upstream:8000", models=["tiny"])
     key = KeyRecord.model_validate({"key_id": "k", "tenant": "quota-co", "name": "k",

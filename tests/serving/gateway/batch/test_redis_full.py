@@ -28,10 +28,10 @@ import pytest
 import redis
 
 from ops.devstack.local_redis import running_redis
+from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.batch.store import file_key
-from serving.gateway.keys import create_key_sync
-from serving.gateway.tenants import TenantStore
-from serving.gateway.usage_ledger import tenant_tag
+from serving.gateway.limits.tenants import TenantStore
+from serving.gateway.limits.usage_ledger import tenant_tag
 from tests.support.gateway import GENEROUS, gateway_settings, serving_gateway
 from tests.support.servers import HANG_BOUND_S
 

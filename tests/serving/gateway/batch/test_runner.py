@@ -14,8 +14,8 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from serving.gateway.batch.store import batch_key, tenant_work_key, work_key
-from serving.gateway.keys import RedisKeyStore, create_key_sync
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S
 from tests.support.waiting import eventually
@@ -129,9 +129,9 @@ def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(re
     from serving.gateway.batch import runner as runner_module
     from serving.gateway.batch.runner import BatchRunner
     from serving.gateway.batch.store import ACTIVE, WORK_GROUP, BatchStore, work_key
-    from serving.gateway.metrics import GatewayMetrics
-    from serving.gateway.redis_client import redis_client
-    from serving.gateway.settings import GatewaySettings
+    from serving.gateway.config.settings import GatewaySettings
+    from serving.gateway.redis.client import redis_client
+    from serving.gateway.telemetry.metrics import GatewayMetrics
 
     monkeypatch.setattr(runner_module, "GONE_CONSUMER_MS", -1)  # every idle name counts as gone
 

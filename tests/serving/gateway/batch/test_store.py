@@ -16,7 +16,7 @@ from serving.gateway.batch.store import (
     tenant_work_key,
     work_key,
 )
-from serving.gateway.redis_client import redis_client
+from serving.gateway.redis.client import redis_client
 
 
 def lines(prefix: str, n: int) -> list[dict[str, str]]:

@@ -1,0 +1,92 @@
+"""The gateway's two ASGI apps: the OpenAI API on the public port, metrics and readiness on another.
+
+Public port (the Service publishes it):
+    GET  /healthz       liveness: the process answers (never checks dependencies, so a Redis
+                        outage does not make Kubernetes restart every gateway pod)
+    the OpenAI routes   the request path, stage after stage: serving.gateway.pipeline.gateway
+                        (route, admission, proxy, meter, settle)
+    /v1/files, /v1/batches  the Batch API, answered here (serving.gateway.batch); its workers run
+                        each line through this same app, in process, at the lowest queue tier
+
+Metrics port (settings.metrics_port; not published, reached by Prometheus and the kubelet):
+    GET  /readyz, /metrics, /healthz   serving.gateway.http.probes
+
+This module only wires: what runs is built by serving.gateway.http.services.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, request_response
+
+from serving.gateway.admission.body import BodyDeadline
+from serving.gateway.auth.keys import KeyStore
+from serving.gateway.batch.api import batches_unavailable
+from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.http import services
+from serving.gateway.http.probes import Probes, healthz
+from serving.gateway.pipeline.gateway import Gateway
+from serving.gateway.protocol import errors
+from serving.gateway.telemetry.access_log import AccessLogMiddleware
+
+
+@dataclass(frozen=True)
+class GatewayApps:
+    """`api` for the public port, `admin` for the metrics port. `api` owns the shared state
+    (key store, limiter, upstream pool) through its lifespan; `admin` has none of its own."""
+
+    api: Starlette
+    admin: Starlette
+
+
+def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
+    """The public app alone, for callers that serve no metrics port."""
+    return create_apps(settings, key_store).api
+
+
+def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
+    """The apps own `key_store` from here on: `api` closes it (and its upstream pool) at shutdown."""
+    running = services.build(settings, key_store)
+    batch_off = services.batch_api_off(settings)
+    gateway = Gateway(settings, running.admitter, running.proxy, own_routes=running.batch_api,
+                      own_routes_off=batches_unavailable(batch_off) if batch_off is not None else None)
+    probes = Probes(settings, key_store, running.metrics)
+    access_log = Middleware(AccessLogMiddleware, metrics=running.metrics)
+    not_found_handlers = {404: _not_found, 405: _method_not_allowed}
+    api = Starlette(
+        routes=[Route("/healthz", healthz, methods=["GET"])],
+        middleware=[access_log, Middleware(BodyDeadline, timeout_s=settings.body_timeout_s)],
+        exception_handlers=not_found_handlers,
+        lifespan=running.lifespan,
+    )
+    admin = Starlette(
+        routes=[Route("/healthz", healthz, methods=["GET"]), Route("/readyz", probes.readyz, methods=["GET"]),
+                Route("/metrics", probes.prometheus, methods=["GET"])],
+        middleware=[access_log],
+        exception_handlers=not_found_handlers,
+    )
+    # Every other request, whatever its path and method, goes to the gateway's request path,
+    # where `resolve` decides (Starlette's own matching would redirect trailing slashes and know
+    # nothing of encodings). No redirects on the metrics port either.
+    api.router.default = request_response(gateway.handle)
+    for app in (api, admin):
+        app.router.redirect_slashes = False
+    return GatewayApps(api=api, admin=admin)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return errors.response_for(errors.not_found(request.scope["path"]))
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    refusal = errors.method_not_allowed(request.method)
+    if isinstance(exc, HTTPException):  # Starlette's 405 always is one
+        refusal = refusal.with_headers(exc.headers or {})  # keeps `Allow`
+    return errors.response_for(refusal)

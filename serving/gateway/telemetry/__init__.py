@@ -1,0 +1,1 @@
+"""What the gateway reports: Prometheus metrics, the access log, and its Redis's memory."""
