@@ -8,7 +8,10 @@ of one answer were independent sequences anyway. A choice continues in one of th
   the ids generated so far, for chat and completions alike (vLLM takes prompts as token ids;
   its detokenizer is primed with the prompt, so the first new token decodes in context). The
   engine sees exactly the sequence it had, so a greedy answer continues as if never cut. Chat
-  chunks are rebuilt from it by the splice. Used when the upstream reported every generated
+  chunks are rebuilt from it by the splice. The ids go up to the last whole character of the
+  client's text (`clean_tokens`, serving.gateway.resume.state): the ids after it, which the
+  client got no text for, are generated again (`replayed`; their ids are not sent twice and
+  their tokens not billed twice). Used when the upstream reported every generated
   token's id and the prompt's, and nothing the completions route cannot carry matters: no chat
   logprobs (their format differs), no tools (their parser runs only on chat), no media (token
   ids of a media prompt hold placeholders, not the media), no stop string whose text vLLM held
@@ -26,7 +29,8 @@ restart at the seam), embeddings as prompts, `suffix`, chat `echo`.
 
 Budget. The limit per sequence is the gateway's own output bound (serving.gateway.output_bound,
 including a max_tokens the gateway added), and a continuation asks for that minus what the choice
-already has, so an answer can never get more output than the original request allowed;
+already has (less the replayed tokens, which it generates again), so an answer can never get more
+output than the original request allowed;
 `min_tokens` shrinks alike. Sampling settings, `stop`, `seed`, tools and every extension the stack
 allowed are carried over.
 """
@@ -63,13 +67,15 @@ STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choic
 @dataclass(frozen=True)
 class Continuation:
     """The request continuing choice `index`: sent to `path` with `body`; `before` output tokens
-    of the choice are already the client's."""
+    of the choice are already the client's, and the continuation starts by generating the
+    `replayed` ones after them again."""
 
     index: int
     path: str
     body: dict[str, Any]
     mode: Mode
     before: int
+    replayed: int = 0  # the choice's last ids, which the client got no text for: generated again
 
 
 @dataclass(frozen=True)
@@ -155,15 +161,16 @@ def _streamed(body: dict[str, Any], *, max_tokens_key: str, remaining: int, befo
     return body
 
 
-def _tokens_body(document: dict[str, Any], path: str, progress: ChoiceProgress, remaining: int) -> dict[str, Any]:
+def _tokens_body(document: dict[str, Any], path: str, progress: ChoiceProgress, clean: int,
+                 remaining: int) -> dict[str, Any]:
     assert progress.prompt_token_ids is not None and progress.token_ids is not None
     if path == CHAT:
         base = {k: v for k, v in document.items() if k in CARRIED_TO_COMPLETIONS}
         base["model"] = document.get("model")
     else:  # the whole body: its extensions mean the same; the prompt is re-sent as it was read
         base = {k: v for k, v in document.items() if k not in ("truncate_prompt_tokens", "echo")}
-    base["prompt"] = [*progress.prompt_token_ids, *progress.token_ids]
-    return _streamed(base, max_tokens_key="max_tokens", remaining=remaining, before=progress.output_tokens)
+    base["prompt"] = [*progress.prompt_token_ids, *progress.token_ids[:clean]]
+    return _streamed(base, max_tokens_key="max_tokens", remaining=remaining, before=clean)
 
 
 def _text_body(document: dict[str, Any], path: str, progress: ChoiceProgress, remaining: int,
@@ -204,15 +211,19 @@ def _step(document: dict[str, Any], path: str, progress: ChoiceProgress, bound: 
     nothing_yet = progress.output_tokens == 0 and not progress.text and not progress.token_ids
     if nothing_yet:
         return Continuation(index, path, _restart_body(document, path, index, bound.sequences, limit), "restart", 0)
-    exact = progress.token_ids is not None and progress.prompt_token_ids is not None \
+    clean = progress.clean_tokens
+    exact = progress.token_ids is not None and progress.prompt_token_ids is not None and clean is not None \
         and not holds_back_stop_text(document) and (path == COMPLETIONS or _chat_tokens_fit(document))
     if exact:
-        return Continuation(index, COMPLETIONS, _tokens_body(document, path, progress, remaining), "tokens",
-                            progress.output_tokens)
-    body = _text_body(document, path, progress, remaining, bound.sequences)
-    if body is None:
+        assert progress.token_ids is not None and clean is not None
+        replayed = len(progress.token_ids) - clean
+        before = progress.output_tokens - replayed
+        body = _tokens_body(document, path, progress, clean, limit - before)
+        return Continuation(index, COMPLETIONS, body, "tokens", before, replayed)
+    text_body = _text_body(document, path, progress, remaining, bound.sequences)
+    if text_body is None:
         return NotResumable(index, "the answer's token ids are unknown and its prompt is not text")
-    return Continuation(index, path, body, "text", progress.output_tokens)
+    return Continuation(index, path, text_body, "text", progress.output_tokens)
 
 
 def continuations(document: dict[str, Any], path: str, state: StreamState,

@@ -48,6 +48,11 @@ class Splice:
         self._role_sent = self.state.choice(self.continuation.index).role_sent
 
     @property
+    def overhead_output_tokens(self) -> int:
+        """Output tokens generated twice (the replayed ones): the platform's, billed once."""
+        return min(self.continuation.replayed, self.generated)
+
+    @property
     def overhead_prompt_tokens(self) -> int:
         """Prompt tokens the continuation made the engine read again: at least the ids it sent."""
         prompt = self.continuation.body.get("prompt")
@@ -79,8 +84,15 @@ class Splice:
         for choice in choices:
             token_ids = choice.get("token_ids")
             if isinstance(token_ids, list):
+                # The replayed tokens went out before the cut: the client (and the recorder) has
+                # their ids and logprobs; only their text, held back then, is new.
+                skip = max(0, min(len(token_ids), self.continuation.replayed - self._generated_ids))
                 self._generated_ids += len(token_ids)
                 self.generated = max(self.generated, self._generated_ids)
+                if skip:
+                    choice = {**choice, "token_ids": token_ids[skip:], "logprobs": _after(choice.get("logprobs"), skip)}
+                    if not choice["token_ids"] and not choice.get("text") and choice.get("finish_reason") is None:
+                        continue  # nothing the client has not had
             rebuilt = self._choice(choice)
             if rebuilt is None:
                 continue
@@ -134,8 +146,17 @@ class Splice:
         """Completions logprobs with `text_offset` numbered on from the original choice's."""
         if not isinstance(logprobs, dict) or not isinstance(logprobs.get("text_offset"), list):
             return logprobs
-        base = self.state.choice(self.continuation.index).logprob_offset
+        progress = self.state.choice(self.continuation.index)
+        # A token continuation starts at the last whole character: its offsets count from there.
+        base = progress.clean_logprob_offset if self.continuation.mode == "tokens" else progress.logprob_offset
         return {**logprobs, "text_offset": [_int(offset) + base for offset in logprobs["text_offset"]]}
+
+
+def _after(logprobs: Any, skip: int) -> Any:
+    """Completions logprobs without their first `skip` tokens' entries."""
+    if not isinstance(logprobs, dict):
+        return logprobs
+    return {k: v[skip:] if isinstance(v, list) else v for k, v in logprobs.items()}
 
 
 def final_usage_chunk(state: StreamState, *, client_path: str, n: int) -> dict[str, Any]:

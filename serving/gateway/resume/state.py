@@ -17,6 +17,15 @@ token's length: `completion/serving.py`, `completion_stream_generator`).
 A choice's token state is exact only if every chunk that carried generated text also carried
 its token ids; one that did not makes the token ids unknown (None), and the choice can only be
 continued from its text.
+
+The seam. vLLM's detokenizer (tokenizers' `DecodeStream`) holds back tokens that end inside a
+UTF-8 character, streaming their ids with no text, and a `DecodeStream` primed with a prompt
+that ends inside a character returns the whole prompt's text at its next step (tokenizers 0.23,
+seen on the tiny model): a continuation cut there would send the client the prompt. So the
+recorder keeps `clean_tokens`, how many of the ids end where the client's text ends on a whole
+character: after a chunk of one token with text (its step released everything held), not after a
+chunk of no text (held), and unknown (None) after a chunk of several tokens with text (vLLM merges
+the deltas of a slow reader; whether its last token was held cannot be told from outside).
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ class ChoiceProgress:
     prompt_token_ids: tuple[int, ...] | None = None
     prompt_tokens: int | None = None  # the choice's prompt, as the upstream counted it
     output_tokens: int = 0
+    clean_tokens: int | None = 0  # ids up to the last whole character of the text (module docstring)
+    clean_logprob_offset: int = 0  # the next `text_offset` at that point
     finish_reason: str | None = None
     logprob_offset: int = 0  # the next completions `text_offset`
     role_sent: bool = False  # chat: the `role` delta went out for this index
@@ -160,10 +171,14 @@ def _advanced(progress: ChoiceProgress, choice: dict[str, Any], shared_prompt: t
         text = completion_text if isinstance(completion_text, str) else ""
         prompt_ids = _token_ids(choice.get("prompt_token_ids"))
     new_ids = _token_ids(choice.get("token_ids"))
-    token_ids = progress.token_ids
+    token_ids, clean = progress.token_ids, progress.clean_tokens
     if token_ids is not None:
         if new_ids is not None:
             token_ids = token_ids + new_ids
+            if text and len(new_ids) == 1:
+                clean = len(token_ids)
+            elif text:
+                clean = None
         elif text or tools or reasoning:  # generated something whose ids we were not told
             token_ids = None
     output = max(progress.output_tokens, len(token_ids) if token_ids is not None else 0)
@@ -173,11 +188,13 @@ def _advanced(progress: ChoiceProgress, choice: dict[str, Any], shared_prompt: t
         counted = _int(usage.get("prompt_tokens"))
         prompt_tokens = counted if counted is not None else prompt_tokens
     finish = choice.get("finish_reason")
+    offset = _next_offset(progress.logprob_offset, choice.get("logprobs"))
+    clean_offset = offset if clean != progress.clean_tokens else progress.clean_logprob_offset
     return replace(
-        progress, text=progress.text + text, token_ids=token_ids, output_tokens=output,
+        progress, text=progress.text + text, token_ids=token_ids, output_tokens=output, clean_tokens=clean,
         prompt_token_ids=prompt_ids if prompt_ids is not None else progress.prompt_token_ids,
         prompt_tokens=prompt_tokens, finish_reason=finish if isinstance(finish, str) else progress.finish_reason,
-        logprob_offset=_next_offset(progress.logprob_offset, choice.get("logprobs")),
+        logprob_offset=offset, clean_logprob_offset=clean_offset,
         role_sent=role_sent, tool_calls_seen=tools, reasoning_seen=reasoning)
 
 

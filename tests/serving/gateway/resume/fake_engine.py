@@ -2,7 +2,10 @@
 
 Greedy decoding of a made-up model: the next token is a function of every token before it, so a
 continuation fed the same token ids continues exactly, as a real greedy engine does (the real
-engine is checked in test_exact_continuation_vllm.py). Chunk shapes follow
+engine is checked in test_exact_continuation_vllm.py). Like vLLM's detokenizer, some tokens
+(`held`: a byte that starts a character) stream with no text, which comes with the next token;
+and like tokenizers' `DecodeStream`, a prompt that ends in such a token makes the first text
+released hold the whole prompt's text (`LEAK`), which a continuation must never cause. Chunk shapes follow
 `entrypoints/openai/{chat_completion,completion}/serving.py`: chat sends a role chunk per choice
 first (with `prompt_token_ids` when asked), completions put `prompt_token_ids` on each choice's
 first chunk; usage per chunk counts one sequence; the final usage chunk has no choices.
@@ -14,10 +17,15 @@ from typing import Any
 
 EOS = 0
 VOCAB = 97
+LEAK = "<the prompt's text>"
+
+
+def held(token: int) -> bool:
+    return token != EOS and token % 5 == 0
 
 
 def token_text(token: int) -> str:
-    return f"w{token} "
+    return f"w{token}" if held(token) else f"w{token} "
 
 
 def next_token(sequence: list[int], stops: bool) -> int:
@@ -26,7 +34,8 @@ def next_token(sequence: list[int], stops: bool) -> int:
 
 
 def tokenize(text: str) -> list[int]:
-    return [ord(c) % VOCAB + 1 for c in text]
+    """Text never ends inside a character: no prompt token is a held one."""
+    return [t + 1 if held(t) else t for t in (ord(c) % VOCAB + 1 for c in text)]
 
 
 def render_chat(messages: list[dict[str, Any]], *, continue_final: bool) -> list[int]:
@@ -76,21 +85,24 @@ def stream(path: str, body: dict[str, Any], *, stops: bool = False, chunk_id: st
         for s in range(n):
             index = p * n + s
             sequence, generated, offset = list(prompt), [], 0  # greedy: every sequence of a prompt alike
+            pending = LEAK if prompt and held(prompt[-1]) else ""
             while True:
                 token = next_token(sequence, stops)
                 sequence.append(token)
                 generated.append(token)
                 finish = "stop" if token == EOS else "length" if len(generated) >= limit else None
-                text = "" if token == EOS else token_text(token)
+                pending += "" if token == EOS else token_text(token)
+                text, pending = ("", pending) if held(token) and finish is None else (pending, "")
                 choice: dict[str, Any] = {"index": index, "finish_reason": finish}
                 if chat:
                     choice.update(delta={"content": text}, logprobs=None)
                 else:
                     choice.update(text=text, logprobs=None, stop_reason=None)
                     if logprobs_on:
-                        choice["logprobs"] = {"text_offset": [offset], "token_logprobs": [-0.5], "tokens": [text],
-                                              "top_logprobs": [{text: -0.5}]}
-                        offset += len(text)
+                        piece = token_text(token)  # vLLM's logprob tokens are each token's own string
+                        choice["logprobs"] = {"text_offset": [offset], "token_logprobs": [-0.5], "tokens": [piece],
+                                              "top_logprobs": [{piece: -0.5}]}
+                        offset += len(piece)
                     if ids_on and len(generated) == 1:
                         choice["prompt_token_ids"] = prompt
                 if ids_on:

@@ -25,6 +25,16 @@ def _usage(events):
     return [e["usage"] for e in events if not e.get("choices")][-1]
 
 
+def _chunk_usage(events):
+    """Per choice, the usage each of its chunks carried: what the meter bills a stream cut again."""
+    out = {}
+    for event in events:
+        for choice in event.get("choices") or []:
+            out.setdefault(choice["index"], []).append((event["usage"]["prompt_tokens"],
+                                                        event["usage"]["completion_tokens"]))
+    return out
+
+
 def test_a_chat_cut_mid_answer_reads_as_the_uninterrupted_one():
     body = {"model": "m", "messages": MESSAGES, "max_tokens": 12, "n": 2}
     whole, _, _ = resumed(CHAT, body, _bound(CHAT, body), [])
@@ -123,6 +133,7 @@ def test_any_cut_of_a_greedy_stream_splices_into_the_uninterrupted_answer_billed
     assert texts(spliced, path) == texts(whole, path)
     assert finishes(spliced) == finishes(whole)
     assert _usage(spliced) == _usage(whole)  # both sides: never less, and never more
+    assert _chunk_usage(spliced) == _chunk_usage(whole)
     for splice in splices:
         step = splice.continuation
         assert step.before + (step.body.get("max_tokens") or step.body.get("max_completion_tokens")) == case["limit"]
@@ -154,6 +165,7 @@ def test_a_continuation_that_under_reports_its_usage_is_still_billed_every_token
             for out in splice.rewrite(event):
                 recorder.record(out)
                 sent += len(out["choices"][0].get("token_ids") or [])
+                assert out["usage"]["completion_tokens"] >= sent  # each chunk bills at least what was sent
     final = recorder.snapshot()
     assert final.output_tokens() >= sent
     assert final.prompt_tokens(n=1) == state.choices[0].prompt_tokens
