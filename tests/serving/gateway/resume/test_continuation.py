@@ -166,3 +166,24 @@ def test_a_completion_of_token_ids_whose_answer_ids_are_unknown_cannot_be_contin
     text_prompt = {**body, "prompt": "xyz"}
     [step] = continuations(text_prompt, COMPLETIONS, recorder.snapshot(), OutputBound(5))
     assert step.mode == "text" and step.body["prompt"] == "xyzabc" and step.body["max_tokens"] == 4
+
+
+def test_a_token_continuation_starts_at_the_last_whole_character_and_replays_the_rest():
+    recorder = StreamRecorder(COMPLETIONS)
+    recorder.record({"id": "c", "choices": [{"index": 0, "text": "a", "token_ids": [7], "prompt_token_ids": [1, 2]}],
+                     "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+    recorder.record({"id": "c", "choices": [{"index": 0, "text": "", "token_ids": [8]}],
+                     "usage": {"prompt_tokens": 2, "completion_tokens": 2}})
+    [step] = continuations({"model": "m", "prompt": "xy", "max_tokens": 5}, COMPLETIONS, recorder.snapshot(),
+                           OutputBound(5))
+    assert step.mode == "tokens" and step.body["prompt"] == [1, 2, 7]
+    assert (step.before, step.replayed, step.body["max_tokens"]) == (1, 1, 4)  # the answer stays within 5
+
+
+def test_after_merged_deltas_a_chat_continues_from_its_text():
+    recorder = StreamRecorder(CHAT)
+    recorder.record({"id": "c", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    recorder.record({"id": "c", "choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [7, 8]}]})
+    [step] = continuations({"model": "m", "messages": MESSAGES, "max_tokens": 5}, CHAT, recorder.snapshot(),
+                           OutputBound(5))
+    assert step.mode == "text" and step.body["messages"][-1] == {"role": "assistant", "content": "ab"}

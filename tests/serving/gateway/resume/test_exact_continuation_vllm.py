@@ -142,6 +142,7 @@ def test_a_greedy_answer_cut_anywhere_continues_exactly_on_the_real_engine(llm):
             cuts.append((path, whole, k, state))
             steps.append(step)
     tails = _streamed(llm, [(s.body["prompt"], _params(COMPLETIONS, s.body, len(s.body["prompt"]))) for s in steps])
+    replays = 0
     for (path, whole, k, state), step, tail in zip(cuts, steps, tails):
         splice = Splice(state, step, path)
         text, ids, finish = "".join(t for t, _, _ in whole[:k]), [i for _, d, _ in whole[:k] for i in d], None
@@ -158,8 +159,13 @@ def test_a_greedy_answer_cut_anywhere_continues_exactly_on_the_real_engine(llm):
                 ids += out["choices"][0].get("token_ids") or []
                 finish = out["choices"][0]["finish_reason"] or finish
                 assert out["usage"]["prompt_tokens"] == len(prompts[path])
-                assert out["usage"]["completion_tokens"] == k + generated  # every step here is one token
+                assert out["usage"]["completion_tokens"] == step.before + generated
         assert (path, k, ids) == (path, k, [i for _, d, _ in whole for i in d])
         assert (path, k, text) == (path, k, "".join(t for t, _, _ in whole))
         assert finish == "length"
-        assert splice.overhead_prompt_tokens == len(prompts[path]) + k
+        assert step.before + step.replayed == k  # every step here is one token
+        with_text = [number + 1 for number, (t, _, _) in enumerate(whole[:k]) if t]
+        assert step.replayed == k - (with_text[-1] if with_text else 0)  # back to the last whole character
+        replays += step.replayed > 0
+        assert splice.overhead_prompt_tokens == len(step.body["prompt"]) == len(prompts[path]) + step.before
+    assert replays  # the seam fell inside a character at least once (the chat's first token is a lone byte)

@@ -67,3 +67,14 @@ def test_the_client_gets_token_ids_only_if_it_asked():
     assert client_view(chunk, client_asked_token_ids=False) == {"id": "x", "choices": [{"index": 0, "text": "a"}]}
     assert client_view(chunk, client_asked_token_ids=True) == chunk
     assert with_token_ids({"model": "m"}) == {"model": "m", "return_token_ids": True}
+
+
+def test_the_seam_is_the_last_whole_character_the_client_has():
+    recorder = StreamRecorder(COMPLETIONS)
+    for text, ids in (("a", [1]), ("", [2]), ("", [3])):  # 2 and 3: a character still incomplete
+        recorder.record({"id": "c", "choices": [{"index": 0, "text": text, "token_ids": ids}]})
+    assert recorder.snapshot().choices[0].clean_tokens == 1
+    recorder.record({"id": "c", "choices": [{"index": 0, "text": "é", "token_ids": [4]}]})
+    assert recorder.snapshot().choices[0].clean_tokens == 4
+    recorder.record({"id": "c", "choices": [{"index": 0, "text": "bc", "token_ids": [5, 6]}]})  # merged deltas
+    assert recorder.snapshot().choices[0].clean_tokens is None
