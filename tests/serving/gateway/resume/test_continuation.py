@@ -10,6 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
@@ -18,6 +20,7 @@ from serving.gateway.output_bound import OutputBound, output_bound
 from serving.gateway.resume.continuation import Continuation, Exhausted, NotResumable, continuations
 from serving.gateway.resume.state import CHAT, COMPLETIONS, StreamRecorder
 from tests.serving.gateway.resume import fake_engine
+from tests.support.hypothesis import examples
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 7, "frequency_penalty": 0.1, "presence_penalty": 0.2,
@@ -187,3 +190,47 @@ def test_after_merged_deltas_a_chat_continues_from_its_text():
     [step] = continuations({"model": "m", "messages": MESSAGES, "max_tokens": 5}, CHAT, recorder.snapshot(),
                            OutputBound(5))
     assert step.mode == "text" and step.body["messages"][-1] == {"role": "assistant", "content": "ab"}
+
+
+@settings(max_examples=examples(fast=300, deep=5000))
+@given(path=st.sampled_from([CHAT, COMPLETIONS]), limit=st.integers(1, 50), n=st.integers(1, 3),
+       per_choice=st.lists(st.lists(st.tuples(st.sampled_from(["", "a", "bc"]), st.integers(0, 3)), max_size=12),
+                           min_size=1, max_size=3),
+       reported=st.lists(st.integers(0, 80), min_size=3, max_size=3), min_tokens=st.none() | st.integers(0, 60))
+def test_a_continuation_never_asks_for_more_than_what_is_left_of_the_original_budget(
+        path, limit, n, per_choice, reported, min_tokens):
+    """Any recorded progress, even usage past the limit or ids the upstream never counted: the
+    answer's output (what the client has plus what the continuation may generate) stays within
+    the original limit, on both sides: exactly the limit, never above it."""
+    recorder = StreamRecorder(path)
+    for index, chunks in enumerate(per_choice[:n]):
+        for number, (text, count) in enumerate(chunks):
+            choice = {"index": index, "token_ids": list(range(10, 10 + count))}
+            choice.update({"delta": {"content": text}} if path == CHAT else {"text": text})
+            if path == COMPLETIONS and number == 0:
+                choice["prompt_token_ids"] = [1, 2]
+            event = {"id": "c", "choices": [choice],
+                     "usage": {"prompt_tokens": 2, "completion_tokens": reported[index]}}
+            if path == CHAT:
+                event["prompt_token_ids"] = [1, 2]
+            recorder.record(event)
+    document = {"model": "m", "max_tokens": limit, "n": n}
+    if min_tokens is not None:
+        document["min_tokens"] = min(min_tokens, limit)  # vLLM refuses min_tokens above max_tokens
+    document.update({"messages": MESSAGES} if path == CHAT else {"prompt": "xy"})
+    state = recorder.snapshot()
+    bound = OutputBound(per_sequence=limit, sequences=n)
+    steps = continuations(document, path, state, bound)
+    assert not isinstance(steps, NotResumable)
+    for step in steps:
+        progress = state.choice(step.index)
+        if isinstance(step, Exhausted):
+            assert progress.output_tokens >= limit
+            continue
+        asked = step.body.get("max_tokens") if step.body.get("max_tokens") is not None \
+            else step.body["max_completion_tokens"]
+        assert 1 <= asked and step.before >= 0
+        assert step.before + asked == limit  # exactly the original budget for the whole answer
+        assert asked - step.replayed <= limit - progress.output_tokens  # new output within what was left
+        assert step.body["n"] == 1 and step.body.get("min_tokens", 0) <= asked
+        vllm_params(step)  # and vLLM reads the body
