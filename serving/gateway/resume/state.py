@@ -104,13 +104,87 @@ def _token_ids(value: Any) -> tuple[int, ...] | None:
     return None
 
 
+@dataclass(slots=True)
+class _ChoiceLog:
+    """One choice as it is recorded: appended to per event (a frozen copy per event, or a tuple
+    grown by concatenation, would cost time quadratic in the answer's length)."""
+
+    index: int
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] | None = field(default_factory=list)
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    clean_tokens: int | None = 0
+    clean_logprob_offset: int = 0
+    finish_reason: str | None = None
+    logprob_offset: int = 0
+    role_sent: bool = False
+    tool_calls_seen: bool = False
+    reasoning_seen: bool = False
+
+    def progress(self) -> ChoiceProgress:
+        return ChoiceProgress(
+            index=self.index, text="".join(self.texts),
+            token_ids=None if self.token_ids is None else tuple(self.token_ids),
+            prompt_token_ids=self.prompt_token_ids, prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens, clean_tokens=self.clean_tokens,
+            clean_logprob_offset=self.clean_logprob_offset, finish_reason=self.finish_reason,
+            logprob_offset=self.logprob_offset, role_sent=self.role_sent, tool_calls_seen=self.tool_calls_seen,
+            reasoning_seen=self.reasoning_seen)
+
+    def add(self, choice: dict[str, Any], path: str, shared_prompt: tuple[int, ...] | None,
+            usage: dict[str, Any] | None) -> None:
+        """One chunk's `choice` (and the chunk's usage when it is this choice's)."""
+        if path == CHAT:
+            raw_delta = choice.get("delta")
+            delta: dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
+            self.role_sent = self.role_sent or delta.get("role") is not None
+            content = delta.get("content")
+            text = content if isinstance(content, str) else ""
+            self.tool_calls_seen = self.tool_calls_seen or bool(delta.get("tool_calls") or delta.get("function_call"))
+            self.reasoning_seen = self.reasoning_seen or bool(delta.get("reasoning") or delta.get("reasoning_content"))
+            prompt_ids = shared_prompt
+        else:
+            completion_text = choice.get("text")
+            text = completion_text if isinstance(completion_text, str) else ""
+            prompt_ids = _token_ids(choice.get("prompt_token_ids"))
+        if text:
+            self.texts.append(text)
+        if prompt_ids is not None:
+            self.prompt_token_ids = prompt_ids
+        self.logprob_offset = _next_offset(self.logprob_offset, choice.get("logprobs"))
+        self._add_ids(_token_ids(choice.get("token_ids")), text)
+        if usage is not None:
+            self.output_tokens = max(self.output_tokens, _int(usage.get("completion_tokens")) or 0)
+            counted = _int(usage.get("prompt_tokens"))
+            self.prompt_tokens = counted if counted is not None else self.prompt_tokens
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str):
+            self.finish_reason = finish
+
+    def _add_ids(self, new_ids: tuple[int, ...] | None, text: str) -> None:
+        if self.token_ids is None:
+            return
+        if new_ids is None:
+            if text or self.tool_calls_seen or self.reasoning_seen:  # generated something whose ids we were not told
+                self.token_ids = None
+            return
+        self.token_ids.extend(new_ids)
+        self.output_tokens = max(self.output_tokens, len(self.token_ids))
+        if text and len(new_ids) == 1:  # that step released everything held: a whole character
+            self.clean_tokens, self.clean_logprob_offset = len(self.token_ids), self.logprob_offset
+        elif text:
+            self.clean_tokens = None
+
+
 @dataclass
 class StreamRecorder:
     """Builds a `StreamState` from the chunks relayed to the client (module docstring)."""
 
     path: str
     _state: StreamState = field(init=False)
-    _choices: dict[int, ChoiceProgress] = field(init=False, default_factory=dict)
+    _choices: dict[int, _ChoiceLog] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._state = StreamState(path=self.path)
@@ -119,7 +193,8 @@ class StreamRecorder:
         if isinstance(chunk.get("error"), dict) or chunk.get("object") == "error":
             self._state = replace(self._state, error_event_seen=True)
             return
-        self._note_response(chunk)
+        if self._state.id is None or self._state.created is None or self._state.model is None:
+            self._note_response(chunk)
         choices = chunk.get("choices")
         choices = [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
         usage = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else None
@@ -132,70 +207,22 @@ class StreamRecorder:
             index = _int(choice.get("index"))
             if index is None or index < 0:
                 continue
-            progress = self._choices.get(index) or ChoiceProgress(index=index)
+            log = self._choices.get(index)
+            if log is None:
+                log = self._choices[index] = _ChoiceLog(index)
             # vLLM's per-chunk usage counts one sequence: only a chunk of one choice says whose.
-            self._choices[index] = _advanced(progress, choice, shared_prompt, usage if len(choices) == 1 else None,
-                                             self.path)
+            log.add(choice, self.path, shared_prompt, usage if len(choices) == 1 else None)
 
     def snapshot(self) -> StreamState:
-        ordered = tuple(self._choices[index] for index in sorted(self._choices))
+        ordered = tuple(self._choices[index].progress() for index in sorted(self._choices))
         return replace(self._state, choices=ordered)
 
     def _note_response(self, chunk: dict[str, Any]) -> None:
-        state = self._state
-        if state.id is None and isinstance(chunk.get("id"), str):
-            state = replace(state, id=chunk["id"])
-        if state.created is None and _int(chunk.get("created")) is not None:
-            state = replace(state, created=chunk["created"])
-        if state.model is None and isinstance(chunk.get("model"), str):
-            state = replace(state, model=chunk["model"])
-        self._state = state
-
-
-def _advanced(progress: ChoiceProgress, choice: dict[str, Any], shared_prompt: tuple[int, ...] | None,
-              usage: dict[str, Any] | None, path: str) -> ChoiceProgress:
-    """`progress` after one chunk's `choice` (and the chunk's usage when it is this choice's)."""
-    role_sent, tools, reasoning = progress.role_sent, progress.tool_calls_seen, progress.reasoning_seen
-    text: str = ""
-    if path == CHAT:
-        raw_delta = choice.get("delta")
-        delta: dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
-        role_sent = role_sent or delta.get("role") is not None
-        content = delta.get("content")
-        text = content if isinstance(content, str) else ""
-        tools = tools or bool(delta.get("tool_calls")) or bool(delta.get("function_call"))
-        reasoning = reasoning or bool(delta.get("reasoning")) or bool(delta.get("reasoning_content"))
-        prompt_ids = shared_prompt
-    else:
-        completion_text = choice.get("text")
-        text = completion_text if isinstance(completion_text, str) else ""
-        prompt_ids = _token_ids(choice.get("prompt_token_ids"))
-    new_ids = _token_ids(choice.get("token_ids"))
-    token_ids, clean = progress.token_ids, progress.clean_tokens
-    if token_ids is not None:
-        if new_ids is not None:
-            token_ids = token_ids + new_ids
-            if text and len(new_ids) == 1:
-                clean = len(token_ids)
-            elif text:
-                clean = None
-        elif text or tools or reasoning:  # generated something whose ids we were not told
-            token_ids = None
-    output = max(progress.output_tokens, len(token_ids) if token_ids is not None else 0)
-    prompt_tokens = progress.prompt_tokens
-    if usage is not None:
-        output = max(output, _int(usage.get("completion_tokens")) or 0)
-        counted = _int(usage.get("prompt_tokens"))
-        prompt_tokens = counted if counted is not None else prompt_tokens
-    finish = choice.get("finish_reason")
-    offset = _next_offset(progress.logprob_offset, choice.get("logprobs"))
-    clean_offset = offset if clean != progress.clean_tokens else progress.clean_logprob_offset
-    return replace(
-        progress, text=progress.text + text, token_ids=token_ids, output_tokens=output, clean_tokens=clean,
-        prompt_token_ids=prompt_ids if prompt_ids is not None else progress.prompt_token_ids,
-        prompt_tokens=prompt_tokens, finish_reason=finish if isinstance(finish, str) else progress.finish_reason,
-        logprob_offset=offset, clean_logprob_offset=clean_offset,
-        role_sent=role_sent, tool_calls_seen=tools, reasoning_seen=reasoning)
+        """The response's id, created and model, from its first chunk that names them."""
+        state, ident, created, model = self._state, chunk.get("id"), _int(chunk.get("created")), chunk.get("model")
+        self._state = replace(state, id=state.id if state.id is not None or not isinstance(ident, str) else ident,
+                              created=state.created if state.created is not None else created,
+                              model=state.model if state.model is not None or not isinstance(model, str) else model)
 
 
 def _next_offset(offset: int, logprobs: Any) -> int:
