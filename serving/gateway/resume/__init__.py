@@ -5,5 +5,6 @@
 - `ending`: why the upstream stopped, and whether that may be resumed (a client cut never is);
 - `continuation`: the request that continues each unfinished choice, within the original budget;
 - `splice`: the continuation's chunks rewritten into the client's stream, usage billed once;
-- `policy`: how many resumes, until when, and the error event past them.
+- `policy`: how many resumes, until when, and the error event past them;
+- `plan`: the relay's one call when an upstream stream stops, putting the above together.
 """
