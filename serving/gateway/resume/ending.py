@@ -1,0 +1,108 @@
+"""Why an upstream stream ended, and whether that end is one a continuation may follow.
+
+Only an end that is neither the answer's nor the client's is resumed: the replica or the path to
+it failed while the answer was still being generated. A clean end marker (`data: [DONE]`) or a
+clean error event is the upstream's answer and is relayed as is. A client that goes away is never
+a reason to resume, whatever else happened: resuming it would generate tokens nobody reads, and
+let a caller that cuts its own streams have them continued (and the cut part re-prefilled) at
+the platform's cost. The request's own total deadline running out is not resumed either: a
+continuation could not finish within it.
+
+`cut_of` maps what the relay's read raised (aiohttp) to a `Cut`: the relay passes it, with what
+it saw, to `classify`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import aiohttp
+
+
+class Cut(Enum):
+    """How the upstream's bytes stopped, as the relay saw it."""
+
+    NONE = "none"  # the body ended normally (whether or not it held an end marker)
+    CONNECTION_RESET = "connection_reset"  # reset, or closed in the middle of the body
+    IDLE_TIMEOUT = "idle_timeout"  # no bytes within the idle timeout
+    TOTAL_TIMEOUT = "total_timeout"  # the request's own deadline
+    OTHER = "other"  # anything else the read raised
+
+
+class EndReason(Enum):
+    """Why the stream ended. The values are the `reason` label of the resume metric."""
+
+    DONE = "done"
+    ERROR_EVENT = "error_event"
+    CLIENT_GONE = "client_gone"
+    TOTAL_TIMEOUT = "total_timeout"
+    ALL_FINISHED = "all_finished"  # no end marker, but every choice had finished: nothing to continue
+    CONNECTION_RESET = "connection_reset"
+    EOF_WITHOUT_DONE = "eof_without_done"
+    IDLE_TIMEOUT = "idle_timeout"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # 502/503 where the stream should have been
+    UPSTREAM_FAILED = "upstream_failed"  # any other failure: not known to be a lost replica
+
+
+RESUMABLE = frozenset({EndReason.CONNECTION_RESET, EndReason.EOF_WITHOUT_DONE, EndReason.IDLE_TIMEOUT,
+                       EndReason.UPSTREAM_UNAVAILABLE})
+# HAProxy answers 502 when a server drops a request it had taken, 503 when no server is up (yet).
+UNAVAILABLE_STATUSES = frozenset({502, 503})
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """What the relay saw when the upstream stopped sending: `status` is the upstream response's
+    (a continuation's may be 502/503 while the client's 200 is long gone out)."""
+
+    client_gone: bool = False
+    saw_done: bool = False
+    saw_error_event: bool = False
+    all_finished: bool = False
+    cut: Cut = Cut.NONE
+    status: int = 200
+
+
+def classify(end: StreamEnd) -> EndReason:
+    """The reason, in precedence order: the client first (never resumed), then the upstream's
+    own clean ends, then the deadline, then the failures that can be resumed."""
+    if end.client_gone:
+        return EndReason.CLIENT_GONE
+    if end.saw_done:
+        return EndReason.DONE
+    if end.saw_error_event:
+        return EndReason.ERROR_EVENT
+    if end.cut is Cut.TOTAL_TIMEOUT:
+        return EndReason.TOTAL_TIMEOUT
+    if end.status in UNAVAILABLE_STATUSES:
+        return EndReason.UPSTREAM_UNAVAILABLE
+    if end.status >= 300:
+        return EndReason.UPSTREAM_FAILED
+    if end.all_finished:
+        return EndReason.ALL_FINISHED
+    if end.cut is Cut.CONNECTION_RESET:
+        return EndReason.CONNECTION_RESET
+    if end.cut is Cut.IDLE_TIMEOUT:
+        return EndReason.IDLE_TIMEOUT
+    if end.cut is Cut.NONE:
+        return EndReason.EOF_WITHOUT_DONE
+    return EndReason.UPSTREAM_FAILED
+
+
+def cut_of(exc: BaseException | None) -> Cut:
+    """What a read of the upstream body raising `exc` means (None: it ended without raising).
+    aiohttp raises `ClientPayloadError` for a body closed before its end (a chunked body without
+    its last chunk: a replica killed mid-answer), `ServerDisconnectedError` or an OS reset for a
+    dropped connection, and `ServerTimeoutError` (a `TimeoutError`) when sock_read runs out.
+    A bare `TimeoutError` is the relay's deadline (anyio)."""
+    if exc is None:
+        return Cut.NONE
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return Cut.IDLE_TIMEOUT
+    if isinstance(exc, TimeoutError):
+        return Cut.TOTAL_TIMEOUT
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                        ConnectionError)):
+        return Cut.CONNECTION_RESET
+    return Cut.OTHER
