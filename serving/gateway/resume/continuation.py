@@ -27,7 +27,7 @@ A choice that already generated its whole limit has finished (`Exhausted`); the 
 reasoning already streamed (their parser's state is lost), structured output (its grammar would
 restart at the seam), embeddings as prompts, `suffix`, chat `echo`.
 
-Budget. The limit per sequence is the gateway's own output bound (serving.gateway.output_bound,
+Budget. The limit per sequence is the gateway's own output bound (serving.gateway.metering.output_bound,
 including a max_tokens the gateway added), and a continuation asks for that minus what the choice
 already has (less the replayed tokens, which it generates again), so an answer can never get more
 output than the original request allowed;
@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from serving.gateway.output_bound import OutputBound
+from serving.gateway.metering.output_bound import OutputBound
 from serving.gateway.resume.state import CHAT, COMPLETIONS, ChoiceProgress, StreamState
 
 Mode = Literal["tokens", "text", "restart"]

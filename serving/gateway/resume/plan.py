@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serving.gateway.output_bound import OutputBound
+from serving.gateway.metering.output_bound import OutputBound
 from serving.gateway.resume.continuation import Continuation, Exhausted, NotResumable, continuations
 from serving.gateway.resume.ending import EndReason, StreamEnd
 from serving.gateway.resume.policy import Action, ResumeSettings, decide, error_event

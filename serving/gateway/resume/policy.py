@@ -15,8 +15,8 @@ from enum import Enum
 
 from pydantic import Field
 
+from serving.gateway.config.strict_model import StrictModel
 from serving.gateway.resume.ending import RESUMABLE, EndReason, StreamEnd, classify
-from serving.gateway.strict_model import StrictModel
 
 ERROR_CODE = "stream_interrupted"
 

@@ -72,7 +72,7 @@ class Splice:
 
     def rewrite(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(chunk.get("error"), dict) or chunk.get("object") == "error":
-            return [chunk]  # relayed as the gateway's own error event (serving.gateway.upstream_errors)
+            return [chunk]  # relayed as the gateway's own error event (serving.gateway.protocol.upstream_errors)
         usage = chunk.get("usage") if isinstance(chunk.get("usage"), dict) else None
         if usage is not None:
             self.continuation_prompt_tokens = max(self.continuation_prompt_tokens, _int(usage.get("prompt_tokens")))

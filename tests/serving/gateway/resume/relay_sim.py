@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.gateway.output_bound import OutputBound
+from serving.gateway.metering.output_bound import OutputBound
 from serving.gateway.resume.continuation import Continuation, Exhausted, NotResumable, continuations
 from serving.gateway.resume.splice import Splice, final_usage_chunk, length_finish_chunk
 from serving.gateway.resume.state import StreamRecorder, StreamState

@@ -16,7 +16,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 
-from serving.gateway.output_bound import OutputBound, output_bound
+from serving.gateway.metering.output_bound import OutputBound, output_bound
 from serving.gateway.resume.continuation import Continuation, Exhausted, NotResumable, continuations
 from serving.gateway.resume.state import CHAT, COMPLETIONS, StreamRecorder
 from tests.serving.gateway.resume import fake_engine

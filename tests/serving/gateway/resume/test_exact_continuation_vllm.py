@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ops.devstack.tiny_model import ensure_tiny_model
-from serving.gateway.output_bound import output_bound
+from serving.gateway.metering.output_bound import output_bound
 from serving.gateway.resume.continuation import Continuation, continuations
 from serving.gateway.resume.splice import Splice
 from serving.gateway.resume.state import CHAT, COMPLETIONS, StreamRecorder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from serving.gateway.output_bound import OutputBound
+from serving.gateway.metering.output_bound import OutputBound
 from serving.gateway.resume.ending import Cut, EndReason, StreamEnd
 from serving.gateway.resume.plan import Finish, GiveUp, Resume, Stop, after_upstream_end
 from serving.gateway.resume.policy import ResumeSettings

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.gateway.output_bound import output_bound
+from serving.gateway.metering.output_bound import output_bound
 from serving.gateway.resume.continuation import Continuation, continuations
 from serving.gateway.resume.splice import Splice
 from serving.gateway.resume.state import CHAT, COMPLETIONS, StreamRecorder
