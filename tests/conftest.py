@@ -66,6 +66,18 @@ def redis_server():
         yield server
 
 
+@pytest.fixture
+def empty_redis(redis_server):
+    """A client (str replies) of the module's redis-server, emptied for this test: the tests of
+    one module share the server, and each starts from nothing."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session", params=[*EXAMPLE_STACKS, *TEST_CLOUD_STACKS],
                 ids=lambda p: p if isinstance(p, str) else p.name)
 def example_stack(request: pytest.FixtureRequest) -> StackSpec:

@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from infra.spec.stack_file import PROJECT_ROOT
@@ -111,9 +110,8 @@ def test_spot_groups_without_credentials_are_priced_on_demand_and_say_why(tmp_pa
 
 
 @pytest.fixture
-def ledger(redis_server):
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushall()
+def ledger(empty_redis):
+    client = empty_redis
     script = client.register_script(LEDGER_LUA + "ledger_record(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])")
 
     def settle(tenant: str, key_id: str, model: str, prompt: int, completion: int) -> None:
@@ -121,7 +119,7 @@ def ledger(redis_server):
         script(keys=keys, args=args)
 
     yield settle
-    client.close()
+
 
 
 def report(stack: str, bench, redis_url: str, *extra: str):

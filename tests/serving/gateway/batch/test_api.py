@@ -9,8 +9,9 @@ import time
 
 import openai
 import pytest
-from openai.types import Batch, FileObject
+from openai.types import FileObject
 
+from tests.support.batches import batch_reaching
 from tests.support.servers import HANG_BOUND_S
 
 
@@ -21,15 +22,6 @@ def chat_line(custom_id: str, model: str = "tiny", **body) -> dict:
 
 def jsonl(lines: list[dict]) -> bytes:
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
-
-
-def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str]) -> Batch:
-    deadline = time.monotonic() + HANG_BOUND_S
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses or time.monotonic() > deadline:
-            return batch
-        time.sleep(0.05)
 
 
 def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict]:
@@ -48,7 +40,7 @@ def test_upload_create_poll_download_each_custom_id_once(client_for, make_key, r
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h", metadata={"job": "nightly"})
     assert batch.status == "validating" and batch.metadata == {"job": "nightly"}
-    done = wait_for(client, batch.id, {"completed", "failed"})
+    done = batch_reaching(client, batch.id, {"completed", "failed"})
     assert done.status == "completed", done
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (40, 40, 0)
@@ -72,7 +64,7 @@ def test_lines_the_gateway_would_refuse_go_to_the_error_file(client_for, make_ke
     uploaded = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
-    done = wait_for(client, batch.id, {"completed", "failed"})
+    done = batch_reaching(client, batch.id, {"completed", "failed"})
     assert done.status == "completed" and done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (2, 5)
     assert [line["custom_id"] for line in lines_of(client, done.output_file_id)] == ["good", "good-2"]
@@ -91,7 +83,7 @@ def test_a_file_that_cannot_be_a_batch_fails_it_naming_the_lines(client_for, mak
     uploaded = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
-    failed = wait_for(client, batch.id, {"failed", "completed"})
+    failed = batch_reaching(client, batch.id, {"failed", "completed"})
     assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
     assert [(e.code, e.line) for e in failed.errors.data] == [("invalid_custom_id", 2), ("duplicate_custom_id", 3)]
 
@@ -116,7 +108,7 @@ def test_cancel_stops_new_lines_and_finalizes_what_completed(client_for, make_ke
         time.sleep(0.05)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
-    cancelled = wait_for(client, batch.id, {"cancelled"})
+    cancelled = batch_reaching(client, batch.id, {"cancelled"})
     assert cancelled.status == "cancelled" and cancelled.cancelled_at is not None
     counts = cancelled.request_counts
     assert counts is not None and counts.total == 200 and 5 <= counts.completed < 200
@@ -139,7 +131,7 @@ def test_a_batch_past_its_window_expires_and_its_unfinished_lines_fail(start_gat
         batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                       completion_window="24h")
         assert batch.expires_at is not None and batch.expires_at - batch.created_at == 1
-        expired = wait_for(client, batch.id, {"expired", "completed"})
+        expired = batch_reaching(client, batch.id, {"expired", "completed"})
         output, errors = lines_of(client, expired.output_file_id), lines_of(client, expired.error_file_id)
     assert expired.status == "expired" and expired.expired_at is not None
     counts = expired.request_counts
@@ -153,7 +145,7 @@ def test_another_tenants_key_sees_nothing(client_for, make_key) -> None:
     uploaded = owner.files.create(file=("in.jsonl", jsonl([chat_line("x")])), purpose="batch")
     batch = owner.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                  completion_window="24h")
-    done = wait_for(owner, batch.id, {"completed"})
+    done = batch_reaching(owner, batch.id, {"completed"})
     assert done.output_file_id is not None
     for call in (lambda: other.batches.retrieve(batch.id), lambda: other.batches.cancel(batch.id),
                  lambda: other.files.retrieve(uploaded.id), lambda: other.files.content(uploaded.id),
@@ -191,7 +183,7 @@ def test_files_list_like_openai_and_only_the_tenants_own(client_for, make_key) -
     client.files.delete(made[1])
     assert [f.id for f in client.files.list()] == [made[2], made[0]]  # a deleted file is not listed
     batch = client.batches.create(input_file_id=made[0], endpoint="/v1/chat/completions", completion_window="24h")
-    done = wait_for(client, batch.id, {"completed"})
+    done = batch_reaching(client, batch.id, {"completed"})
     assert [f.id for f in client.files.list(purpose="batch_output")] == [done.output_file_id]
     assert [f.id for f in client.files.list(purpose="batch")] == [made[2], made[0]]
     assert all(isinstance(f, FileObject) for f in client.files.list())
@@ -208,7 +200,7 @@ def test_a_spent_daily_budget_stops_the_batch_and_fails_the_rest(client_for, red
                                    purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
-    done = wait_for(client, batch.id, {"completed", "failed"})
+    done = batch_reaching(client, batch.id, {"completed", "failed"})
     assert done.status == "completed" and done.request_counts is not None
     assert 0 < done.request_counts.completed < 60 and done.request_counts.failed > 0
     output, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from serving.gateway.batch.store import batch_key, tenant_work_key, work_key
+from tests.support.batches import batch_reaching
 from tests.support.gateway import GENEROUS
 from tests.support.servers import HANG_BOUND_S
 from tests.support.waiting import eventually
@@ -33,15 +34,8 @@ def create_batch(client: openai.OpenAI, ids: list[str]):
                                  completion_window="24h")
 
 
-def wait_for(client: openai.OpenAI, batch_id: str, until: set[str]):
-    deadline = time.monotonic() + HANG_BOUND_S
-    while (current := client.batches.retrieve(batch_id)).status not in until and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return current
-
-
 def run_batch(client: openai.OpenAI, ids: list[str], until: set[str]):
-    return wait_for(client, create_batch(client, ids).id, until)
+    return batch_reaching(client, create_batch(client, ids).id, until)
 
 
 def samples(metrics_url: str) -> dict[tuple[str, tuple], float]:
@@ -192,9 +186,9 @@ def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, 
             small = create_batch(small_client, [f"small-{n}" for n in range(3)])
             assert enqueued(small.id)
             gate.set()
-            small_done = wait_for(small_client, small.id, {"completed", "failed"})
+            small_done = batch_reaching(small_client, small.id, {"completed", "failed"})
             big_meanwhile = big_client.batches.retrieve(big.id)
-            big_done = wait_for(big_client, big.id, {"completed", "failed"})
+            big_done = batch_reaching(big_client, big.id, {"completed", "failed"})
             output = [json.loads(x) for x in big_client.files.content(str(big_done.output_file_id)).text.splitlines()]
             deadline = time.monotonic() + HANG_BOUND_S
             while plain.exists(work_key(big.id), work_key(small.id)) and time.monotonic() < deadline:
@@ -243,11 +237,11 @@ def test_a_rate_limited_tenant_does_not_hold_the_workers(start_gateway, redis_se
             time.sleep(0.05)
         assert samples(metrics).get(refused, 0) >= 1, "no line of A was refused by its rate"
         b = batch_of(b_client, ["b-0"])
-        b_done = wait_for(b_client, b.id, {"completed", "failed"})
+        b_done = batch_reaching(b_client, b.id, {"completed", "failed"})
         contents = [json.loads(s.body)["messages"][0]["content"] for s in recorded.seen]
         a_meanwhile = a_reader.batches.retrieve(a.id)
         a_reader.batches.cancel(a.id)
-        wait_for(a_reader, a.id, {"cancelled"})
+        batch_reaching(a_reader, a.id, {"cancelled"})
     assert b_done.status == "completed"
     a_before_b = [c for c in contents[:contents.index("b-0")] if c.startswith("a-")]
     assert len(a_before_b) <= 4  # A's burst only: none of its refused lines ran before B's line

@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
-import redis
 
 from infra.spec.stack_file import PROJECT_ROOT
 from serving.gateway.limits.budget_metrics import BudgetUsage
@@ -67,43 +66,36 @@ def test_dollars_and_tokens_at_a_rate():
 
 
 
-@pytest.fixture
-def db(redis_server):
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushall()
-    yield client
-    client.close()
 
-
-def admit(db, key_id: str, tokens: int, key_budget_usd: str = "0", tenant_budget_usd: str = "0") -> list:
-    return db.eval(ADMIT, 1, spend_key("acme", "2026-11"), key_id, cost_nano_usd(tokens, RATE),
+def admit(empty_redis, key_id: str, tokens: int, key_budget_usd: str = "0", tenant_budget_usd: str = "0") -> list:
+    return empty_redis.eval(ADMIT, 1, spend_key("acme", "2026-11"), key_id, cost_nano_usd(tokens, RATE),
                    nano_usd(Decimal(key_budget_usd)), nano_usd(Decimal(tenant_budget_usd)), spend_expire_at("2026-11"))
 
 
-def test_key_budget_refuses_then_settlement_refunds(db):
+def test_key_budget_refuses_then_settlement_refunds(empty_redis):
     # $1 at $0.25/1M tokens buys 4M tokens: four 1M-token reservations fit, a fifth does not.
-    assert [admit(db, "k1", 1_000_000, "1")[0] for _ in range(5)] == [1, 1, 1, 1, 0]
-    assert admit(db, "k1", 1_000_000, "1")[1:] == ["key", "1000000000", "1000000000"]
+    assert [admit(empty_redis, "k1", 1_000_000, "1")[0] for _ in range(5)] == [1, 1, 1, 1, 0]
+    assert admit(empty_redis, "k1", 1_000_000, "1")[1:] == ["key", "1000000000", "1000000000"]
     # One request used only half its reservation: the refund makes room for half a million tokens.
     refund = cost_nano_usd(500_000, RATE) - cost_nano_usd(1_000_000, RATE)
-    db.eval(SETTLE, 1, spend_key("acme", "2026-11"), "k1", refund, spend_expire_at("2026-11"))
-    assert admit(db, "k1", 500_000, "1")[0] == 1
-    assert admit(db, "k1", 1, "1")[0] == 0
-    assert db.expiretime(spend_key("acme", "2026-11")) == spend_expire_at("2026-11")
+    empty_redis.eval(SETTLE, 1, spend_key("acme", "2026-11"), "k1", refund, spend_expire_at("2026-11"))
+    assert admit(empty_redis, "k1", 500_000, "1")[0] == 1
+    assert admit(empty_redis, "k1", 1, "1")[0] == 0
+    assert empty_redis.expiretime(spend_key("acme", "2026-11")) == spend_expire_at("2026-11")
 
 
-def test_tenant_budget_covers_all_its_keys_and_zero_means_none(db):
-    assert admit(db, "k1", 3_000_000, tenant_budget_usd="1")[0] == 1
-    assert admit(db, "k2", 2_000_000, tenant_budget_usd="1")[:2] == [0, "tenant"]
-    assert admit(db, "k2", 1_000_000, tenant_budget_usd="1")[0] == 1
-    assert admit(db, "k3", 10**9)[0] == 1  # no budget at all
+def test_tenant_budget_covers_all_its_keys_and_zero_means_none(empty_redis):
+    assert admit(empty_redis, "k1", 3_000_000, tenant_budget_usd="1")[0] == 1
+    assert admit(empty_redis, "k2", 2_000_000, tenant_budget_usd="1")[:2] == [0, "tenant"]
+    assert admit(empty_redis, "k2", 1_000_000, tenant_budget_usd="1")[0] == 1
+    assert admit(empty_redis, "k3", 10**9)[0] == 1  # no budget at all
 
 
-def test_usd_to_nano_reads_a_stored_decimal(db):
+def test_usd_to_nano_reads_a_stored_decimal(empty_redis):
     script = BUDGET_LUA + "return string.format('%.0f', usd_to_nano(ARGV[1]))"
-    assert db.eval(script, 0, "12.5") == "12500000000"
-    assert db.eval(script, 0, "250.10") == "250100000000"
-    assert db.eval(script, 0, "") == "0"
+    assert empty_redis.eval(script, 0, "12.5") == "12500000000"
+    assert empty_redis.eval(script, 0, "250.10") == "250100000000"
+    assert empty_redis.eval(script, 0, "") == "0"
 
 
 CHARGER = """
@@ -123,18 +115,18 @@ print(admitted)
 """
 
 
-def test_two_gateway_processes_share_one_budget(db, redis_server):
+def test_two_gateway_processes_share_one_budget(empty_redis, redis_server):
     # Two processes race 60 admissions each of $0.25 against one $10 budget: exactly 40 fit.
     key = spend_key("acme", "2026-11")
     runs = [subprocess.Popen([sys.executable, "-c", CHARGER, redis_server.url, key], cwd=PROJECT_ROOT,
                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
     deadline = time.monotonic() + 60
-    while db.get("ready") != "2" and time.monotonic() < deadline:
+    while empty_redis.get("ready") != "2" and time.monotonic() < deadline:
         time.sleep(0.05)
-    db.rpush("go", 1, 2)
+    empty_redis.rpush("go", 1, 2)
     admitted = [int(run.communicate(timeout=60)[0]) for run in runs]
     assert sum(admitted) == 40, admitted
-    assert db.hget(key, "key:k1") == db.hget(key, "tenant") == str(10_000_000_000)
+    assert empty_redis.hget(key, "key:k1") == empty_redis.hget(key, "tenant") == str(10_000_000_000)
 
 
 def test_budget_gauge_shows_only_the_current_month():

@@ -6,7 +6,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date, datetime, timezone
 
-import pytest
 import redis
 from redis.crc import key_slot
 
@@ -34,19 +33,13 @@ return 1
 """
 
 
-@pytest.fixture
-def db(redis_server):
-    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.flushall()
-    yield client
-    client.close()
 
-
-def settle(db, tenant: str, key_id: str, model: str, prompt: int, completion: int, moment: datetime = NOV_5) -> None:
+def settle(empty_redis, tenant: str, key_id: str, model: str, prompt: int, completion: int,
+           moment: datetime = NOV_5) -> None:
     keys, args = record_call(tenant, key_id, model, prompt, completion, moment)
     slots = f"llmstack:{{tenant:{tenant}}}:key:{key_id}:slots"
-    db.zadd(slots, {"slot-1": 1})
-    db.eval(SETTLE_WITH_LEDGER, 2, slots, *keys, "slot-1", *args)
+    empty_redis.zadd(slots, {"slot-1": 1})
+    empty_redis.eval(SETTLE_WITH_LEDGER, 2, slots, *keys, "slot-1", *args)
 
 
 def test_ledger_keys_share_the_slot_of_the_tenants_counters():
@@ -65,32 +58,32 @@ def test_hostile_tenant_names_stay_inside_their_tag():
     assert parse_usage_key("llmstack:{key:abc}:daily") is None
 
 
-def test_settlement_records_tokens_per_key_and_model(db):
-    settle(db, "acme", "k1", "llama", 100, 20)
-    settle(db, "acme", "k1", "llama", 5, 0)
-    settle(db, "acme", "k2", "org/model|v2", 7, 3)
-    settle(db, "acme", "k2", "llama", 0, 0)  # nothing billed: nothing recorded
-    settle(db, "beta", "k9", "llama", 10**15, 1)  # large counts stay exact (no exponent notation)
+def test_settlement_records_tokens_per_key_and_model(empty_redis):
+    settle(empty_redis, "acme", "k1", "llama", 100, 20)
+    settle(empty_redis, "acme", "k1", "llama", 5, 0)
+    settle(empty_redis, "acme", "k2", "org/model|v2", 7, 3)
+    settle(empty_redis, "acme", "k2", "llama", 0, 0)  # nothing billed: nothing recorded
+    settle(empty_redis, "beta", "k9", "llama", 10**15, 1)  # large counts stay exact (no exponent notation)
     name = usage_key("acme", NOV_5.date())
-    assert db.zcard("llmstack:{tenant:acme}:key:k1:slots") == 0  # the settle's own work ran too
-    assert parse_usage_hash("acme", NOV_5.date(), db.hgetall(name)) == [
+    assert empty_redis.zcard("llmstack:{tenant:acme}:key:k1:slots") == 0  # the settle's own work ran too
+    assert parse_usage_hash("acme", NOV_5.date(), empty_redis.hgetall(name)) == [
         DailyUsage(NOV_5.date(), "acme", "k1", "llama", 105, 20, 2),
         DailyUsage(NOV_5.date(), "acme", "k2", "org/model|v2", 7, 3, 1)]
-    assert db.hget(usage_key("beta", NOV_5.date()), "k9|prompt|llama") == str(10**15)
-    assert db.expiretime(name) == expire_at(NOV_5.date())
+    assert empty_redis.hget(usage_key("beta", NOV_5.date()), "k9|prompt|llama") == str(10**15)
+    assert empty_redis.expiretime(name) == expire_at(NOV_5.date())
     day_end = int(datetime(2026, 11, 6, tzinfo=timezone.utc).timestamp())
     assert expire_at(NOV_5.date()) == day_end + RETENTION_DAYS * 86400
 
 
-def test_days_are_separate_hashes_found_by_pattern(db):
-    settle(db, "acme", "k1", "llama", 1, 1, NOV_5)
-    settle(db, "beta", "k2", "llama", 1, 1, NOV_5)
-    settle(db, "acme", "k1", "llama", 1, 1, datetime(2026, 11, 6, 0, 0, 1, tzinfo=timezone.utc))
-    assert sorted(db.scan_iter(match=day_pattern(NOV_5.date()))) == [usage_key("acme", NOV_5.date()),
+def test_days_are_separate_hashes_found_by_pattern(empty_redis):
+    settle(empty_redis, "acme", "k1", "llama", 1, 1, NOV_5)
+    settle(empty_redis, "beta", "k2", "llama", 1, 1, NOV_5)
+    settle(empty_redis, "acme", "k1", "llama", 1, 1, datetime(2026, 11, 6, 0, 0, 1, tzinfo=timezone.utc))
+    assert sorted(empty_redis.scan_iter(match=day_pattern(NOV_5.date()))) == [usage_key("acme", NOV_5.date()),
                                                                       usage_key("beta", NOV_5.date())]
 
 
-def test_concurrent_settlements_lose_nothing(db, redis_server):
+def test_concurrent_settlements_lose_nothing(empty_redis, redis_server):
     def worker(n: int) -> None:
         client = redis.Redis.from_url(redis_server.url)
         script = client.register_script(SETTLE_WITH_LEDGER)
@@ -101,6 +94,6 @@ def test_concurrent_settlements_lose_nothing(db, redis_server):
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(worker, range(4)))
-    rows = parse_usage_hash("acme", NOV_5.date(), db.hgetall(usage_key("acme", NOV_5.date())))
+    rows = parse_usage_hash("acme", NOV_5.date(), empty_redis.hgetall(usage_key("acme", NOV_5.date())))
     assert [(r.key_id, r.prompt_tokens, r.completion_tokens, r.requests) for r in rows] == [
         ("k0", 600, 400, 200), ("k1", 600, 400, 200)]
