@@ -37,12 +37,13 @@ class SaturationThresholds(BaseModel):
     engine_waiting_per_replica: float = Field(
         default=1.0, gt=0,
         description="Scale up when vLLM's schedulers hold at least this many requests waiting per replica (averaged "
-                    "over Serve's look-back window): the engine has no room (KV cache or max_num_seqs) for them. "
-                    "1: any request that waits for a whole window's average is one too many.")
+                    "over Serve's look-back window): the engine has no room (KV cache or max_num_seqs) to start "
+                    "them. 1: on average every replica had a request it could not start.")
     kv_cache_high: float = Field(
         default=0.9, gt=0, le=1,
-        description="Scale up when the replicas' mean KV cache use reaches this fraction: past it a new long prompt "
-                    "no longer fits and vLLM queues or preempts. 0.9 leaves one long prompt's room on a typical GPU.")
+        description="Scale up when the replicas' mean KV cache use reaches this fraction. vLLM takes KV blocks as "
+                    "sequences grow: near full, a new long prompt waits and running sequences get preempted "
+                    "(recomputed), which costs every stream on the replica.")
     kv_cache_low: float = Field(
         default=0.5, ge=0, lt=1,
         description="Scale down only if the KV use spread over one replica fewer stays under this fraction. Must be "
@@ -53,8 +54,10 @@ class SaturationThresholds(BaseModel):
                     "requests the gateway keeps out of the engine because its capacity is used up.")
     queue_wait_s: float = Field(
         default=2.0, gt=0,
-        description="Scale up when a request joining the gateway's queue now would wait this long (its depth times "
-                    "the mean slot time, over the capacity; a p90 proxy that does not lag behind the waits).")
+        description="Scale up when a request joining the gateway's queue now would wait this long: its depth times "
+                    "the mean time a slot is held, over the model's capacity (the queue's own figures in Redis). "
+                    "An estimate that moves with the queue; the measured waits (their p90) are the gateway's "
+                    "llmstack_gateway_queue_wait_seconds, which trail the queue by the wait itself.")
     cooldown_s: float = Field(
         default=60.0, ge=0,
         description="Hold the replica count this long after any change: Serve's look-back window still averages "
