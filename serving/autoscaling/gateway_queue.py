@@ -30,7 +30,8 @@ from serving.autoscaling.signals import QueueFigures
 from serving.gateway.capacity.store import capacity_key
 from serving.gateway.fair_queue import queue_keys
 
-log = logging.getLogger("llmstack.autoscaling")
+# Under Serve's logger ("ray.serve"): the policy runs in Serve's controller, whose log it joins.
+log = logging.getLogger("ray.serve.llmstack_autoscaling")
 
 REDIS_URL_ENV = "LLMSTACK_AUTOSCALING_REDIS_URL"
 

@@ -34,7 +34,8 @@ STATE_KEY = "llmstack_saturation"  # the last decision's reason, kept in Serve's
 # configured but unread (Redis down, figures stale) is unknown, and holds scale-downs.
 NOT_WATCHED = QueueFigures(depth=0, expected_wait_s=0.0)
 
-log = logging.getLogger("llmstack.autoscaling")
+# Under Serve's logger ("ray.serve"): the policy runs in Serve's controller, whose log it joins.
+log = logging.getLogger("ray.serve.llmstack_autoscaling")
 
 
 class SaturationPolicy:
