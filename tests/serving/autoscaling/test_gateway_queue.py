@@ -29,11 +29,17 @@ async def with_waiters(url: str, model: str, waiting: int, check) -> None:
         await first.release()
         blocker = await queue.acquire(model, "a")
         tasks = [asyncio.create_task(queue.acquire(model, f"t{i}", tier="standard")) for i in range(waiting)]
-        await eventually_async(lambda: queued_at_least(queue, model, waiting), "queued")
-        await asyncio.to_thread(check)
-        await blocker.release()
-        for task in tasks:
-            await (await asyncio.wait_for(task, HANG_BOUND_S)).release()
+        try:
+            await eventually_async(lambda: queued_at_least(queue, model, waiting), "queued")
+            await asyncio.to_thread(check)
+        finally:
+            await blocker.release()
+        async def served(task: asyncio.Task) -> None:
+            await (await task).release()
+
+        # Whichever the queue admits first releases first: awaiting them in creation order would
+        # hold the one slot for a waiter that arrived later and deadlock until the queue's timeout.
+        await asyncio.wait_for(asyncio.gather(*(served(task) for task in tasks)), HANG_BOUND_S)
     finally:
         await queue.aclose()
 
