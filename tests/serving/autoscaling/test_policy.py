@@ -133,3 +133,23 @@ def test_the_replica_class_keeps_rays_name_and_adds_only_the_report():
 
     assert LLMServer.__name__ == RayLLMServer.__name__  # the deployment stays `LLMServer:<model>`
     assert [name for name in vars(LLMServer) if not name.startswith("_")] == ["record_autoscaling_stats"]
+
+
+def test_vllms_own_loader_finds_the_tap_through_the_entry_point_pyproject_declares(tmp_path, monkeypatch):
+    import tomllib
+
+    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+
+    from infra.spec.stack_file import PROJECT_ROOT
+    from serving.autoscaling.replica import PLUGIN_GROUP, tap_installed
+
+    declared = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["entry-points"][PLUGIN_GROUP]
+    # What `pip install` writes from it, in a distribution of its own on the path.
+    dist = tmp_path / "llmstack_probe-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: llmstack-probe\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(f"[{PLUGIN_GROUP}]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert tap_installed()
+    assert SchedulerLoadTap in load_stat_logger_plugin_factories()
