@@ -48,12 +48,17 @@ from infra.spec.schema import (
     ModelSpec,
     NgramSpeculation,
     Routing,
+    ScalingPolicy,
     StackSpec,
 )
+from serving.autoscaling.policy import POLICY_FUNCTION as SATURATION_POLICY
 
 APP_NAME = "llm"  # the one application of the paths through an OpenAI ingress
 MODELS_APP_NAME = "models"  # direct path: `GET /v1/models` for every model, at `/`
 APP_IMPORT_PATH = "serving.app:build_app"
+# Ray Serve LLM's LLMServer plus the engine figures Serve's autoscaler asks replicas for; only
+# models scaled on saturation run it (serving.autoscaling.replica).
+SATURATION_SERVER_CLS = "serving.autoscaling.replica:LLMServer"
 MODELS_APP_IMPORT_PATH = "serving.app:build_model_list_app"
 SERVE_PORT = 8000
 # RFC 6761 reserves .invalid: no such host resolves, so a media URL naming it fetches nothing.
@@ -133,6 +138,10 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
         # reads it from there. So a routing change restarts the model's replicas.
         "deployment_config": {"request_router_config": {"request_router_class": REQUEST_ROUTERS[model.routing]}},
     }
+    if model.autoscaling.policy is ScalingPolicy.SATURATION:
+        # In `args`, so switching the policy restarts the model's replicas; its thresholds are in
+        # `deployments:` and change in place.
+        config["server_cls"] = SATURATION_SERVER_CLS
     # An allowed host must not redirect the engine elsewhere (vLLM follows redirects by default).
     env_vars = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
     config["runtime_env"] = {"env_vars": env_vars}
@@ -174,19 +183,36 @@ def llm_deployment_name(model: ModelSpec) -> str:
     return "LLMServer:" + model.model_name.replace("/", "--").replace(".", "_")
 
 
-def deployment_overrides(model: ModelSpec) -> dict[str, Any]:
+def deployment_overrides(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
     """One model's replica scaling, as a Serve `deployments:` entry (applied in place)."""
     scaling = model.autoscaling
+    autoscaling_config: dict[str, Any] = {
+        "min_replicas": scaling.min_replicas,
+        "max_replicas": scaling.max_replicas,
+        "target_ongoing_requests": scaling.target_ongoing_requests,
+        "upscale_delay_s": scaling.upscale_delay_s,
+        "downscale_delay_s": scaling.downscale_delay_s,
+    }
+    if scaling.policy is ScalingPolicy.SATURATION:
+        autoscaling_config["policy"] = {"policy_function": SATURATION_POLICY,
+                                        "policy_kwargs": saturation_policy_kwargs(model, spec)}
     return {
         "name": llm_deployment_name(model),
         "max_ongoing_requests": scaling.max_ongoing_requests,
-        "autoscaling_config": {
-            "min_replicas": scaling.min_replicas,
-            "max_replicas": scaling.max_replicas,
-            "target_ongoing_requests": scaling.target_ongoing_requests,
-            "upscale_delay_s": scaling.upscale_delay_s,
-            "downscale_delay_s": scaling.downscale_delay_s,
-        },
+        "autoscaling_config": autoscaling_config,
+    }
+
+
+def saturation_policy_kwargs(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
+    """`serving.autoscaling.policy.SaturationPolicy`'s arguments: the thresholds, and which
+    gateway queue is the model's (none when the gateway queues nothing). No Redis URL: that is
+    a secret, and the Serve config is not (it comes from the controller's environment)."""
+    queue = spec.gateway.queue
+    return {
+        "thresholds": model.autoscaling.saturation.model_dump(mode="json"),
+        "queue": {"model": model.model_name, "tiers": len(queue.tiers),
+                  "max_ongoing_requests": model.autoscaling.max_ongoing_requests,
+                  "max_replicas": model.autoscaling.max_replicas} if queue.enabled else None,
     }
 
 
@@ -246,7 +272,7 @@ def applications(spec: StackSpec, model_cache_bucket: str | None = None,
             "route_prefix": "/",
             "import_path": APP_IMPORT_PATH,
             "args": serving_args(spec, model_cache_bucket),
-            "deployments": [*(deployment_overrides(m) for m in spec.models), *ingress_overrides(spec)],
+            "deployments": [*(deployment_overrides(m, spec) for m in spec.models), *ingress_overrides(spec)],
         }]
     # Direct streaming serves exactly one model per application (ray.llm's build_openai_app).
     per_model = [{
@@ -254,7 +280,7 @@ def applications(spec: StackSpec, model_cache_bucket: str | None = None,
         "route_prefix": route_prefix(m, path),
         "import_path": APP_IMPORT_PATH,
         "args": {"llm_configs": [llm_config(m, spec, model_cache_bucket)]},
-        "deployments": [deployment_overrides(m)],
+        "deployments": [deployment_overrides(m, spec)],
     } for m in spec.models]
     return [*per_model, _model_list_app(spec)]
 

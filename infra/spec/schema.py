@@ -22,6 +22,9 @@ from infra.catalog import versions
 from infra.catalog.gpu_catalog import GpuClass, InstanceType, default_instance_for, load_catalog
 from infra.catalog.images import missing_registry_problem
 
+# The Serve autoscaling policy reads the same thresholds; one model keeps a field and its bound in one place.
+from serving.autoscaling.decision import SaturationThresholds
+
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
 from serving.gateway.capacity.policy import LatencyTarget
 from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
@@ -220,8 +223,27 @@ class DraftModelSpeculation(_Spec):
 Speculation = Annotated[NgramSpeculation | DraftModelSpeculation, Field(discriminator="method")]
 
 
+class ScalingPolicy(str, Enum):
+    """What Serve scales a model's replicas on (`autoscaling_config.policy`)."""
+
+    ONGOING = "ongoing"  # Serve's default: requests in flight per replica against target_ongoing_requests
+    SATURATION = "saturation"  # serving.autoscaling: engine waiting, KV cache use, the gateway queue's depth and wait
+
+
 class Autoscaling(_Spec):
     """Ray Serve autoscaling for one model's replicas (names follow `autoscaling_config`)."""
+
+    policy: ScalingPolicy = Field(
+        default=ScalingPolicy.ONGOING,
+        description="`ongoing`: Serve's default, replicas follow the requests in flight (target_ongoing_requests). "
+                    "`saturation`: replicas follow what fills an LLM replica and what users wait for: requests "
+                    "waiting in vLLM, its KV cache use, and the gateway queue's depth and expected wait for the "
+                    "model (thresholds in `saturation`). Suits long prompts at low concurrency, which fill the KV "
+                    "cache long before the in-flight count reaches its target. Switching restarts the model's "
+                    "replicas (its server class changes); the thresholds change in place.")
+    saturation: SaturationThresholds = Field(
+        default_factory=SaturationThresholds,
+        description="With policy saturation: when the replicas count as full (any signal) and as idle (all quiet).")
 
     min_replicas: int = Field(default=1, ge=0, description="Replicas kept when idle.")
     max_replicas: int = Field(default=1, ge=1, description="Most replicas under load.")

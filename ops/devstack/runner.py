@@ -32,7 +32,7 @@ from typing import Any
 
 from infra.render.gateway import gateway_settings
 from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
-from infra.spec.schema import CpuNodeGroup, StackSpec
+from infra.spec.schema import CpuNodeGroup, ScalingPolicy, StackSpec
 from infra.spec.stack_file import load_stack
 from ops.devstack.edge import start_edge
 from ops.devstack.local_models import ensure_local_models
@@ -41,6 +41,7 @@ from ops.devstack.lock import AlreadyRunning, DevLock
 from ops.devstack.serve import DEPLOY_TIMEOUT_S, haproxy_dir, local_serve_config, local_serving_env
 from ops.harness.processes import PortClaims, die_with_parent, free_port, terminate, wait_for_http
 from ops.paths import state_dir
+from serving.autoscaling.gateway_queue import REDIS_URL_ENV as AUTOSCALING_REDIS_URL_ENV
 
 DEFAULT_GATEWAY_PORT = 8080
 Say = Callable[[str], None]
@@ -60,12 +61,16 @@ def ray_cpus(spec: StackSpec) -> int:
 
 
 def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPath = SERVING_PATH,
-                    haproxy_files: str | None = None) -> dict[str, Any]:
+                    haproxy_files: str | None = None, redis_url: str | None = None) -> dict[str, Any]:
     """Start local Ray and deploy the serve config declaratively, as KubeRay does; show
     progress. Returns how another process reaches this Ray (`llmctl status|scale`).
-    `haproxy_files`: where HAProxy keeps its files (`ops.devstack.serve.haproxy_dir`)."""
+    `haproxy_files`: where HAProxy keeps its files (`ops.devstack.serve.haproxy_dir`).
+    `redis_url`: the gateway's Redis, where Serve's controller reads the gateway queue of models
+    scaled on saturation (serving.autoscaling.gateway_queue)."""
     # Before Ray is imported: Ray reads these at import, in this process and every one it starts.
     os.environ.update(local_serving_env(spec, path, haproxy_files or haproxy_dir()))
+    if redis_url and any(m.autoscaling.policy is ScalingPolicy.SATURATION for m in spec.models):
+        os.environ[AUTOSCALING_REDIS_URL_ENV] = redis_url
     import ray
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
@@ -207,7 +212,7 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             haproxy_files = haproxy_dir()
             cleanup.callback(shutil.rmtree, haproxy_files, ignore_errors=True)
             cleanup.callback(_stop_ray, lambda: {redis.process.pid} if redis else set())
-            ray_info = start_ray_serve(spec, serve_port, say, path, haproxy_files)
+            ray_info = start_ray_serve(spec, serve_port, say, path, haproxy_files, redis.url if redis else None)
             redis_url = redis.url if redis else None
             key_file = None if redis_url else state_dir() / "dev-key"
             metrics_port, gateway_port, edge_health_port = claims.claim(), claims.claim(), claims.claim()
