@@ -2,7 +2,7 @@
 
 Measured once: the gateway already keeps, per model, its waiting requests (one sorted set per
 tier), the mean time a slot is held (`svc_us`), the live replica count it was told and the
-adapted capacity per replica (serving.gateway.fair_queue, fair_queue.lua, capacity.store). This
+adapted capacity per replica (serving.gateway.queue.fair_queue, fair_queue.lua, capacity.store). This
 reads those keys with read-only commands (ZCARD, HGET, GET: never the queue's script, which
 also reclaims and admits) and derives the wait a request joining now would see.
 
@@ -28,7 +28,7 @@ from typing import Any
 from serving.autoscaling.decision import expected_wait_s
 from serving.autoscaling.signals import QueueFigures
 from serving.gateway.capacity.store import capacity_key
-from serving.gateway.fair_queue import queue_keys
+from serving.gateway.queue.fair_queue import queue_keys
 
 # Under Serve's logger ("ray.serve"): the policy runs in Serve's controller, whose log it joins.
 log = logging.getLogger("ray.serve.llmstack_autoscaling")

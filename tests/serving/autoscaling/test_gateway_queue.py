@@ -10,7 +10,7 @@ import redis
 
 from serving.autoscaling.gateway_queue import REDIS_URL_ENV, GatewayQueue, QueueSource, read_figures
 from serving.gateway.capacity.store import capacity_key
-from serving.gateway.fair_queue import queue_keys
+from serving.gateway.queue.fair_queue import queue_keys
 from tests.support.fair_queue import HANG_BOUND_S, POLICY, fresh_model, one_slot, opened, queued_at_least
 from tests.support.waiting import eventually, eventually_async
 
