@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from infra.plan.planner import StackPlan
 from infra.spec.schema import ModelSpec, StackSpec
-from serving.gateway.capacity.policy import ModelCapacity
+from serving.gateway.config.capacity_policy import ModelCapacity
 
 ITL_HEADROOM = 3.0
 ITL_FLOOR_MS = 50.0

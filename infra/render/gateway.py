@@ -27,6 +27,7 @@ from typing import Any
 
 from infra.plan.cache_layout import batches_uri
 from infra.plan.cost import estimated_throughputs, node_prices, rate_card, stack_costs
+from infra.plan.latency_target import model_capacities
 from infra.plan.planner import StackPlan, plan_stack
 from infra.render.common import (
     COMPONENT_LABEL,
@@ -80,6 +81,7 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
     when the stack sets `gateway.queue.live_replicas`)."""
     if serve_dashboard_url is None and spec.gateway.queue.live_replicas:
         serve_dashboard_url = SERVE_DASHBOARD_URL
+    plan = plan or plan_stack(spec)
     return json.dumps({
         **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
         **spec.gateway.policy_settings(),
@@ -93,6 +95,8 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
                                 if m.allowed_media_domains is not None},
         "model_usd_per_million_tokens": gateway_rates(spec, plan),
         "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
+        "model_capacities": {name: capacity.model_dump(mode="json")
+                             for name, capacity in model_capacities(spec, plan).items()},
         "model_routes": model_routes(spec, path),
         **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
         "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},

@@ -26,7 +26,7 @@ from infra.catalog.images import missing_registry_problem
 from serving.autoscaling.decision import SaturationThresholds
 
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
-from serving.gateway.capacity.policy import LatencyTarget
+from serving.gateway.config.capacity_policy import LatencyTarget
 from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"

@@ -1,6 +1,7 @@
 """A model's capacity that follows its latency target, agreed by every gateway replica in Redis.
+The targets and bounds per model are serving.gateway.config.capacity_policy (the stack's
+`latency_target`, and what the gateway reads of it).
 
-- `policy`: the stack's `latency_target` per model, and what the gateway needs per model.
 - `histogram`: latency samples as log-spaced bucket counts, merged across replicas by addition.
 - `law`: the control law (AIMD on the latency target), pure.
 - `store`: the Redis side (capacity.lua): every replica reports its samples per window, one

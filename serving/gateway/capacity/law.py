@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from serving.gateway.capacity.histogram import quantile_ms
-from serving.gateway.capacity.policy import ModelCapacity
+from serving.gateway.config.capacity_policy import ModelCapacity
 
 
 class Move(str, Enum):

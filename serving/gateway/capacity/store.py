@@ -38,8 +38,8 @@ from serving.gateway.capacity.law import (
     next_state,
     summarize,
 )
-from serving.gateway.capacity.policy import ModelCapacity
 from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer, WindowReport
+from serving.gateway.config.capacity_policy import ModelCapacity
 
 log = logging.getLogger("llmstack.gateway.capacity")
 
@@ -153,9 +153,11 @@ class CapacityStore:
         """The capacity this process last read, without a round trip (None before its first tick)."""
         return self._slots.get(model)
 
-    async def run(self, recorder: LatencyRecorder, replicas: Callable[[str], int]) -> None:
+    async def run(self, recorder: LatencyRecorder, replicas: Callable[[str], int],
+                  on_slots: Callable[[str, int], None] | None = None) -> None:
         """Tick every model twice a window until cancelled; a failure skips a tick (its samples
-        are dropped: the next windows measure again) and the capacity stays as last read."""
+        are dropped: the next windows measure again) and the capacity stays as last read.
+        `on_slots(model, slots)`: told the capacity per replica after each tick (a gauge)."""
         from redis.exceptions import RedisError
 
         while True:
@@ -163,7 +165,9 @@ class CapacityStore:
             for model in self.models:
                 report = recorder.take(model)
                 try:
-                    await self.tick(model, report, max(1, replicas(model)))
+                    slots = await self.tick(model, report, max(1, replicas(model)))
+                    if on_slots is not None:
+                        on_slots(model, slots)
                 except (RedisError, OSError, TimeoutError) as exc:
                     log.warning("capacity of model %s not updated (%s)", model, type(exc).__name__)
                 except Exception:  # a bug must not stop the loop: the capacity would freeze unseen
@@ -181,15 +185,17 @@ class AdaptiveCapacity:
     `replicas(model)`: the model's replicas now (the fair queue's live count, else max_replicas)."""
 
     def __init__(self, redis_url: str, models: Mapping[str, ModelCapacity], *, replicas: Callable[[str], int],
-                 window_s: float = DEFAULT_WINDOW_S, tuning: Tuning = DEFAULT_TUNING) -> None:
+                 window_s: float = DEFAULT_WINDOW_S, tuning: Tuning = DEFAULT_TUNING,
+                 on_slots: Callable[[str, int], None] | None = None) -> None:
         self.models = dict(models)
         self.recorder = LatencyRecorder(self.models)
         self.store = CapacityStore(redis_url, self.models, window_s=window_s, tuning=tuning)
-        self._replicas = replicas
+        self._replicas, self._on_slots = replicas, on_slots
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self.store.run(self.recorder, self._replicas), name="adaptive-capacity")
+        self._task = asyncio.create_task(self.store.run(self.recorder, self._replicas, self._on_slots),
+                                         name="adaptive-capacity")
 
     async def aclose(self) -> None:
         if self._task is not None:

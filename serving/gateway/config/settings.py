@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 
+from serving.gateway.config.capacity_policy import ModelCapacity
 from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
 from serving.gateway.config.queue_policy import ModelQueue
 from serving.gateway.protocol.routes import is_canonical
@@ -81,6 +82,12 @@ class GatewaySettings(GatewayPolicy):
         default_factory=dict,
         description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
                     "not named here is never queued.",
+    )
+    model_capacities: dict[str, ModelCapacity] = Field(
+        default_factory=dict,
+        description="Latency targets and capacity bounds per served model (serving.gateway.capacity): a queued "
+                    "model listed here with adaptive on has its capacity per replica moved between min_slots and "
+                    "max_slots to keep its targets; any other model keeps max_ongoing_requests per replica.",
     )
     serve_dashboard_url: str | None = Field(
         default=None,

@@ -1,6 +1,7 @@
 """What one gateway process runs, built from its settings (`build`), and started and stopped
-with the public app (`lifespan`): the metrics, the upstream pool, the limiter, the fair queue
-and its replica feed, the admitter, the Batch API with its workers, Redis's memory watcher.
+with the public app (`lifespan`): the metrics, the upstream pool, the limiter, the fair queue,
+its replica feed and the adaptive capacity it shares, the admitter, the Batch API with its
+workers, Redis's memory watcher.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from serving.gateway.batch.api import BatchApi
 from serving.gateway.batch.runner import BatchRunner
 from serving.gateway.batch.storage import storage_for
 from serving.gateway.batch.store import BatchStore
+from serving.gateway.capacity.store import AdaptiveCapacity
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.limiter import Limiter
 from serving.gateway.queue.fair_queue import FairQueue
@@ -59,6 +61,7 @@ class Services:
     limiter: Limiter
     queue: FairQueue | None
     feed: ReplicaFeed | None
+    capacity: AdaptiveCapacity | None
     admitter: Admitter
     batch_api: BatchApi | None
     batch_redis: Any  # redis.asyncio.Redis of the Batch API's own pool, when it runs
@@ -73,6 +76,8 @@ class Services:
             await self.queue.start()
         if self.feed is not None:
             await self.feed.start()
+        if self.capacity is not None:
+            await self.capacity.start()
         if self.batch_api is not None:
             await self.batch_api.runner.start(api)
         memory_redis = (redis_client(settings.redis_url, decode_responses=True, max_connections=1)
@@ -99,6 +104,8 @@ class Services:
             await self.batch_redis.aclose()
         if self.feed is not None:
             await self.feed.aclose()
+        if self.capacity is not None:
+            await self.capacity.aclose()
         if self.queue is not None:
             await self.queue.aclose()
         await self.proxy.aclose()
@@ -109,15 +116,18 @@ class Services:
 def build(settings: GatewaySettings, key_store: KeyStore) -> Services:
     metrics = GatewayMetrics(settings.models)
     metrics.set_prices(settings.model_usd_per_million_tokens)
-    proxy = UpstreamProxy(settings, metrics)
+    live: dict[str, int] = {}  # the replica feed's latest count per model
+    capacity = _adaptive_capacity(settings, metrics, live)
+    proxy = UpstreamProxy(settings, metrics, capacity.recorder if capacity is not None else None)
     limiter = Limiter(settings.redis_url, settings.limiter_fail_mode, request_timeout_s=settings.request_timeout_s,
                       on_redis_error=metrics.redis_errors.labels(component="limiter").inc)
     # The fair queue shares each model's capacity across gateway replicas: without Redis there is
     # nothing to share it through, so an in-memory gateway forwards first come, first served.
-    queue = (FairQueue(settings.redis_url, settings.queue, settings.model_queues)
+    queue = (FairQueue(settings.redis_url, settings.queue, settings.model_queues,
+                       adaptive=capacity.models if capacity is not None else ())
              if settings.redis_url and settings.queue.enabled and settings.model_queues else None)
     admitter = Admitter(settings, key_store, limiter, metrics, queue)
-    feed = _replica_feed(settings, metrics, queue)
+    feed = _replica_feed(settings, metrics, queue, live)
     batch_api, batch_redis = None, None
     if batch_api_off(settings) is None:
         assert settings.redis_url is not None and settings.batch_storage_url is not None
@@ -127,10 +137,28 @@ def build(settings: GatewaySettings, key_store: KeyStore) -> Services:
         batch_store, storage = BatchStore(batch_redis), storage_for(settings.batch_storage_url)
         runner = BatchRunner(settings, key_store, batch_store, storage, metrics)
         batch_api = BatchApi(settings, admitter, batch_store, storage, runner)
-    return Services(settings, key_store, metrics, proxy, limiter, queue, feed, admitter, batch_api, batch_redis)
+    return Services(settings, key_store, metrics, proxy, limiter, queue, feed, capacity, admitter, batch_api,
+                    batch_redis)
 
 
-def _replica_feed(settings: GatewaySettings, metrics: GatewayMetrics, queue: FairQueue | None) -> ReplicaFeed | None:
+def _adaptive_capacity(settings: GatewaySettings, metrics: GatewayMetrics, live: dict[str, int]
+                       ) -> AdaptiveCapacity | None:
+    """The capacity of the queued models whose stack turned `latency_target.adaptive` on. It only
+    acts through the fair queue (which holds the excess back), so without Redis or the queue
+    there is none and every model keeps max_ongoing_requests per replica, as before."""
+    if not settings.redis_url or not settings.queue.enabled:
+        return None
+    models = {model: capacity for model, capacity in settings.model_capacities.items()
+              if capacity.adaptive and model in settings.model_queues}
+    if not models:
+        return None
+    return AdaptiveCapacity(settings.redis_url, models,
+                            replicas=lambda model: live.get(model) or settings.model_queues[model].max_replicas,
+                            on_slots=lambda model, slots: metrics.model_capacity.labels(model=model).set(slots))
+
+
+def _replica_feed(settings: GatewaySettings, metrics: GatewayMetrics, queue: FairQueue | None,
+                  live: dict[str, int]) -> ReplicaFeed | None:
     """Live replica counts for the queue's capacity, when the stack asks for them."""
     if queue is None or not settings.serve_dashboard_url or not settings.model_deployments:
         return None
@@ -138,4 +166,9 @@ def _replica_feed(settings: GatewaySettings, metrics: GatewayMetrics, queue: Fai
                        poll_s=settings.replica_poll_s,
                        on_error=lambda kind: metrics.replica_feed_errors.labels(kind=kind).inc(),
                        token=settings.ray_auth_token.get_secret_value() if settings.ray_auth_token else None,
-                       on_count=lambda model, n: metrics.model_replicas.labels(model=model).set(n))
+                       on_count=lambda model, n: _counted(metrics, live, model, n))
+
+
+def _counted(metrics: GatewayMetrics, live: dict[str, int], model: str, replicas: int) -> None:
+    metrics.model_replicas.labels(model=model).set(replicas)
+    live[model] = replicas  # the adaptive capacity reads the merged in-flight peak per live replica

@@ -9,7 +9,9 @@
 --   6 replicas string: live replica count (absent: unknown)
 --   7 slots    hash: in-flight slot id -> its tenant
 --   8 holders  hash: tenant -> how many slots it holds (tenants holding none are absent)
---   9.. queue zsets, one per tier, highest priority first: waiter id -> start tag
+--   9 capacity hash: slots = the model's adapted capacity per replica (serving/gateway/capacity/
+--            capacity.lua writes it; absent: the model is not adaptive, or not measured yet)
+--   10.. queue zsets, one per tier, highest priority first: waiter id -> start tag
 -- ARGV: op, default replicas, per-replica capacity, lease (us), wake channel prefix, each tier's
 -- capacity share (comma-separated, non-increasing), reserve share, then per op.
 --
@@ -25,8 +27,8 @@ local shares = {}
 for share in string.gmatch(ARGV[6], '[^,]+') do shares[#shares + 1] = tonumber(share) end
 local reserve_share = tonumber(ARGV[7])
 local STATE, INFLIGHT, LEASES, WAITERS, TENANTS, REPLICAS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local SLOTS, HOLDERS = KEYS[7], KEYS[8]
-local FIRST_QUEUE = 9
+local SLOTS, HOLDERS, ADAPTED = KEYS[7], KEYS[8], KEYS[9]
+local FIRST_QUEUE = 10
 local TIERS = #KEYS - FIRST_QUEUE + 1
 local KEEP_S = 86400  -- idle models' keys vanish after a day
 local t = redis.call('TIME')
@@ -36,10 +38,15 @@ local function int(x) return string.format('%.0f', x) end
 local function tag(x) return string.format('%.17g', x) end
 local function queue_key(rank) return KEYS[FIRST_QUEUE + rank] end
 
+-- Per replica: max_ongoing_requests, or less while the adaptive capacity says the engine is
+-- slower than its latency target at that load (never above it: Serve would queue the rest).
 local function capacity()
   local live = tonumber(redis.call('GET', REPLICAS) or '')
   local replicas = live or default_replicas
-  return math.max(replicas, 1) * per_replica, live or -1
+  local per = per_replica
+  local adapted = tonumber(redis.call('HGET', ADAPTED, 'slots') or '')
+  if adapted then per = math.max(1, math.min(adapted, per_replica)) end
+  return math.max(replicas, 1) * per, live or -1
 end
 
 -- A tier may fill only its share of the capacity: what lower tiers leave free is there at once

@@ -6,8 +6,10 @@
         ...  # forward the request; ticket.wait_s is how long it queued
 
 A model may have `capacity` requests in flight across all gateway replicas: live replicas x
-max_ongoing_requests (fair_share.capacity). Below it, `acquire` admits in one Redis round trip
-(one EVALSHA, which also finds the queue empty) and `release` frees the slot with one more.
+max_ongoing_requests (fair_share.capacity), or x the adapted capacity per replica when the
+model is `adaptive` (serving.gateway.capacity: lower while the engine misses its latency
+target). Below it, `acquire` admits in one Redis round trip (one EVALSHA, which also finds
+the queue empty) and `release` frees the slot with one more.
 The gateway sends neither alone (serving.gateway.admission.admitter): `try_slot` builds a script call
 that takes a free slot by the same rule or answers busy, queueing nothing and pushing nobody
 out, and it rides in the round trip of the limiter's admit; the release rides in the one that
@@ -45,10 +47,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from serving.gateway.capacity.store import capacity_key
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy
 from serving.gateway.queue.fair_share import Reason, Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
 from serving.gateway.redis.client import ScriptCall
@@ -75,6 +78,7 @@ class QueueKeys(NamedTuple):
     replicas: str
     slots: str
     holders: str
+    capacity: str  # the adapted capacity per replica (serving.gateway.capacity.store), when the model has one
     queues: tuple[str, ...]  # one per tier, highest priority first
 
     def script_keys(self) -> list[str]:
@@ -82,10 +86,14 @@ class QueueKeys(NamedTuple):
         return [*self[:-1], *self.queues]
 
 
-def queue_keys(model: str, tiers: int) -> QueueKeys:
+def queue_keys(model: str, tiers: int, *, adaptive: bool = False) -> QueueKeys:
+    """`adaptive`: the model's capacity follows its latency target; otherwise the script reads a
+    key nobody writes in its place, so a capacity left in Redis by an earlier adaptive run (kept
+    a day) does not outlive turning it off."""
     tag = f"llmstack:{{fq:{model}}}"
     return QueueKeys(f"{tag}:state", f"{tag}:inflight", f"{tag}:leases", f"{tag}:waiters", f"{tag}:tenants",
                      f"{tag}:replicas", f"{tag}:slots", f"{tag}:holders",
+                     capacity_key(model) if adaptive else f"{tag}:fixed",
                      tuple(f"{tag}:q{rank}" for rank in range(tiers)))
 
 
@@ -190,13 +198,15 @@ class FairQueue:
     """One per gateway process. `models`: served model name -> its capacity settings."""
 
     def __init__(self, redis_url: str, policy: QueuePolicy, models: Mapping[str, ModelQueue], *,
-                 lease_s: float = DEFAULT_LEASE_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> None:
+                 lease_s: float = DEFAULT_LEASE_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+                 adaptive: Collection[str] = ()) -> None:
         if heartbeat_s * 2 >= lease_s:
             raise ValueError(f"heartbeat_s ({heartbeat_s}) must be well under lease_s ({lease_s}): "
                              "a lease must survive a late heartbeat")
         from serving.gateway.redis.client import redis_client
 
         self.policy, self.models = policy, dict(models)
+        self.adaptive = frozenset(adaptive)  # models whose capacity per replica follows their latency target
         self.lease_s, self.heartbeat_s = lease_s, heartbeat_s
         self.owner = uuid.uuid4().hex
         self._redis = redis_client(redis_url)  # no retries: a retried admit could take two slots
@@ -419,7 +429,8 @@ class FairQueue:
 
     def _script_call(self, model: str, op: str, *args: Any) -> ScriptCall:
         config = self.models[model]
-        return ScriptCall(self._script, queue_keys(model, len(self.policy.tiers)).script_keys(),
+        keys = queue_keys(model, len(self.policy.tiers), adaptive=model in self.adaptive)
+        return ScriptCall(self._script, keys.script_keys(),
                           [op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
                            CHANNEL_PREFIX, self._shares, self._reserve_share, *args])
 

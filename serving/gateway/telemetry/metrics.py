@@ -98,6 +98,12 @@ class GatewayMetrics:
             "llmstack_gateway_model_replicas",
             "Replicas Ray Serve reports RUNNING for the model, at the last successful poll of its REST API.",
             ["model"], registry=r)
+        # The adaptive capacity (serving.gateway.capacity): what the fair queue multiplies by the replicas.
+        self.model_capacity = Gauge(
+            "llmstack_gateway_model_capacity",
+            "Requests in flight per replica the model's adaptive capacity allows now (max_ongoing_requests while "
+            "the engine keeps its latency target; lower while it does not, the excess waiting in the queue).",
+            ["model"], registry=r)
         self.replica_feed_errors = Counter(
             "llmstack_gateway_replica_feed_errors",
             "Polls of Ray's REST API that failed, by kind (unreachable|status|body|queue): capacity falls back "

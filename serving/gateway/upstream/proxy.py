@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
+from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.protocol import errors, upstream_errors
@@ -103,7 +104,8 @@ class UpstreamStream(Response):
     one message, however many whole events it holds, the moment it is read."""
 
     def __init__(self, upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
-                 extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics) -> None:
+                 extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics,
+                 timer: StreamTimer | None = None) -> None:
         meter.status = upstream.status
         super().__init__(status_code=upstream.status)
         # Raw pairs, not a dict, so repeated headers survive.
@@ -114,6 +116,7 @@ class UpstreamStream(Response):
         self._upstream, self._meter, self._settle = upstream, meter, settle
         self._deadline, self._metrics = deadline, metrics
         self._client_gone = False
+        self._timer = timer or StreamTimer(None, 0.0)  # TTFT and ITL for the adaptive capacity
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -126,6 +129,7 @@ class UpstreamStream(Response):
                 self._metrics.upstream_errors.labels(kind="total_timeout").inc()
                 log.warning("request ran past its total timeout: response cut")
         finally:
+            self._timer.end()
             with anyio.CancelScope(shield=True):
                 self._upstream.close()  # a no-op after a full read (the connection went back to the pool)
                 # A stream cut short is billed what the meter says of it; a no-op if the relay settled.
@@ -146,6 +150,8 @@ class UpstreamStream(Response):
                 if not chunk:
                     break
                 out = meter.feed(chunk)
+                if out and meter.stream and meter.usage is None:  # tokens, not [DONE] nor the final usage
+                    self._timer.chunk(time.monotonic())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     if self._client_gone:  # that send went nowhere: relay nothing more
@@ -168,8 +174,10 @@ class UpstreamStream(Response):
 
 
 class UpstreamProxy:
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, timers: LatencyRecorder | None = None
+                 ) -> None:
         self._settings, self._metrics = settings, metrics
+        self._timers = timers or LatencyRecorder(())  # none: no model's latency is measured
         self._client: RetryClient | None = None
 
     def _session(self) -> RetryClient:
@@ -211,6 +219,7 @@ class UpstreamProxy:
         # request gets the longer one for both.
         timeout: dict[str, Any] = {} if first_byte_timeout_s is None else {"timeout": aiohttp.ClientTimeout(
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=first_byte_timeout_s)}
+        sent = time.monotonic()  # the TTFT counts from here: after any wait in the gateway's queue
         try:
             with anyio.fail_after(total_timeout_s):
                 upstream = await self._session().request(route.method, url, data=body if route.takes_body else None,
@@ -228,7 +237,8 @@ class UpstreamProxy:
             return await self._rewritten(upstream, deadline)
         if route.path == MODELS and allowed_models is not None:
             return await self._model_list(upstream, allowed_models, deadline)
-        return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics)
+        return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics,
+                              timer=self._timers.start(model, sent))
 
     async def _rewritten(self, upstream: aiohttp.ClientResponse, deadline: float) -> Response:
         """An upstream redirect or error as our own OpenAI error (serving.gateway.protocol.upstream_errors).

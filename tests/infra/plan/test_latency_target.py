@@ -10,7 +10,7 @@ import pytest
 from infra.plan.latency_target import ITL_FLOOR_MS, default_itl_ms, model_capacities
 from infra.plan.planner import plan_stack
 from infra.spec.stack_file import StackFileError, load_stack, spec_from_document
-from serving.gateway.capacity.policy import ModelCapacity
+from serving.gateway.config.capacity_policy import ModelCapacity
 from tests.support.stacks import stack_document
 
 LLAMA = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from serving.gateway.capacity.histogram import Histogram
 from serving.gateway.capacity.law import CapacityState, Tuning, WindowCounts, initial_state, next_state, summarize
-from serving.gateway.capacity.policy import ModelCapacity
+from serving.gateway.config.capacity_policy import ModelCapacity
 
 NOISE_SIGMA = 0.15
 P90_OVER_MEAN = math.exp(1.2816 * NOISE_SIGMA)

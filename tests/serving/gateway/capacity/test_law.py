@@ -22,7 +22,7 @@ from serving.gateway.capacity.law import (
     next_state,
     summarize,
 )
-from serving.gateway.capacity.policy import ModelCapacity
+from serving.gateway.config.capacity_policy import ModelCapacity
 from tests.serving.gateway.capacity.engine_model import most_in_flight_within, simulate, true_p90_ttft_ms
 from tests.support.hypothesis import examples
 

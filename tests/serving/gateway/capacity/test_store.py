@@ -11,9 +11,9 @@ import redis
 
 from serving.gateway.capacity.histogram import bucket_of
 from serving.gateway.capacity.law import Move
-from serving.gateway.capacity.policy import ModelCapacity
 from serving.gateway.capacity.recorder import LatencyRecorder, WindowReport
 from serving.gateway.capacity.store import RING, AdaptiveCapacity, CapacityStore, capacity_key
+from serving.gateway.config.capacity_policy import ModelCapacity
 from tests.support.waiting import eventually_async
 
 WINDOW_S = 0.2

@@ -45,8 +45,8 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
               "max_body_bytes": 2048}
     spec = load_stack(str(write_stack(tmp_path, "policy", stack_document(gateway=policy))))
     rendered = gateway_settings(spec)
-    extra = {"host", "metrics_host", "models", "model_context_lengths", "model_queues", "model_usd_per_million_tokens",
-             "model_routes", "model_deployments", "model_media_domains"}
+    extra = {"host", "metrics_host", "models", "model_context_lengths", "model_queues", "model_capacities",
+             "model_usd_per_million_tokens", "model_routes", "model_deployments", "model_media_domains"}
     assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | extra
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
     # The stack's public port is the edge's; the gateway listens behind it, on the pod's loopback.
