@@ -19,6 +19,7 @@ import uuid
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.limits.tenants import key_daily_key, tenant_daily_key
@@ -139,3 +140,30 @@ def test_past_max_resumes_the_client_gets_an_error_never_a_silent_cut(gateway, u
     assert len(continuations) == MAX_RESUMES
     # Each continuation asks for what the original request had left, never more (nor less).
     assert [b["max_tokens"] for b in continuations] == [tokens - 2 * k for k in range(1, MAX_RESUMES + 1)]
+
+
+def sample(gateway, name: str, **labels: str) -> float:
+    text = httpx.get(f"{gateway.metrics}/metrics", timeout=HANG_BOUND_S).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_resumes_their_gap_their_overhead_and_failures_are_counted(gateway, upstream, tenant_key):
+    _, key = tenant_key
+    resumed = ("llmstack_gateway_stream_resumes_total", {"model": "tiny", "reason": "connection_reset"})
+    failed = ("llmstack_gateway_stream_resume_failures_total", {"model": "tiny", "reason": "connection_reset"})
+    gaps = ("llmstack_gateway_stream_resume_gap_seconds_count", {"model": "tiny"})
+    prefill = ("llmstack_gateway_stream_resume_overhead_tokens_total", {"model": "tiny", "kind": "prompt"})
+    names = (resumed, failed, gaps, prefill)
+    before = [sample(gateway, name, **labels) for name, labels in names]
+    api = client(gateway, key)
+    prompt = directive(id=uuid.uuid4().hex, tokens=6, cut_after=2) + "\nWhat is a KV cache?"
+    list(api.completions.create(model="tiny", prompt=prompt, max_tokens=6, stream=True))
+    after = [sample(gateway, name, **labels) for name, labels in names]
+    # One resume, its gap, no failure; the continuation re-read the prompt and the 2 tokens the client had.
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 0, 1, PROMPT_TOKENS + 2]
+    prompt = directive(id=uuid.uuid4().hex, tokens=12, cut_after=1, cuts=MAX_RESUMES + 1) + "\nAgain?"
+    with pytest.raises(openai.APIError):
+        list(api.completions.create(model="tiny", prompt=prompt, max_tokens=12, stream=True))
+    last = [sample(gateway, name, **labels) for name, labels in names]
+    assert [a - b for a, b in zip(last[:2], after[:2], strict=True)] == [MAX_RESUMES, 1]
