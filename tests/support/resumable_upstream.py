@@ -96,6 +96,9 @@ class ResumableUpstream:
         answer.streams += 1
         dies = answer.cut_after is not None and answer.streams <= answer.cuts
         chat = path == "/v1/chat/completions"
+        if not document.get("stream"):
+            await self._whole(send, answer, chat, dies, done, end, len(prompt_ids))
+            return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
 
@@ -132,6 +135,26 @@ class ResumableUpstream:
         await event({**base, "choices": [], "usage": usage(end - done)})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
+    async def _whole(self, send: Any, answer: _Answer, chat: bool, dies: bool, done: int, end: int,
+                     prompt: int) -> None:
+        """A non-streamed answer; one whose replica dies is HAProxy's 502 instead (the engine had
+        generated it, nobody got it)."""
+        with self._lock:
+            self.generated[answer.rid]["completion"] += end - done
+        if dies:
+            status, document = 502, {"error": "the server closed the connection"}
+        else:
+            text = "".join(f" t{i}" for i in range(done, end))
+            choice = {"index": 0, "finish_reason": "length",
+                      **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}
+            status, document = 200, {"id": "cmpl-whole", "object": "chat.completion" if chat else "text_completion",
+                                     "created": 1, "model": answer.model, "choices": [choice],
+                                     "usage": {"prompt_tokens": prompt, "completion_tokens": end - done,
+                                               "total_tokens": prompt + end - done}}
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(document).encode()})
+
     def _answer_for(self, path: str, document: dict[str, Any]) -> tuple[_Answer, int, list[int]]:
         """The answer a request belongs to, how many of its tokens the prompt holds already, and the prompt's ids."""
         prompt = document.get("prompt")
@@ -140,6 +163,9 @@ class ResumableUpstream:
             return answer, sum(1 for t in prompt if t >= FIRST_OUTPUT_ID), list(prompt)
         text = document["messages"][0]["content"] if "messages" in document else prompt
         steer = json.JSONDecoder().raw_decode(text.split(DIRECTIVE, 1)[1])[0]
+        for number, known in enumerate(self._answers):
+            if known.rid == str(steer["id"]):  # the same request sent again
+                return known, 0, [number] + [1] * (PROMPT_TOKENS - 1)
         answer = _Answer(rid=str(steer["id"]), chat=path.endswith("chat/completions"),
                          model=document.get("model", "tiny"), tokens=int(steer.get("tokens", 8)),
                          cut_after=steer.get("cut_after"), cuts=int(steer.get("cuts", 1)),

@@ -86,6 +86,10 @@ class GatewayMetrics:
             "Tokens the engine processed again for continuations and nobody is billed for: the platform's cost, by "
             "model and kind (prompt: the re-done prefill; completion: tokens generated again at the seam).",
             ["model", "kind"], registry=r)
+        self.answer_retries = Counter(
+            "llmstack_gateway_answer_retries",
+            "Non-streamed completions sent once more because their replica died before answering, by model and "
+            "reason (connection_reset|upstream_unavailable).", ["model", "reason"], registry=r)
         self.in_flight = Gauge(
             "llmstack_gateway_in_flight_requests", "Requests being answered now (streams included).", registry=r)
         self.degraded = Gauge(

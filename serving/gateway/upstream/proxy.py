@@ -27,12 +27,14 @@ from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.metering.reservation import COMPLETION_PATHS
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.protocol import errors, upstream_errors
 from serving.gateway.protocol.routes import MODELS, ApiRoute, upstream_prefix_for
 from serving.gateway.resume.request import ResumableStream
 from serving.gateway.telemetry.access_log import REQUEST_ID_HEADER
 from serving.gateway.telemetry.metrics import GatewayMetrics
+from serving.gateway.upstream.answer_retry import answered
 from serving.gateway.upstream.resuming_relay import ResumingRelay, resuming_relay
 
 log = logging.getLogger("llmstack.gateway.proxy")
@@ -227,8 +229,10 @@ class UpstreamProxy:
             total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=first_byte_timeout_s)}
         try:
             with anyio.fail_after(total_timeout_s):
-                upstream = await self._session().request(route.method, url, data=body if route.takes_body else None,
-                                                         headers=headers, allow_redirects=False, **timeout)
+                upstream = await answered(
+                    lambda: self._session().request(route.method, url, data=body if route.takes_body else None,
+                                                    headers=headers, allow_redirects=False, **timeout),
+                    again=self._retries_answer(route, meter), on_retry=self._count_retry(model))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             return self._failed("unavailable", exc, errors.upstream_unavailable())
         except TimeoutError as exc:  # aiohttp's read timeouts are TimeoutErrors too
@@ -247,6 +251,15 @@ class UpstreamProxy:
             options=timeout, meter=meter, settle=settle, metrics=self._metrics, model=model, deadline=deadline)
         return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics,
                               resume=resuming)
+
+    def _retries_answer(self, route: ApiRoute, meter: UsageMeter) -> bool:
+        """A non-streamed completion is sent once more if its replica dies before answering
+        (serving.gateway.upstream.answer_retry); streams are resumed instead."""
+        return self._settings.stream_resume.active and route.path in COMPLETION_PATHS and not meter.stream
+
+    def _count_retry(self, model: str | None) -> Callable[[str], None]:
+        label = self._metrics.model_label(model)
+        return lambda reason: self._metrics.answer_retries.labels(model=label, reason=reason).inc()
 
     async def _rewritten(self, upstream: aiohttp.ClientResponse, deadline: float) -> Response:
         """An upstream redirect or error as our own OpenAI error (serving.gateway.protocol.upstream_errors).

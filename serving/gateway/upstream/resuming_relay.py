@@ -157,7 +157,10 @@ class ResumingRelay:
                 if data == b"data: [DONE]":
                     done = True  # the continuation's end, not the client's: the stream's comes last
                 elif data.startswith(b"data: {"):
-                    parsed = orjson.loads(data[len(b"data: "):])
+                    try:
+                        parsed = orjson.loads(data[len(b"data: "):])
+                    except orjson.JSONDecodeError:
+                        continue  # not an event vLLM sends: nothing the client could use
                     if isinstance(parsed, dict):
                         out += [self._meter.feed(sse(rewritten)) for rewritten in splice.rewrite(parsed)]
             if not await self._send(b"".join(out), send):

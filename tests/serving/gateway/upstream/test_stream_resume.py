@@ -167,3 +167,34 @@ def test_resumes_their_gap_their_overhead_and_failures_are_counted(gateway, upst
         list(api.completions.create(model="tiny", prompt=prompt, max_tokens=12, stream=True))
     last = [sample(gateway, name, **labels) for name, labels in names]
     assert [a - b for a, b in zip(last[:2], after[:2], strict=True)] == [MAX_RESUMES, 1]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_whole_answer_lost_with_its_replica_is_asked_once_more_and_billed_once(
+        gateway, upstream, redis_server, tenant_key, route):
+    tenant, key = tenant_key
+    rid, tokens = uuid.uuid4().hex, 6
+    prompt = directive(id=rid, tokens=tokens, cut_after=0) + "\nWhat is a KV cache?"
+    api = client(gateway, key)
+    if route == "chat":
+        answer = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                             max_tokens=tokens)
+        text = answer.choices[0].message.content
+    else:
+        answer = api.completions.create(model="tiny", prompt=prompt, max_tokens=tokens)
+        text = answer.choices[0].text
+    assert text == answer_text(tokens)
+    assert len([p for p, body in upstream.requests if rid in str(body)]) == 2  # the lost one, then once more
+    expected = PROMPT_TOKENS + tokens
+    assert billed(redis_server.url, tenant, key) == (expected, expected)  # the answer it got, once
+
+
+def test_a_whole_answer_is_asked_once_more_only_once(gateway, upstream, redis_server, tenant_key):
+    tenant, key = tenant_key
+    rid = uuid.uuid4().hex
+    prompt = directive(id=rid, tokens=6, cut_after=0, cuts=2) + "\nWhat is a KV cache?"
+    with pytest.raises(openai.APIStatusError) as raised:
+        client(gateway, key).completions.create(model="tiny", prompt=prompt, max_tokens=6)
+    assert raised.value.status_code >= 500
+    assert len([p for p, body in upstream.requests if rid in str(body)]) == 2
+    assert billed(redis_server.url, tenant, key) == (0, 0)
