@@ -60,6 +60,7 @@ from serving.gateway.metering.usage_meter import (
 from serving.gateway.protocol import errors
 from serving.gateway.protocol.errors import Refusal
 from serving.gateway.queue.fair_queue import FairQueue, QueueTicket, SlotTry
+from serving.gateway.resume.request import ResumableStream, resumable
 from serving.gateway.telemetry.access_log import caller_of
 from serving.gateway.telemetry.metrics import GatewayMetrics
 
@@ -84,6 +85,7 @@ class Admission:
     queue_ticket: QueueTicket | None = None  # the model's slot (serving.gateway.queue.fair_queue), when queued
     first_byte_timeout_s: float | None = None  # a cold model's start, instead of upstream_idle_timeout_s
     pending: PendingSlot | None = None  # a stream still waiting for its slot
+    resume: ResumableStream | None = None  # a stream the relay may continue if its replica dies
 
     async def settle(self, billed: Usage) -> None:
         """End the request once: bill the key's usage and give the model's slot back, in one
@@ -300,12 +302,24 @@ class Admitter:
                                              attempt=charged.attempt, slot=charged.slot)
         if not isinstance(place, QueuePlace):
             return place
+        resume = self._resumable(upstream_document, path, stream=stream)
+        if resume is not None:
+            upstream_document = resume.document
         body = read.body if upstream_document is document else json.dumps(upstream_document).encode()
         meter = UsageMeter(stream=stream, reservation=reservation, client_final_usage=final_usage,
-                           client_continuous_usage=continuous_usage)
+                           client_continuous_usage=continuous_usage,
+                           client_chunk=None if resume is None else resume.client_chunk)
         return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter,
                          queue_ticket=place.slot, first_byte_timeout_s=first_byte_timeout(self.settings, place.slot),
-                         pending=place.pending)
+                         pending=place.pending, resume=resume)
+
+    def _resumable(self, document: dict[str, Any] | None, path: str, *, stream: bool) -> ResumableStream | None:
+        """The resume context of a streamed completion, when the stack resumes streams."""
+        if not self.settings.stream_resume.active or not stream or document is None:
+            return None
+        context_length = self.settings.model_context_lengths.get(requested_model(document) or "")
+        bound = output_bound(document, path, context_length=context_length, ceiling=self.settings.max_tokens_ceiling)
+        return resumable(document, path, stream=stream, bound=bound, settings=self.settings.stream_resume)
 
     def _engine_priority(self, record: KeyRecord) -> int | None:
         """vLLM's `priority` (lower runs first) from the key's tier, when the stack enables it."""

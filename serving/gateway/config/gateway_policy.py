@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from serving.gateway.config.batch_policy import BatchPolicy
 from serving.gateway.config.queue_policy import QueuePolicy
+from serving.gateway.config.resume_policy import ResumeSettings
 from serving.gateway.config.strict_model import StrictModel
 
 # Body fields a stack may not allow: each is an engine input no tenant should set.
@@ -133,6 +134,10 @@ class GatewayPolicy(StrictModel):
     batch: BatchPolicy = Field(
         default_factory=BatchPolicy,
         description="OpenAI's Batch API (/v1/files, /v1/batches), run at the queue's lowest tier; needs Redis.")
+    stream_resume: ResumeSettings = Field(
+        default_factory=ResumeSettings,
+        description="Resume a stream whose replica died on another replica, at most max_resumes times within "
+                    "request_timeout_s; past that the client gets an OpenAI error event (serving.gateway.resume).")
     shutdown_grace_s: float = Field(
         default=90.0, ge=0, le=105,
         description="After SIGTERM, how long in-flight streams may run: within the pod's 120 s grace period, "

@@ -165,8 +165,13 @@ class UsageMeter:
     """
 
     def __init__(self, *, stream: bool, reservation: Reservation, client_final_usage: bool = True,
-                 client_continuous_usage: bool = True) -> None:
+                 client_continuous_usage: bool = True,
+                 client_chunk: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.stream, self.reservation = stream, reservation
+        # A resumable stream's hook (serving.gateway.resume.request): every event is parsed and
+        # handed to it (it records what the client gets, and may trim it), so no event is read
+        # by its shape alone.
+        self._client_chunk = client_chunk
         self.strip_final, self.strip_continuous = not client_final_usage, not client_continuous_usage
         self.status = 200
         self.usage: Usage | None = None  # the upstream's final count
@@ -207,6 +212,11 @@ class UsageMeter:
         rest, self._pending = self._pending, b""
         tail = self._event(rest, b"") if rest.strip() else rest
         return tail + self._done
+
+    @property
+    def done_seen(self) -> bool:
+        """The stream's end marker (`data: [DONE]`) came, and is held back."""
+        return bool(self._done)
 
     def no_answer(self, status: int) -> None:
         """The upstream never answered; `status` is the gateway's own error. Only a timeout
@@ -274,7 +284,12 @@ class UsageMeter:
         if not isinstance(chunk, dict):
             return event + end
         if upstream_errors.is_error_event(chunk):  # its text may name internal addresses and exceptions
+            if self._client_chunk is not None:
+                self._client_chunk(chunk)
             return upstream_errors.stream_error_event(chunk, data) + end
+        if self._client_chunk is not None:
+            chunk = self._client_chunk(chunk)
+            event = b"data: " + dumps(chunk)
         choices = chunk.get("choices")
         choices = choices if isinstance(choices, list) else []
         if self.first_token_at is None and any(_has_content(c) for c in choices):
@@ -287,7 +302,7 @@ class UsageMeter:
             return b"" if self.strip_final else event + end
         sequence = self._note_sequence_usage(choices, *counts)
         # Once the first text is timed, what this event's bytes repeat is all later events need.
-        if sequence is not None and self.first_token_at is not None:
+        if sequence is not None and self.first_token_at is not None and self._client_chunk is None:
             self._learn_shape(event, chunk, sequence)
         if not self.strip_continuous:
             return event + end

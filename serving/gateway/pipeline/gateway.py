@@ -126,7 +126,7 @@ class Gateway:
             extra_headers={} if queued else admission.headers, model=admission.model,
             allowed_models=admission.key.allowed_models,
             first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot) if queued
-            else admission.first_byte_timeout_s, held=held)
+            else admission.first_byte_timeout_s, held=held, resume=admission.resume)
 
 
 def route_refused(refusal: RouteRefusal, request: Request) -> Response:

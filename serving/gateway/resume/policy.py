@@ -13,18 +13,13 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 
-from pydantic import Field
-
-from serving.gateway.config.strict_model import StrictModel
+from serving.gateway.config.resume_policy import ResumeSettings
 from serving.gateway.resume.ending import RESUMABLE, EndReason, StreamEnd, classify
 
 ERROR_CODE = "stream_interrupted"
 
 
-class ResumeSettings(StrictModel):
-    """The stack's resume settings (gateway.stream_resume)."""
-
-    max_resumes: int = Field(2, ge=0, le=10, description="Continuations one request may have; 0 turns resuming off.")
+__all__ = ["ERROR_CODE", "Action", "Decision", "ResumeSettings", "decide", "error_event"]
 
 
 class Action(Enum):

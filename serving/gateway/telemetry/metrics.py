@@ -67,6 +67,29 @@ class GatewayMetrics:
             "Upstream failures, by kind (unavailable|timeout|failed|stream_broken|idle_timeout|total_timeout|"
             "error_status: a 5xx or redirect answer).",
             ["kind"], registry=r)
+        # Streams continued on another replica after theirs died (serving.gateway.resume).
+        self.stream_resumes = Counter(
+            "llmstack_gateway_stream_resumes",
+            "Streams continued on another replica, by model and why the upstream stream ended (connection_reset|"
+            "eof_without_done|idle_timeout|upstream_unavailable).", ["model", "reason"], registry=r)
+        self.stream_resume_failures = Counter(
+            "llmstack_gateway_stream_resume_failures",
+            "Interrupted streams that ended with an error event instead (past max_resumes or the deadline, an answer "
+            "that cannot be continued, an upstream failure that is not a lost replica), by model and reason.",
+            ["model", "reason"], registry=r)
+        self.stream_resume_gap = Histogram(
+            "llmstack_gateway_stream_resume_gap_seconds",
+            "Time between the upstream stream breaking and the client's next bytes from its continuation, by model.",
+            ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.stream_resume_overhead_tokens = Counter(
+            "llmstack_gateway_stream_resume_overhead_tokens",
+            "Tokens the engine processed again for continuations and nobody is billed for: the platform's cost, by "
+            "model and kind (prompt: the re-done prefill; completion: tokens generated again at the seam).",
+            ["model", "kind"], registry=r)
+        self.answer_retries = Counter(
+            "llmstack_gateway_answer_retries",
+            "Non-streamed completions sent once more because their replica died before answering, by model and "
+            "reason (connection_reset|upstream_unavailable).", ["model", "reason"], registry=r)
         self.in_flight = Gauge(
             "llmstack_gateway_in_flight_requests", "Requests being answered now (streams included).", registry=r)
         self.degraded = Gauge(

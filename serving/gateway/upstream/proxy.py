@@ -28,11 +28,15 @@ from yarl import URL
 
 from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer
 from serving.gateway.config.settings import GatewaySettings
+from serving.gateway.metering.reservation import COMPLETION_PATHS
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.protocol import errors, upstream_errors
 from serving.gateway.protocol.routes import MODELS, ApiRoute, upstream_prefix_for
+from serving.gateway.resume.request import ResumableStream
 from serving.gateway.telemetry.access_log import REQUEST_ID_HEADER
 from serving.gateway.telemetry.metrics import GatewayMetrics
+from serving.gateway.upstream.answer_retry import answered
+from serving.gateway.upstream.resuming_relay import ResumingRelay, resuming_relay
 
 log = logging.getLogger("llmstack.gateway.proxy")
 
@@ -105,7 +109,8 @@ class UpstreamStream(Response):
 
     def __init__(self, upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
                  extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics,
-                 timer: StreamTimer | None = None) -> None:
+                 timer: StreamTimer | None = None,
+                 resume: Callable[[Callable[[], bool]], ResumingRelay] | None = None) -> None:
         meter.status = upstream.status
         super().__init__(status_code=upstream.status)
         # Raw pairs, not a dict, so repeated headers survive.
@@ -117,6 +122,8 @@ class UpstreamStream(Response):
         self._deadline, self._metrics = deadline, metrics
         self._client_gone = False
         self._timer = timer or StreamTimer(None, 0.0)  # TTFT and ITL for the adaptive capacity
+        # A resumable stream's continuation of a broken upstream (serving.gateway.upstream.resuming_relay).
+        self._resuming = None if resume is None else resume(lambda: self._client_gone)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -157,6 +164,9 @@ class UpstreamStream(Response):
                     if self._client_gone:  # that send went nowhere: relay nothing more
                         return
             upstream.release()  # fully read: its connection goes back to the pool
+            if self._resuming is not None and not meter.done_seen:  # ended without its end marker
+                await self._resuming.carry_on(None, send)
+                return
             held_back = meter.finish()
             # Settle before the client gets the last bytes: once it has the whole answer, its
             # refund and its freed concurrency slot are already visible to its next request.
@@ -168,7 +178,10 @@ class UpstreamStream(Response):
             kind = "idle_timeout" if isinstance(exc, TimeoutError) else "stream_broken"
             self._metrics.upstream_errors.labels(kind=kind).inc()
             log.warning("upstream stream broke: %s", type(exc).__name__)
-            raise
+            if self._resuming is None:
+                raise
+            upstream.close()
+            await self._resuming.carry_on(exc, send)
         finally:
             upstream.close()  # the client disconnecting cancels us here: drop the connection, never reuse it
 
@@ -197,7 +210,8 @@ class UpstreamProxy:
     async def forward(self, request: Request, route: ApiRoute, body: bytes, *, meter: UsageMeter, settle: Settle,
                       extra_headers: dict[str, str], model: str | None = None,
                       allowed_models: Iterable[str] | None = None,
-                      first_byte_timeout_s: float | None = None, held: AsyncExitStack | None = None) -> Response:
+                      first_byte_timeout_s: float | None = None, held: AsyncExitStack | None = None,
+                      resume: ResumableStream | None = None) -> Response:
         """Send `route` (with the already-read `body`) upstream; stream the response back.
         Only the route's canonical path goes upstream, already encoded: never the caller's
         spelling of it, nor its query string. `settle(billed_usage)` is called once the
@@ -206,9 +220,11 @@ class UpstreamProxy:
         `model`: the model the body names, whose own Serve application (its route prefix in
         `model_routes`) gets the request. `first_byte_timeout_s`: the idle timeout for a model
         that may be starting from zero replicas (its cold start) instead of
-        `upstream_idle_timeout_s`. `held`: the request's exit stack, which then holds the upstream
-        connection too (closed with it, unless an `UpstreamStream` takes it over: the caller pops
-        the stack then; a connection already given back to the pool is not closed again)."""
+        `upstream_idle_timeout_s`. `resume`: a stream to continue on another replica if its
+        upstream breaks (serving.gateway.upstream.resuming_relay). `held`: the request's exit
+        stack, which then holds the upstream connection too (closed with it, unless an
+        `UpstreamStream` takes it over: the caller pops the stack then; a connection already
+        given back to the pool is not closed again)."""
         total_timeout_s = self._settings.request_timeout_s
         deadline = time.monotonic() + total_timeout_s
         prefix = upstream_prefix_for(model, self._settings.model_routes)
@@ -222,8 +238,10 @@ class UpstreamProxy:
         sent = time.monotonic()  # the TTFT counts from here: after any wait in the gateway's queue
         try:
             with anyio.fail_after(total_timeout_s):
-                upstream = await self._session().request(route.method, url, data=body if route.takes_body else None,
-                                                         headers=headers, allow_redirects=False, **timeout)
+                upstream = await answered(
+                    lambda: self._session().request(route.method, url, data=body if route.takes_body else None,
+                                                    headers=headers, allow_redirects=False, **timeout),
+                    again=self._retries_answer(route, meter), on_retry=self._count_retry(model))
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             return self._failed("unavailable", exc, errors.upstream_unavailable())
         except TimeoutError as exc:  # aiohttp's read timeouts are TimeoutErrors too
@@ -237,8 +255,20 @@ class UpstreamProxy:
             return await self._rewritten(upstream, deadline)
         if route.path == MODELS and allowed_models is not None:
             return await self._model_list(upstream, allowed_models, deadline)
+        resuming = None if resume is None else resuming_relay(
+            resume, request=self._session().request, base_url=self._settings.upstream_url + prefix, headers=headers,
+            options=timeout, meter=meter, settle=settle, metrics=self._metrics, model=model, deadline=deadline)
         return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics,
-                              timer=self._timers.start(model, sent))
+                              timer=self._timers.start(model, sent), resume=resuming)
+
+    def _retries_answer(self, route: ApiRoute, meter: UsageMeter) -> bool:
+        """A non-streamed completion is sent once more if its replica dies before answering
+        (serving.gateway.upstream.answer_retry); streams are resumed instead."""
+        return self._settings.stream_resume.active and route.path in COMPLETION_PATHS and not meter.stream
+
+    def _count_retry(self, model: str | None) -> Callable[[str], None]:
+        label = self._metrics.model_label(model)
+        return lambda reason: self._metrics.answer_retries.labels(model=label, reason=reason).inc()
 
     async def _rewritten(self, upstream: aiohttp.ClientResponse, deadline: float) -> Response:
         """An upstream redirect or error as our own OpenAI error (serving.gateway.protocol.upstream_errors).

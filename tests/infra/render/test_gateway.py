@@ -141,3 +141,19 @@ def test_the_batch_api_storage_is_the_model_cache_bucket_when_known() -> None:
     assert pod["serviceAccountName"] == "llmstack-gateway" and pod["automountServiceAccountToken"] is False
     pod, settings = pod_and_settings(None)  # no bucket: no Batch API, and no AWS identity either
     assert "batch_storage_url" not in settings and "serviceAccountName" not in pod
+
+
+@pytest.mark.parametrize("stream_resume", [{"enabled": True, "max_resumes": 3}, {"enabled": False, "max_resumes": 2}])
+def test_the_stacks_stream_resume_setting_reaches_the_gateway(example_stack, stream_resume):
+    gateway = example_stack.gateway.model_copy(update={"stream_resume": example_stack.gateway.stream_resume.model_copy(
+        update=stream_resume)})
+    spec = example_stack.model_copy(update={"gateway": gateway})
+    env = {e["name"]: e["value"] for e in container_of(gateway_objects(spec))["env"] if "value" in e}
+    assert load_settings(env).stream_resume.model_dump() == stream_resume
+
+
+def test_the_stack_refuses_a_stream_resume_setting_out_of_bounds():
+    with pytest.raises(ValueError, match="max_resumes"):
+        Gateway(stream_resume={"max_resumes": 11})
+    with pytest.raises(ValueError, match="max_resume"):
+        Gateway(stream_resume={"max_resume": 1})  # a misspelt key is refused, never ignored

@@ -98,7 +98,9 @@ def test_alerts_cover_the_issue_list():
         "Redis evicting": "llmstack_gateway_redis_evicting",
         "XID errors": "DCGM_EXP_XID_ERRORS_COUNT", "GPU memory near full": "DCGM_FI_DEV_FB_FREE",
         "GPU idle under load": "DCGM_FI_DEV_GPU_UTIL",
-        "GPU exporter not ready": "kube_daemonset_status_number_ready"}
+        "GPU exporter not ready": "kube_daemonset_status_number_ready",
+        "stream resumes rising": "llmstack_gateway_stream_resumes_total",
+        "stream resumes failing": "llmstack_gateway_stream_resume_failures_total"}
     for concern, metric in wanted.items():
         assert any(metric in metric_names(e) for e in exprs.values()), f"no alert on {concern}"
 
@@ -196,6 +198,10 @@ FIRING = {
                                "20m", {"pod": "p"}),
     "LLMStackReplicaCrashLoop": ([('kube_pod_container_status_waiting_reason{namespace="llmstack",pod="p",'
                                    'container="c",reason="CrashLoopBackOff"}', "1x20")], "10m", {"pod": "p"}),
+    # 3 of 100 requests a minute resumed.
+    "LLMStackStreamResumesRising": ([('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x30"),
+                                     ('llmstack_gateway_stream_resumes_total{model="m",reason="connection_reset"}',
+                                      "0+3x30")], "25m", {"model": "m"}),
     "LLMStackMonthlyBudgetNearlySpent": ([('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.85x20")],
                                          "10m", {"tenant": "t", "key_id": "k"}),
     # GPUs: `pod` on DCGM series is the pod holding the GPU; on ray_vllm_* the pod scraped.
@@ -220,6 +226,9 @@ QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', 
          ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+100x40"),
          ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+1x40"),
          ("llmstack_gateway_degraded", "0x40"),
+         # A replica lost now and then: a resume every ten minutes, none failed.
+         ('llmstack_gateway_stream_resumes_total{model="m",reason="connection_reset"}', "0+0.1x40"),
+         ('llmstack_gateway_stream_resume_failures_total{model="m",reason="connection_reset"}', "0x40"),
          ("llmstack_gateway_redis_memory_used_bytes", "500x40"), ("llmstack_gateway_redis_memory_max_bytes", "1000x40"),
          ("llmstack_gateway_redis_evicting", "0x40"),
          ('llmstack_gateway_redis_out_of_memory_total{component="limiter"}', "0x40"),
