@@ -53,6 +53,7 @@ install: $(STAMP)
 # Lint, types and the import contract first (seconds with mypy's cache), then every test.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

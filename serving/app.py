@@ -45,8 +45,13 @@ class ModelListArgs(BaseModel):
 
 def model_card(model: ListedModel, created: int) -> dict[str, Any]:
     """An OpenAI model object, with vLLM's `max_model_len` extension."""
-    return {"id": model.id, "object": "model", "created": created, "owned_by": "llmstack",
-            "max_model_len": model.max_model_len}
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": created,
+        "owned_by": "llmstack",
+        "max_model_len": model.max_model_len,
+    }
 
 
 def answer(args: ModelListArgs, method: str, path: str, created: int) -> tuple[int, dict[str, Any]]:

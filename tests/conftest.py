@@ -78,7 +78,8 @@ def empty_redis(redis_server):
     client.close()
 
 
-@pytest.fixture(scope="session", params=[*EXAMPLE_STACKS, *TEST_CLOUD_STACKS],
-                ids=lambda p: p if isinstance(p, str) else p.name)
+@pytest.fixture(
+    scope="session", params=[*EXAMPLE_STACKS, *TEST_CLOUD_STACKS], ids=lambda p: p if isinstance(p, str) else p.name
+)
 def example_stack(request: pytest.FixtureRequest) -> StackSpec:
     return load_stack(request.param)

@@ -53,13 +53,16 @@ def distributions_of(module: str) -> set[str]:
     return {normalise(d) for d in module_distributions().get(module, [])}
 
 
-@pytest.mark.parametrize("folder, extras", [
-    ("serving/gateway", ("gateway",)),
-    ("serving", ("gateway", "serve")),
-    ("infra", ("gateway", "serve", "cli", "infra")),
-    ("ops", tuple(PYPROJECT["project"]["optional-dependencies"])),
-    ("tests", tuple(PYPROJECT["project"]["optional-dependencies"])),
-])
+@pytest.mark.parametrize(
+    "folder, extras",
+    [
+        ("serving/gateway", ("gateway",)),
+        ("serving", ("gateway", "serve")),
+        ("infra", ("gateway", "serve", "cli", "infra")),
+        ("ops", tuple(PYPROJECT["project"]["optional-dependencies"])),
+        ("tests", tuple(PYPROJECT["project"]["optional-dependencies"])),
+    ],
+)
 def test_every_import_is_declared(folder, extras):
     allowed = declared(*extras)
     undeclared = {m for m in imported_modules(folder) - ENGINE if not distributions_of(m) & allowed}

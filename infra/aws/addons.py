@@ -71,70 +71,135 @@ class Addons(pulumi.ComponentResource):
         aws_opts = pulumi.ResourceOptions(parent=self)
         self._k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
 
-        def role(service: str, account: str, *, policy: pulumi.Input[str] | None = None,
-                 managed_policy_arn: str | None = None) -> aws.iam.Role:
-            return irsa_role(f"{name}-{service}", oidc_provider_arn=args.oidc_provider_arn,
-                             oidc_issuer=args.oidc_issuer, namespace="kube-system", service_account=account,
-                             policy=policy, managed_policy_arn=managed_policy_arn, opts=aws_opts)
+        def role(
+            service: str,
+            account: str,
+            *,
+            policy: pulumi.Input[str] | None = None,
+            managed_policy_arn: str | None = None,
+        ) -> aws.iam.Role:
+            return irsa_role(
+                f"{name}-{service}",
+                oidc_provider_arn=args.oidc_provider_arn,
+                oidc_issuer=args.oidc_issuer,
+                namespace="kube-system",
+                service_account=account,
+                policy=policy,
+                managed_policy_arn=managed_policy_arn,
+                opts=aws_opts,
+            )
 
-        lb_controller = role("lb-controller", "aws-load-balancer-controller",
-                             policy=load_balancer_controller_policy(args.cluster_name, args.vpc_id))
+        lb_controller = role(
+            "lb-controller",
+            "aws-load-balancer-controller",
+            policy=load_balancer_controller_policy(args.cluster_name, args.vpc_id),
+        )
         ebs_csi = role("ebs-csi", "ebs-csi-controller-sa", managed_policy_arn=EBS_CSI_POLICY)
 
-        self.load_balancer_controller = self._chart("aws-load-balancer-controller", LOAD_BALANCER_CONTROLLER_CHART,
-                                                    "kube-system", {
-            "clusterName": args.cluster_name,
-            "region": args.region,
-            "vpcId": args.vpc_id,
-            "serviceAccount": _service_account("aws-load-balancer-controller", lb_controller),
-            "enableServiceMutatorWebhook": False,
-            "nodeSelector": SYSTEM_NODES,
-        })
+        self.load_balancer_controller = self._chart(
+            "aws-load-balancer-controller",
+            LOAD_BALANCER_CONTROLLER_CHART,
+            "kube-system",
+            {
+                "clusterName": args.cluster_name,
+                "region": args.region,
+                "vpcId": args.vpc_id,
+                "serviceAccount": _service_account("aws-load-balancer-controller", lb_controller),
+                "enableServiceMutatorWebhook": False,
+                "nodeSelector": SYSTEM_NODES,
+            },
+        )
         # Everything else waits for the controller (see the module docstring).
         after_lb = pulumi.ResourceOptions(depends_on=[self.load_balancer_controller])
         charts = [self.load_balancer_controller]
-        charts.append(self._chart("nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_CHART, "kube-system", {
-            "tolerations": [GPU_TOLERATION],
-            "nodeSelector": {GPU_PRESENT_LABEL: "true"},
-        }, after_lb))
+        charts.append(
+            self._chart(
+                "nvidia-device-plugin",
+                NVIDIA_DEVICE_PLUGIN_CHART,
+                "kube-system",
+                {
+                    "tolerations": [GPU_TOLERATION],
+                    "nodeSelector": {GPU_PRESENT_LABEL: "true"},
+                },
+                after_lb,
+            )
+        )
         if args.cluster_autoscaler:
-            autoscaler = role("cluster-autoscaler", "cluster-autoscaler",
-                              policy=cluster_autoscaler_policy(args.cluster_name))
-            charts.append(self._chart("cluster-autoscaler", CLUSTER_AUTOSCALER_CHART, "kube-system", {
-                "cloudProvider": "aws",
-                "awsRegion": args.region,
-                "autoDiscovery": {"clusterName": args.cluster_name},
-                "image": {"tag": CLUSTER_AUTOSCALER_IMAGE_TAGS[args.kubernetes_version]},
-                "rbac": {"serviceAccount": _service_account("cluster-autoscaler", autoscaler)},
-                "extraArgs": {"balance-similar-node-groups": True, "expander": "least-waste",
-                              "skip-nodes-with-system-pods": False},
-                "nodeSelector": SYSTEM_NODES,
-            }, after_lb))
-        charts.append(self._chart("metrics-server", METRICS_SERVER_CHART, "kube-system",
-                                  {"nodeSelector": SYSTEM_NODES}, after_lb))
-        namespace = k8s.core.v1.Namespace(KUBERAY_NAMESPACE, metadata={"name": KUBERAY_NAMESPACE},
-                                          opts=pulumi.ResourceOptions.merge(self._k8s, after_lb))
+            autoscaler = role(
+                "cluster-autoscaler", "cluster-autoscaler", policy=cluster_autoscaler_policy(args.cluster_name)
+            )
+            charts.append(
+                self._chart(
+                    "cluster-autoscaler",
+                    CLUSTER_AUTOSCALER_CHART,
+                    "kube-system",
+                    {
+                        "cloudProvider": "aws",
+                        "awsRegion": args.region,
+                        "autoDiscovery": {"clusterName": args.cluster_name},
+                        "image": {"tag": CLUSTER_AUTOSCALER_IMAGE_TAGS[args.kubernetes_version]},
+                        "rbac": {"serviceAccount": _service_account("cluster-autoscaler", autoscaler)},
+                        "extraArgs": {
+                            "balance-similar-node-groups": True,
+                            "expander": "least-waste",
+                            "skip-nodes-with-system-pods": False,
+                        },
+                        "nodeSelector": SYSTEM_NODES,
+                    },
+                    after_lb,
+                )
+            )
+        charts.append(
+            self._chart("metrics-server", METRICS_SERVER_CHART, "kube-system", {"nodeSelector": SYSTEM_NODES}, after_lb)
+        )
+        namespace = k8s.core.v1.Namespace(
+            KUBERAY_NAMESPACE,
+            metadata={"name": KUBERAY_NAMESPACE},
+            opts=pulumi.ResourceOptions.merge(self._k8s, after_lb),
+        )
         kuberay = KUBERAY_OPERATOR_CHART._replace(version=args.kuberay_version)
-        charts.append(self._chart("kuberay-operator", kuberay, KUBERAY_NAMESPACE, {"nodeSelector": SYSTEM_NODES},
-                                  pulumi.ResourceOptions(depends_on=[namespace, self.load_balancer_controller])))
+        charts.append(
+            self._chart(
+                "kuberay-operator",
+                kuberay,
+                KUBERAY_NAMESPACE,
+                {"nodeSelector": SYSTEM_NODES},
+                pulumi.ResourceOptions(depends_on=[namespace, self.load_balancer_controller]),
+            )
+        )
         self.charts = charts
 
-        aws.eks.Addon(f"{name}-vpc-cni", cluster_name=args.cluster_name, addon_name="vpc-cni",
-                      configuration_values=json.dumps({"enableNetworkPolicy": "true"}),
-                      resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
-                      opts=aws_opts)
-        ebs_addon = aws.eks.Addon(f"{name}-ebs-csi", cluster_name=args.cluster_name,
-                                  addon_name="aws-ebs-csi-driver", service_account_role_arn=ebs_csi.arn,
-                                  opts=aws_opts)
+        aws.eks.Addon(
+            f"{name}-vpc-cni",
+            cluster_name=args.cluster_name,
+            addon_name="vpc-cni",
+            configuration_values=json.dumps({"enableNetworkPolicy": "true"}),
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            opts=aws_opts,
+        )
+        ebs_addon = aws.eks.Addon(
+            f"{name}-ebs-csi",
+            cluster_name=args.cluster_name,
+            addon_name="aws-ebs-csi-driver",
+            service_account_role_arn=ebs_csi.arn,
+            opts=aws_opts,
+        )
         k8s.storage.v1.StorageClass(
-            STORAGE_CLASS, metadata={"name": STORAGE_CLASS}, provisioner="ebs.csi.aws.com",
-            parameters={"type": "gp3", "encrypted": "true"}, volume_binding_mode="WaitForFirstConsumer",
-            reclaim_policy="Delete", allow_volume_expansion=True,
-            opts=pulumi.ResourceOptions.merge(self._k8s, pulumi.ResourceOptions(depends_on=[ebs_addon])))
+            STORAGE_CLASS,
+            metadata={"name": STORAGE_CLASS},
+            provisioner="ebs.csi.aws.com",
+            parameters={"type": "gp3", "encrypted": "true"},
+            volume_binding_mode="WaitForFirstConsumer",
+            reclaim_policy="Delete",
+            allow_volume_expansion=True,
+            opts=pulumi.ResourceOptions.merge(self._k8s, pulumi.ResourceOptions(depends_on=[ebs_addon])),
+        )
         self.register_outputs({})
 
-    def _chart(self, name: str, pin: Chart, namespace: str, values: dict,
-               opts: pulumi.ResourceOptions | None = None) -> k8s.helm.v4.Chart:
+    def _chart(
+        self, name: str, pin: Chart, namespace: str, values: dict, opts: pulumi.ResourceOptions | None = None
+    ) -> k8s.helm.v4.Chart:
         repo, chart, version = pin
         return k8s.helm.v4.Chart(
             name,

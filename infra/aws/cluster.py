@@ -75,20 +75,26 @@ class Cluster(pulumi.ComponentResource):
         super().__init__("llmstack:aws:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        role = aws.iam.Role(f"{name}-control-plane", assume_role_policy=assume_role_policy("eks.amazonaws.com"),
-                            opts=child)
-        attached = aws.iam.RolePolicyAttachment(f"{name}-control-plane", role=role.name,
-                                                policy_arn=MANAGED + "AmazonEKSClusterPolicy", opts=child)
+        role = aws.iam.Role(
+            f"{name}-control-plane", assume_role_policy=assume_role_policy("eks.amazonaws.com"), opts=child
+        )
+        attached = aws.iam.RolePolicyAttachment(
+            f"{name}-control-plane", role=role.name, policy_arn=MANAGED + "AmazonEKSClusterPolicy", opts=child
+        )
         cluster = aws.eks.Cluster(
             name,
             name=args.name,
             version=args.kubernetes_version,
             role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
-                subnet_ids=args.private_subnet_ids, endpoint_private_access=True, endpoint_public_access=True,
-                public_access_cidrs=args.public_access_cidrs),
+                subnet_ids=args.private_subnet_ids,
+                endpoint_private_access=True,
+                endpoint_public_access=True,
+                public_access_cidrs=args.public_access_cidrs,
+            ),
             access_config=aws.eks.ClusterAccessConfigArgs(
-                authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True),
+                authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True
+            ),
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.upgrade_policy.upper()),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[attached]),
@@ -97,14 +103,24 @@ class Cluster(pulumi.ComponentResource):
         issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
         oidc = aws.iam.OpenIdConnectProvider(name, url=issuer, client_id_lists=["sts.amazonaws.com"], opts=child)
 
-        node_role = aws.iam.Role(f"{name}-nodes", assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
-                                 opts=child)
+        node_role = aws.iam.Role(
+            f"{name}-nodes", assume_role_policy=assume_role_policy("ec2.amazonaws.com"), opts=child
+        )
         self.node_role_policies = [
-            aws.iam.RolePolicyAttachment(f"{name}-nodes-{p}", role=node_role.name, policy_arn=MANAGED + p,
-                                         opts=pulumi.ResourceOptions(parent=node_role))
-            for p in NODE_POLICIES]
-        template = hardened_launch_template(f"{name}-{SYSTEM_GROUP}", disk_size_gib=SYSTEM_DISK_GIB,
-                                            tags={"Name": f"{args.name}-{SYSTEM_GROUP}"}, opts=child)
+            aws.iam.RolePolicyAttachment(
+                f"{name}-nodes-{p}",
+                role=node_role.name,
+                policy_arn=MANAGED + p,
+                opts=pulumi.ResourceOptions(parent=node_role),
+            )
+            for p in NODE_POLICIES
+        ]
+        template = hardened_launch_template(
+            f"{name}-{SYSTEM_GROUP}",
+            disk_size_gib=SYSTEM_DISK_GIB,
+            tags={"Name": f"{args.name}-{SYSTEM_GROUP}"},
+            opts=child,
+        )
         self.system_nodes = aws.eks.NodeGroup(
             f"{name}-{SYSTEM_GROUP}",
             cluster_name=cluster.name,
@@ -115,14 +131,17 @@ class Cluster(pulumi.ComponentResource):
             ami_type="AL2023_x86_64_STANDARD",
             capacity_type="ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=SYSTEM_MIN, desired_size=SYSTEM_DESIRED, max_size=SYSTEM_MAX),
+                min_size=SYSTEM_MIN, desired_size=SYSTEM_DESIRED, max_size=SYSTEM_MAX
+            ),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             labels={NODE_GROUP_LABEL: SYSTEM_GROUP},
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
-                id=template.id, version=template.latest_version.apply(str)),
+                id=template.id, version=template.latest_version.apply(str)
+            ),
             # The Cluster Autoscaler owns the node count once the group exists.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_role_policies,
-                                        ignore_changes=["scalingConfig.desiredSize"]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=self.node_role_policies, ignore_changes=["scalingConfig.desiredSize"]
+            ),
         )
 
         self.name = cluster.name
@@ -132,41 +151,79 @@ class Cluster(pulumi.ComponentResource):
         self.node_role_arn = node_role.arn
         # Managed node groups without their own security groups use the cluster security group.
         self.node_security_group_id = cluster.vpc_config.apply(lambda v: v.cluster_security_group_id)
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
-            cluster.name, cluster.endpoint, cluster.certificate_authority.apply(lambda ca: ca.data),
-        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], region=args.region, profile=args.aws_profile,
-                                     role_arn=args.assume_role_arn)))
-        self.register_outputs({"name": self.name, "kubeconfig": self.kubeconfig,
-                               "oidc_provider_arn": self.oidc_provider_arn})
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(
+                cluster.name,
+                cluster.endpoint,
+                cluster.certificate_authority.apply(lambda ca: ca.data),
+            ).apply(
+                lambda a: kubeconfig(
+                    a[0], a[1], a[2], region=args.region, profile=args.aws_profile, role_arn=args.assume_role_arn
+                )
+            )
+        )
+        self.register_outputs(
+            {"name": self.name, "kubeconfig": self.kubeconfig, "oidc_provider_arn": self.oidc_provider_arn}
+        )
 
     def _admin(self, name: str, cluster: aws.eks.Cluster, principal_arn: str) -> aws.eks.AccessPolicyAssociation:
         slug = principal_arn.rsplit(":", 1)[-1].replace("/", "-")
-        entry = aws.eks.AccessEntry(f"{name}-admin-{slug}", cluster_name=cluster.name, principal_arn=principal_arn,
-                                    type="STANDARD", opts=pulumi.ResourceOptions(parent=self))
+        entry = aws.eks.AccessEntry(
+            f"{name}-admin-{slug}",
+            cluster_name=cluster.name,
+            principal_arn=principal_arn,
+            type="STANDARD",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         return aws.eks.AccessPolicyAssociation(
-            f"{name}-admin-{slug}", cluster_name=cluster.name, principal_arn=principal_arn,
-            policy_arn=CLUSTER_ADMIN_POLICY, access_scope={"type": "cluster"},
-            opts=pulumi.ResourceOptions(parent=entry, depends_on=[entry]))
+            f"{name}-admin-{slug}",
+            cluster_name=cluster.name,
+            principal_arn=principal_arn,
+            policy_arn=CLUSTER_ADMIN_POLICY,
+            access_scope={"type": "cluster"},
+            opts=pulumi.ResourceOptions(parent=entry, depends_on=[entry]),
+        )
 
 
-def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, *, region: str, profile: str | None,
-               role_arn: str | None = None) -> str:
+def kubeconfig(
+    cluster_name: str, endpoint: str, ca_data: str, *, region: str, profile: str | None, role_arn: str | None = None
+) -> str:
     """A kubeconfig that gets a token from `aws eks get-token` (the AWS CLI) on every use, as the
     same identity Pulumi acts as (its profile, and the role the stack assumes)."""
     env = [{"name": "AWS_PROFILE", "value": profile}] if profile else None
     role = ["--role-arn", role_arn] if role_arn else []
-    return json.dumps({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
-        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
-        "current-context": cluster_name,
-        "users": [{"name": cluster_name, "user": {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1",
-            "command": "aws",
-            "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, *role,
-                     "--output", "json"],
-            "env": env,
-            "interactiveMode": "Never",
-        }}}],
-    })
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}
+            ],
+            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+            "current-context": cluster_name,
+            "users": [
+                {
+                    "name": cluster_name,
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": "aws",
+                            "args": [
+                                "eks",
+                                "get-token",
+                                "--cluster-name",
+                                cluster_name,
+                                "--region",
+                                region,
+                                *role,
+                                "--output",
+                                "json",
+                            ],
+                            "env": env,
+                            "interactiveMode": "Never",
+                        }
+                    },
+                }
+            ],
+        }
+    )

@@ -48,13 +48,29 @@ INTERRUPTION_EVENTS = {
 
 def queue_policy(queue_arn: str) -> str:
     """EventBridge (and SQS itself) may send to the queue; nothing may use it without TLS."""
-    return json.dumps({"Version": "2012-10-17", "Id": "EC2InterruptionPolicy", "Statement": [
-        {"Sid": "EventBridgeSends", "Effect": "Allow",
-         "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
-         "Action": "sqs:SendMessage", "Resource": queue_arn},
-        {"Sid": "DenyHTTP", "Effect": "Deny", "Principal": "*", "Action": "sqs:*", "Resource": queue_arn,
-         "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
-    ]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Id": "EC2InterruptionPolicy",
+            "Statement": [
+                {
+                    "Sid": "EventBridgeSends",
+                    "Effect": "Allow",
+                    "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
+                    "Action": "sqs:SendMessage",
+                    "Resource": queue_arn,
+                },
+                {
+                    "Sid": "DenyHTTP",
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "sqs:*",
+                    "Resource": queue_arn,
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                },
+            ],
+        }
+    )
 
 
 @dataclass
@@ -78,31 +94,57 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("llmstack:aws:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        node_role = aws.iam.Role(f"{name}-nodes", assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
-                                 opts=child)
-        attachments = [aws.iam.RolePolicyAttachment(f"{name}-nodes-{p}", role=node_role.name, policy_arn=MANAGED + p,
-                                                    opts=pulumi.ResourceOptions(parent=node_role))
-                       for p in NODE_POLICIES]
+        node_role = aws.iam.Role(
+            f"{name}-nodes", assume_role_policy=assume_role_policy("ec2.amazonaws.com"), opts=child
+        )
+        attachments = [
+            aws.iam.RolePolicyAttachment(
+                f"{name}-nodes-{p}",
+                role=node_role.name,
+                policy_arn=MANAGED + p,
+                opts=pulumi.ResourceOptions(parent=node_role),
+            )
+            for p in NODE_POLICIES
+        ]
         profile = aws.iam.InstanceProfile(f"{name}-nodes", role=node_role.name, opts=child)
-        entry = aws.eks.AccessEntry(f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn,
-                                    type="EC2_LINUX", opts=child)
+        entry = aws.eks.AccessEntry(
+            f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn, type="EC2_LINUX", opts=child
+        )
 
-        queue = aws.sqs.Queue(f"{name}-interruptions", message_retention_seconds=QUEUE_RETENTION_S,
-                              sqs_managed_sse_enabled=True, opts=child)
-        aws.sqs.QueuePolicy(f"{name}-interruptions", queue_url=queue.url, policy=queue.arn.apply(queue_policy),
-                            opts=pulumi.ResourceOptions(parent=queue))
+        queue = aws.sqs.Queue(
+            f"{name}-interruptions",
+            message_retention_seconds=QUEUE_RETENTION_S,
+            sqs_managed_sse_enabled=True,
+            opts=child,
+        )
+        aws.sqs.QueuePolicy(
+            f"{name}-interruptions",
+            queue_url=queue.url,
+            policy=queue.arn.apply(queue_policy),
+            opts=pulumi.ResourceOptions(parent=queue),
+        )
         for event, (source, detail_type) in INTERRUPTION_EVENTS.items():
             rule = aws.cloudwatch.EventRule(
-                f"{name}-{event}", description=f"Karpenter interruption handling ({args.cluster_name}): {detail_type}",
-                event_pattern=json.dumps({"source": [source], "detail-type": [detail_type]}), opts=child)
-            aws.cloudwatch.EventTarget(f"{name}-{event}", rule=rule.name, arn=queue.arn,
-                                       opts=pulumi.ResourceOptions(parent=rule))
+                f"{name}-{event}",
+                description=f"Karpenter interruption handling ({args.cluster_name}): {detail_type}",
+                event_pattern=json.dumps({"source": [source], "detail-type": [detail_type]}),
+                opts=child,
+            )
+            aws.cloudwatch.EventTarget(
+                f"{name}-{event}", rule=rule.name, arn=queue.arn, opts=pulumi.ResourceOptions(parent=rule)
+            )
 
         controller = irsa_role(
-            f"{name}-controller", oidc_provider_arn=args.oidc_provider_arn, oidc_issuer=args.oidc_issuer,
-            namespace=NAMESPACE, service_account=SERVICE_ACCOUNT, opts=child,
-            policy=karpenter_controller_policy(args.cluster_name, args.region, args.account_id, node_role.arn,
-                                              queue.arn))
+            f"{name}-controller",
+            oidc_provider_arn=args.oidc_provider_arn,
+            oidc_issuer=args.oidc_issuer,
+            namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT,
+            opts=child,
+            policy=karpenter_controller_policy(
+                args.cluster_name, args.region, args.account_id, node_role.arn, queue.arn
+            ),
+        )
 
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         repo, chart, version = KARPENTER_CHART
@@ -112,28 +154,46 @@ class Karpenter(pulumi.ComponentResource):
             version=version,
             namespace=NAMESPACE,
             values={
-                "settings": {"clusterName": args.cluster_name, "clusterEndpoint": args.cluster_endpoint,
-                             "interruptionQueue": queue.name},
-                "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT,
-                                   "annotations": {"eks.amazonaws.com/role-arn": controller.arn}},
+                "settings": {
+                    "clusterName": args.cluster_name,
+                    "clusterEndpoint": args.cluster_endpoint,
+                    "interruptionQueue": queue.name,
+                },
+                "serviceAccount": {
+                    "create": True,
+                    "name": SERVICE_ACCOUNT,
+                    "annotations": {"eks.amazonaws.com/role-arn": controller.arn},
+                },
                 "nodeSelector": {NODE_GROUP_LABEL: "system"},
             },
             opts=pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[*args.after, entry])),
         )
 
         objects = pulumi.Output.all(profile.name, args.subnet_ids, args.security_group_id).apply(
-            lambda a: karpenter_objects(args.spec, cluster_name=args.cluster_name, instance_profile=a[0],
-                                        subnet_ids=list(a[1]), security_group_ids=[a[2]]))
+            lambda a: karpenter_objects(
+                args.spec,
+                cluster_name=args.cluster_name,
+                instance_profile=a[0],
+                subnet_ids=list(a[1]),
+                security_group_ids=[a[2]],
+            )
+        )
         after_chart = pulumi.ResourceOptions.merge(
-            k8s_opts, pulumi.ResourceOptions(depends_on=[self.chart, *attachments]))
+            k8s_opts, pulumi.ResourceOptions(depends_on=[self.chart, *attachments])
+        )
         self.objects = []
         for index, kind in enumerate(_kinds(args.spec)):
             api_version, kind_name, object_name = kind
-            self.objects.append(k8s.apiextensions.CustomResource(
-                f"{kind_name.lower()}-{object_name}", api_version=api_version, kind=kind_name,
-                metadata=objects.apply(partial(_member, index, "metadata")),
-                spec=objects.apply(partial(_member, index, "spec")),
-                opts=after_chart))
+            self.objects.append(
+                k8s.apiextensions.CustomResource(
+                    f"{kind_name.lower()}-{object_name}",
+                    api_version=api_version,
+                    kind=kind_name,
+                    metadata=objects.apply(partial(_member, index, "metadata")),
+                    spec=objects.apply(partial(_member, index, "spec")),
+                    opts=after_chart,
+                )
+            )
         self.register_outputs({"interruption_queue": queue.name})
 
 

@@ -22,20 +22,26 @@ ROOT_DEVICE = "/dev/xvda"  # the root device of the Amazon Linux 2023 EKS AMIs
 IMDS_HOP_LIMIT = 1
 
 
-def hardened_launch_template(name: str, *, disk_size_gib: int, tags: dict[str, str],
-                             opts: pulumi.ResourceOptions) -> aws.ec2.LaunchTemplate:
+def hardened_launch_template(
+    name: str, *, disk_size_gib: int, tags: dict[str, str], opts: pulumi.ResourceOptions
+) -> aws.ec2.LaunchTemplate:
     return aws.ec2.LaunchTemplate(
         name,
         description=f"llmstack node group {name}: IMDSv2 only, encrypted gp3 root volume",
         metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-            http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT),
-        block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-            device_name=ROOT_DEVICE,
-            ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                volume_size=disk_size_gib, volume_type="gp3", encrypted="true", delete_on_termination="true"),
-        )],
-        tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tags)
-                            for kind in ("instance", "volume")],
+            http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT
+        ),
+        block_device_mappings=[
+            aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                device_name=ROOT_DEVICE,
+                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                    volume_size=disk_size_gib, volume_type="gp3", encrypted="true", delete_on_termination="true"
+                ),
+            )
+        ],
+        tag_specifications=[
+            aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tags) for kind in ("instance", "volume")
+        ],
         tags=tags,
         opts=opts,
     )

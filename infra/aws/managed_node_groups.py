@@ -59,8 +59,9 @@ class GpuNodeGroups(pulumi.ComponentResource):
     def _group(self, prefix: str, group: GpuNodeGroup, args: GpuNodeGroupsArgs) -> aws.eks.NodeGroup:
         name = f"{prefix}-{group.name}"
         child = pulumi.ResourceOptions(parent=self)
-        template = hardened_launch_template(name, disk_size_gib=group.disk_size_gib,
-                                            tags={"Name": f"{args.cluster_name}-{group.name}"}, opts=child)
+        template = hardened_launch_template(
+            name, disk_size_gib=group.disk_size_gib, tags={"Name": f"{args.cluster_name}-{group.name}"}, opts=child
+        )
         node_group = aws.eks.NodeGroup(
             name,
             cluster_name=args.cluster_name,
@@ -71,13 +72,14 @@ class GpuNodeGroups(pulumi.ComponentResource):
             instance_types=[group.instance_type],
             capacity_type="SPOT" if group.capacity_type is CapacityType.SPOT else "ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=group.min_size, desired_size=group.desired, max_size=group.max_size),
+                min_size=group.min_size, desired_size=group.desired, max_size=group.max_size
+            ),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             labels=node_labels(group),
-            taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT["key"], value=GPU_TAINT["value"],
-                                               effect="NO_SCHEDULE")],
+            taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT["key"], value=GPU_TAINT["value"], effect="NO_SCHEDULE")],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
-                id=template.id, version=template.latest_version.apply(str)),
+                id=template.id, version=template.latest_version.apply(str)
+            ),
             tags={NODE_GROUP_LABEL: group.name},
             # After creation the Cluster Autoscaler owns the node count, not `pulumi up`.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),

@@ -44,26 +44,62 @@ ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS = 1
 def reader_policy(bucket: str) -> str:
     """Read-only access to the cached models: list `models/`, get objects under it."""
     arn = f"arn:aws:s3:::{bucket}"
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "ListModels", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": arn,
-         "Condition": {"StringLike": {"s3:prefix": [f"{MODELS_PREFIX}*"]}}},
-        {"Sid": "ReadModels", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"{arn}/{MODELS_PREFIX}*"},
-    ]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "ListModels",
+                    "Effect": "Allow",
+                    "Action": ["s3:ListBucket"],
+                    "Resource": arn,
+                    "Condition": {"StringLike": {"s3:prefix": [f"{MODELS_PREFIX}*"]}},
+                },
+                {
+                    "Sid": "ReadModels",
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject"],
+                    "Resource": f"{arn}/{MODELS_PREFIX}*",
+                },
+            ],
+        }
+    )
 
 
 def batch_files_policy(bucket: str) -> str:
     """The gateway's Batch API files: get, put and delete under `batches/`; no listing, no other prefix."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "BatchFiles", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-         "Resource": f"arn:aws:s3:::{bucket}/{BATCHES_PREFIX}*"},
-    ]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "BatchFiles",
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                    "Resource": f"arn:aws:s3:::{bucket}/{BATCHES_PREFIX}*",
+                },
+            ],
+        }
+    )
 
 
 def tls_only_policy(bucket: str) -> str:
     arn = f"arn:aws:s3:::{bucket}"
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Sid": "DenyPlainHttp", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-        "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "DenyPlainHttp",
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:*",
+                    "Resource": [arn, f"{arn}/*"],
+                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                }
+            ],
+        }
+    )
 
 
 @dataclass
@@ -90,49 +126,106 @@ class ModelCache(pulumi.ComponentResource):
         bucket = aws.s3.Bucket(name, bucket=args.bucket, opts=child)
         on_bucket = pulumi.ResourceOptions(parent=bucket)
         blocked = aws.s3.BucketPublicAccessBlock(
-            name, bucket=bucket.id, block_public_acls=True, block_public_policy=True, ignore_public_acls=True,
-            restrict_public_buckets=True, opts=on_bucket)
-        aws.s3.BucketOwnershipControls(name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"},
-                                       opts=on_bucket)
-        aws.s3.BucketServerSideEncryptionConfiguration(name, bucket=bucket.id, rules=[{
-            "apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}],
-            opts=on_bucket)
-        aws.s3.BucketLifecycleConfiguration(name, bucket=bucket.id, rules=[{
-            "id": "abort-incomplete-uploads", "status": "Enabled", "filter": {"prefix": ""},
-            "abort_incomplete_multipart_upload": {"days_after_initiation": ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS}}, {
-            "id": "expire-batch-files", "status": "Enabled", "filter": {"prefix": BATCHES_PREFIX},
-            "expiration": {"days": args.batch_retention_days}}],
-            opts=on_bucket)
+            name,
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=on_bucket,
+        )
+        aws.s3.BucketOwnershipControls(
+            name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=on_bucket
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            name,
+            bucket=bucket.id,
+            rules=[
+                {"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}
+            ],
+            opts=on_bucket,
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            name,
+            bucket=bucket.id,
+            rules=[
+                {
+                    "id": "abort-incomplete-uploads",
+                    "status": "Enabled",
+                    "filter": {"prefix": ""},
+                    "abort_incomplete_multipart_upload": {"days_after_initiation": ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS},
+                },
+                {
+                    "id": "expire-batch-files",
+                    "status": "Enabled",
+                    "filter": {"prefix": BATCHES_PREFIX},
+                    "expiration": {"days": args.batch_retention_days},
+                },
+            ],
+            opts=on_bucket,
+        )
         # S3 rejects a bucket policy while the public access block is being applied.
-        aws.s3.BucketPolicy(name, bucket=bucket.id, policy=tls_only_policy(args.bucket),
-                            opts=pulumi.ResourceOptions(parent=bucket, depends_on=[blocked]))
+        aws.s3.BucketPolicy(
+            name,
+            bucket=bucket.id,
+            policy=tls_only_policy(args.bucket),
+            opts=pulumi.ResourceOptions(parent=bucket, depends_on=[blocked]),
+        )
 
         readers = {}
-        for suffix, account, api_token in (("reader", RAY_SERVICE_ACCOUNT, True),
-                                           ("worker-reader", RAY_WORKER_SERVICE_ACCOUNT, False)):
+        for suffix, account, api_token in (
+            ("reader", RAY_SERVICE_ACCOUNT, True),
+            ("worker-reader", RAY_WORKER_SERVICE_ACCOUNT, False),
+        ):
             readers[account] = irsa_role(
-                f"{name}-{suffix}", oidc_provider_arn=args.oidc_provider_arn, oidc_issuer=args.oidc_issuer,
-                namespace=NAMESPACE, service_account=account, policy=reader_policy(args.bucket), opts=child)
+                f"{name}-{suffix}",
+                oidc_provider_arn=args.oidc_provider_arn,
+                oidc_issuer=args.oidc_issuer,
+                namespace=NAMESPACE,
+                service_account=account,
+                policy=reader_policy(args.bucket),
+                opts=child,
+            )
             k8s.core.v1.ServiceAccount(
                 account,
-                metadata={"name": account, "namespace": NAMESPACE, "labels": labels("ray", args.stack),
-                          "annotations": {"eks.amazonaws.com/role-arn": readers[account].arn}},
+                metadata={
+                    "name": account,
+                    "namespace": NAMESPACE,
+                    "labels": labels("ray", args.stack),
+                    "annotations": {"eks.amazonaws.com/role-arn": readers[account].arn},
+                },
                 automount_service_account_token=api_token,
-                opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]))
+                opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]),
+            )
         role = readers[RAY_SERVICE_ACCOUNT]
 
-        batch_role = irsa_role(f"{name}-batch-files", oidc_provider_arn=args.oidc_provider_arn,
-                               oidc_issuer=args.oidc_issuer, namespace=NAMESPACE,
-                               service_account=GATEWAY_SERVICE_ACCOUNT, policy=batch_files_policy(args.bucket),
-                               opts=child)
+        batch_role = irsa_role(
+            f"{name}-batch-files",
+            oidc_provider_arn=args.oidc_provider_arn,
+            oidc_issuer=args.oidc_issuer,
+            namespace=NAMESPACE,
+            service_account=GATEWAY_SERVICE_ACCOUNT,
+            policy=batch_files_policy(args.bucket),
+            opts=child,
+        )
         k8s.core.v1.ServiceAccount(
             GATEWAY_SERVICE_ACCOUNT,
-            metadata={"name": GATEWAY_SERVICE_ACCOUNT, "namespace": NAMESPACE, "labels": labels("gateway", args.stack),
-                      "annotations": {"eks.amazonaws.com/role-arn": batch_role.arn}},
-            opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]))
+            metadata={
+                "name": GATEWAY_SERVICE_ACCOUNT,
+                "namespace": NAMESPACE,
+                "labels": labels("gateway", args.stack),
+                "annotations": {"eks.amazonaws.com/role-arn": batch_role.arn},
+            },
+            opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace]),
+        )
 
         self.bucket = bucket.bucket
         self.reader_role_arn = role.arn
         self.batch_files_role_arn = batch_role.arn
-        self.register_outputs({"bucket": self.bucket, "reader_role_arn": self.reader_role_arn,
-                               "batch_files_role_arn": self.batch_files_role_arn})
+        self.register_outputs(
+            {
+                "bucket": self.bucket,
+                "reader_role_arn": self.reader_role_arn,
+                "batch_files_role_arn": self.batch_files_role_arn,
+            }
+        )

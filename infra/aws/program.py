@@ -71,20 +71,26 @@ def checked_stack(stack: str) -> tuple[StackSpec, StackPlan]:
         raise StackRefused(
             f"stack {spec.name} runs on this machine ({where}: llmstack:cloud.provider is "
             f"{spec.cloud.provider!r}): there is nothing to provision. Run it with `make dev`; "
-            "deploy a cloud stack (provider: aws) such as dev or prod")
+            "deploy a cloud stack (provider: aws) such as dev or prod"
+        )
     version, provisioner = spec.cloud.kubernetes_version, spec.cloud.node_provisioner
     supported = CLUSTER_AUTOSCALER_IMAGE_TAGS if provisioner == "cluster-autoscaler" else KARPENTER_KUBERNETES_VERSIONS
     if version not in supported:
         raise StackRefused(
             f"{where}: llmstack:cloud.kubernetes_version {version} has no {provisioner} release pinned in "
-            f"infra/catalog/versions.py; use one of {', '.join(sorted(supported))}")
+            f"infra/catalog/versions.py; use one of {', '.join(sorted(supported))}"
+        )
     for i, group in enumerate(spec.node_groups):
         if isinstance(group, CpuNodeGroup):
-            raise StackRefused(f"{where}: llmstack:node_groups[{i}] ({group.name}) is kind: cpu; "
-                               "AWS stacks provision GPU node groups only, use kind: gpu")
+            raise StackRefused(
+                f"{where}: llmstack:node_groups[{i}] ({group.name}) is kind: cpu; "
+                "AWS stacks provision GPU node groups only, use kind: gpu"
+            )
         if group.name == SYSTEM_GROUP:
-            raise StackRefused(f"{where}: llmstack:node_groups[{i}].name {SYSTEM_GROUP!r} is reserved for the "
-                               "cluster's system node group; choose another name")
+            raise StackRefused(
+                f"{where}: llmstack:node_groups[{i}].name {SYSTEM_GROUP!r} is reserved for the "
+                "cluster's system node group; choose another name"
+            )
     plan = plan_stack(spec)
     if not plan.ok:
         reasons = "; ".join(f"{p.subject}: {p.message}" for p in plan.problems)
@@ -103,8 +109,11 @@ def aws_settings(config: pulumi.Config) -> dict[str, Any]:
         value = config.get_secret(key) if key in SECRET_AWS_SETTINGS else config.get(key)
         if value is None:
             continue
-        if isinstance(value, str) and (value.startswith(("[", "{")) or value in ("true", "false")
-                                       or (value.isdigit() and argument.endswith(("retries", "capacity")))):
+        if isinstance(value, str) and (
+            value.startswith(("[", "{"))
+            or value in ("true", "false")
+            or (value.isdigit() and argument.endswith(("retries", "capacity")))
+        ):
             value = json.loads(value)  # structured, boolean and numeric settings; a profile stays a string
         settings[argument] = value
     return settings
@@ -126,11 +135,19 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     aws_config = pulumi.Config("aws")
     configured_region = aws_config.get("region")
     if configured_region and configured_region != cloud.region:
-        raise StackRefused(f"Pulumi.{spec.name}.yaml: aws:region is {configured_region} but llmstack:cloud.region is "
-                           f"{cloud.region}; make them equal (or remove aws:region)")
+        raise StackRefused(
+            f"Pulumi.{spec.name}.yaml: aws:region is {configured_region} but llmstack:cloud.region is "
+            f"{cloud.region}; make them equal (or remove aws:region)"
+        )
     settings = aws_settings(aws_config)
-    aws_provider = aws.Provider("aws", region=cloud.region, **settings, default_tags=aws.ProviderDefaultTagsArgs(
-        tags={"llmstack.dev/stack": spec.name, "llmstack.dev/managed-by": "pulumi"}))
+    aws_provider = aws.Provider(
+        "aws",
+        region=cloud.region,
+        **settings,
+        default_tags=aws.ProviderDefaultTagsArgs(
+            tags={"llmstack.dev/stack": spec.name, "llmstack.dev/managed-by": "pulumi"}
+        ),
+    )
     on_aws = pulumi.ResourceOptions(providers={"aws": aws_provider})
     # Asked before anything is declared: an admin entry for this identity would fail the deploy
     # once the cluster exists (infra/spec/principals.py).
@@ -139,13 +156,26 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     if problem:
         raise StackRefused(problem)
 
-    network = Network("network", NetworkArgs(cluster_name=name, region=cloud.region,
-                                             availability_zones=cloud.availability_zones), opts=on_aws)
-    cluster = Cluster("eks", ClusterArgs(
-        name=name, kubernetes_version=cloud.kubernetes_version, region=cloud.region,
-        private_subnet_ids=network.private_subnet_ids, upgrade_policy=cloud.upgrade_policy,
-        public_access_cidrs=cloud.api_public_cidrs, admin_principal_arns=cloud.admin_principal_arns,
-        aws_profile=settings.get("profile"), assume_role_arn=assumed_role(settings)), opts=on_aws)
+    network = Network(
+        "network",
+        NetworkArgs(cluster_name=name, region=cloud.region, availability_zones=cloud.availability_zones),
+        opts=on_aws,
+    )
+    cluster = Cluster(
+        "eks",
+        ClusterArgs(
+            name=name,
+            kubernetes_version=cloud.kubernetes_version,
+            region=cloud.region,
+            private_subnet_ids=network.private_subnet_ids,
+            upgrade_policy=cloud.upgrade_policy,
+            public_access_cidrs=cloud.api_public_cidrs,
+            admin_principal_arns=cloud.admin_principal_arns,
+            aws_profile=settings.get("profile"),
+            assume_role_arn=assumed_role(settings),
+        ),
+        opts=on_aws,
+    )
     # Node groups and add-ons name the cluster by its (known) name, so they wait for it explicitly.
     after_cluster = pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[cluster]))
     karpenter = cloud.node_provisioner == "karpenter"
@@ -153,22 +183,50 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     # Every Kubernetes object goes through this provider, once the system nodes are up.
     kube = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, opts=pulumi.ResourceOptions(depends_on=[cluster]))
 
-    addons = Addons("addons", AddonsArgs(
-        cluster_name=name, kubernetes_version=cloud.kubernetes_version, region=cloud.region,
-        vpc_id=network.vpc_id, oidc_provider_arn=cluster.oidc_provider_arn, oidc_issuer=cluster.oidc_issuer,
-        k8s_provider=kube, kuberay_version=spec.versions.kuberay_operator, cluster_autoscaler=not karpenter),
-        opts=after_cluster)
-    if karpenter:
-        gpu: pulumi.Resource = Karpenter("karpenter", KarpenterArgs(
-            spec=spec, cluster_name=name, cluster_endpoint=cluster.endpoint, region=cloud.region,
-            account_id=identity.account_id, oidc_provider_arn=cluster.oidc_provider_arn,
+    addons = Addons(
+        "addons",
+        AddonsArgs(
+            cluster_name=name,
+            kubernetes_version=cloud.kubernetes_version,
+            region=cloud.region,
+            vpc_id=network.vpc_id,
+            oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_issuer=cluster.oidc_issuer,
-            subnet_ids=network.private_subnet_ids, security_group_id=cluster.node_security_group_id,
-            k8s_provider=kube, after=[addons.load_balancer_controller]), opts=after_cluster)
+            k8s_provider=kube,
+            kuberay_version=spec.versions.kuberay_operator,
+            cluster_autoscaler=not karpenter,
+        ),
+        opts=after_cluster,
+    )
+    if karpenter:
+        gpu: pulumi.Resource = Karpenter(
+            "karpenter",
+            KarpenterArgs(
+                spec=spec,
+                cluster_name=name,
+                cluster_endpoint=cluster.endpoint,
+                region=cloud.region,
+                account_id=identity.account_id,
+                oidc_provider_arn=cluster.oidc_provider_arn,
+                oidc_issuer=cluster.oidc_issuer,
+                subnet_ids=network.private_subnet_ids,
+                security_group_id=cluster.node_security_group_id,
+                k8s_provider=kube,
+                after=[addons.load_balancer_controller],
+            ),
+            opts=after_cluster,
+        )
     else:
-        gpu = GpuNodeGroups("gpu", GpuNodeGroupsArgs(
-            cluster_name=name, node_role_arn=cluster.node_role_arn, subnet_ids=network.private_subnet_ids,
-            groups=gpu_groups), opts=after_cluster)
+        gpu = GpuNodeGroups(
+            "gpu",
+            GpuNodeGroupsArgs(
+                cluster_name=name,
+                node_role_arn=cluster.node_role_arn,
+                subnet_ids=network.private_subnet_ids,
+                groups=gpu_groups,
+            ),
+            opts=after_cluster,
+        )
 
     cache_bucket = bucket_name(spec, None if spec.model_cache.bucket else identity.account_id)
     rendered = render_stack(spec, plan, model_cache_bucket=cache_bucket)
@@ -177,23 +235,50 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     # (ElastiCache) do not wait for it.
     namespace = app_namespace(rendered[0], kube, pulumi.ResourceOptions(depends_on=[addons]))
     external = isinstance(spec.redis, ExternalRedis)
-    redis = Redis("redis", RedisArgs(
-        stack=spec.name, redis=spec.redis, k8s_provider=kube, namespace=namespace, vpc_id=network.vpc_id,
-        subnet_ids=network.private_subnet_ids, node_security_group_id=cluster.node_security_group_id,
-        storage_class=STORAGE_CLASS,
-        external_passwords=(secrets.require_secret("redis_password"), secrets.require_secret("redis_ray_password"))
-        if external else None),
-        opts=on_aws)
-    cache = ModelCache("model-cache", ModelCacheArgs(
-        stack=spec.name, bucket=cache_bucket, oidc_provider_arn=cluster.oidc_provider_arn,
-        oidc_issuer=cluster.oidc_issuer, k8s_provider=kube, namespace=namespace,
-        batch_retention_days=spec.gateway.batch.retention_days), opts=on_aws)
-    app = Workloads("app", WorkloadsArgs(
-        stack=spec.name, objects=rendered[1:], tls=spec.gateway.certificate_arn is not None,
-        namespace=namespace, k8s_provider=kube, hf_token=secrets.get_secret("hf_token"),
-        gcs_redis_address=redis.gcs_address),
+    redis = Redis(
+        "redis",
+        RedisArgs(
+            stack=spec.name,
+            redis=spec.redis,
+            k8s_provider=kube,
+            namespace=namespace,
+            vpc_id=network.vpc_id,
+            subnet_ids=network.private_subnet_ids,
+            node_security_group_id=cluster.node_security_group_id,
+            storage_class=STORAGE_CLASS,
+            external_passwords=(secrets.require_secret("redis_password"), secrets.require_secret("redis_ray_password"))
+            if external
+            else None,
+        ),
+        opts=on_aws,
+    )
+    cache = ModelCache(
+        "model-cache",
+        ModelCacheArgs(
+            stack=spec.name,
+            bucket=cache_bucket,
+            oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_issuer=cluster.oidc_issuer,
+            k8s_provider=kube,
+            namespace=namespace,
+            batch_retention_days=spec.gateway.batch.retention_days,
+        ),
+        opts=on_aws,
+    )
+    app = Workloads(
+        "app",
+        WorkloadsArgs(
+            stack=spec.name,
+            objects=rendered[1:],
+            tls=spec.gateway.certificate_arn is not None,
+            namespace=namespace,
+            k8s_provider=kube,
+            hf_token=secrets.get_secret("hf_token"),
+            gcs_redis_address=redis.gcs_address,
+        ),
         # Ray and gateway pods run as the cache's service accounts, so those must exist before them.
-        opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu, cache]))
+        opts=pulumi.ResourceOptions(depends_on=[addons, redis, gpu, cache]),
+    )
 
     return {
         "endpoint_url": app.endpoint_url,

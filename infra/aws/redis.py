@@ -104,30 +104,43 @@ class Redis(pulumi.ComponentResource):
                 host, scheme, port = self._elasticache(spec, users), "rediss", PORT
             else:
                 host, scheme, port = pulumi.Output.from_input(IN_CLUSTER_HOST), "redis", PORT
-        self.url = _secret(pulumi.Output.concat(
-            scheme, "://", gateway.name, ":", gateway_password, "@", host, f":{port}/0"))
+        self.url = _secret(
+            pulumi.Output.concat(scheme, "://", gateway.name, ":", gateway_password, "@", host, f":{port}/0")
+        )
         self.endpoint = pulumi.Output.concat(host, f":{port}")
         # Ray GCS speaks TLS to ElastiCache only by its real host name (the certificate's).
         self.gcs_address: pulumi.Output[str] | None = (
-            pulumi.Output.concat("rediss://", host, f":{port}") if isinstance(spec, ManagedRedis) else None)
-        self.secret = k8s.core.v1.Secret(REDIS_SECRET, metadata=self._metadata(REDIS_SECRET), string_data={
-            "url": self.url, "username": gateway.name, "password": _secret(gateway_password)},
-            opts=self._k8s)
-        self.ray_secret = k8s.core.v1.Secret(REDIS_RAY_SECRET, metadata=self._metadata(REDIS_RAY_SECRET), string_data={
-            "username": ray.name, "password": _secret(ray_password)}, opts=self._k8s)
+            pulumi.Output.concat("rediss://", host, f":{port}") if isinstance(spec, ManagedRedis) else None
+        )
+        self.secret = k8s.core.v1.Secret(
+            REDIS_SECRET,
+            metadata=self._metadata(REDIS_SECRET),
+            string_data={"url": self.url, "username": gateway.name, "password": _secret(gateway_password)},
+            opts=self._k8s,
+        )
+        self.ray_secret = k8s.core.v1.Secret(
+            REDIS_RAY_SECRET,
+            metadata=self._metadata(REDIS_RAY_SECRET),
+            string_data={"username": ray.name, "password": _secret(ray_password)},
+            opts=self._k8s,
+        )
         if isinstance(spec, InClusterRedis):
             self._in_cluster(spec, {gateway: gateway_password, ray: ray_password})
         else:
-            k8s.core.v1.Service(REDIS_SERVICE, metadata=self._metadata(REDIS_SERVICE), spec={
-                "type": "ExternalName", "externalName": host, "ports": [{"name": "redis", "port": port}]},
-                opts=self._k8s)
+            k8s.core.v1.Service(
+                REDIS_SERVICE,
+                metadata=self._metadata(REDIS_SERVICE),
+                spec={"type": "ExternalName", "externalName": host, "ports": [{"name": "redis", "port": port}]},
+                opts=self._k8s,
+            )
         self.register_outputs({"endpoint": self.endpoint})
 
     def _password(self, name: str) -> pulumi.Output[str]:
         # No punctuation: ElastiCache refuses some of it in passwords, and it would need
         # escaping in the gateway's URL.
-        return _secret(random.RandomPassword(
-            name, length=40, special=False, opts=pulumi.ResourceOptions(parent=self)).result)
+        return _secret(
+            random.RandomPassword(name, length=40, special=False, opts=pulumi.ResourceOptions(parent=self)).result
+        )
 
     def _metadata(self, name: str) -> dict:
         return {"name": name, "namespace": NAMESPACE, "labels": labels("redis", self._args.stack)}
@@ -135,34 +148,62 @@ class Redis(pulumi.ComponentResource):
     def _elasticache(self, spec: ManagedRedis, passwords: dict[AclUser, pulumi.Output[str]]) -> pulumi.Output[str]:
         name, args = self._name, self._args
         child = pulumi.ResourceOptions(parent=self)
-        subnets = aws.elasticache.SubnetGroup(name, subnet_ids=args.subnet_ids,
-                                              description="llmstack Redis: private subnets only", opts=child)
+        subnets = aws.elasticache.SubnetGroup(
+            name, subnet_ids=args.subnet_ids, description="llmstack Redis: private subnets only", opts=child
+        )
         firewall = aws.ec2.SecurityGroup(
-            name, vpc_id=args.vpc_id, description="llmstack Redis: 6379 from cluster nodes only",
-            ingress=[aws.ec2.SecurityGroupIngressArgs(
-                protocol="tcp", from_port=PORT, to_port=PORT, security_groups=[args.node_security_group_id],
-                description="Redis from EKS nodes")],
-            egress=[], opts=child)
+            name,
+            vpc_id=args.vpc_id,
+            description="llmstack Redis: 6379 from cluster nodes only",
+            ingress=[
+                aws.ec2.SecurityGroupIngressArgs(
+                    protocol="tcp",
+                    from_port=PORT,
+                    to_port=PORT,
+                    security_groups=[args.node_security_group_id],
+                    description="Redis from EKS nodes",
+                )
+            ],
+            egress=[],
+            opts=child,
+        )
         # User IDs are unique per account and region, hence the stack in each.
-        users = [aws.elasticache.User(
-            f"{name}-{user.name}", user_id=f"llmstack-{args.stack}-{user.name.removeprefix('llmstack-')}",
-            user_name=user.name, engine="redis", access_string=access_string(user),
-            authentication_mode={"type": "password", "passwords": [password]}, opts=child)
-            for user, password in passwords.items()]
+        users = [
+            aws.elasticache.User(
+                f"{name}-{user.name}",
+                user_id=f"llmstack-{args.stack}-{user.name.removeprefix('llmstack-')}",
+                user_name=user.name,
+                engine="redis",
+                access_string=access_string(user),
+                authentication_mode={"type": "password", "passwords": [password]},
+                opts=child,
+            )
+            for user, password in passwords.items()
+        ]
         # ElastiCache requires a user named `default` in every user group: this one is off.
         default = aws.elasticache.User(
-            f"{name}-default", user_id=f"llmstack-{args.stack}-default", user_name="default", engine="redis",
+            f"{name}-default",
+            user_id=f"llmstack-{args.stack}-default",
+            user_name="default",
+            engine="redis",
             access_string="off -@all",
             authentication_mode={"type": "password", "passwords": [self._password(f"{name}-default")]},
-            opts=child)
+            opts=child,
+        )
         group = aws.elasticache.UserGroup(
-            name, user_group_id=f"llmstack-{args.stack}", engine="redis",
-            user_ids=[default.user_id, *(u.user_id for u in users)], opts=child)
+            name,
+            user_group_id=f"llmstack-{args.stack}",
+            engine="redis",
+            user_ids=[default.user_id, *(u.user_id for u in users)],
+            opts=child,
+        )
         parameters = aws.elasticache.ParameterGroup(
-            name, family=parameter_group_family(ELASTICACHE_ENGINE_VERSION),
+            name,
+            family=parameter_group_family(ELASTICACHE_ENGINE_VERSION),
             description="llmstack: never evict (budgets, spend and usage have TTLs)",
             parameters=[aws.elasticache.ParameterGroupParameterArgs(name="maxmemory-policy", value=REQUIRED_POLICY)],
-            opts=child)
+            opts=child,
+        )
         failover = spec.replicas > 0
         replication = aws.elasticache.ReplicationGroup(
             name,
@@ -189,51 +230,109 @@ class Redis(pulumi.ComponentResource):
         selector = {COMPONENT_LABEL: "redis"}
         users = list(passwords)
         acl = pulumi.Output.all(*passwords.values()).apply(
-            lambda values: acl_file({u.name: v for u, v in zip(users, values)}, users))
-        acl_secret = k8s.core.v1.Secret(ACL_SECRET, metadata=self._metadata(ACL_SECRET),
-                                        string_data={"users.acl": _secret(acl)}, opts=self._k8s)
-        claim = k8s.core.v1.PersistentVolumeClaim(DATA_CLAIM, metadata=self._metadata(DATA_CLAIM), spec={
-            "accessModes": ["ReadWriteOnce"], "storageClassName": self._args.storage_class,
-            "resources": {"requests": {"storage": f"{spec.storage_gib}Gi"}}}, opts=self._k8s)
+            lambda values: acl_file({u.name: v for u, v in zip(users, values)}, users)
+        )
+        acl_secret = k8s.core.v1.Secret(
+            ACL_SECRET, metadata=self._metadata(ACL_SECRET), string_data={"users.acl": _secret(acl)}, opts=self._k8s
+        )
+        claim = k8s.core.v1.PersistentVolumeClaim(
+            DATA_CLAIM,
+            metadata=self._metadata(DATA_CLAIM),
+            spec={
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": self._args.storage_class,
+                "resources": {"requests": {"storage": f"{spec.storage_gib}Gi"}},
+            },
+            opts=self._k8s,
+        )
         container = {
             "name": "redis",
             "image": IN_CLUSTER_REDIS_IMAGE,
-            "args": ["--aclfile", ACL_PATH, "--appendonly", "yes", "--dir", "/data",
-                     "--maxmemory", f"{IN_CLUSTER_MAXMEMORY_MIB}mb", "--maxmemory-policy", REQUIRED_POLICY],
+            "args": [
+                "--aclfile",
+                ACL_PATH,
+                "--appendonly",
+                "yes",
+                "--dir",
+                "/data",
+                "--maxmemory",
+                f"{IN_CLUSTER_MAXMEMORY_MIB}mb",
+                "--maxmemory-policy",
+                REQUIRED_POLICY,
+            ],
             "ports": [{"name": "redis", "containerPort": PORT}],
             "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                          "limits": {"memory": f"{IN_CLUSTER_MEMORY_LIMIT_MIB}Mi"}},
-            "volumeMounts": [{"name": "data", "mountPath": "/data"},
-                             {"name": "acl", "mountPath": ACL_PATH.rsplit("/", 1)[0], "readOnly": True}],
+            "resources": {
+                "requests": {"cpu": "100m", "memory": "256Mi"},
+                "limits": {"memory": f"{IN_CLUSTER_MEMORY_LIMIT_MIB}Mi"},
+            },
+            "volumeMounts": [
+                {"name": "data", "mountPath": "/data"},
+                {"name": "acl", "mountPath": ACL_PATH.rsplit("/", 1)[0], "readOnly": True},
+            ],
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         }
         after = pulumi.ResourceOptions.merge(self._k8s, pulumi.ResourceOptions(depends_on=[acl_secret, claim]))
-        k8s.apps.v1.Deployment(REDIS_SERVICE, metadata=self._metadata(REDIS_SERVICE), spec={
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},  # one volume, one writer
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels("redis", self._args.stack)}, "spec": {
-                "securityContext": {"runAsNonRoot": True, "runAsUser": REDIS_UID, "runAsGroup": REDIS_UID,
-                                    "fsGroup": REDIS_UID, "seccompProfile": {"type": "RuntimeDefault"}},
-                "automountServiceAccountToken": False,
-                "nodeSelector": {NODE_GROUP_LABEL: "system"},
-                "containers": [container],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM}},
+        k8s.apps.v1.Deployment(
+            REDIS_SERVICE,
+            metadata=self._metadata(REDIS_SERVICE),
+            spec={
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},  # one volume, one writer
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": labels("redis", self._args.stack)},
+                    "spec": {
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": REDIS_UID,
+                            "runAsGroup": REDIS_UID,
+                            "fsGroup": REDIS_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "automountServiceAccountToken": False,
+                        "nodeSelector": {NODE_GROUP_LABEL: "system"},
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "data", "persistentVolumeClaim": {"claimName": DATA_CLAIM}},
                             # 0440, group redis: readable by the server, nobody else.
-                            {"name": "acl", "secret": {"secretName": ACL_SECRET, "defaultMode": 0o440}}],
-            }},
-        }, opts=after)
-        k8s.core.v1.Service(REDIS_SERVICE, metadata=self._metadata(REDIS_SERVICE), spec={
-            "selector": selector, "ports": [{"name": "redis", "port": PORT, "targetPort": "redis"}]}, opts=self._k8s)
+                            {"name": "acl", "secret": {"secretName": ACL_SECRET, "defaultMode": 0o440}},
+                        ],
+                    },
+                },
+            },
+            opts=after,
+        )
+        k8s.core.v1.Service(
+            REDIS_SERVICE,
+            metadata=self._metadata(REDIS_SERVICE),
+            spec={"selector": selector, "ports": [{"name": "redis", "port": PORT, "targetPort": "redis"}]},
+            opts=self._k8s,
+        )
         policy = f"{REDIS_SERVICE}-ingress"
-        k8s.networking.v1.NetworkPolicy(policy, metadata=self._metadata(policy), spec={
-            "podSelector": {"matchLabels": selector},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchExpressions": [
-                {"key": COMPONENT_LABEL, "operator": "In", "values": ["gateway", "ray"]}]}}],
-                "ports": [{"protocol": "TCP", "port": PORT}]}],
-        }, opts=self._k8s)
+        k8s.networking.v1.NetworkPolicy(
+            policy,
+            metadata=self._metadata(policy),
+            spec={
+                "podSelector": {"matchLabels": selector},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [
+                            {
+                                "podSelector": {
+                                    "matchExpressions": [
+                                        {"key": COMPONENT_LABEL, "operator": "In", "values": ["gateway", "ray"]}
+                                    ]
+                                }
+                            }
+                        ],
+                        "ports": [{"protocol": "TCP", "port": PORT}],
+                    }
+                ],
+            },
+            opts=self._k8s,
+        )
 
 
 def _secret(value: pulumi.Input[str]) -> pulumi.Output[str]:

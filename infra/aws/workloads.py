@@ -34,13 +34,17 @@ TYPED = {
 CUSTOM = {("ray.io/v1", "RayService")}
 
 
-def app_namespace(rendered: dict[str, Any], provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
-                  ) -> k8s.core.v1.Namespace:
+def app_namespace(
+    rendered: dict[str, Any], provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+) -> k8s.core.v1.Namespace:
     """The rendered namespace everything of ours lives in. Created first: Redis puts its Secrets here."""
     if (rendered["kind"], rendered["metadata"]["name"]) != ("Namespace", NAMESPACE):
         raise ValueError(f"expected the rendered Namespace {NAMESPACE!r}, got {rendered['kind']}")
-    return k8s.core.v1.Namespace(NAMESPACE, metadata=rendered["metadata"],
-                                 opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(provider=provider)))
+    return k8s.core.v1.Namespace(
+        NAMESPACE,
+        metadata=rendered["metadata"],
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(provider=provider)),
+    )
 
 
 @dataclass
@@ -64,17 +68,22 @@ class Workloads(pulumi.ComponentResource):
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace])
         after: list[pulumi.Resource] = []
         if args.hf_token is not None:
-            after.append(k8s.core.v1.Secret(
-                HF_TOKEN_SECRET,
-                metadata={"name": HF_TOKEN_SECRET, "namespace": NAMESPACE, "labels": labels("ray", args.stack)},
-                string_data={"token": pulumi.Output.secret(args.hf_token)}, opts=k8s_opts))
+            after.append(
+                k8s.core.v1.Secret(
+                    HF_TOKEN_SECRET,
+                    metadata={"name": HF_TOKEN_SECRET, "namespace": NAMESPACE, "labels": labels("ray", args.stack)},
+                    string_data={"token": pulumi.Output.secret(args.hf_token)},
+                    opts=k8s_opts,
+                )
+            )
         opts_after = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=after))
 
         gateway: Any = None  # the Service: pulumi_kubernetes's own types are not read by mypy
         for obj in args.objects:
             if obj["kind"] == "RayService" and args.gcs_redis_address is not None:
                 spec = pulumi.Output.from_input(args.gcs_redis_address).apply(
-                    partial(with_gcs_redis_address, obj["spec"]))
+                    partial(with_gcs_redis_address, obj["spec"])
+                )
                 obj = {**obj, "spec": spec}
             resource = apply_object(obj, opts_after)
             if obj["kind"] == "Service" and obj["metadata"]["name"] == GATEWAY_NAME:
@@ -92,11 +101,14 @@ def apply_object(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.Cu
     key = (obj["apiVersion"], obj["kind"])
     name = f"{obj['kind'].lower()}-{obj['metadata']['name']}"
     if key in CUSTOM:
-        return k8s.apiextensions.CustomResource(name, api_version=obj["apiVersion"], kind=obj["kind"],
-                                                metadata=obj["metadata"], spec=obj["spec"], opts=opts)
+        return k8s.apiextensions.CustomResource(
+            name, api_version=obj["apiVersion"], kind=obj["kind"], metadata=obj["metadata"], spec=obj["spec"], opts=opts
+        )
     if key not in TYPED:
-        raise ValueError(f"rendered object {name} has apiVersion/kind {key}, which infra/aws/workloads.py "
-                         "does not know how to apply; add it to TYPED")
+        raise ValueError(
+            f"rendered object {name} has apiVersion/kind {key}, which infra/aws/workloads.py "
+            "does not know how to apply; add it to TYPED"
+        )
     if key == ("v1", "ConfigMap"):
         return TYPED[key](name, metadata=obj["metadata"], data=obj["data"], opts=opts)
     return TYPED[key](name, metadata=obj["metadata"], spec=obj["spec"], opts=opts)

@@ -55,9 +55,7 @@ class InstanceType(BaseModel):
         gt=0, description="Linux On-Demand price in us-east-1, USD/hour. A snapshot: re-check."
     )
     source: str = Field(min_length=1, description="Where the figures came from and when.")
-    note: str | None = Field(
-        default=None, description="Caveats, e.g. a figure that no AWS page confirmed."
-    )
+    note: str | None = Field(default=None, description="Caveats, e.g. a figure that no AWS page confirmed.")
 
 
 class GpuClassInfo(BaseModel):
@@ -106,8 +104,9 @@ def load_catalog() -> dict[str, InstanceType]:
     entry so a bad edit is found without a debugger.
     """
     catalog: dict[str, InstanceType] = {}
-    for index, item in enumerate(_validated(_read_catalog()["instance_types"], InstanceType,
-                                            "instance_types", "instance_type")):
+    for index, item in enumerate(
+        _validated(_read_catalog()["instance_types"], InstanceType, "instance_types", "instance_type")
+    ):
         if item.instance_type in catalog:
             raise ValueError(
                 f"{CATALOG_PATH}: instance_types entry [{index}] repeats {item.instance_type!r}; keep one entry"
@@ -119,8 +118,10 @@ def load_catalog() -> dict[str, InstanceType]:
 @functools.cache
 def load_gpu_classes() -> dict[GpuClass, GpuClassInfo]:
     """Driver-visible memory and device name of every GPU class, validated once and cached."""
-    classes = {item.gpu_class: item for item in _validated(_read_catalog()["gpu_classes"], GpuClassInfo,
-                                                           "gpu_classes", "gpu_class")}
+    classes = {
+        item.gpu_class: item
+        for item in _validated(_read_catalog()["gpu_classes"], GpuClassInfo, "gpu_classes", "gpu_class")
+    }
     missing = sorted(c.value for c in GpuClass if c not in classes)
     if missing:
         raise ValueError(f"{CATALOG_PATH}: gpu_classes has no entry for {', '.join(missing)}")
@@ -134,9 +135,7 @@ def instance_type(name: str) -> InstanceType:
         return catalog[name]
     except KeyError:
         known = ", ".join(sorted(catalog))
-        raise KeyError(
-            f"unknown instance type {name!r}; {CATALOG_PATH.name} knows: {known}"
-        ) from None
+        raise KeyError(f"unknown instance type {name!r}; {CATALOG_PATH.name} knows: {known}") from None
 
 
 def default_instance_for(gpu_class: GpuClass) -> InstanceType:

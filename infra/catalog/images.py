@@ -50,9 +50,11 @@ def missing_registry_problem(reference: str) -> str | None:
     """Why an image cannot be pulled by a cluster, or None when it names a registry and a version."""
     image = parse_image(reference)
     if image.registry is None:
-        return (f"{reference!r} names no registry host, so nodes would pull it from Docker Hub, where it does "
-                f"not exist; push the image and give its full name, e.g. "
-                f"111122223333.dkr.ecr.us-east-1.amazonaws.com/{image.repository}:{image.tag or '0.1.0'}")
+        return (
+            f"{reference!r} names no registry host, so nodes would pull it from Docker Hub, where it does "
+            f"not exist; push the image and give its full name, e.g. "
+            f"111122223333.dkr.ecr.us-east-1.amazonaws.com/{image.repository}:{image.tag or '0.1.0'}"
+        )
     if image.tag is None and image.digest is None:
         return f"{reference!r} names no tag or digest; pin one (e.g. :0.1.0), never an implicit :latest"
     return None

@@ -53,8 +53,12 @@ class ThroughputEstimate(BaseModel):
     note: str | None = Field(default=None, description="Caveats: derived figures, other measurements.")
 
     def as_throughput(self) -> Throughput:
-        return Throughput(output_tokens_per_s=self.output_tokens_per_s, total_tokens_per_s=self.total_tokens_per_s,
-                          estimate=True, source=f"estimate for {self.gpu_class.value}: {self.source}")
+        return Throughput(
+            output_tokens_per_s=self.output_tokens_per_s,
+            total_tokens_per_s=self.total_tokens_per_s,
+            estimate=True,
+            source=f"estimate for {self.gpu_class.value}: {self.source}",
+        )
 
 
 @functools.cache
@@ -72,8 +76,9 @@ def load_estimates() -> tuple[ThroughputEstimate, ...]:
     return tuple(estimates)
 
 
-def estimate_for(gpu_class: GpuClass, *, tensor_parallel_size: int, parameters: int,
-                 quantized: bool) -> Throughput | None:
+def estimate_for(
+    gpu_class: GpuClass, *, tensor_parallel_size: int, parameters: int, quantized: bool
+) -> Throughput | None:
     """The published figure standing for this replica shape, or None (then only a bench helps).
 
     Quantized models are never matched: the estimates are all 16-bit measurements, and
@@ -82,7 +87,10 @@ def estimate_for(gpu_class: GpuClass, *, tensor_parallel_size: int, parameters: 
         return None
     billions = parameters / 1e9
     for item in load_estimates():
-        if (item.gpu_class is GpuClass(gpu_class) and item.tensor_parallel_size == tensor_parallel_size
-                and item.min_parameters_b <= billions <= item.max_parameters_b):
+        if (
+            item.gpu_class is GpuClass(gpu_class)
+            and item.tensor_parallel_size == tensor_parallel_size
+            and item.min_parameters_b <= billions <= item.max_parameters_b
+        ):
             return item.as_throughput()
     return None

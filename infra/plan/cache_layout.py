@@ -41,8 +41,10 @@ def bucket_name(spec: StackSpec, account_id: str | None) -> str:
     if spec.model_cache.bucket:
         return spec.model_cache.bucket
     if not account_id:
-        raise ValueError(f"the model cache bucket of stack {spec.name} is named after the AWS account; "
-                         "pass the account id or set llmstack:model_cache.bucket")
+        raise ValueError(
+            f"the model cache bucket of stack {spec.name} is named after the AWS account; "
+            "pass the account id or set llmstack:model_cache.bucket"
+        )
     name = f"llmstack-{spec.name}-models-{account_id}"
     if len(name) <= MAX_BUCKET_NAME:
         return name

@@ -79,26 +79,38 @@ class ColdStart(BaseModel):
         return self.scheduling_s + self.node_boot_s + self.image_pull_s + self.weights_s + self.engine_start_s
 
     def breakdown(self) -> str:
-        return (f"scheduling {self.scheduling_s:.0f} s + node boot {self.node_boot_s:.0f} s + image pull "
-                f"{self.image_pull_s:.0f} s + weights ({self.weights_from}) {self.weights_s:.0f} s + engine start "
-                f"{self.engine_start_s:.0f} s")
+        return (
+            f"scheduling {self.scheduling_s:.0f} s + node boot {self.node_boot_s:.0f} s + image pull "
+            f"{self.image_pull_s:.0f} s + weights ({self.weights_from}) {self.weights_s:.0f} s + engine start "
+            f"{self.engine_start_s:.0f} s"
+        )
 
 
-def expected_cold_start(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *, weight_bytes: int,
-                        spare_node: bool) -> ColdStart:
+def expected_cold_start(
+    model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *, weight_bytes: int, spare_node: bool
+) -> ColdStart:
     """The estimate for `model` on `group`. `weight_bytes`: one replica's weights (the planner's);
     `spare_node`: the group keeps a running node with room for the replica (no node boot)."""
     if isinstance(group, CpuNodeGroup):
-        return ColdStart(scheduling_s=0, node_boot_s=0, image_pull_s=0, weights_s=0,
-                         engine_start_s=LOCAL_ENGINE_START_S, weights_from="local")
+        return ColdStart(
+            scheduling_s=0,
+            node_boot_s=0,
+            image_pull_s=0,
+            weights_s=0,
+            engine_start_s=LOCAL_ENGINE_START_S,
+            weights_from="local",
+        )
     host_bytes = group.instance.memory_gib * GIB
     per_gpu = weight_bytes / model.gpus_per_replica
     load_rate = PAGE_CACHE_LOAD_BYTES_PER_S if weight_bytes <= host_bytes / 2 else DISK_WRITE_BYTES_PER_S
     return ColdStart(
-        scheduling_s=SCHEDULING_S, node_boot_s=0 if spare_node else NODE_BOOT_S, image_pull_s=IMAGE_PULL_S,
+        scheduling_s=SCHEDULING_S,
+        node_boot_s=0 if spare_node else NODE_BOOT_S,
+        image_pull_s=IMAGE_PULL_S,
         weights_s=weight_bytes / DISK_WRITE_BYTES_PER_S,
         engine_start_s=PROCESS_START_S + ENGINE_INIT_S + per_gpu / load_rate,
-        weights_from="s3 cache" if model.cached else "hub")
+        weights_from="s3 cache" if model.cached else "hub",
+    )
 
 
 def default_timeout_s(expected: ColdStart) -> float:

@@ -61,8 +61,9 @@ class SpotPricePoint(BaseModel):
     timestamp: AwareDatetime = Field(description="When the price took effect.")
 
 
-def spot_price(points: Iterable[SpotPricePoint], zones: Iterable[str], start: datetime,
-               end: datetime) -> NodePrice | None:
+def spot_price(
+    points: Iterable[SpotPricePoint], zones: Iterable[str], start: datetime, end: datetime
+) -> NodePrice | None:
     """The spot price of a node over [start, end]: each zone's time-weighted average (a price
     holds until the next change), then the highest of the stack's zones, since the autoscaler
     may start a node in any of them. None when no zone has a price in the window."""
@@ -80,8 +81,11 @@ def spot_price(points: Iterable[SpotPricePoint], zones: Iterable[str], start: da
         return None
     highest = max(averages.values())
     spread = ", ".join(f"{z} ${p:.4f}" for z, p in sorted(averages.items()))
-    return NodePrice(usd_per_hour=highest, source=PriceSource.SPOT,
-                     note=f"average {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, highest zone ({spread})")
+    return NodePrice(
+        usd_per_hour=highest,
+        source=PriceSource.SPOT,
+        note=f"average {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, highest zone ({spread})",
+    )
 
 
 def _time_weighted(history: list[SpotPricePoint], start: datetime, end: datetime) -> Decimal | None:
@@ -101,8 +105,9 @@ def _time_weighted(history: list[SpotPricePoint], start: datetime, end: datetime
     return total / seconds if seconds else steps[-1].usd_per_hour
 
 
-def node_prices(spec: StackSpec, *, given: Mapping[str, Decimal] | None = None,
-                spot: Mapping[str, NodePrice | str] | None = None) -> dict[str, NodePrice | None]:
+def node_prices(
+    spec: StackSpec, *, given: Mapping[str, Decimal] | None = None, spot: Mapping[str, NodePrice | str] | None = None
+) -> dict[str, NodePrice | None]:
     """One price per node group. `given` (the operator's figure) wins; spot groups take their
     spot price when `spot` has one, else the catalog's on-demand price with the reason in the
     note (`spot[group]` may be that reason as a string); CPU groups have no catalog price."""
@@ -138,8 +143,12 @@ def estimated_throughputs(spec: StackSpec) -> dict[str, Throughput | None]:
         except UnknownModelError:
             found[model.id] = None
             continue
-        found[model.id] = estimate_for(group.instance.gpu_class, tensor_parallel_size=model.tensor_parallel_size,
-                                       parameters=parameters, quantized=model.quantization is not None)
+        found[model.id] = estimate_for(
+            group.instance.gpu_class,
+            tensor_parallel_size=model.tensor_parallel_size,
+            parameters=parameters,
+            quantized=model.quantization is not None,
+        )
     return found
 
 
@@ -187,8 +196,9 @@ def model_cost(spec: StackSpec, plan: ModelPlan, price: NodePrice | None, throug
     notes = []
     replica = None if price is None else replica_usd_per_hour(plan, price.usd_per_hour)
     if price is None:
-        notes.append(f"node group {group.name!r} has no catalog price (CPU nodes): pass "
-                     f"--usd-per-hour {group.name}=PRICE")
+        notes.append(
+            f"node group {group.name!r} has no catalog price (CPU nodes): pass --usd-per-hour {group.name}=PRICE"
+        )
     elif price.note:
         notes.append(price.note)
     if throughput is None:
@@ -200,18 +210,31 @@ def model_cost(spec: StackSpec, plan: ModelPlan, price: NodePrice | None, throug
         per_output = per_million(replica, throughput.output_tokens_per_s)
         per_total = per_million(replica, throughput.total_tokens_per_s)
     return ModelCost(
-        model_id=model.id, served_name=model.model_name, node_group=group.name,
-        capacity_type=group.capacity_type.value, node_price=price, replica_usd_per_hour=replica,
-        min_replicas=plan.min_replicas, max_replicas=plan.max_replicas, nodes_at_min=plan.nodes_at_min,
+        model_id=model.id,
+        served_name=model.model_name,
+        node_group=group.name,
+        capacity_type=group.capacity_type.value,
+        node_price=price,
+        replica_usd_per_hour=replica,
+        min_replicas=plan.min_replicas,
+        max_replicas=plan.max_replicas,
+        nodes_at_min=plan.nodes_at_min,
         nodes_at_max=plan.nodes_at_max,
         usd_per_hour_at_min=None if price is None else plan.nodes_at_min * price.usd_per_hour,
         usd_per_hour_at_max=None if price is None else plan.nodes_at_max * price.usd_per_hour,
-        throughput=throughput, usd_per_million_output_tokens=per_output, usd_per_million_total_tokens=per_total,
-        notes=notes)
+        throughput=throughput,
+        usd_per_million_output_tokens=per_output,
+        usd_per_million_total_tokens=per_total,
+        notes=notes,
+    )
 
 
-def stack_costs(spec: StackSpec, plan: StackPlan, prices: Mapping[str, NodePrice | None],
-                throughputs: Mapping[str, Throughput | None]) -> list[ModelCost]:
+def stack_costs(
+    spec: StackSpec,
+    plan: StackPlan,
+    prices: Mapping[str, NodePrice | None],
+    throughputs: Mapping[str, Throughput | None],
+) -> list[ModelCost]:
     """`model_cost` for every model the plan placed, in stack order."""
     return [model_cost(spec, p, prices.get(p.node_group), throughputs.get(p.model_id)) for p in plan.models]
 
@@ -219,5 +242,9 @@ def stack_costs(spec: StackSpec, plan: StackPlan, prices: Mapping[str, NodePrice
 def rate_card(costs: Iterable[ModelCost]) -> dict[str, Decimal | None]:
     """USD per 1M total tokens by served name, rounded to micro-dollars: what a tenant's token
     costs at full use, the price monthly budgets in dollars are charged at."""
-    return {c.served_name: None if c.usd_per_million_total_tokens is None
-            else c.usd_per_million_total_tokens.quantize(Decimal("0.000001")) for c in costs}
+    return {
+        c.served_name: None
+        if c.usd_per_million_total_tokens is None
+        else c.usd_per_million_total_tokens.quantize(Decimal("0.000001"))
+        for c in costs
+    }

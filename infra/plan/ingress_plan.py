@@ -30,6 +30,7 @@ from infra.catalog.serving_estimates import ServingEstimates, load_estimates
 if TYPE_CHECKING:
     from infra.plan.planner import ModelPlan, NodeGroupPlan
 
+
 class ModelIngress(BaseModel):
     model_id: str
     replica_output_tokens_per_s: int = Field(description="Estimate for one replica.")
@@ -56,8 +57,9 @@ def replica_output_tokens_per_s(model: ModelPlan, estimates: ServingEstimates) -
     return per_gpu * model.gpus_per_replica * estimates.reference_weight_bytes / model.weight_bytes
 
 
-def plan_ingress(models: list[ModelPlan], node_groups: list[NodeGroupPlan], *, local: bool,
-                 estimates: ServingEstimates | None = None) -> IngressPlan:
+def plan_ingress(
+    models: list[ModelPlan], node_groups: list[NodeGroupPlan], *, local: bool, estimates: ServingEstimates | None = None
+) -> IngressPlan:
     """The ingress of a stack whose models and node groups are planned. Pure."""
     estimates = estimates or load_estimates()
     router = 1000 / estimates.router_cpu_ms_per_output_token * estimates.router_target_utilization
@@ -67,9 +69,18 @@ def plan_ingress(models: list[ModelPlan], node_groups: list[NodeGroupPlan], *, l
     for m in models:
         replica = replica_output_tokens_per_s(m, estimates)
         peak = replica * m.max_replicas
-        planned.append(ModelIngress(model_id=m.model_id, replica_output_tokens_per_s=round(replica),
-                                    peak_output_tokens_per_s=round(peak),
-                                    routers_at_peak=max(1, math.ceil(peak / router))))
+        planned.append(
+            ModelIngress(
+                model_id=m.model_id,
+                replica_output_tokens_per_s=round(replica),
+                peak_output_tokens_per_s=round(peak),
+                routers_at_peak=max(1, math.ceil(peak / router)),
+            )
+        )
     per_node = max((math.ceil(m.routers_at_peak / proxy_nodes) for m in planned), default=1)
-    return IngressPlan(router_output_tokens_per_s=round(router), proxy_nodes_at_peak=proxy_nodes,
-                       routers_per_node=max(1, per_node), models=planned)
+    return IngressPlan(
+        router_output_tokens_per_s=round(router),
+        proxy_nodes_at_peak=proxy_nodes,
+        routers_per_node=max(1, per_node),
+        models=planned,
+    )

@@ -50,8 +50,14 @@ def model_capacity(model: ModelSpec, replica_output_tokens_per_s: float) -> Mode
     max_slots = model.autoscaling.max_ongoing_requests
     itl = target.itl_ms or default_itl_ms(max_slots, replica_output_tokens_per_s)
     ttft = target.ttft_ms or round(TTFT_PER_ITL * itl)
-    return ModelCapacity(ttft_ms=ttft, itl_ms=itl, percentile=target.percentile, adaptive=target.adaptive,
-                         min_slots=min(target.min_slots, max_slots), max_slots=max_slots)
+    return ModelCapacity(
+        ttft_ms=ttft,
+        itl_ms=itl,
+        percentile=target.percentile,
+        adaptive=target.adaptive,
+        min_slots=min(target.min_slots, max_slots),
+        max_slots=max_slots,
+    )
 
 
 def model_capacities(spec: StackSpec, plan: StackPlan) -> dict[str, ModelCapacity]:

@@ -22,9 +22,19 @@ class UnknownModelError(ValueError):
     pass
 
 
-def count_parameters(*, layers: int, heads: int, kv_heads: int, head_dim: int, hidden: int,
-                     intermediate: int, vocab: int, tied: bool, qkv_bias: bool = False,
-                     qk_norm: bool = False) -> int:
+def count_parameters(
+    *,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+) -> int:
     """Parameters of a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3): GQA attention + SwiGLU MLP."""
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o: heads; k, v: kv heads
     if qkv_bias:
@@ -37,15 +47,45 @@ def count_parameters(*, layers: int, heads: int, kv_heads: int, head_dim: int, h
     return layers * (attention + mlp + norms) + hidden + embeddings
 
 
-def _arch(layers: int, heads: int, kv: int, hidden: int, inter: int, vocab: int, positions: int, *,
-          head_dim: int | None = None, tied: bool = False, qkv_bias: bool = False,
-          qk_norm: bool = False) -> Architecture:
+def _arch(
+    layers: int,
+    heads: int,
+    kv: int,
+    hidden: int,
+    inter: int,
+    vocab: int,
+    positions: int,
+    *,
+    head_dim: int | None = None,
+    tied: bool = False,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+) -> Architecture:
     head_dim = head_dim or hidden // heads
-    params = count_parameters(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, hidden=hidden,
-                              intermediate=inter, vocab=vocab, tied=tied, qkv_bias=qkv_bias, qk_norm=qk_norm)
-    return Architecture(num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                        head_dim=head_dim, hidden_size=hidden, intermediate_size=inter, vocab_size=vocab,
-                        parameters=params, torch_dtype=Dtype.BFLOAT16, max_position_embeddings=positions)
+    params = count_parameters(
+        layers=layers,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        hidden=hidden,
+        intermediate=inter,
+        vocab=vocab,
+        tied=tied,
+        qkv_bias=qkv_bias,
+        qk_norm=qk_norm,
+    )
+    return Architecture(
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        parameters=params,
+        torch_dtype=Dtype.BFLOAT16,
+        max_position_embeddings=positions,
+    )
 
 
 _LLAMA31_8B = _arch(32, 32, 8, 4096, 14336, 128256, 131072)
@@ -85,15 +125,31 @@ def from_config_json(path: Path) -> Architecture:
     kv = cfg.get("num_key_value_heads") or heads
     tied = bool(cfg.get("tie_word_embeddings", False))
     qkv_bias = bool(cfg.get("attention_bias", False)) or cfg.get("model_type") == "qwen2"
-    params = count_parameters(layers=cfg["num_hidden_layers"], heads=heads, kv_heads=kv, head_dim=head_dim,
-                              hidden=hidden, intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                              tied=tied, qkv_bias=qkv_bias, qk_norm=cfg.get("model_type") == "qwen3")
+    params = count_parameters(
+        layers=cfg["num_hidden_layers"],
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        hidden=hidden,
+        intermediate=cfg["intermediate_size"],
+        vocab=cfg["vocab_size"],
+        tied=tied,
+        qkv_bias=qkv_bias,
+        qk_norm=cfg.get("model_type") == "qwen3",
+    )
     dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    return Architecture(num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
-                        num_key_value_heads=kv, head_dim=head_dim, hidden_size=hidden,
-                        intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
-                        parameters=params, torch_dtype=Dtype(dtype_name),
-                        max_position_embeddings=cfg.get("max_position_embeddings"))
+    return Architecture(
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        parameters=params,
+        torch_dtype=Dtype(dtype_name),
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+    )
 
 
 def architecture_for(model: ModelSpec) -> Architecture:

@@ -86,11 +86,14 @@ class ModelPlan(BaseModel):
     usd_per_hour_at_min: float | None
     usd_per_hour_at_max: float | None
     gpu_memory: RankMemory | None = Field(
-        default=None, description="How vLLM splits one rank's GPU memory (None on CPU).")
+        default=None, description="How vLLM splits one rank's GPU memory (None on CPU)."
+    )
     cold_start_s: float | None = Field(
-        default=None, description="Expected start from zero replicas (infra.plan.cold_start).")
+        default=None, description="Expected start from zero replicas (infra.plan.cold_start)."
+    )
     cold_start_timeout_s: float | None = Field(
-        default=None, description="How long the gateway holds requests while the model has no replica.")
+        default=None, description="How long the gateway holds requests while the model has no replica."
+    )
 
 
 class NodeGroupPlan(BaseModel):
@@ -179,43 +182,58 @@ def plan_stack(spec: StackSpec, *, vllm_version: str = CLUSTER_VLLM_VERSION) -> 
     first_cpu_group = next((g.name for g in spec.node_groups if isinstance(g, CpuNodeGroup)), None)
     for group in spec.node_groups:
         reserved = INGRESS_CPUS if spec.cloud.provider == "local" and group.name == first_cpu_group else 0
-        group_plan, found = plan_node_group(group, [p for p in model_plans if p.node_group == group.name],
-                                            reserved_slots=reserved)
+        group_plan, found = plan_node_group(
+            group, [p for p in model_plans if p.node_group == group.name], reserved_slots=reserved
+        )
         if spec.cloud.provider == "local":
             group_plan = group_plan.model_copy(update={"blue_green": "n/a (local stack)"})
         group_plans.append(group_plan)
         problems += found
     model_plans, found = _with_cold_starts(spec, model_plans, group_plans)
     ingress = plan_ingress(model_plans, group_plans, local=spec.cloud.provider == "local")
-    return StackPlan(stack=spec.name, vllm_version=vllm_version, models=model_plans, node_groups=group_plans,
-                     problems=problems + found, ingress=ingress)
+    return StackPlan(
+        stack=spec.name,
+        vllm_version=vllm_version,
+        models=model_plans,
+        node_groups=group_plans,
+        problems=problems + found,
+        ingress=ingress,
+    )
 
 
-def _with_cold_starts(spec: StackSpec, models: list[ModelPlan], groups: list[NodeGroupPlan]
-                      ) -> tuple[list[ModelPlan], list[Problem]]:
+def _with_cold_starts(
+    spec: StackSpec, models: list[ModelPlan], groups: list[NodeGroupPlan]
+) -> tuple[list[ModelPlan], list[Problem]]:
     """Each model's expected cold start; a model that scales to zero may not time out before it."""
     spare = {g.name for g in groups if spec.node_group(g.name).min_size > g.nodes_at_min}
     planned, problems = [], []
     for plan in models:
         model = spec.model(plan.model_id)
-        expected = expected_cold_start(model, spec.node_group(plan.node_group), weight_bytes=plan.weight_bytes,
-                                       spare_node=plan.node_group in spare)
+        expected = expected_cold_start(
+            model, spec.node_group(plan.node_group), weight_bytes=plan.weight_bytes, spare_node=plan.node_group in spare
+        )
         timeout = cold_start_timeout_s(model, expected)
-        planned.append(plan.model_copy(update={"cold_start_s": round(expected.total_s),
-                                               "cold_start_timeout_s": timeout}))
+        planned.append(
+            plan.model_copy(update={"cold_start_s": round(expected.total_s), "cold_start_timeout_s": timeout})
+        )
         if model.autoscaling.min_replicas == 0 and timeout < expected.total_s:
-            problems.append(Problem(
-                reason=Reason.COLD_START_TIMEOUT_TOO_SHORT, subject=model.id,
-                message=f"autoscaling.cold_start_timeout_s {timeout:.0f} s (Pulumi.{spec.name}.yaml, model "
-                        f"{model.id!r}) is shorter than its expected cold start of {expected.total_s:.0f} s "
-                        f"({expected.breakdown()}): requests would time out while the replica starts; raise it "
-                        f"to at least {math.ceil(expected.total_s)}, remove it (default: the estimate with a "
-                        "margin), or keep min_replicas >= 1"))
+            problems.append(
+                Problem(
+                    reason=Reason.COLD_START_TIMEOUT_TOO_SHORT,
+                    subject=model.id,
+                    message=f"autoscaling.cold_start_timeout_s {timeout:.0f} s (Pulumi.{spec.name}.yaml, model "
+                    f"{model.id!r}) is shorter than its expected cold start of {expected.total_s:.0f} s "
+                    f"({expected.breakdown()}): requests would time out while the replica starts; raise it "
+                    f"to at least {math.ceil(expected.total_s)}, remove it (default: the estimate with a "
+                    "margin), or keep min_replicas >= 1",
+                )
+            )
     return planned, problems
 
 
-def plan_model(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *,
-               vllm_version: str = CLUSTER_VLLM_VERSION) -> tuple[ModelPlan | None, list[Problem]]:
+def plan_model(
+    model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, *, vllm_version: str = CLUSTER_VLLM_VERSION
+) -> tuple[ModelPlan | None, list[Problem]]:
     try:
         arch = architecture_for(model)
         problems = _parallelism_problems(model, arch)
@@ -233,14 +251,23 @@ def _parallelism_problems(model: ModelSpec, arch: Architecture) -> list[Problem]
     found = []
     kv = arch.num_key_value_heads
     if arch.num_attention_heads % tp or (kv % tp and tp % kv):
-        found.append(Problem(
-            reason=Reason.TP_DOES_NOT_DIVIDE_HEADS, subject=model.id,
-            message=f"tensor_parallel_size {tp} must divide the {arch.num_attention_heads} attention heads, "
-                    f"and divide or be a multiple of the {kv} KV heads; valid sizes: "
-                    f"{_valid_tp_sizes(arch)}"))
+        found.append(
+            Problem(
+                reason=Reason.TP_DOES_NOT_DIVIDE_HEADS,
+                subject=model.id,
+                message=f"tensor_parallel_size {tp} must divide the {arch.num_attention_heads} attention heads, "
+                f"and divide or be a multiple of the {kv} KV heads; valid sizes: "
+                f"{_valid_tp_sizes(arch)}",
+            )
+        )
     if pp > arch.num_hidden_layers:
-        found.append(Problem(reason=Reason.PP_EXCEEDS_LAYERS, subject=model.id,
-                             message=f"pipeline_parallel_size {pp} exceeds the {arch.num_hidden_layers} layers"))
+        found.append(
+            Problem(
+                reason=Reason.PP_EXCEEDS_LAYERS,
+                subject=model.id,
+                message=f"pipeline_parallel_size {pp} exceeds the {arch.num_hidden_layers} layers",
+            )
+        )
     return found
 
 
@@ -249,60 +276,103 @@ def _valid_tp_sizes(arch: Architecture) -> list[int]:
     return [t for t in range(1, 65) if arch.num_attention_heads % t == 0 and (kv % t == 0 or t % kv == 0)]
 
 
-def _plan_on_gpu(model: ModelSpec, group: GpuNodeGroup, arch: Architecture,
-                 vllm_version: str) -> tuple[ModelPlan | None, list[Problem]]:
+def _plan_on_gpu(
+    model: ModelSpec, group: GpuNodeGroup, arch: Architecture, vllm_version: str
+) -> tuple[ModelPlan | None, list[Problem]]:
     instance = group.instance
     tp, pp, gpus = model.tensor_parallel_size, model.pipeline_parallel_size, model.gpus_per_replica
     if gpus > instance.gpus and (pp == 1 or tp > instance.gpus):
-        hint = (f"lower tensor_parallel_size, or keep it <= {instance.gpus} and add pipeline_parallel_size "
-                "to span nodes" if tp > instance.gpus else "")
-        return None, [Problem(
-            reason=Reason.REPLICA_EXCEEDS_NODE, subject=model.id,
-            message=f"a replica needs {gpus} GPUs but {instance.instance_type} has {instance.gpus}; "
-                    f"{hint or 'use pipeline_parallel_size to span nodes or a larger instance type'}")]
+        hint = (
+            f"lower tensor_parallel_size, or keep it <= {instance.gpus} and add pipeline_parallel_size to span nodes"
+            if tp > instance.gpus
+            else ""
+        )
+        return None, [
+            Problem(
+                reason=Reason.REPLICA_EXCEEDS_NODE,
+                subject=model.id,
+                message=f"a replica needs {gpus} GPUs but {instance.instance_type} has {instance.gpus}; "
+                f"{hint or 'use pipeline_parallel_size to span nodes or a larger instance type'}",
+            )
+        ]
     dtype = compute_dtype(model, arch, on_cpu=False)
     weights = weight_bytes(arch, dtype, model.quantization)
     kv_dtype_bytes = 1 if model.kv_cache_dtype == "fp8" else DTYPE_BYTES[dtype]
     per_gpu_token = kv_bytes_per_token(arch, kv_dtype_bytes, tp=tp, pp=pp) + _draft_kv(model, kv_dtype_bytes)
-    memory = rank_memory(engine_release(vllm_version), gpu_class_info(instance.gpu_class), arch,
-                         weights_per_rank=math.ceil(weights / gpus), dtype_bytes=DTYPE_BYTES[dtype], tp=tp,
-                         gpus=gpus, gpu_memory_utilization=model.gpu_memory_utilization,
-                         engine_args=model.engine_args)
+    memory = rank_memory(
+        engine_release(vllm_version),
+        gpu_class_info(instance.gpu_class),
+        arch,
+        weights_per_rank=math.ceil(weights / gpus),
+        dtype_bytes=DTYPE_BYTES[dtype],
+        tp=tp,
+        gpus=gpus,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        engine_args=model.engine_args,
+    )
     block_size = int(model.engine_args.get("block_size", DEFAULT_BLOCK_SIZE))
     tokens = kv_tokens(memory.kv_cache, per_gpu_token, block_size)
     problems = []
     if memory.kv_cache <= 0:
-        problems.append(Problem(
-            reason=Reason.WEIGHTS_DO_NOT_FIT, subject=model.id,
-            message=f"each GPU would need {_gib(memory.weights)} of weights + "
-                    f"{_gib(memory.requested - memory.weights - memory.kv_cache)} runtime (vLLM {vllm_version}), "
-                    f"but gets {_gib(memory.requested)} ({model.gpu_memory_utilization:.0%} of "
-                    f"{instance.gpu_class.value}); raise tensor_parallel_size, quantize, or use a larger GPU class"))
+        problems.append(
+            Problem(
+                reason=Reason.WEIGHTS_DO_NOT_FIT,
+                subject=model.id,
+                message=f"each GPU would need {_gib(memory.weights)} of weights + "
+                f"{_gib(memory.requested - memory.weights - memory.kv_cache)} runtime (vLLM {vllm_version}), "
+                f"but gets {_gib(memory.requested)} ({model.gpu_memory_utilization:.0%} of "
+                f"{instance.gpu_class.value}); raise tensor_parallel_size, quantize, or use a larger GPU class",
+            )
+        )
     elif tokens < math.ceil(model.max_model_len / block_size) * block_size:
         problems.append(_no_room(model, tokens))
-    plan = _finish(model, group, instance, gpus, weights, arch, kv_dtype_bytes, per_gpu_token,
-                   max(0, memory.kv_cache), tokens)
+    plan = _finish(
+        model, group, instance, gpus, weights, arch, kv_dtype_bytes, per_gpu_token, max(0, memory.kv_cache), tokens
+    )
     return plan.model_copy(update={"gpu_memory": memory}), problems
 
 
 def _plan_on_cpu(model: ModelSpec, group: CpuNodeGroup, arch: Architecture) -> tuple[ModelPlan, list[Problem]]:
     dtype = compute_dtype(model, arch, on_cpu=True)
-    per_token = kv_bytes_per_token(arch, DTYPE_BYTES[dtype], tp=model.tensor_parallel_size,
-                                   pp=model.pipeline_parallel_size) + _draft_kv(model, DTYPE_BYTES[dtype])
+    per_token = kv_bytes_per_token(
+        arch, DTYPE_BYTES[dtype], tp=model.tensor_parallel_size, pp=model.pipeline_parallel_size
+    ) + _draft_kv(model, DTYPE_BYTES[dtype])
     kv_space = int(model.cpu_kv_cache_gib * GIB)
     tokens = _whole_blocks(kv_space // per_token, int(model.engine_args.get("block_size", CPU_BLOCK_SIZE)))
-    plan = _finish(model, group, None, 0, weight_bytes(arch, dtype, model.quantization), arch,
-                   DTYPE_BYTES[dtype], per_token, kv_space, tokens)
+    plan = _finish(
+        model,
+        group,
+        None,
+        0,
+        weight_bytes(arch, dtype, model.quantization),
+        arch,
+        DTYPE_BYTES[dtype],
+        per_token,
+        kv_space,
+        tokens,
+    )
     return plan, [_no_room(model, tokens)] if tokens < model.max_model_len else []
 
 
-def _finish(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, instance: InstanceType | None, gpus: int,
-            weights: int, arch: Architecture, kv_dtype_bytes: int, per_gpu_token: int, kv_space: int,
-            tokens: int) -> ModelPlan:
+def _finish(
+    model: ModelSpec,
+    group: GpuNodeGroup | CpuNodeGroup,
+    instance: InstanceType | None,
+    gpus: int,
+    weights: int,
+    arch: Architecture,
+    kv_dtype_bytes: int,
+    per_gpu_token: int,
+    kv_space: int,
+    tokens: int,
+) -> ModelPlan:
     if instance is not None:
         slots = gpus
-        nodes_per_replica = 1 if gpus <= instance.gpus else math.ceil(
-            model.pipeline_parallel_size / (instance.gpus // model.tensor_parallel_size))
+        nodes_per_replica = (
+            1
+            if gpus <= instance.gpus
+            else math.ceil(model.pipeline_parallel_size / (instance.gpus // model.tensor_parallel_size))
+        )
         per_node = instance.gpus // gpus if gpus <= instance.gpus else 0
     else:
         assert isinstance(group, CpuNodeGroup)
@@ -318,18 +388,31 @@ def _finish(model: ModelSpec, group: GpuNodeGroup | CpuNodeGroup, instance: Inst
 
     lo, hi = nodes(model.autoscaling.min_replicas), nodes(model.autoscaling.max_replicas)
     return ModelPlan(
-        model_id=model.id, node_group=group.name, instance_type=getattr(instance, "instance_type", None),
-        gpus_per_replica=gpus, slots_per_replica=slots, min_replicas=model.autoscaling.min_replicas,
-        max_replicas=model.autoscaling.max_replicas, weight_bytes=weights,
+        model_id=model.id,
+        node_group=group.name,
+        instance_type=getattr(instance, "instance_type", None),
+        gpus_per_replica=gpus,
+        slots_per_replica=slots,
+        min_replicas=model.autoscaling.min_replicas,
+        max_replicas=model.autoscaling.max_replicas,
+        weight_bytes=weights,
         kv_bytes_per_token=kv_bytes_per_token(arch, kv_dtype_bytes),
-        kv_bytes_per_token_per_gpu=per_gpu_token, kv_cache_bytes_per_rank=kv_space,
-        kv_tokens_per_replica=tokens, max_concurrent_sequences=tokens // model.max_model_len,
-        replicas_per_node=per_node, nodes_per_replica=nodes_per_replica, nodes_at_min=lo, nodes_at_max=hi,
-        usd_per_hour_at_min=cost(lo), usd_per_hour_at_max=cost(hi))
+        kv_bytes_per_token_per_gpu=per_gpu_token,
+        kv_cache_bytes_per_rank=kv_space,
+        kv_tokens_per_replica=tokens,
+        max_concurrent_sequences=tokens // model.max_model_len,
+        replicas_per_node=per_node,
+        nodes_per_replica=nodes_per_replica,
+        nodes_at_min=lo,
+        nodes_at_max=hi,
+        usd_per_hour_at_min=cost(lo),
+        usd_per_hour_at_max=cost(hi),
+    )
 
 
-def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan], *,
-                    reserved_slots: int = 0) -> tuple[NodeGroupPlan, list[Problem]]:
+def plan_node_group(
+    group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan], *, reserved_slots: int = 0
+) -> tuple[NodeGroupPlan, list[Problem]]:
     """Nodes a group needs for its models (plus `reserved_slots` taken by other actors, e.g.
     the ingress on the local stack), and whether its max_size holds them.
 
@@ -343,23 +426,30 @@ def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan],
 
     def nodes(at_max: bool) -> int:
         if packable:
-            slots = reserved_slots + sum(m.slots_per_replica * (m.max_replicas if at_max else m.min_replicas)
-                                         for m in models)
+            slots = reserved_slots + sum(
+                m.slots_per_replica * (m.max_replicas if at_max else m.min_replicas) for m in models
+            )
             return math.ceil(slots / capacity)
         return sum(m.nodes_at_max if at_max else m.nodes_at_min for m in models)
 
     lo, hi = nodes(False), nodes(True)
     problems = []
     if hi > group.max_size:
-        needs = ", ".join([f"{m.model_id}: {m.max_replicas} x {m.slots_per_replica}" for m in models]
-                          + ([f"OpenAI ingress: {reserved_slots}"] if reserved_slots else []))
+        needs = ", ".join(
+            [f"{m.model_id}: {m.max_replicas} x {m.slots_per_replica}" for m in models]
+            + ([f"OpenAI ingress: {reserved_slots}"] if reserved_slots else [])
+        )
         unit = "GPUs" if isinstance(group, GpuNodeGroup) else "CPUs"
         alternative = "" if isinstance(group, GpuNodeGroup) else " (or its cpus_per_node)"
-        problems.append(Problem(
-            reason=Reason.NODE_GROUP_TOO_SMALL, subject=group.name,
-            message=f"max_replicas need {hi} nodes of {capacity} {unit} ({needs}) but max_size is "
-                    f"{group.max_size}; raise max_size of node group {group.name!r} to {hi}{alternative} "
-                    "or lower max_replicas"))
+        problems.append(
+            Problem(
+                reason=Reason.NODE_GROUP_TOO_SMALL,
+                subject=group.name,
+                message=f"max_replicas need {hi} nodes of {capacity} {unit} ({needs}) but max_size is "
+                f"{group.max_size}; raise max_size of node group {group.name!r} to {hi}{alternative} "
+                "or lower max_replicas",
+            )
+        )
     # A NewCluster upgrade starts a whole second cluster at min replicas beside the old one.
     if hi + lo <= group.max_size:
         blue_green = "fits"
@@ -369,11 +459,16 @@ def plan_node_group(group: GpuNodeGroup | CpuNodeGroup, models: list[ModelPlan],
         blue_green = f"does not fit (needs {2 * lo} nodes at min load)"
     price = group.instance.on_demand_usd_per_hour if isinstance(group, GpuNodeGroup) else None
     return NodeGroupPlan(
-        name=group.name, instance_type=getattr(group, "instance_type", None),
-        capacity_type=group.capacity_type.value, max_size=group.max_size, nodes_at_min=lo, nodes_at_max=hi,
+        name=group.name,
+        instance_type=getattr(group, "instance_type", None),
+        capacity_type=group.capacity_type.value,
+        max_size=group.max_size,
+        nodes_at_min=lo,
+        nodes_at_max=hi,
         blue_green=blue_green,
         usd_per_hour_at_min=None if price is None else round(lo * price, 2),
-        usd_per_hour_at_max=None if price is None else round(hi * price, 2)), problems
+        usd_per_hour_at_max=None if price is None else round(hi * price, 2),
+    ), problems
 
 
 def _node_capacity(group: GpuNodeGroup | CpuNodeGroup) -> int:
@@ -386,10 +481,12 @@ def _whole_blocks(tokens: int, block_size: int) -> int:
 
 def _no_room(model: ModelSpec, tokens: int) -> Problem:
     return Problem(
-        reason=Reason.NO_ROOM_FOR_ONE_SEQUENCE, subject=model.id,
+        reason=Reason.NO_ROOM_FOR_ONE_SEQUENCE,
+        subject=model.id,
         message=f"the KV cache holds {tokens} tokens, less than one max_model_len ({model.max_model_len}) "
-                "sequence; lower max_model_len, raise gpu_memory_utilization or tensor_parallel_size, "
-                "or use kv_cache_dtype: fp8")
+        "sequence; lower max_model_len, raise gpu_memory_utilization or tensor_parallel_size, "
+        "or use kv_cache_dtype: fp8",
+    )
 
 
 def _gib(n: float) -> str:

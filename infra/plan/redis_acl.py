@@ -41,8 +41,21 @@ RAY_USER = "llmstack-ray"
 GATEWAY_KEY_PATTERNS = ("llmstack:*",)
 GATEWAY_CHANNEL_PATTERNS = (CHANNEL_PREFIX + "*",)
 RAY_KEY_PATTERNS = ("RAY*", "DUMMY")
-RAY_COMMANDS = ("ping", "info", "hset", "hsetnx", "hget", "hmget", "hdel", "hscan", "hexists", "incrby",
-                "scan", "del", "unlink")
+RAY_COMMANDS = (
+    "ping",
+    "info",
+    "hset",
+    "hsetnx",
+    "hget",
+    "hmget",
+    "hdel",
+    "hscan",
+    "hexists",
+    "incrby",
+    "scan",
+    "del",
+    "unlink",
+)
 
 
 @dataclass(frozen=True)
@@ -55,13 +68,18 @@ class AclUser:
 
     def rules(self) -> str:
         """The user's rules without its password: keys, pub/sub channels, then commands."""
-        return " ".join([*(f"~{p}" for p in self.key_patterns), *(f"&{p}" for p in self.channel_patterns),
-                         self.commands])
+        return " ".join(
+            [*(f"~{p}" for p in self.key_patterns), *(f"&{p}" for p in self.channel_patterns), self.commands]
+        )
 
 
 def gateway_user(name: str = GATEWAY_USER) -> AclUser:
-    return AclUser(name=name, key_patterns=GATEWAY_KEY_PATTERNS, channel_patterns=GATEWAY_CHANNEL_PATTERNS,
-                   commands="+@all -@dangerous +info")
+    return AclUser(
+        name=name,
+        key_patterns=GATEWAY_KEY_PATTERNS,
+        channel_patterns=GATEWAY_CHANNEL_PATTERNS,
+        commands="+@all -@dangerous +info",
+    )
 
 
 def ray_user(name: str = RAY_USER) -> AclUser:

@@ -82,8 +82,10 @@ RowKind = Literal["usage", "idle", "unpriced", "unserved"]
 
 
 class CostRow(BaseModel):
-    kind: RowKind = Field(description="usage: a key's tokens; idle: capacity nobody used; unpriced: a model "
-                                      "with no rate; unserved: tokens of a model this stack does not price.")
+    kind: RowKind = Field(
+        description="usage: a key's tokens; idle: capacity nobody used; unpriced: a model "
+        "with no rate; unserved: tokens of a model this stack does not price."
+    )
     tenant: str | None
     key_id: str | None
     model: str
@@ -124,9 +126,15 @@ def model_rates(plan: StackPlan, costs: Iterable[ModelCost]) -> list[ModelRate]:
     """Each planned model's weight (slots x min replicas; x max replicas for a model that may
     scale to zero, so it still carries a share) and its rate at full use (`infra.plan.cost`)."""
     by_id = {c.model_id: c for c in costs}
-    return [ModelRate(model=by_id[m.model_id].served_name, node_group=m.node_group,
-                      weight=m.slots_per_replica * (m.min_replicas or m.max_replicas),
-                      usd_per_token=by_id[m.model_id].usd_per_total_token) for m in plan.models]
+    return [
+        ModelRate(
+            model=by_id[m.model_id].served_name,
+            node_group=m.node_group,
+            weight=m.slots_per_replica * (m.min_replicas or m.max_replicas),
+            usd_per_token=by_id[m.model_id].usd_per_total_token,
+        )
+        for m in plan.models
+    ]
 
 
 def assumed_node_hours(plan: StackPlan, hours: Decimal) -> dict[str, Decimal]:
@@ -181,15 +189,20 @@ def showback(usage: Iterable[Usage], groups: Iterable[GroupCost], models: Iterab
     for group in groups:
         members = [m for m in models if m.node_group == group.node_group]
         if group.usd_per_node_hour is None:
-            notes.append(f"node group {group.node_group!r} has no price: its models count $0 "
-                         f"(give one with --usd-per-hour {group.node_group}=PRICE)")
+            notes.append(
+                f"node group {group.node_group!r} has no price: its models count $0 "
+                f"(give one with --usd-per-hour {group.node_group}=PRICE)"
+            )
         if group.assumed_hours:
-            notes.append(f"node group {group.node_group!r}: node-hours assumed from the plan (min nodes all "
-                         f"period); pass --node-hours {group.node_group}=HOURS from the bill for real figures")
+            notes.append(
+                f"node group {group.node_group!r}: node-hours assumed from the plan (min nodes all "
+                f"period); pass --node-hours {group.node_group}=HOURS from the bill for real figures"
+            )
         if not members:
             if group.usd:
-                rows.append(CostRow(kind="idle", tenant=None, key_id=None, model="", node_group=group.node_group,
-                                    usd=group.usd))
+                rows.append(
+                    CostRow(kind="idle", tenant=None, key_id=None, model="", node_group=group.node_group, usd=group.usd)
+                )
             continue
         for model, cents in zip(members, _weighted(_cents(group.usd), [m.weight for m in members])):
             model_rows, model_total = _split_model(model, cents, by_model.pop(model.model, []), notes)
@@ -202,46 +215,85 @@ def showback(usage: Iterable[Usage], groups: Iterable[GroupCost], models: Iterab
     for row in rows:
         if row.tenant is not None:
             tenants[row.tenant].append(row)
-    tenant_totals = [TenantTotal(tenant=t, prompt_tokens=sum(r.prompt_tokens for r in rs),
-                                 completion_tokens=sum(r.completion_tokens for r in rs),
-                                 usd=sum((r.usd for r in rs), Decimal(0)).quantize(CENT))
-                     for t, rs in sorted(tenants.items())]
+    tenant_totals = [
+        TenantTotal(
+            tenant=t,
+            prompt_tokens=sum(r.prompt_tokens for r in rs),
+            completion_tokens=sum(r.completion_tokens for r in rs),
+            usd=sum((r.usd for r in rs), Decimal(0)).quantize(CENT),
+        )
+        for t, rs in sorted(tenants.items())
+    ]
     total = sum((g.usd for g in groups), Decimal(0)).quantize(CENT)
     idle = sum((r.usd for r in rows if r.kind in ("idle", "unpriced")), Decimal(0)).quantize(CENT)
-    return Showback(rows=rows, models=totals, tenants=tenant_totals, groups=groups, total_usd=total,
-                    idle_usd=idle, notes=notes)
+    return Showback(
+        rows=rows, models=totals, tenants=tenant_totals, groups=groups, total_usd=total, idle_usd=idle, notes=notes
+    )
 
 
 def _usage_row(u: Usage, kind: RowKind, node_group: str | None, cents: int) -> CostRow:
-    return CostRow(kind=kind, tenant=u.tenant, key_id=u.key_id, model=u.model, node_group=node_group,
-                   prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, requests=u.requests,
-                   usd=_usd(cents))
+    return CostRow(
+        kind=kind,
+        tenant=u.tenant,
+        key_id=u.key_id,
+        model=u.model,
+        node_group=node_group,
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        requests=u.requests,
+        usd=_usd(cents),
+    )
 
 
-def _split_model(model: ModelRate, cents: int, used: list[Usage], notes: list[str]
-                 ) -> tuple[list[CostRow], ModelTotal]:
+def _split_model(model: ModelRate, cents: int, used: list[Usage], notes: list[str]) -> tuple[list[CostRow], ModelTotal]:
     used = sorted(used, key=lambda u: (u.tenant, u.key_id))
     tokens = sum(u.total_tokens for u in used)
     if model.usd_per_token is None:
-        notes.append(f"model {model.model!r} has no throughput figure, so no rate: its whole cost is one "
-                     "`unpriced` row (pass --bench)")
+        notes.append(
+            f"model {model.model!r} has no throughput figure, so no rate: its whole cost is one "
+            "`unpriced` row (pass --bench)"
+        )
         rows = [_usage_row(u, "usage", model.node_group, 0) for u in used]
-        rows.append(CostRow(kind="unpriced", tenant=None, key_id=None, model=model.model,
-                            node_group=model.node_group, usd=_usd(cents)))
-        return rows, ModelTotal(model=model.model, node_group=model.node_group, usd=_usd(cents),
-                                attributed_usd=Decimal("0.00"), idle_usd=_usd(cents), utilisation=None)
+        rows.append(
+            CostRow(
+                kind="unpriced",
+                tenant=None,
+                key_id=None,
+                model=model.model,
+                node_group=model.node_group,
+                usd=_usd(cents),
+            )
+        )
+        return rows, ModelTotal(
+            model=model.model,
+            node_group=model.node_group,
+            usd=_usd(cents),
+            attributed_usd=Decimal("0.00"),
+            idle_usd=_usd(cents),
+            utilisation=None,
+        )
     cost = Fraction(cents)  # in cents
     at_rate = Fraction(model.usd_per_token) * tokens * 100
     attributed = min(cost, at_rate)
     utilisation = at_rate / cost if cost else None
     if utilisation is not None and utilisation > 1:
-        notes.append(f"model {model.model!r}: tokens at its rate come to {float(utilisation):.0%} of its cost: "
-                     "the throughput figure or the node-hours are too low; its whole cost is split by token share")
+        notes.append(
+            f"model {model.model!r}: tokens at its rate come to {float(utilisation):.0%} of its cost: "
+            "the throughput figure or the node-hours are too low; its whole cost is split by token share"
+        )
     shares = [attributed * u.total_tokens / tokens for u in used] if tokens else []
     split = apportion(cents, [*shares, cost - attributed])
     rows = [_usage_row(u, "usage", model.node_group, c) for u, c in zip(used, split)]
-    rows.append(CostRow(kind="idle", tenant=None, key_id=None, model=model.model, node_group=model.node_group,
-                        usd=_usd(split[-1])))
-    return rows, ModelTotal(model=model.model, node_group=model.node_group, usd=_usd(cents),
-                            attributed_usd=_usd(cents - split[-1]), idle_usd=_usd(split[-1]),
-                            utilisation=None if utilisation is None else _decimal(utilisation))
+    rows.append(
+        CostRow(
+            kind="idle", tenant=None, key_id=None, model=model.model, node_group=model.node_group, usd=_usd(split[-1])
+        )
+    )
+    return rows, ModelTotal(
+        model=model.model,
+        node_group=model.node_group,
+        usd=_usd(cents),
+        attributed_usd=_usd(cents - split[-1]),
+        idle_usd=_usd(split[-1]),
+        utilisation=None if utilisation is None else _decimal(utilisation),
+    )

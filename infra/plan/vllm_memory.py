@@ -125,8 +125,10 @@ def batch_limits(gpu: GpuClassInfo, engine_args: dict[str, Any]) -> BatchLimits:
         tokens, seqs = 8192, 1024
     else:
         tokens, seqs = 2048, 256
-    return BatchLimits(max_num_batched_tokens=int(engine_args.get("max_num_batched_tokens", tokens)),
-                       max_num_seqs=int(engine_args.get("max_num_seqs", seqs)))
+    return BatchLimits(
+        max_num_batched_tokens=int(engine_args.get("max_num_batched_tokens", tokens)),
+        max_num_seqs=int(engine_args.get("max_num_seqs", seqs)),
+    )
 
 
 class RankMemory(BaseModel):
@@ -150,17 +152,21 @@ def rotary_table_bytes(arch: Architecture, dtype_bytes: int) -> int:
     return (arch.max_position_embeddings or 0) * arch.head_dim * dtype_bytes
 
 
-def activation_peak_bytes(release: EngineRelease, arch: Architecture, limits: BatchLimits, *,
-                          dtype_bytes: int, tp: int) -> int:
+def activation_peak_bytes(
+    release: EngineRelease, arch: Architecture, limits: BatchLimits, *, dtype_bytes: int, tp: int
+) -> int:
     """The transient peak of `profile_run`: a forward pass over max_num_batched_tokens tokens
     (attention skipped) and a sampler run over min(max_num_seqs, tokens) rows of logits."""
     tokens = limits.max_num_batched_tokens
     rows = min(limits.max_num_seqs, tokens)
     if release.model_runner is ModelRunner.V1:
-        return int(HIDDEN_BYTES_PER_ELEMENT * tokens * arch.hidden_size
-                   + SAMPLER_BYTES_PER_LOGIT * rows * arch.vocab_size)
-    return max(forward_peak_bytes(arch, tokens, dtype_bytes=dtype_bytes, tp=tp),
-               _v2_sampler_peak_bytes(arch, tokens, rows, dtype_bytes=dtype_bytes, tp=tp))
+        return int(
+            HIDDEN_BYTES_PER_ELEMENT * tokens * arch.hidden_size + SAMPLER_BYTES_PER_LOGIT * rows * arch.vocab_size
+        )
+    return max(
+        forward_peak_bytes(arch, tokens, dtype_bytes=dtype_bytes, tp=tp),
+        _v2_sampler_peak_bytes(arch, tokens, rows, dtype_bytes=dtype_bytes, tp=tp),
+    )
 
 
 def forward_peak_bytes(arch: Architecture, tokens: int, *, dtype_bytes: int, tp: int) -> int:
@@ -191,9 +197,18 @@ def cuda_graph_bytes(arch: Architecture, limits: BatchLimits, *, dtype_bytes: in
     return forward_peak_bytes(arch, largest, dtype_bytes=dtype_bytes, tp=tp) + len(sizes) * MIN_BYTES_PER_GRAPH
 
 
-def rank_memory(release: EngineRelease, gpu: GpuClassInfo, arch: Architecture, *, weights_per_rank: int,
-                dtype_bytes: int, tp: int, gpus: int, gpu_memory_utilization: float,
-                engine_args: dict[str, Any]) -> RankMemory:
+def rank_memory(
+    release: EngineRelease,
+    gpu: GpuClassInfo,
+    arch: Architecture,
+    *,
+    weights_per_rank: int,
+    dtype_bytes: int,
+    tp: int,
+    gpus: int,
+    gpu_memory_utilization: float,
+    engine_args: dict[str, Any],
+) -> RankMemory:
     """Every term of one rank's memory, for `release` on `gpu` (see the module docstring)."""
     limits = batch_limits(gpu, engine_args)
     requested = math.ceil(gpu.driver_memory_bytes * gpu_memory_utilization)
@@ -201,15 +216,26 @@ def rank_memory(release: EngineRelease, gpu: GpuClassInfo, arch: Architecture, *
     non_torch = NON_TORCH_ONE_GPU if gpus == 1 else NON_TORCH_PER_RANK_SHARDED
     activation = activation_peak_bytes(release, arch, limits, dtype_bytes=dtype_bytes, tp=tp)
     eager = bool(engine_args.get("enforce_eager", False))
-    graphs = cuda_graph_bytes(arch, limits, dtype_bytes=dtype_bytes, tp=tp) \
-        if release.subtracts_cudagraphs and not eager else 0
+    graphs = (
+        cuda_graph_bytes(arch, limits, dtype_bytes=dtype_bytes, tp=tp)
+        if release.subtracts_cudagraphs and not eager
+        else 0
+    )
     kv = requested - weights - non_torch - activation - graphs
     if "kv_cache_memory_bytes" in engine_args:  # vLLM then skips profiling and takes this figure
         kv = int(engine_args["kv_cache_memory_bytes"])
-    return RankMemory(vllm_version=release.version, driver_total=gpu.driver_memory_bytes, requested=requested,
-                      weights=weights, non_torch=non_torch, activation_peak=activation, cuda_graphs=graphs,
-                      kv_cache=kv, max_num_batched_tokens=limits.max_num_batched_tokens,
-                      max_num_seqs=limits.max_num_seqs)
+    return RankMemory(
+        vllm_version=release.version,
+        driver_total=gpu.driver_memory_bytes,
+        requested=requested,
+        weights=weights,
+        non_torch=non_torch,
+        activation_peak=activation,
+        cuda_graphs=graphs,
+        kv_cache=kv,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_num_seqs=limits.max_num_seqs,
+    )
 
 
 def kv_tokens(kv_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:

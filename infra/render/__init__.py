@@ -26,8 +26,13 @@ class RenderRefused(Exception):
         super().__init__(f"stack {plan.stack} does not pass `llmctl plan`: {reasons}")
 
 
-def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_address: str | None = None,
-                 model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
+def render_stack(
+    spec: StackSpec,
+    plan: StackPlan | None = None,
+    *,
+    gcs_redis_address: str | None = None,
+    model_cache_bucket: str | None = None,
+) -> list[dict[str, Any]]:
     """`gcs_redis_address`: the Redis Ray GCS uses, when only the Pulumi program knows it
     (ElastiCache's TLS endpoint); see `rayservice.redis_address`. `model_cache_bucket`: the
     stack's S3 model cache (`infra.plan.cache_layout.bucket_name`), needed when a model is cached; the
@@ -35,8 +40,12 @@ def render_stack(spec: StackSpec, plan: StackPlan | None = None, *, gcs_redis_ad
     plan = plan or plan_stack(spec)
     if not plan.ok:
         raise RenderRefused(plan)
-    return [namespace_object(spec), rayservice(spec, plan, gcs_redis_address, model_cache_bucket),
-            *gateway_objects(spec, plan, model_cache_bucket), *dcgm_objects(spec)]
+    return [
+        namespace_object(spec),
+        rayservice(spec, plan, gcs_redis_address, model_cache_bucket),
+        *gateway_objects(spec, plan, model_cache_bucket),
+        *dcgm_objects(spec),
+    ]
 
 
 class _ManifestDumper(yaml.SafeDumper):

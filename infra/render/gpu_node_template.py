@@ -38,8 +38,12 @@ ACCELERATOR_VALUES = {
 
 
 def node_labels(group: GpuNodeGroup) -> dict[str, str]:
-    return {NODE_GROUP_LABEL: group.name, GPU_CLASS_LABEL: group.instance.gpu_class.value,
-            GPU_PRESENT_LABEL: "true", ACCELERATOR_LABEL: ACCELERATOR_VALUES[group.instance.gpu_class]}
+    return {
+        NODE_GROUP_LABEL: group.name,
+        GPU_CLASS_LABEL: group.instance.gpu_class.value,
+        GPU_PRESENT_LABEL: "true",
+        ACCELERATOR_LABEL: ACCELERATOR_VALUES[group.instance.gpu_class],
+    }
 
 
 def fallback_instance_types(group: GpuNodeGroup) -> list[InstanceType]:
@@ -48,7 +52,12 @@ def fallback_instance_types(group: GpuNodeGroup) -> list[InstanceType]:
     worker pod asks for those). The group's type first, then by price: when it is short in a
     zone, Karpenter starts the next one."""
     own = group.instance
-    fits = [t for t in load_catalog().values()
-            if t.gpu_class is own.gpu_class and t.gpus == own.gpus and t.vcpus >= own.vcpus
-            and t.memory_gib >= own.memory_gib]
+    fits = [
+        t
+        for t in load_catalog().values()
+        if t.gpu_class is own.gpu_class
+        and t.gpus == own.gpus
+        and t.vcpus >= own.vcpus
+        and t.memory_gib >= own.memory_gib
+    ]
     return sorted(fits, key=lambda t: (t.instance_type != own.instance_type, t.on_demand_usd_per_hour, t.instance_type))

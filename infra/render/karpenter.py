@@ -45,8 +45,15 @@ def gpu_groups(spec: StackSpec) -> list[GpuNodeGroup]:
     return [g for g in spec.node_groups if isinstance(g, GpuNodeGroup)]
 
 
-def node_class(spec: StackSpec, group: GpuNodeGroup, *, cluster_name: str, instance_profile: str,
-               subnet_ids: list[str], security_group_ids: list[str]) -> dict[str, Any]:
+def node_class(
+    spec: StackSpec,
+    group: GpuNodeGroup,
+    *,
+    cluster_name: str,
+    instance_profile: str,
+    subnet_ids: list[str],
+    security_group_ids: list[str],
+) -> dict[str, Any]:
     return {
         "apiVersion": NODECLASS_API,
         "kind": "EC2NodeClass",
@@ -56,13 +63,28 @@ def node_class(spec: StackSpec, group: GpuNodeGroup, *, cluster_name: str, insta
             "instanceProfile": instance_profile,
             "subnetSelectorTerms": [{"id": s} for s in subnet_ids],
             "securityGroupSelectorTerms": [{"id": g} for g in security_group_ids],
-            "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
-                                "httpPutResponseHopLimit": 1, "httpTokens": "required"},
-            "blockDeviceMappings": [{"deviceName": ROOT_DEVICE, "ebs": {
-                "volumeSize": f"{group.disk_size_gib}Gi", "volumeType": "gp3", "encrypted": True,
-                "deleteOnTermination": True}}],
-            "tags": {"Name": f"{cluster_name}-{group.name}", "llmstack.dev/stack": spec.name,
-                     "llmstack.dev/node-group": group.name},
+            "metadataOptions": {
+                "httpEndpoint": "enabled",
+                "httpProtocolIPv6": "disabled",
+                "httpPutResponseHopLimit": 1,
+                "httpTokens": "required",
+            },
+            "blockDeviceMappings": [
+                {
+                    "deviceName": ROOT_DEVICE,
+                    "ebs": {
+                        "volumeSize": f"{group.disk_size_gib}Gi",
+                        "volumeType": "gp3",
+                        "encrypted": True,
+                        "deleteOnTermination": True,
+                    },
+                }
+            ],
+            "tags": {
+                "Name": f"{cluster_name}-{group.name}",
+                "llmstack.dev/stack": spec.name,
+                "llmstack.dev/node-group": group.name,
+            },
         },
     }
 
@@ -79,14 +101,23 @@ def node_pool(spec: StackSpec, group: GpuNodeGroup) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": node_labels(group)},
                 "spec": {
-                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass",
-                                     "name": resource_name(group)},
+                    "nodeClassRef": {
+                        "group": "karpenter.k8s.aws",
+                        "kind": "EC2NodeClass",
+                        "name": resource_name(group),
+                    },
                     "requirements": [
-                        {"key": "node.kubernetes.io/instance-type", "operator": "In",
-                         "values": [t.instance_type for t in fallback_instance_types(group)]},
+                        {
+                            "key": "node.kubernetes.io/instance-type",
+                            "operator": "In",
+                            "values": [t.instance_type for t in fallback_instance_types(group)],
+                        },
                         {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [capacity]},
-                        {"key": "topology.kubernetes.io/zone", "operator": "In",
-                         "values": list(spec.cloud.availability_zones)},
+                        {
+                            "key": "topology.kubernetes.io/zone",
+                            "operator": "In",
+                            "values": list(spec.cloud.availability_zones),
+                        },
                         {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
                     ],
                     "taints": [GPU_TAINT],
@@ -94,16 +125,29 @@ def node_pool(spec: StackSpec, group: GpuNodeGroup) -> dict[str, Any]:
                 },
             },
             "limits": {"nvidia.com/gpu": str(group.max_size * gpus)},
-            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": CONSOLIDATE_AFTER,
-                           "budgets": [{"nodes": "1"}]},
+            "disruption": {
+                "consolidationPolicy": "WhenEmpty",
+                "consolidateAfter": CONSOLIDATE_AFTER,
+                "budgets": [{"nodes": "1"}],
+            },
         },
     }
 
 
-def karpenter_objects(spec: StackSpec, *, cluster_name: str, instance_profile: str, subnet_ids: list[str],
-                      security_group_ids: list[str]) -> list[dict[str, Any]]:
+def karpenter_objects(
+    spec: StackSpec, *, cluster_name: str, instance_profile: str, subnet_ids: list[str], security_group_ids: list[str]
+) -> list[dict[str, Any]]:
     """EC2NodeClasses first (each NodePool names one), then NodePools."""
     groups = gpu_groups(spec)
-    classes = [node_class(spec, g, cluster_name=cluster_name, instance_profile=instance_profile,
-                          subnet_ids=subnet_ids, security_group_ids=security_group_ids) for g in groups]
+    classes = [
+        node_class(
+            spec,
+            g,
+            cluster_name=cluster_name,
+            instance_profile=instance_profile,
+            subnet_ids=subnet_ids,
+            security_group_ids=security_group_ids,
+        )
+        for g in groups
+    ]
     return [*classes, *(node_pool(spec, g) for g in groups)]

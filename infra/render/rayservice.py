@@ -137,24 +137,32 @@ def with_gcs_redis_address(rayservice_spec: dict[str, Any], address: str) -> dic
     return spec
 
 
-def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None,
-               model_cache_bucket: str | None = None) -> dict[str, Any]:
+def rayservice(
+    spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None = None, model_cache_bucket: str | None = None
+) -> dict[str, Any]:
     groups = {g.name: g for g in plan.node_groups}
     env = {**serving_env(spec, routers_per_node=plan.ingress.routers_per_node if plan.ingress else 1), **ENGINE_ENV}
-    workers = [_worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max, env)
-               for g in spec.node_groups]
+    workers = [
+        _worker_group(spec, g, groups[g.name].nodes_at_min, groups[g.name].nodes_at_max, env) for g in spec.node_groups
+    ]
     blue_green_fits = all(not g.blue_green.startswith("does not fit") for g in plan.node_groups)
-    annotations = {} if blue_green_fits else {
-        "llmstack.dev/upgrade-note": "NewCluster upgrades need a second cluster that the node groups "
-                                     "cannot hold; cluster changes apply in place (see llmctl plan)."}
+    annotations = (
+        {}
+        if blue_green_fits
+        else {
+            "llmstack.dev/upgrade-note": "NewCluster upgrades need a second cluster that the node groups "
+            "cannot hold; cluster changes apply in place (see llmctl plan)."
+        }
+    )
     address = gcs_redis_address or redis_address(spec)
     head = _head_group(spec, env)
     _with_tls_env(head, address)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": metadata(RAYSERVICE_NAME, "ray", spec.name,
-                             **({"annotations": annotations} if annotations else {})),
+        "metadata": metadata(
+            RAYSERVICE_NAME, "ray", spec.name, **({"annotations": annotations} if annotations else {})
+        ),
         "spec": {
             "upgradeStrategy": {"type": "NewCluster" if blue_green_fits else "None"},
             "serveConfigV2": yaml.safe_dump(serve_config(spec, model_cache_bucket), sort_keys=False),
@@ -174,25 +182,39 @@ def rayservice(spec: StackSpec, plan: StackPlan, gcs_redis_address: str | None =
     }
 
 
-def _container(spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]],
-               env: dict[str, str]) -> dict[str, Any]:
+def _container(
+    spec: StackSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]], env: dict[str, str]
+) -> dict[str, Any]:
     return {
         "name": name,
         "image": spec.versions.serving_image,
         "resources": {"requests": resources, "limits": resources},
-        "env": [secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True),
-                *({"name": k, "value": v} for k, v in sorted(env.items()))],
+        "env": [
+            secret_env("HF_TOKEN", HF_TOKEN_SECRET, "token", optional=True),
+            *({"name": k, "value": v} for k, v in sorted(env.items())),
+        ],
         "ports": ports,
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
 
 
-def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, str],
-         tolerations: list[dict[str, Any]], *, worker: bool) -> dict[str, Any]:
+def _pod(
+    spec: StackSpec,
+    container: dict[str, Any],
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
+    *,
+    worker: bool,
+) -> dict[str, Any]:
     pod: dict[str, Any] = {
-        "metadata": {"labels": labels("ray", spec.name),
-                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(RAY_METRICS_PORT),
-                                     "prometheus.io/path": "/metrics"}},
+        "metadata": {
+            "labels": labels("ray", spec.name),
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(RAY_METRICS_PORT),
+                "prometheus.io/path": "/metrics",
+            },
+        },
         "spec": {
             "containers": [container],
             # vLLM and NCCL use shared memory; the container default of 64 MiB is too small.
@@ -211,8 +233,12 @@ def _pod(spec: StackSpec, container: dict[str, Any], node_selector: dict[str, st
 
 
 def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
-    ports = [{"containerPort": 6379, "name": "gcs"}, {"containerPort": 8265, "name": "dashboard"},
-             {"containerPort": 10001, "name": "client"}, {"containerPort": SERVE_PORT, "name": "serve"}]
+    ports = [
+        {"containerPort": 6379, "name": "gcs"},
+        {"containerPort": 8265, "name": "dashboard"},
+        {"containerPort": 10001, "name": "client"},
+        {"containerPort": SERVE_PORT, "name": "serve"},
+    ]
     if "RAY_SERVE_ENABLE_HA_PROXY" in env:
         ports.append({"containerPort": HAPROXY_METRICS_PORT, "name": "haproxy-metrics"})
     container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports, env)
@@ -222,8 +248,9 @@ def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _worker_group(spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes: int,
-                  max_nodes: int, env: dict[str, str]) -> dict[str, Any]:
+def _worker_group(
+    spec: StackSpec, group: GpuNodeGroup | CpuNodeGroup, min_nodes: int, max_nodes: int, env: dict[str, str]
+) -> dict[str, Any]:
     if isinstance(group, GpuNodeGroup):
         instance = group.instance
         cpus, memory_gib, gpus = instance.vcpus, instance.memory_gib, instance.gpus

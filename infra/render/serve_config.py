@@ -131,8 +131,10 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
     engine.update(model.engine_args)
 
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": model.model_name, "model_source": _model_source(
-            model, local=local, model_cache_bucket=model_cache_bucket)},
+        "model_loading_config": {
+            "model_id": model.model_name,
+            "model_source": _model_source(model, local=local, model_cache_bucket=model_cache_bucket),
+        },
         "engine_kwargs": engine,
         # In the LLMConfig rather than in `deployments:` because Ray's direct-streaming builder
         # reads it from there. So a routing change restarts the model's replicas.
@@ -170,8 +172,12 @@ def _model_source(model: ModelSpec, *, local: bool, model_cache_bucket: str | No
 def _speculative_config(model: ModelSpec, *, local: bool) -> dict[str, Any]:
     spec = model.speculative_decoding
     if isinstance(spec, NgramSpeculation):
-        return {"method": "ngram", "num_speculative_tokens": spec.num_speculative_tokens,
-                "prompt_lookup_max": spec.prompt_lookup_max, "prompt_lookup_min": spec.prompt_lookup_min}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "prompt_lookup_max": spec.prompt_lookup_max,
+            "prompt_lookup_min": spec.prompt_lookup_min,
+        }
     assert isinstance(spec, DraftModelSpeculation)
     source = resolve_local_source(spec.model) if local else spec.model
     return {"method": "draft_model", "model": source, "num_speculative_tokens": spec.num_speculative_tokens}
@@ -194,8 +200,10 @@ def deployment_overrides(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
         "downscale_delay_s": scaling.downscale_delay_s,
     }
     if scaling.policy is ScalingPolicy.SATURATION:
-        autoscaling_config["policy"] = {"policy_function": SATURATION_POLICY,
-                                        "policy_kwargs": saturation_policy_kwargs(model, spec)}
+        autoscaling_config["policy"] = {
+            "policy_function": SATURATION_POLICY,
+            "policy_kwargs": saturation_policy_kwargs(model, spec),
+        }
     return {
         "name": llm_deployment_name(model),
         "max_ongoing_requests": scaling.max_ongoing_requests,
@@ -210,9 +218,14 @@ def saturation_policy_kwargs(model: ModelSpec, spec: StackSpec) -> dict[str, Any
     queue = spec.gateway.queue
     return {
         "thresholds": model.autoscaling.saturation.model_dump(mode="json"),
-        "queue": {"model": model.model_name, "tiers": len(queue.tiers),
-                  "max_ongoing_requests": model.autoscaling.max_ongoing_requests,
-                  "max_replicas": model.autoscaling.max_replicas} if queue.enabled else None,
+        "queue": {
+            "model": model.model_name,
+            "tiers": len(queue.tiers),
+            "max_ongoing_requests": model.autoscaling.max_ongoing_requests,
+            "max_replicas": model.autoscaling.max_replicas,
+        }
+        if queue.enabled
+        else None,
     }
 
 
@@ -258,35 +271,46 @@ def _model_list_app(spec: StackSpec) -> dict[str, Any]:
         "name": MODELS_APP_NAME,
         "route_prefix": "/",
         "import_path": MODELS_APP_IMPORT_PATH,
-        "args": {"models": [{"id": m.model_name, "route_prefix": route_prefix(m), "max_model_len": m.max_model_len}
-                            for m in spec.models]},
+        "args": {
+            "models": [
+                {"id": m.model_name, "route_prefix": route_prefix(m), "max_model_len": m.max_model_len}
+                for m in spec.models
+            ]
+        },
     }
 
 
-def applications(spec: StackSpec, model_cache_bucket: str | None = None,
-                 path: ServingPath = SERVING_PATH) -> list[dict[str, Any]]:
+def applications(
+    spec: StackSpec, model_cache_bucket: str | None = None, path: ServingPath = SERVING_PATH
+) -> list[dict[str, Any]]:
     """The Serve applications (`ServeApplicationSchema`s) of the stack on `path`."""
     if path is not ServingPath.DIRECT:
-        return [{
-            "name": APP_NAME,
-            "route_prefix": "/",
-            "import_path": APP_IMPORT_PATH,
-            "args": serving_args(spec, model_cache_bucket),
-            "deployments": [*(deployment_overrides(m, spec) for m in spec.models), *ingress_overrides(spec)],
-        }]
+        return [
+            {
+                "name": APP_NAME,
+                "route_prefix": "/",
+                "import_path": APP_IMPORT_PATH,
+                "args": serving_args(spec, model_cache_bucket),
+                "deployments": [*(deployment_overrides(m, spec) for m in spec.models), *ingress_overrides(spec)],
+            }
+        ]
     # Direct streaming serves exactly one model per application (ray.llm's build_openai_app).
-    per_model = [{
-        "name": app_name(m, path),
-        "route_prefix": route_prefix(m, path),
-        "import_path": APP_IMPORT_PATH,
-        "args": {"llm_configs": [llm_config(m, spec, model_cache_bucket)]},
-        "deployments": [deployment_overrides(m, spec)],
-    } for m in spec.models]
+    per_model = [
+        {
+            "name": app_name(m, path),
+            "route_prefix": route_prefix(m, path),
+            "import_path": APP_IMPORT_PATH,
+            "args": {"llm_configs": [llm_config(m, spec, model_cache_bucket)]},
+            "deployments": [deployment_overrides(m, spec)],
+        }
+        for m in spec.models
+    ]
     return [*per_model, _model_list_app(spec)]
 
 
-def serve_config(spec: StackSpec, model_cache_bucket: str | None = None,
-                 path: ServingPath = SERVING_PATH) -> dict[str, Any]:
+def serve_config(
+    spec: StackSpec, model_cache_bucket: str | None = None, path: ServingPath = SERVING_PATH
+) -> dict[str, Any]:
     """A Serve deploy config (`ServeDeploySchema`): what `serveConfigV2` holds and `make dev` runs."""
     return {
         "proxy_location": "EveryNode",

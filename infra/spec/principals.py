@@ -52,8 +52,10 @@ def deploying_identity_problem(stack: str, caller_arn: str, admin_arns: list[str
     index = deploying_identity_among_admins(caller_arn, admin_arns)
     if index is None:
         return None
-    return (f"Pulumi.{stack}.yaml: llmstack:cloud.admin_principal_arns[{index}] ({admin_arns[index]}) is the "
-            f"identity running `pulumi up` ({caller_arn}). EKS already makes that identity cluster admin when it "
-            "creates the cluster and refuses a second access entry for it, so the deploy would stop half built. "
-            f"Remove admin_principal_arns[{index}] from the stack file (the identity stays admin), or deploy as "
-            "another identity")
+    return (
+        f"Pulumi.{stack}.yaml: llmstack:cloud.admin_principal_arns[{index}] ({admin_arns[index]}) is the "
+        f"identity running `pulumi up` ({caller_arn}). EKS already makes that identity cluster admin when it "
+        "creates the cluster and refuses a second access entry for it, so the deploy would stop half built. "
+        f"Remove admin_principal_arns[{index}] from the stack file (the identity stays admin), or deploy as "
+        "another identity"
+    )

@@ -64,24 +64,25 @@ class AwsCloud(_Spec):
     )
     upgrade_policy: Literal["standard", "extended"] = Field(
         description="What EKS does when the version leaves standard support: `standard` upgrades the control "
-                    "plane automatically (plan ahead: `llmctl plan` warns), `extended` keeps it at about six "
-                    "times the hourly price. Required: the choice costs money either way.",
+        "plane automatically (plan ahead: `llmctl plan` warns), `extended` keeps it at about six "
+        "times the hourly price. Required: the choice costs money either way.",
     )
     node_provisioner: Literal["cluster-autoscaler", "karpenter"] = Field(
         default="cluster-autoscaler",
         description="What starts GPU nodes: `cluster-autoscaler` (one managed node group per GPU group) or "
-                    "`karpenter` (a NodePool per GPU group, any instance type of that GPU class, spot "
-                    "interruption handling).",
+        "`karpenter` (a NodePool per GPU group, any instance type of that GPU class, spot "
+        "interruption handling).",
     )
     admin_principal_arns: list[str] = Field(
         default_factory=list,
         description="IAM roles or users (besides the identity running `pulumi up`) given cluster-admin "
-                    "access entries, e.g. arn:aws:iam::111122223333:role/platform-admins.",
+        "access entries, e.g. arn:aws:iam::111122223333:role/platform-admins.",
     )
     api_public_cidrs: list[str] = Field(
-        default_factory=lambda: ["0.0.0.0/0"], min_length=1,
+        default_factory=lambda: ["0.0.0.0/0"],
+        min_length=1,
         description="CIDRs allowed to reach the EKS API's public endpoint (requests are still IAM-authenticated). "
-                    "Default open; `llmctl plan` warns. E.g. your office and CI egress ranges.",
+        "Default open; `llmctl plan` warns. E.g. your office and CI egress ranges.",
     )
 
     @field_validator("admin_principal_arns")
@@ -89,8 +90,10 @@ class AwsCloud(_Spec):
     def _principal_arns(cls, arns: list[str]) -> list[str]:
         for arn in arns:
             if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
-                raise ValueError(f"{arn!r} is not an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); "
-                                 "EKS access entries take no assumed-role session ARNs: give the role's ARN")
+                raise ValueError(
+                    f"{arn!r} is not an IAM role or user ARN (arn:aws:iam::<account>:role/<name>); "
+                    "EKS access entries take no assumed-role session ARNs: give the role's ARN"
+                )
         return arns
 
     @field_validator("api_public_cidrs")
@@ -236,14 +239,16 @@ class Autoscaling(_Spec):
     policy: ScalingPolicy = Field(
         default=ScalingPolicy.ONGOING,
         description="`ongoing`: Serve's default, replicas follow the requests in flight (target_ongoing_requests). "
-                    "`saturation`: replicas follow what fills an LLM replica and what users wait for: requests "
-                    "waiting in vLLM, its KV cache use, and the gateway queue's depth and expected wait for the "
-                    "model (thresholds in `saturation`). Suits long prompts at low concurrency, which fill the KV "
-                    "cache long before the in-flight count reaches its target. Switching restarts the model's "
-                    "replicas (its server class changes); the thresholds change in place.")
+        "`saturation`: replicas follow what fills an LLM replica and what users wait for: requests "
+        "waiting in vLLM, its KV cache use, and the gateway queue's depth and expected wait for the "
+        "model (thresholds in `saturation`). Suits long prompts at low concurrency, which fill the KV "
+        "cache long before the in-flight count reaches its target. Switching restarts the model's "
+        "replicas (its server class changes); the thresholds change in place.",
+    )
     saturation: SaturationThresholds = Field(
         default_factory=SaturationThresholds,
-        description="With policy saturation: when the replicas count as full (any signal) and as idle (all quiet).")
+        description="With policy saturation: when the replicas count as full (any signal) and as idle (all quiet).",
+    )
 
     min_replicas: int = Field(default=1, ge=0, description="Replicas kept when idle.")
     max_replicas: int = Field(default=1, ge=1, description="Most replicas under load.")
@@ -252,9 +257,11 @@ class Autoscaling(_Spec):
     upscale_delay_s: float = Field(default=30, ge=0, description="Sustained load before adding replicas.")
     downscale_delay_s: float = Field(default=600, ge=0, description="Sustained idleness before removing.")
     cold_start_timeout_s: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="With min_replicas 0: how long the gateway holds a request while a replica starts. "
-                    "Default: the cold start `llmctl plan` expects, with a margin; a shorter value is refused.")
+        "Default: the cold start `llmctl plan` expects, with a margin; a shorter value is refused.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Autoscaling:
@@ -294,8 +301,19 @@ class Architecture(_Spec):
 
 # Engine settings llmstack owns: set them with the typed field, not engine_args.
 MANAGED_ENGINE_ARGS = frozenset(
-    {"model", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len", "gpu_memory_utilization",
-     "dtype", "quantization", "kv_cache_dtype", "speculative_config", "served_model_name", "allowed_media_domains"}
+    {
+        "model",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "dtype",
+        "quantization",
+        "kv_cache_dtype",
+        "speculative_config",
+        "served_model_name",
+        "allowed_media_domains",
+    }
 )
 
 
@@ -321,24 +339,25 @@ class ModelSpec(_Spec):
     routing: Routing = Field(
         default=Routing.POW2,
         description="Replica choice per request: pow2 (least busy of two) or prefix (requests sharing a "
-                    "prompt prefix go to the replica that has it cached; for multi-turn chat and long shared "
-                    "system prompts, with two or more replicas).",
+        "prompt prefix go to the replica that has it cached; for multi-turn chat and long shared "
+        "system prompts, with two or more replicas).",
     )
     architecture: Architecture | None = Field(default=None, description="Explicit shape if not known.")
     latency_target: LatencyTarget = Field(
         default_factory=LatencyTarget,
         description="The TTFT and inter-token latency the model's streams should keep, and the gateway's capacity "
-                    "that adapts to keep them (requests beyond it wait in the gateway's fair queue).")
+        "that adapts to keep them (requests beyond it wait in the gateway's fair queue).",
+    )
     cached: bool = Field(
         default=False,
         description="Load the weights from the stack's S3 model cache (`llmctl models sync`) instead of "
-                    "downloading `source` on every new node. AWS stacks only.",
+        "downloading `source` on every new node. AWS stacks only.",
     )
     allowed_media_domains: list[str] | None = Field(
         default=None,
-        description="Hosts this model may fetch media (image, audio, video URLs) from, e.g. [\"images.example.com\"]; "
-                    "[] allows inline data: URLs only. None: the gateway-wide gateway.allowed_media_domains. The "
-                    "gateway refuses other URLs and the engine gets the same list (--allowed-media-domains).",
+        description='Hosts this model may fetch media (image, audio, video URLs) from, e.g. ["images.example.com"]; '
+        "[] allows inline data: URLs only. None: the gateway-wide gateway.allowed_media_domains. The "
+        "gateway refuses other URLs and the engine gets the same list (--allowed-media-domains).",
     )
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args.")
 
@@ -381,8 +400,9 @@ class InClusterRedis(_Spec):
 class ExternalRedis(_Spec):
     mode: Literal["external"] = Field(
         description="A Redis you run, with two ACL users (docs/deploying.md: the gateway's and Ray's); their "
-                    "passwords are the secret config values `llmstack:redis_password` and "
-                    "`llmstack:redis_ray_password`.")
+        "passwords are the secret config values `llmstack:redis_password` and "
+        "`llmstack:redis_ray_password`."
+    )
     host: str = Field(description="Host name reachable from the cluster.")
     port: int = Field(default=6379, ge=1, le=65535, description="Port.")
     tls: bool = Field(default=True, description="Connect with TLS.")
@@ -408,30 +428,41 @@ class Edge(_Spec):
     connection attacks")."""
 
     header_timeout_s: float = Field(
-        default=10.0, gt=0, le=120,
+        default=10.0,
+        gt=0,
+        le=120,
         description="Longest a client may take to send a request's complete headers, counted from the connection's "
-                    "start or the end of its previous response (idle time included): past it, 408 and the "
-                    "connection is closed (HAProxy `timeout http-request` and `timeout http-keep-alive`).")
+        "start or the end of its previous response (idle time included): past it, 408 and the "
+        "connection is closed (HAProxy `timeout http-request` and `timeout http-keep-alive`).",
+    )
     max_header_bytes: int = Field(
-        default=16_384, ge=4_096, le=1_048_576,
+        default=16_384,
+        ge=4_096,
+        le=1_048_576,
         description="Largest request headers; larger gets 431 and the connection is closed (headers over this plus "
-                    "16 KiB do not fit HAProxy's buffer: its own 400). A connection holds at most two such buffers.")
+        "16 KiB do not fit HAProxy's buffer: its own 400). A connection holds at most two such buffers.",
+    )
     max_connections_per_client: int = Field(
-        default=64, ge=1,
+        default=64,
+        ge=1,
         description="Open connections one client address (an IPv6 /64) may hold per pod; more are refused at connect "
-                    "(the address as the load balancer reports it with the PROXY protocol).")
+        "(the address as the load balancer reports it with the PROXY protocol).",
+    )
     max_connections: int = Field(
-        default=2_048, ge=16,
+        default=2_048,
+        ge=16,
         description="Open connections the edge of one pod holds; past it new connections wait in the kernel's "
-                    "accept queue. Only requests with complete headers reach the gateway (its own `max_connections`).")
+        "accept queue. Only requests with complete headers reach the gateway (its own `max_connections`).",
+    )
 
 
 class Gateway(GatewayPolicy):
     """The gateway's policy (limits, ceilings, timeouts: serving.gateway.config.gateway_policy) plus how it is
     deployed."""
 
-    edge: Edge = Field(default_factory=Edge,
-                       description="The public port's HTTP front (HAProxy), before any key check.")
+    edge: Edge = Field(
+        default_factory=Edge, description="The public port's HTTP front (HAProxy), before any key check."
+    )
 
     min_replicas: int = Field(default=2, ge=1, description="Gateway pods kept (HPA minimum).")
     max_replicas: int = Field(default=6, ge=1, description="HPA maximum.")
@@ -439,12 +470,14 @@ class Gateway(GatewayPolicy):
     allow_plaintext: bool = Field(
         default=False,
         description="Serve the internet-facing NLB without TLS (plain HTTP, API keys in clear). AWS stacks "
-                    "without `certificate_arn` are refused unless this says true; `llmctl plan` warns.",
+        "without `certificate_arn` are refused unless this says true; `llmctl plan` warns.",
     )
 
     metrics_namespace: str = Field(
-        default="monitoring", pattern=DNS_LABEL,
-        description="Namespace of the Prometheus that scrapes the gateway: the only pods that reach metrics_port.")
+        default="monitoring",
+        pattern=DNS_LABEL,
+        description="Namespace of the Prometheus that scrapes the gateway: the only pods that reach metrics_port.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Gateway:
@@ -459,8 +492,11 @@ class Versions(_Spec):
         description=f"Ray cluster image: {versions.RAY_LLM_IMAGE} plus llmstack (serving/images/serving.Dockerfile).",
     )
     gateway_image: str = Field(default=versions.GATEWAY_IMAGE, description="llmstack gateway image.")
-    kuberay_operator: str = Field(default=versions.KUBERAY_VERSION, pattern=r"^\d+\.\d+\.\d+$",
-                                  description="KubeRay operator chart version that `pulumi up` installs.")
+    kuberay_operator: str = Field(
+        default=versions.KUBERAY_VERSION,
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="KubeRay operator chart version that `pulumi up` installs.",
+    )
 
 
 class ModelCache(_Spec):
@@ -511,8 +547,10 @@ class StackSpec(_Spec):
             raise ValueError("cloud.provider local runs on this machine: use kind: cpu node groups only")
         cached = [m.id for m in self.models if m.cached]
         if local and cached:
-            raise ValueError(f"models {cached} set cached: true, but the model cache is an S3 bucket of an AWS "
-                             "stack; a local stack loads each model from its source folder: remove cached")
+            raise ValueError(
+                f"models {cached} set cached: true, but the model cache is an S3 bucket of an AWS "
+                "stack; a local stack loads each model from its source folder: remove cached"
+            )
         if local != isinstance(self.redis, LocalRedis):
             raise ValueError("redis.mode local goes with cloud.provider local, and only with it")
         if not local:
@@ -522,8 +560,10 @@ class StackSpec(_Spec):
         if self.gateway.queue.engine_priority:
             fcfs = [m.id for m in self.models if m.engine_args.get("scheduling_policy", "priority") != "priority"]
             if fcfs:
-                raise ValueError(f"gateway.queue.engine_priority sends each request's tier to vLLM as its priority, "
-                                 f"but models {fcfs} set engine_args.scheduling_policy otherwise: remove it")
+                raise ValueError(
+                    f"gateway.queue.engine_priority sends each request's tier to vLLM as its priority, "
+                    f"but models {fcfs} set engine_args.scheduling_policy otherwise: remove it"
+                )
         return self
 
     def _cloud_problems(self) -> list[tuple[str, str]]:
@@ -535,9 +575,15 @@ class StackSpec(_Spec):
                 problems.append((f"versions.{field}", problem))
         gateway = self.gateway
         if gateway.certificate_arn is None and not gateway.allow_plaintext:
-            problems.append(("gateway.certificate_arn", (
-                "the gateway's load balancer is internet-facing and would serve API keys in clear; set an ACM "
-                "certificate ARN (TLS on port 443), or say gateway.allow_plaintext: true for a throwaway stack")))
+            problems.append(
+                (
+                    "gateway.certificate_arn",
+                    (
+                        "the gateway's load balancer is internet-facing and would serve API keys in clear; set an ACM "
+                        "certificate ARN (TLS on port 443), or say gateway.allow_plaintext: true for a throwaway stack"
+                    ),
+                )
+            )
         return problems
 
     def media_domains(self, model: ModelSpec) -> list[str]:

@@ -76,8 +76,7 @@ def spec_from_document(document: Any, *, name: str, file_label: str) -> StackSpe
         if namespace == NAMESPACE and field not in SECRET_KEYS:
             raw[field] = value
     cloud = raw.get("cloud")
-    if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud \
-            and "aws:region" in config:
+    if isinstance(cloud, dict) and cloud.get("provider") == "aws" and "region" not in cloud and "aws:region" in config:
         raw["cloud"] = {**cloud, "region": config["aws:region"]}
     try:
         return StackSpec.model_validate(raw)
@@ -147,8 +146,15 @@ def _model_at(path: str) -> type[BaseModel] | None:
     """Best-effort: the spec model a dotted key path points into (for 'valid keys' hints)."""
     from infra.spec import schema as spec
 
-    tops = {"cloud": None, "node_groups": None, "models": spec.ModelSpec, "redis": None,
-            "gateway": spec.Gateway, "versions": spec.Versions, "model_cache": spec.ModelCache}
+    tops = {
+        "cloud": None,
+        "node_groups": None,
+        "models": spec.ModelSpec,
+        "redis": None,
+        "gateway": spec.Gateway,
+        "versions": spec.Versions,
+        "model_cache": spec.ModelCache,
+    }
     head, *rest = path.removeprefix(f"{NAMESPACE}:").replace("[", ".[").split(".")
     keys = [k for k in rest if not k.startswith("[")][:-1]
     model: type[BaseModel] | None = tops.get(head.split("[")[0])

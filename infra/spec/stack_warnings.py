@@ -29,23 +29,50 @@ def stack_warnings(spec: StackSpec, today: date) -> list[StackWarning]:
         return []
     cloud, warnings = spec.cloud, []
     if spec.gateway.allow_plaintext and spec.gateway.certificate_arn is None:
-        warnings.append(StackWarning(key="gateway.allow_plaintext", message=(
-            "the internet-facing gateway serves plain HTTP: API keys and prompts cross the internet in clear; "
-            "set gateway.certificate_arn to an ACM certificate")))
+        warnings.append(
+            StackWarning(
+                key="gateway.allow_plaintext",
+                message=(
+                    "the internet-facing gateway serves plain HTTP: API keys and prompts cross the internet in clear; "
+                    "set gateway.certificate_arn to an ACM certificate"
+                ),
+            )
+        )
     if OPEN_CIDR in cloud.api_public_cidrs:
-        warnings.append(StackWarning(key="cloud.api_public_cidrs", message=(
-            "the EKS API endpoint accepts connections from any address (requests are still IAM-authenticated); "
-            "list only your office and CI egress ranges")))
+        warnings.append(
+            StackWarning(
+                key="cloud.api_public_cidrs",
+                message=(
+                    "the EKS API endpoint accepts connections from any address (requests are still IAM-authenticated); "
+                    "list only your office and CI egress ranges"
+                ),
+            )
+        )
     ends = EKS_STANDARD_SUPPORT_ENDS.get(cloud.kubernetes_version)
     if ends is not None:
         days = (ends - today).days
         if cloud.upgrade_policy == "standard" and days <= SUPPORT_WARNING_DAYS:
             when = f"on {ends.isoformat()}" if days >= 0 else f"since {ends.isoformat()}"
-            warnings.append(StackWarning(key="cloud.kubernetes_version", message=(
-                f"Kubernetes {cloud.kubernetes_version} leaves EKS standard support {when}; with upgrade_policy "
-                "standard EKS then upgrades the control plane under add-ons pinned to this version: move to a newer "
-                "version in infra/catalog/versions.py first, or choose upgrade_policy extended (paid)")))
+            warnings.append(
+                StackWarning(
+                    key="cloud.kubernetes_version",
+                    message=(
+                        f"Kubernetes {cloud.kubernetes_version} leaves EKS standard support {when}; with "
+                        f"upgrade_policy "
+                        "standard EKS then upgrades the control plane under add-ons pinned to this version: "
+                        "move to a newer "
+                        "version in infra/catalog/versions.py first, or choose upgrade_policy extended (paid)"
+                    ),
+                )
+            )
         elif cloud.upgrade_policy == "extended" and days < 0:
-            warnings.append(StackWarning(key="cloud.upgrade_policy", message=(
-                f"Kubernetes {cloud.kubernetes_version} has been in paid extended support since {ends.isoformat()}")))
+            warnings.append(
+                StackWarning(
+                    key="cloud.upgrade_policy",
+                    message=(
+                        f"Kubernetes {cloud.kubernetes_version} has been in paid extended support since "
+                        f"{ends.isoformat()}"
+                    ),
+                )
+            )
     return warnings

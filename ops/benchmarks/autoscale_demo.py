@@ -61,8 +61,14 @@ DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
 # engine took 8-10 minutes to start beside the first serving on the same core (two runs; taskset
 # showed affinity 0 for both). Unpinned, the OS spreads them over both cores.
 ENGINE_ENV_ON_SHARED_HOST = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-RAY_PORT_FLAGS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-                  "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+RAY_PORT_FLAGS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
 
 
 def say(message: str) -> None:
@@ -74,11 +80,32 @@ def ray_start_command(head_port: int, cpus: int, temp_dir: Path | None) -> list[
     Every port is a free one so the demo runs beside other Ray clusters on the machine."""
     ray = str(Path(sys.executable).with_name("ray"))
     ports = [arg for flag in RAY_PORT_FLAGS for arg in (flag, str(free_port()))]
-    common = ["--block", "--num-cpus", str(cpus), "--object-store-memory", str(256 * 1024**2),
-              "--disable-usage-stats", "--node-ip-address", "127.0.0.1", *ports]
+    common = [
+        "--block",
+        "--num-cpus",
+        str(cpus),
+        "--object-store-memory",
+        str(256 * 1024**2),
+        "--disable-usage-stats",
+        "--node-ip-address",
+        "127.0.0.1",
+        *ports,
+    ]
     if temp_dir is not None:
-        return [ray, "start", "--head", "--port", str(head_port), "--include-dashboard", "false",
-                "--ray-client-server-port", str(free_port()), "--temp-dir", str(temp_dir), *common]
+        return [
+            ray,
+            "start",
+            "--head",
+            "--port",
+            str(head_port),
+            "--include-dashboard",
+            "false",
+            "--ray-client-server-port",
+            str(free_port()),
+            "--temp-dir",
+            str(temp_dir),
+            *common,
+        ]
     return [ray, "start", "--address", f"127.0.0.1:{head_port}", *common]
 
 
@@ -92,8 +119,9 @@ def start_cluster(group: CpuNodeGroup, work: Path, env: dict[str, str]) -> tuple
         log = (work / f"ray-node-{index}.log").open("w")
         nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         if index == 0:
-            _wait(lambda: "Ray runtime started" in (work / "ray-node-0.log").read_text(), 120, "the head node",
-                   nodes[0])
+            _wait(
+                lambda: "Ray runtime started" in (work / "ray-node-0.log").read_text(), 120, "the head node", nodes[0]
+            )
     ray.init(address=f"127.0.0.1:{head_port}", logging_level="warning", log_to_driver=False)
     for noisy in ("ray", "ray.serve", "httpx"):  # Ray's logging setup shows every request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -185,8 +213,15 @@ class LoadThread(threading.Thread):
         asyncio.run(run_level(self.spec, self.mode, self.level, stop=self.stop.is_set, on_result=self.results.append))
 
 
-def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, output_tokens: str, hold_s: float,
-             work: Path, record: dict[str, Any]) -> None:
+def run_demo(
+    stack: str,
+    mode: Literal["concurrency", "rate"],
+    level: float,
+    output_tokens: str,
+    hold_s: float,
+    work: Path,
+    record: dict[str, Any],
+) -> None:
     """Runs the demo, filling `record` as it goes (so a failed stage keeps what was measured)."""
     spec = load_stack(stack)
     model = spec.models[0]
@@ -197,10 +232,18 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
     # make dev's serving path; Ray reads it at import in every process, so `ray start` gets it too.
     os.environ.update(local_serving_env(spec, SERVING_PATH, haproxy_dir()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-    record.update(engine_env_override=ENGINE_ENV_ON_SHARED_HOST, stack=stack, model=model.id,
-                  autoscaling=model.autoscaling.model_dump(), nodes=group.max_size,
-                  cpus_per_node=group.cpus_per_node, load_mode=mode, load_level=level, hold_s=hold_s,
-                  loadavg_at_start=os.getloadavg())
+    record.update(
+        engine_env_override=ENGINE_ENV_ON_SHARED_HOST,
+        stack=stack,
+        model=model.id,
+        autoscaling=model.autoscaling.model_dump(),
+        nodes=group.max_size,
+        cpus_per_node=group.cpus_per_node,
+        load_mode=mode,
+        load_level=level,
+        hold_s=hold_s,
+        loadavg_at_start=os.getloadavg(),
+    )
     nodes: list[subprocess.Popen] = []
     samples: list[Sample] = []
     sampling = threading.Event()
@@ -212,10 +255,13 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
         t0 = time.monotonic()
         app, deployment = deploy(spec, serve_port)
         record["deploy_s"] = round(time.monotonic() - t0, 1)
-        load = LoadSpec(base_url=f"http://127.0.0.1:{serve_port}{route_prefix(model).rstrip('/')}/v1",
-                        model=model.model_name,
-                        prompt_tokens=LengthDistribution.parse("fixed:64"),
-                        output_tokens=LengthDistribution.parse(output_tokens), timeout_s=120)
+        load = LoadSpec(
+            base_url=f"http://127.0.0.1:{serve_port}{route_prefix(model).rstrip('/')}/v1",
+            model=model.model_name,
+            prompt_tokens=LengthDistribution.parse("fixed:64"),
+            output_tokens=LengthDistribution.parse(output_tokens),
+            timeout_s=120,
+        )
         record["load"] = load.model_dump(mode="json", exclude={"api_key"})
 
         def sample_every_second() -> None:
@@ -230,8 +276,10 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
         loader = LoadThread(load, mode, level)
         load_start = time.monotonic()
         loader.start()
-        say(f"load: {level:g} {'requests/s (Poisson)' if mode == 'rate' else 'concurrent streams'}, "
-            f"64 in / {output_tokens} out tokens, at {load.base_url}")
+        say(
+            f"load: {level:g} {'requests/s (Poisson)' if mode == 'rate' else 'concurrent streams'}, "
+            f"64 in / {output_tokens} out tokens, at {load.base_url}"
+        )
         _wait(lambda: running() >= 2, 600, "the second replica")
         say(f"scaled up: 2 replicas running {time.monotonic() - load_start:.0f} s after load started")
         time.sleep(hold_s)
@@ -242,9 +290,13 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
         kill_at = time.monotonic()
         victim.send_signal(signal.SIGKILL)
         say(f"killed replica pid {victim.pid} on node {node_index + 1} (engine pids {engines}) under load")
-        record["kill"] = {"pid": victim.pid, "node": node_index + 1, "engine_pids": engines,
-                          "replicas_found": [(i + 1, p.pid) for i, p in victims],
-                          "node_pids": [n.pid for n in nodes]}
+        record["kill"] = {
+            "pid": victim.pid,
+            "node": node_index + 1,
+            "engine_pids": engines,
+            "replicas_found": [(i + 1, p.pid) for i, p in victims],
+            "node_pids": [n.pid for n in nodes],
+        }
         try:
             _wait(lambda: any(s.t > kill_at and s.running < 2 for s in samples), 120, "Serve to notice the kill")
         except TimeoutError:  # replaced between two samples: the findings say so (kill_detected_s None)
@@ -263,12 +315,17 @@ def run_demo(stack: str, mode: Literal["concurrency", "rate"], level: float, out
         sampling.set()
 
         results: list[RequestResult] = list(loader.results)
-        record["events_s"] = {"load_start": 0.0, "kill": round(kill_at - load_start, 1),
-                              "load_stop": round(load_stop - load_start, 1)}
+        record["events_s"] = {
+            "load_start": 0.0,
+            "kill": round(kill_at - load_start, 1),
+            "load_stop": round(load_stop - load_start, 1),
+        }
         record["findings"] = findings(samples, results, load_start, kill_at, load_stop).model_dump()
         record["load_summary"] = summarise(results, mode, level).model_dump()
-        record["requests"] = [{"start": round(r.start - load_start, 3), "end": round(r.end - load_start, 3),
-                               "error": r.error} for r in results]
+        record["requests"] = [
+            {"start": round(r.start - load_start, 3), "end": round(r.end - load_start, 3), "error": r.error}
+            for r in results
+        ]
     finally:
         sampling.set()
         if loader is not None:
@@ -303,8 +360,9 @@ def _teardown(nodes: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.autoscale_demo",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.benchmarks.autoscale_demo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--stack", default=DEFAULT_STACK, help="stack with one model, min 1 / max 2 replicas")
     parser.add_argument("--out", type=Path, default=Path("build/bench/autoscale.json"))
     load = parser.add_mutually_exclusive_group()
@@ -333,9 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     if "findings" not in record:
         return 1
     f = record["findings"]
-    say(f"scale-up {f['scaled_up_s']} s, kill detected {f['kill_detected_s']} s, recovered {f['recovered_s']} s "
+    say(
+        f"scale-up {f['scaled_up_s']} s, kill detected {f['kill_detected_s']} s, recovered {f['recovered_s']} s "
         f"({f['failed_after_kill']} requests failed: {f['failed_after_kill_by_type']}), "
-        f"scale-down {f['scaled_down_s']} s after load; written to {args.out}")
+        f"scale-down {f['scaled_down_s']} s after load; written to {args.out}"
+    )
     return 0
 
 

@@ -48,7 +48,8 @@ class Findings(BaseModel):
     failed_after_recovery: int = Field(description="Failures after recovery, until load stopped.")
     scaled_down_s: float | None = Field(description="Load stop -> one replica left (RUNNING, nothing else).")
     replica_changes: list[tuple[float, dict[str, int]]] = Field(
-        description="(seconds since load start, states) at every change: the replica count over time.")
+        description="(seconds since load start, states) at every change: the replica count over time."
+    )
 
 
 def _first(samples: list[Sample], after: float, condition) -> Sample | None:
@@ -68,8 +69,9 @@ def changes(samples: list[Sample], origin: float) -> list[tuple[float, dict[str,
     return out
 
 
-def findings(samples: list[Sample], results: list[RequestResult], load_start: float, kill_at: float | None,
-             load_stop: float) -> Findings:
+def findings(
+    samples: list[Sample], results: list[RequestResult], load_start: float, kill_at: float | None, load_stop: float
+) -> Findings:
     up_decided = _first(samples, load_start, lambda s: s.total >= 2)
     scaled_up = _first(samples, load_start, lambda s: s.running >= 2)
     before = max((s.running for s in samples if s.t <= (kill_at or 0)), default=0) if kill_at else 0
@@ -86,14 +88,19 @@ def findings(samples: list[Sample], results: list[RequestResult], load_start: fl
     down = _first(samples, load_stop, lambda s: s.running == 1 and s.total == 1)
     return Findings(
         peak_running=max((s.running for s in samples), default=0),
-        upscale_decided_s=_since(up_decided, load_start), scaled_up_s=_since(scaled_up, load_start),
+        upscale_decided_s=_since(up_decided, load_start),
+        scaled_up_s=_since(scaled_up, load_start),
         kill_detected_s=_since(detected, kill_at) if detected else None,
         recovered_s=_since(recovered, kill_at) if recovered else None,
-        failed_after_kill=len(failed), failed_after_kill_by_type=dict(Counter(r.error for r in failed)),
+        failed_after_kill=len(failed),
+        failed_after_kill_by_type=dict(Counter(r.error for r in failed)),
         last_failure_after_kill_s=round(max(r.end for r in failed) - kill_at, 1) if failed else None,
-        ok_during_recovery=len(in_window) - len(failed), in_flight_at_kill=len(in_flight),
+        ok_during_recovery=len(in_window) - len(failed),
+        in_flight_at_kill=len(in_flight),
         in_flight_at_kill_failed=sum(1 for r in in_flight if r.error),
         in_flight_at_kill_max_e2e_s=round(max(r.end - r.start for r in in_flight), 1) if in_flight else None,
         failed_before_kill=sum(1 for r in results if r.error and r.end < kill_at),
         failed_after_recovery=sum(1 for r in results if r.error and r.start > window_end),
-        scaled_down_s=_since(down, load_stop), replica_changes=changes(samples, load_start))
+        scaled_down_s=_since(down, load_stop),
+        replica_changes=changes(samples, load_start),
+    )

@@ -45,15 +45,23 @@ from serving.gateway.auth.keys import create_key_sync
 
 MODEL = "tiny"
 CHUNKS = 16
-GENEROUS = {"requests_per_minute": 10**6, "tokens_per_minute": 10**9, "daily_token_budget": 10**12,
-            "max_concurrent_requests": 1000}
+GENEROUS = {
+    "requests_per_minute": 10**6,
+    "tokens_per_minute": 10**9,
+    "daily_token_budget": 10**12,
+    "max_concurrent_requests": 1000,
+}
 HANG_BOUND_S = 600
 
 
 def body(service_ms: int, stream: bool = False) -> dict[str, Any]:
     steer = json.dumps({"chunks": CHUNKS, "interval_ms": max(1, service_ms // CHUNKS)})
-    return {"model": MODEL, "messages": [{"role": "user", "content": f"#stub {steer} hello"}], "max_tokens": CHUNKS,
-            **({"stream": True} if stream else {})}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"#stub {steer} hello"}],
+        "max_tokens": CHUNKS,
+        **({"stream": True} if stream else {}),
+    }
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -64,18 +72,30 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @contextmanager
-def gateway(stack: ExitStack, logs: Path, upstream: str, redis_url: str, concurrency: int,
-            batch_share: float) -> Iterator[str]:
+def gateway(
+    stack: ExitStack, logs: Path, upstream: str, redis_url: str, concurrency: int, batch_share: float
+) -> Iterator[str]:
     port = free_port()
-    tiers = [{"name": "interactive", "queue_timeout_s": 300}, {"name": "standard", "queue_timeout_s": 300},
-             {"name": "batch", "max_queue_length": 4096, "queue_timeout_s": 600, "capacity_share": batch_share}]
-    settings = {"models": [MODEL], "batch_storage_url": f"file://{logs / 'files'}",
-                "batch": {"workers": concurrency, "sweep_interval_s": 0.2},
-                "queue": {"tiers": tiers, "default_tier": "standard"},
-                "model_queues": {MODEL: {"max_ongoing_requests": concurrency, "max_replicas": 1}},
-                "max_connections": 1024}
-    env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()), "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings)}
+    tiers = [
+        {"name": "interactive", "queue_timeout_s": 300},
+        {"name": "standard", "queue_timeout_s": 300},
+        {"name": "batch", "max_queue_length": 4096, "queue_timeout_s": 600, "capacity_share": batch_share},
+    ]
+    settings = {
+        "models": [MODEL],
+        "batch_storage_url": f"file://{logs / 'files'}",
+        "batch": {"workers": concurrency, "sweep_interval_s": 0.2},
+        "queue": {"tiers": tiers, "default_tier": "standard"},
+        "model_queues": {MODEL: {"max_ongoing_requests": concurrency, "max_replicas": 1}},
+        "max_connections": 1024,
+    }
+    env = {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
+    }
     with background([sys.executable, "-m", "serving.gateway"], logs / f"gateway-{port}.log", env) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/healthz", proc, 60)
@@ -89,28 +109,42 @@ async def online(url: str, key: str, lines: int, concurrency: int, service_ms: i
 
     async def client(http: httpx.AsyncClient) -> None:
         for _ in todo:
-            response = await http.post(f"{url}/v1/chat/completions", json=payload,
-                                       headers={"Authorization": f"Bearer {key}"})
+            response = await http.post(
+                f"{url}/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}
+            )
             statuses.append(response.status_code)
 
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=HANG_BOUND_S, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
-    return {"requests": lines, "seconds": round(elapsed, 2), "per_second": round(lines / elapsed, 1),
-            "non_200": sum(1 for s in statuses if s != 200)}
+    return {
+        "requests": lines,
+        "seconds": round(elapsed, 2),
+        "per_second": round(lines / elapsed, 1),
+        "non_200": sum(1 for s in statuses if s != 200),
+    }
 
 
 def start_batch(url: str, key: str, lines: int, service_ms: int) -> tuple[str, float]:
-    content = "".join(json.dumps({"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": body(service_ms)}) + "\n" for n in range(lines)).encode()
+    content = "".join(
+        json.dumps(
+            {"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body(service_ms)}
+        )
+        + "\n"
+        for n in range(lines)
+    ).encode()
     headers = {"Authorization": f"Bearer {key}"}
-    uploaded = httpx.post(f"{url}/v1/files", headers=headers, files={"file": ("in.jsonl", content)},
-                          data={"purpose": "batch"}, timeout=60).json()
+    uploaded = httpx.post(
+        f"{url}/v1/files", headers=headers, files={"file": ("in.jsonl", content)}, data={"purpose": "batch"}, timeout=60
+    ).json()
     started = time.perf_counter()
-    batch = httpx.post(f"{url}/v1/batches", headers=headers, timeout=60,
-                       json={"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions",
-                             "completion_window": "24h"}).json()
+    batch = httpx.post(
+        f"{url}/v1/batches",
+        headers=headers,
+        timeout=60,
+        json={"input_file_id": uploaded["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()
     return batch["id"], started
 
 
@@ -129,8 +163,14 @@ def run_batch(url: str, key: str, lines: int, service_ms: int) -> dict[str, Any]
     batch = wait_batch(url, key, batch_id)
     elapsed = time.perf_counter() - started
     counts = batch["request_counts"]
-    return {"requests": lines, "seconds": round(elapsed, 2), "per_second": round(lines / elapsed, 1),
-            "status": batch["status"], "completed": counts["completed"], "failed": counts["failed"]}
+    return {
+        "requests": lines,
+        "seconds": round(elapsed, 2),
+        "per_second": round(lines / elapsed, 1),
+        "status": batch["status"],
+        "completed": counts["completed"],
+        "failed": counts["failed"],
+    }
 
 
 async def interactive(url: str, key: str, requests: int, service_ms: int) -> dict[str, Any]:
@@ -141,8 +181,9 @@ async def interactive(url: str, key: str, requests: int, service_ms: int) -> dic
     async def client(http: httpx.AsyncClient) -> None:
         for _ in todo:
             started = time.perf_counter()
-            async with http.stream("POST", f"{url}/v1/chat/completions", json=payload,
-                                   headers={"Authorization": f"Bearer {key}"}) as response:
+            async with http.stream(
+                "POST", f"{url}/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}
+            ) as response:
                 first = True
                 async for _chunk in response.aiter_raw():
                     if first:
@@ -151,18 +192,27 @@ async def interactive(url: str, key: str, requests: int, service_ms: int) -> dic
 
     async with httpx.AsyncClient(timeout=HANG_BOUND_S) as http:
         await asyncio.gather(client(http), client(http))
-    return {"requests": requests, "ttft_p50_ms": round(1000 * (percentile(ttfts, 0.5) or 0), 1),
-            "ttft_p99_ms": round(1000 * (percentile(ttfts, 0.99) or 0), 1)}
+    return {
+        "requests": requests,
+        "ttft_p50_ms": round(1000 * (percentile(ttfts, 0.5) or 0), 1),
+        "ttft_p99_ms": round(1000 * (percentile(ttfts, 0.99) or 0), 1),
+    }
 
 
 def run(lines: int, concurrency: int, service_ms: int, out: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"lines": lines, "concurrency": concurrency, "service_ms": service_ms}
-    with tempfile.TemporaryDirectory(prefix="llmstack-bench-batch-") as folder, running_redis() as redis_server, \
-            ExitStack() as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="llmstack-bench-batch-") as folder,
+        running_redis() as redis_server,
+        ExitStack() as stack,
+    ):
         logs = Path(folder)
         upstream_port = free_port()
-        upstream_proc = stack.enter_context(background(
-            [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(upstream_port)], logs / "upstream.log"))
+        upstream_proc = stack.enter_context(
+            background(
+                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(upstream_port)], logs / "upstream.log"
+            )
+        )
         upstream = f"http://127.0.0.1:{upstream_port}"
         wait_for_http(f"{upstream}/v1/models", upstream_proc, 60)
         batch_key = create_key_sync(redis_server.url, "batch-co", "bench", limits=GENEROUS)
@@ -177,14 +227,17 @@ def run(lines: int, concurrency: int, service_ms: int, out: Path) -> dict[str, A
             batch_id, _ = start_batch(url, batch_key, lines * 3, service_ms)
             time.sleep(1.0)  # the batch's lines fill their share of the capacity
             results["interactive_during_batch"] = asyncio.run(interactive(url, online_key, probes, service_ms))
-            results["batch_during_probes"] = httpx.get(f"{url}/v1/batches/{batch_id}", timeout=60, headers={
-                "Authorization": f"Bearer {batch_key}"}).json()["status"]
-            httpx.post(f"{url}/v1/batches/{batch_id}/cancel", headers={"Authorization": f"Bearer {batch_key}"},
-                       timeout=60)
+            results["batch_during_probes"] = httpx.get(
+                f"{url}/v1/batches/{batch_id}", timeout=60, headers={"Authorization": f"Bearer {batch_key}"}
+            ).json()["status"]
+            httpx.post(
+                f"{url}/v1/batches/{batch_id}/cancel", headers={"Authorization": f"Bearer {batch_key}"}, timeout=60
+            )
     results["batch_vs_online"] = round(results["batch"]["per_second"] / results["online"]["per_second"], 3)
     alone = results["interactive_alone"]["ttft_p99_ms"]
-    results["interactive_p99_ttft_during_vs_alone"] = round(
-        results["interactive_during_batch"]["ttft_p99_ms"] / alone, 3) if alone else None
+    results["interactive_p99_ttft_during_vs_alone"] = (
+        round(results["interactive_during_batch"]["ttft_p99_ms"] / alone, 3) if alone else None
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     return results

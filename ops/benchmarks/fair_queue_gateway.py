@@ -41,8 +41,12 @@ from ops.benchmarks.fair_queue import jain_index, percentile, served, summary_of
 from ops.benchmarks.fair_queue import scenarios as module_scenarios
 
 PROCESSES = 2
-GENEROUS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000, "daily_token_budget": 10**12,
-            "max_concurrent_requests": 10_000}
+GENEROUS = {
+    "requests_per_minute": 10_000_000,
+    "tokens_per_minute": 1_000_000_000,
+    "daily_token_budget": 10**12,
+    "max_concurrent_requests": 10_000,
+}
 TIERS = {"interactive": "interactive", "batch": "batch"}  # tenant -> tier; the rest are standard
 
 
@@ -53,33 +57,63 @@ def scenarios(capacity: int, service_s: float, interactive_s: float) -> dict[str
     Requests sent while the batch queue fills or drains (`settle_s`) count for neither.
     `noisy_switching` does the same for tenant B beside A's flood; `b_alone` / `noisy_fcfs` /
     `noisy_fair` stay as they were (the "before" figure, A's share, the 5xx count)."""
-    plan = {name: scenario for name, scenario in module_scenarios(capacity, service_s).items()
-            if not name.startswith("interactive")}
-    batch = {"kind": "closed", "tenant": "batch", "tier": "batch", "outstanding": 3 * capacity,
-             "on_s": 10.0, "off_s": 10.0, "settle_s": 4.0}
+    plan = {
+        name: scenario
+        for name, scenario in module_scenarios(capacity, service_s).items()
+        if not name.startswith("interactive")
+    }
+    batch = {
+        "kind": "closed",
+        "tenant": "batch",
+        "tier": "batch",
+        "outstanding": 3 * capacity,
+        "on_s": 10.0,
+        "off_s": 10.0,
+        "settle_s": 4.0,
+    }
     interactive = {"kind": "open", "tenant": "interactive", "tier": "interactive", "rate": 0.1 * capacity / service_s}
-    plan["interactive"] = {"queue": True, "loads": [batch, interactive], "duration": interactive_s,
-                           "probe": "interactive"}
+    plan["interactive"] = {
+        "queue": True,
+        "loads": [batch, interactive],
+        "duration": interactive_s,
+        "probe": "interactive",
+    }
     # B's "alone" and "beside A's flood" the same way (A's 64-deep queue drains in about 4 s).
-    flood = {**next(load for load in plan["noisy_fair"]["loads"] if load["tenant"] == "a"),
-             "on_s": 10.0, "off_s": 10.0, "settle_s": 5.0}
+    flood = {
+        **next(load for load in plan["noisy_fair"]["loads"] if load["tenant"] == "a"),
+        "on_s": 10.0,
+        "off_s": 10.0,
+        "settle_s": 5.0,
+    }
     b = next(load for load in plan["noisy_fair"]["loads"] if load["tenant"] == "b")
     plan["noisy_switching"] = {"queue": True, "loads": [flood, b], "duration": interactive_s, "probe": "b"}
     return plan
 
 
-def queue_settings(models: list[str], capacity: int, *, enabled: bool, batch_share: float,
-                   reserve_share: float | None = None) -> dict[str, Any]:
+def queue_settings(
+    models: list[str], capacity: int, *, enabled: bool, batch_share: float, reserve_share: float | None = None
+) -> dict[str, Any]:
     """The gateway's settings: the three default tiers with the module benchmark's bounds, a
     keep-alive longer than any wait (so a refusal is an HTTP status, never an SSE error), and
     room for the 'before' flood's connections."""
-    tiers = [{"name": "interactive", "queue_timeout_s": 120},
-             {"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120},
-             {"name": "batch", "max_queue_length": 64, "queue_timeout_s": 120, "capacity_share": batch_share}]
-    return {"models": models, "max_connections": 4000, "request_timeout_s": 600, "upstream_idle_timeout_s": 300,
-            "queue": {"enabled": enabled, "tiers": tiers, "keepalive_s": 600,
-                      **({} if reserve_share is None else {"reserve_share": reserve_share})},
-            "model_queues": {m: {"max_ongoing_requests": capacity, "cold_start_timeout_s": 300} for m in models}}
+    tiers = [
+        {"name": "interactive", "queue_timeout_s": 120},
+        {"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120},
+        {"name": "batch", "max_queue_length": 64, "queue_timeout_s": 120, "capacity_share": batch_share},
+    ]
+    return {
+        "models": models,
+        "max_connections": 4000,
+        "request_timeout_s": 600,
+        "upstream_idle_timeout_s": 300,
+        "queue": {
+            "enabled": enabled,
+            "tiers": tiers,
+            "keepalive_s": 600,
+            **({} if reserve_share is None else {"reserve_share": reserve_share}),
+        },
+        "model_queues": {m: {"max_ongoing_requests": capacity, "cold_start_timeout_s": 300} for m in models},
+    }
 
 
 def make_keys(redis_url: str, tenants: list[str]) -> dict[str, str]:
@@ -110,8 +144,7 @@ def load_process(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:
 
 def _jobs(job: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
     """One (scenario with one load, gateway index) per process."""
-    return [({**job, "loads": [load], "all_loads": job["loads"]}, i) for load in job["loads"]
-            for i in range(PROCESSES)]
+    return [({**job, "loads": [load], "all_loads": job["loads"]}, i) for load in job["loads"] for i in range(PROCESSES)]
 
 
 def phase(t: float, load: dict[str, Any]) -> str:
@@ -129,14 +162,21 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:  
     import httpx
 
     records: list[dict[str, Any]] = []
-    client = httpx.AsyncClient(base_url=scenario["gateways"][index], timeout=600,
-                               limits=httpx.Limits(max_connections=4000, max_keepalive_connections=400))
+    client = httpx.AsyncClient(
+        base_url=scenario["gateways"][index],
+        timeout=600,
+        limits=httpx.Limits(max_connections=4000, max_keepalive_connections=400),
+    )
     # Every process counts from the same wall-clock start, so phases line up across them.
     start = scenario["t0"]
     stop_at = start + scenario["duration"]
     await asyncio.sleep(max(0.0, start - time.time()))
-    body = {"model": scenario["model"], "stream": True, "max_tokens": 32,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": scenario["model"],
+        "stream": True,
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     switching = next((load for load in scenario.get("all_loads", []) if "on_s" in load), None)
 
     async def one(tenant: str) -> None:
@@ -187,9 +227,12 @@ async def _load(scenario: dict[str, Any], index: int) -> list[dict[str, Any]]:  
         await asyncio.gather(*(caller() for _ in range(outstanding)))
 
     share = 1 / PROCESSES
-    jobs = [open_loop(load, load["rate"] * share) if load["kind"] == "open"
-            else closed_loop(load, max(1, round(load["outstanding"] * share)))
-            for load in scenario["loads"]]
+    jobs = [
+        open_loop(load, load["rate"] * share)
+        if load["kind"] == "open"
+        else closed_loop(load, max(1, round(load["outstanding"] * share)))
+        for load in scenario["loads"]
+    ]
     try:
         await asyncio.gather(*jobs)
     finally:
@@ -207,13 +250,21 @@ def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
 # --- figures ---------------------------------------------------------------------------------------
 
 
-def summarize(records: list[dict[str, Any]], tenants: list[str], window: tuple[float, float],
-              probe: str | None = None) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]], tenants: list[str], window: tuple[float, float], probe: str | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     groups = [(t, lambda r, t=t: r["tenant"] == t) for t in tenants]
     if probe is not None:  # a switching scenario: the probe beside the other load, and alone
-        groups += [(f"{probe}_{state}", lambda r, state=state: r["tenant"] == probe
-                    and r.get("phase") == {"loaded": "on", "alone": "off"}[state]) for state in ("loaded", "alone")]
+        groups += [
+            (
+                f"{probe}_{state}",
+                lambda r, state=state: (
+                    r["tenant"] == probe and r.get("phase") == {"loaded": "on", "alone": "off"}[state]
+                ),
+            )
+            for state in ("loaded", "alone")
+        ]
     for tenant, mine_ in groups:
         mine = [r for r in records if mine_(r)]
         ok = served(mine)
@@ -235,6 +286,7 @@ def figures(s: dict[str, Any], capacity: int, service_s: float, duration: float)
     full = capacity / service_s * window_s
     jain = [s["jain"]["tenants"][f"t{i}"]["served_in_window"] for i in range(4)]
     queued = {k: v for k, v in s.items() if k != "noisy_fcfs"}
+
     def ratio(scenario: str, probe: str, q: str) -> float:
         tenants = s[scenario]["tenants"]
         return round((tenants[f"{probe}_loaded"][q] or math.nan) / (tenants[f"{probe}_alone"][q] or math.nan), 2)
@@ -255,30 +307,65 @@ def figures(s: dict[str, Any], capacity: int, service_s: float, duration: float)
     }
 
 
-def run(duration: float, capacity: int, service_s: float, out: Path, only: list[str] | None = None, *,
-        interactive_s: float = 240, batch_share: float = 0.75, spread: float = 0.0,
-        reserve_share: float | None = None) -> dict[str, Any]:
+def run(
+    duration: float,
+    capacity: int,
+    service_s: float,
+    out: Path,
+    only: list[str] | None = None,
+    *,
+    interactive_s: float = 240,
+    batch_share: float = 0.75,
+    spread: float = 0.0,
+    reserve_share: float | None = None,
+) -> dict[str, Any]:
     import httpx
 
     from ops.devstack.local_redis import start_redis
     from ops.harness.processes import background, free_port, wait_for_http
 
-    plan = {name: scenario for name, scenario in scenarios(capacity, service_s, interactive_s).items()
-            if not only or name in only}
+    plan = {
+        name: scenario
+        for name, scenario in scenarios(capacity, service_s, interactive_s).items()
+        if not only or name in only
+    }
     models = {name: f"fq-{name}".replace("_", "-") for name in plan}
-    results: dict[str, Any] = {"duration_s": duration, "capacity": capacity, "service_s": service_s,
-                               "interactive_duration_s": interactive_s, "batch_capacity_share": batch_share,
-                               "service_spread": spread, "reserve_share": reserve_share,
-                               "processes": PROCESSES, "gateways_per_mode": PROCESSES, "scenarios": {}}
+    results: dict[str, Any] = {
+        "duration_s": duration,
+        "capacity": capacity,
+        "service_s": service_s,
+        "interactive_duration_s": interactive_s,
+        "batch_capacity_share": batch_share,
+        "service_spread": spread,
+        "reserve_share": reserve_share,
+        "processes": PROCESSES,
+        "gateways_per_mode": PROCESSES,
+        "scenarios": {},
+    }
     logs = Path(tempfile.mkdtemp(prefix="llmstack-fq-gateway-bench-"))
     with ExitStack() as stack:
         redis_server = start_redis()
         stack.callback(redis_server.stop)
         port = free_port()
-        upstream = stack.enter_context(background(
-            [sys.executable, "-m", "ops.benchmarks.fair_queue", "upstream", "--port", str(port),
-             "--capacity", str(capacity), "--service-ms", str(int(service_s * 1000)), "--spread", str(spread)],
-            logs / "upstream.log"))
+        upstream = stack.enter_context(
+            background(
+                [
+                    sys.executable,
+                    "-m",
+                    "ops.benchmarks.fair_queue",
+                    "upstream",
+                    "--port",
+                    str(port),
+                    "--capacity",
+                    str(capacity),
+                    "--service-ms",
+                    str(int(service_s * 1000)),
+                    "--spread",
+                    str(spread),
+                ],
+                logs / "upstream.log",
+            )
+        )
         base = f"http://127.0.0.1:{port}"
         wait_for_http(f"{base}/stats", upstream, timeout_s=60)
         gateways: dict[str, list[str]] = {"fair": [], "fcfs": []}
@@ -286,13 +373,24 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
         for mode in gateways:
             for i in range(PROCESSES):
                 api = free_port()
-                env = {"LLMSTACK_UPSTREAM_URL": base, "LLMSTACK_REDIS_URL": redis_server.url,
-                       "LLMSTACK_GATEWAY_PORT": str(api), "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-                       "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
-                           queue_settings(list(models.values()), capacity, enabled=mode == "fair",
-                                          batch_share=batch_share, reserve_share=reserve_share))}
-                process = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
-                                                         logs / f"gateway-{mode}-{i}.log", env))
+                env = {
+                    "LLMSTACK_UPSTREAM_URL": base,
+                    "LLMSTACK_REDIS_URL": redis_server.url,
+                    "LLMSTACK_GATEWAY_PORT": str(api),
+                    "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+                    "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
+                        queue_settings(
+                            list(models.values()),
+                            capacity,
+                            enabled=mode == "fair",
+                            batch_share=batch_share,
+                            reserve_share=reserve_share,
+                        )
+                    ),
+                }
+                process = stack.enter_context(
+                    background([sys.executable, "-m", "serving.gateway"], logs / f"gateway-{mode}-{i}.log", env)
+                )
                 wait_for_http(f"http://127.0.0.1:{api}/healthz", process, timeout_s=60)
                 gateways[mode].append(f"http://127.0.0.1:{api}")
                 pids[mode].append(process.pid)
@@ -304,25 +402,44 @@ def run(duration: float, capacity: int, service_s: float, out: Path, only: list[
                 httpx.post(f"{base}/stats")
                 load_before, cpu_before = os.getloadavg(), cpu_seconds(pids)
                 seconds = scenario.get("duration", duration)
-                job = {**scenario, "gateways": gateways["fair" if scenario["queue"] else "fcfs"], "keys": keys,
-                       "duration": seconds, "model": models[name], "t0": time.time() + 3}
+                job = {
+                    **scenario,
+                    "gateways": gateways["fair" if scenario["queue"] else "fcfs"],
+                    "keys": keys,
+                    "duration": seconds,
+                    "model": models[name],
+                    "t0": time.time() + 3,
+                }
                 parts = _jobs(job)
                 records = [r for part in pool.map(load_process, *zip(*parts)) for r in part]
                 upstream_stats = httpx.get(f"{base}/stats").json()
                 cpu = {role: round(used - cpu_before[role], 1) for role, used in cpu_seconds(pids).items()}
                 names = sorted({load["tenant"] for load in scenario["loads"]})
-                summary = summarize(records, names, (seconds / 5, seconds),  # skip the fill, and the drain
-                                    scenario.get("probe"))
-                results["scenarios"][name] = {"tenants": summary, "upstream": upstream_stats, "cpu_s": cpu,
-                                              "loadavg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
-                print(f"{name}: upstream peak {upstream_stats['peak']}/{capacity} "
-                      f"fifo-waited {upstream_stats['fifo_waited']}; load {load_before[0]:.1f}; cpu s {cpu}; "
-                      + "; ".join(f"{t} ok {v['ok']}/{v['sent']} 429 {v['status_429']} 5xx {v['status_5xx']} "
-                                  f"ttft p50 {v['ttft_p50_s'] or 0:.3f}s p99 {v['ttft_p99_s'] or 0:.3f}s "
-                                  f"(wait p99 {v['queue_wait_p99_s'] or 0:.3f}s, queued {v['queued_share'] or 0:.0%}, "
-                                  f"to upstream p99 {v['to_upstream_p99_s'] or 0:.3f}s, "
-                                  f"relay p99 {v['relay_p99_s'] or 0:.3f}s)"
-                                  for t, v in summary.items()), flush=True)
+                summary = summarize(
+                    records,
+                    names,
+                    (seconds / 5, seconds),  # skip the fill, and the drain
+                    scenario.get("probe"),
+                )
+                results["scenarios"][name] = {
+                    "tenants": summary,
+                    "upstream": upstream_stats,
+                    "cpu_s": cpu,
+                    "loadavg_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+                }
+                print(
+                    f"{name}: upstream peak {upstream_stats['peak']}/{capacity} "
+                    f"fifo-waited {upstream_stats['fifo_waited']}; load {load_before[0]:.1f}; cpu s {cpu}; "
+                    + "; ".join(
+                        f"{t} ok {v['ok']}/{v['sent']} 429 {v['status_429']} 5xx {v['status_5xx']} "
+                        f"ttft p50 {v['ttft_p50_s'] or 0:.3f}s p99 {v['ttft_p99_s'] or 0:.3f}s "
+                        f"(wait p99 {v['queue_wait_p99_s'] or 0:.3f}s, queued {v['queued_share'] or 0:.0%}, "
+                        f"to upstream p99 {v['to_upstream_p99_s'] or 0:.3f}s, "
+                        f"relay p99 {v['relay_p99_s'] or 0:.3f}s)"
+                        for t, v in summary.items()
+                    ),
+                    flush=True,
+                )
     if not only:
         results["figures"] = figures(results["scenarios"], capacity, service_s, duration)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -336,20 +453,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capacity", type=int, default=8)
     parser.add_argument("--service-ms", type=int, default=500)
     parser.add_argument("--out", type=Path, default=Path("build/bench/fair_queue_gateway.json"))
-    parser.add_argument("--interactive-duration", type=float, default=240,
-                        help="seconds of the interactive scenario (half of it counts: alone and loaded)")
+    parser.add_argument(
+        "--interactive-duration",
+        type=float,
+        default=240,
+        help="seconds of the interactive scenario (half of it counts: alone and loaded)",
+    )
     parser.add_argument("--batch-share", type=float, default=0.75, help="the batch tier's capacity_share")
-    parser.add_argument("--spread", type=float, default=0.0,
-                        help="each answer's decode time within +-this fraction of the mean (0: all the same)")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        help="each answer's decode time within +-this fraction of the mean (0: all the same)",
+    )
     # The stack default (0.1) rounds down to no slot at capacity 8; 2 slots cover B's peak
     # concurrency here (10% of capacity in Poisson arrivals), as README's sizing rule says.
     parser.add_argument("--reserve-share", type=float, default=0.25, help="gateway.queue.reserve_share")
     parser.add_argument("--only", type=lambda text: text.split(","), help="scenarios to run (no figures)")
     args = parser.parse_args(argv)
     started = time.time()
-    results = run(args.duration, args.capacity, args.service_ms / 1000, args.out, args.only,
-                  interactive_s=args.interactive_duration, batch_share=args.batch_share, spread=args.spread,
-                  reserve_share=args.reserve_share)
+    results = run(
+        args.duration,
+        args.capacity,
+        args.service_ms / 1000,
+        args.out,
+        args.only,
+        interactive_s=args.interactive_duration,
+        batch_share=args.batch_share,
+        spread=args.spread,
+        reserve_share=args.reserve_share,
+    )
     print(json.dumps({**results.get("figures", {}), "seconds": round(time.time() - started)}, indent=2))
 
 

@@ -51,8 +51,12 @@ from serving.gateway.auth.keys import create_key_sync
 
 CONNECTIONS = 100
 UNSATURATED = 1_000_000  # a model capacity no run here reaches
-GENEROUS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000, "daily_token_budget": 10**12,
-            "max_concurrent_requests": 10_000}
+GENEROUS = {
+    "requests_per_minute": 10_000_000,
+    "tokens_per_minute": 1_000_000_000,
+    "daily_token_budget": 10**12,
+    "max_concurrent_requests": 10_000,
+}
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
 
@@ -76,11 +80,17 @@ def wrk_script(key: str, pace_ms: int) -> str:
     """wrk's Lua: the POST, the key, and (when pacing) a random wait between a client's
     requests, exponential with mean `pace_ms` (Poisson arrivals). A fixed wait would keep
     the 100 clients in lockstep: bursts of 100 requests at once, then silence."""
-    lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(json.dumps(BODY))}",
-             'wrk.headers["Content-Type"] = "application/json"', f'wrk.headers["Authorization"] = "Bearer {key}"']
+    lines = [
+        'wrk.method = "POST"',
+        f"wrk.body = {json.dumps(json.dumps(BODY))}",
+        'wrk.headers["Content-Type"] = "application/json"',
+        f'wrk.headers["Authorization"] = "Bearer {key}"',
+    ]
     if pace_ms:
-        lines += ["function init(args) math.randomseed(os.time() + math.floor(os.clock() * 1000000)) end",
-                  f"function delay() return math.floor(-math.log(1 - math.random()) * {pace_ms}) end"]
+        lines += [
+            "function init(args) math.randomseed(os.time() + math.floor(os.clock() * 1000000)) end",
+            f"function delay() return math.floor(-math.log(1 - math.random()) * {pace_ms}) end",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -88,8 +98,18 @@ def run_wrk(url: str, key: str, *, duration_s: int, pace_ms: int, folder: Path) 
     script = folder / f"wrk-{pace_ms}.lua"
     script.write_text(wrk_script(key, pace_ms))
     # --timeout: a slow target (LiteLLM answers in seconds at this load) is measured, not dropped.
-    command = ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{duration_s}s", "--timeout", "30s", "--latency",
-               "-s", str(script), f"{url}/v1/chat/completions"]
+    command = [
+        "wrk",
+        "-t2",
+        f"-c{CONNECTIONS}",
+        f"-d{duration_s}s",
+        "--timeout",
+        "30s",
+        "--latency",
+        "-s",
+        str(script),
+        f"{url}/v1/chat/completions",
+    ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return parse_wrk(output)
 
@@ -135,10 +155,17 @@ class RedisRoundTrips:
 
 
 def litellm_config(upstream: str) -> str:
-    return json.dumps({
-        "model_list": [{"model_name": "tiny", "litellm_params": {
-            "model": "openai/tiny", "api_base": f"{upstream}/v1", "api_key": "unused"}}],
-        "general_settings": {"master_key": "sk-bench-master"}})
+    return json.dumps(
+        {
+            "model_list": [
+                {
+                    "model_name": "tiny",
+                    "litellm_params": {"model": "openai/tiny", "api_base": f"{upstream}/v1", "api_key": "unused"},
+                }
+            ],
+            "general_settings": {"master_key": "sk-bench-master"},
+        }
+    )
 
 
 def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) -> dict:
@@ -151,47 +178,72 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
         stack.callback(own_redis.stop)
         stub_port, gateway_port = free_port(), free_port()
         stub = f"http://127.0.0.1:{stub_port}"
-        stub_process = stack.enter_context(background(
-            [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"))
-        gateway_env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": own_redis.url,
-                       "LLMSTACK_GATEWAY_PORT": str(gateway_port), "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-                       "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
-        gateway = stack.enter_context(background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log",
-                                                 gateway_env))
+        stub_process = stack.enter_context(
+            background(
+                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"
+            )
+        )
+        gateway_env = {
+            "LLMSTACK_UPSTREAM_URL": stub,
+            "LLMSTACK_REDIS_URL": own_redis.url,
+            "LLMSTACK_GATEWAY_PORT": str(gateway_port),
+            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
+        }
+        gateway = stack.enter_context(
+            background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log", gateway_env)
+        )
         # The same gateway with the fair queue on for the model, at a capacity no run here reaches:
         # what the queue costs a request that never waits.
         queue_port = free_port()
-        queue_env = {**gateway_env, "LLMSTACK_GATEWAY_PORT": str(queue_port),
-                     "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-                     "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
-                         {"models": ["tiny"], "model_queues": {"tiny": {"max_ongoing_requests": UNSATURATED}}})}
-        queued = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
-                                                folder / "gateway-queue.log", queue_env))
+        queue_env = {
+            **gateway_env,
+            "LLMSTACK_GATEWAY_PORT": str(queue_port),
+            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+            "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
+                {"models": ["tiny"], "model_queues": {"tiny": {"max_ongoing_requests": UNSATURATED}}}
+            ),
+        }
+        queued = stack.enter_context(
+            background([sys.executable, "-m", "serving.gateway"], folder / "gateway-queue.log", queue_env)
+        )
         # The first gateway behind the edge, as a pod and `make dev` run it (ops.devstack.edge): what
         # the HAProxy hop costs. wrk's connections all come from one address: no per-address cap here.
         edge_port = free_port()
-        edge = start_edge(Edge(max_connections_per_client=10 * CONNECTIONS), folder / "edge", port=edge_port,
-                          gateway_port=gateway_port, health_port=free_port(), request_timeout_s=600,
-                          shutdown_grace_s=5, log=folder / "edge.log")
+        edge = start_edge(
+            Edge(max_connections_per_client=10 * CONNECTIONS),
+            folder / "edge",
+            port=edge_port,
+            gateway_port=gateway_port,
+            health_port=free_port(),
+            request_timeout_s=600,
+            shutdown_grace_s=5,
+            log=folder / "edge.log",
+        )
         stack.callback(terminate, edge, 5)
         key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
-        targets = {"direct": (stub, "unused"), "gateway": (f"http://127.0.0.1:{gateway_port}", key),
-                   "gateway_queue": (f"http://127.0.0.1:{queue_port}", key),
-                   "gateway_edge": (f"http://127.0.0.1:{edge_port}", key)}
+        targets = {
+            "direct": (stub, "unused"),
+            "gateway": (f"http://127.0.0.1:{gateway_port}", key),
+            "gateway_queue": (f"http://127.0.0.1:{queue_port}", key),
+            "gateway_edge": (f"http://127.0.0.1:{edge_port}", key),
+        }
         pids = {"gateway": gateway.pid, "gateway_queue": queued.pid}
         wait_for_http(f"{stub}/v1/models", stub_process)
         wait_for_http(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
         wait_for_http(f"http://127.0.0.1:{queue_port}/healthz", queued)
         wait_for_http(f"http://127.0.0.1:{edge_port}/healthz", edge)
-        results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"],
-                                                     targets["gateway_queue"])
+        results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"], targets["gateway_queue"])
         if litellm:
             litellm_port = free_port()
             config = folder / "litellm.yaml"
             config.write_text(litellm_config(stub))  # JSON is YAML
-            process = stack.enter_context(background(
-                [litellm, "--config", str(config), "--port", str(litellm_port), "--num_workers", "1"],
-                folder / "litellm.log"))
+            process = stack.enter_context(
+                background(
+                    [litellm, "--config", str(config), "--port", str(litellm_port), "--num_workers", "1"],
+                    folder / "litellm.log",
+                )
+            )
             wait_for_http(f"http://127.0.0.1:{litellm_port}/health/liveliness", process, timeout_s=300)
             targets["litellm"] = (f"http://127.0.0.1:{litellm_port}", "sk-bench-master")
             pids["litellm"] = process.pid
@@ -201,25 +253,35 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
             paced = {}
             for pace in paces_ms:
                 paced[str(pace)] = run = run_wrk(url, target_key, duration_s=duration_s, pace_ms=pace, folder=folder)
-                print(f"    paced {pace} ms: p50 {run.get('p50_ms', 0):.2f} ms, p99 {run.get('p99_ms', 0):.2f} ms, "
-                      f"{run['requests_per_s']:.0f} req/s, non-2xx {run['non_2xx']:.0f}", flush=True)
+                print(
+                    f"    paced {pace} ms: p50 {run.get('p50_ms', 0):.2f} ms, p99 {run.get('p99_ms', 0):.2f} ms, "
+                    f"{run['requests_per_s']:.0f} req/s, non-2xx {run['non_2xx']:.0f}",
+                    flush=True,
+                )
             cpu_before = tree_cpu_s(pids.get(name))
             saturated = run_wrk(url, target_key, duration_s=duration_s, pace_ms=0, folder=folder)
             if name in pids:  # CPU of the server's processes per request it served, saturated
                 saturated["cpu_ms_per_request"] = round(
-                    (tree_cpu_s(pids[name]) - cpu_before) * 1000 / max(saturated["requests"], 1), 3)
-            print(f"    saturated: {saturated['requests_per_s']:.0f} req/s, non-2xx {saturated['non_2xx']:.0f}",
-                  flush=True)
+                    (tree_cpu_s(pids[name]) - cpu_before) * 1000 / max(saturated["requests"], 1), 3
+                )
+            print(
+                f"    saturated: {saturated['requests_per_s']:.0f} req/s, non-2xx {saturated['non_2xx']:.0f}",
+                flush=True,
+            )
             with RedisRoundTrips(own_redis.url) as trips:
                 counted = run_wrk(url, target_key, duration_s=3, pace_ms=max(paces_ms), folder=folder)
             results["targets"][name] = {
-                "paced": paced, "saturated": saturated,
-                "redis_commands_per_request":
-                    round(trips.count / counted["requests"], 3) if counted["requests"] else None}
+                "paced": paced,
+                "saturated": saturated,
+                "redis_commands_per_request": round(trips.count / counted["requests"], 3)
+                if counted["requests"]
+                else None,
+            }
     results["summary"] = summary(results["targets"])
     direct_p50 = results["sequential"]["direct"]["p50_ms"]
     results["summary"]["one_client_added_p50_ms"] = {
-        name: round(r["p50_ms"] - direct_p50, 3) for name, r in results["sequential"].items() if name != "direct"}
+        name: round(r["p50_ms"] - direct_p50, 3) for name, r in results["sequential"].items() if name != "direct"
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results["summary"], indent=2))
@@ -227,29 +289,46 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
     return results
 
 
-def sequential_breakdown(stack: ExitStack, folder: Path, stub: str, gateway: tuple[str, str],
-                         gateway_queue: tuple[str, str]) -> dict:
+def sequential_breakdown(
+    stack: ExitStack, folder: Path, stub: str, gateway: tuple[str, str], gateway_queue: tuple[str, str]
+) -> dict:
     """One client, one request at a time (no queueing): direct, the gateway, the gateway with the
     fair queue on, and a gateway without Redis (in-memory keys and limits), so the latency the
     gateway adds splits into its proxy hop and its Redis round trips. 1,000 requests each,
     interleaved twice."""
     port = free_port()
-    env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "default_limits": GENEROUS})}
+    env = {
+        "LLMSTACK_UPSTREAM_URL": stub,
+        "LLMSTACK_REDIS_URL": "",
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "default_limits": GENEROUS}),
+    }
     key_file = folder / "memory-gateway.key"
-    memory = stack.enter_context(background([sys.executable, "-m", "serving.gateway", "--dev-key-file", str(key_file)],
-                                            folder / "memory-gateway.log", env))
+    memory = stack.enter_context(
+        background(
+            [sys.executable, "-m", "serving.gateway", "--dev-key-file", str(key_file)],
+            folder / "memory-gateway.log",
+            env,
+        )
+    )
     wait_for_http(f"http://127.0.0.1:{port}/healthz", memory)
-    targets = {"direct": (stub, "unused"), "gateway": gateway, "gateway_queue": gateway_queue,
-               "gateway_without_redis": (f"http://127.0.0.1:{port}", key_file.read_text().strip())}
+    targets = {
+        "direct": (stub, "unused"),
+        "gateway": gateway,
+        "gateway_queue": gateway_queue,
+        "gateway_without_redis": (f"http://127.0.0.1:{port}", key_file.read_text().strip()),
+    }
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     for _ in range(2):
         for name, (url, key) in targets.items():
             runs[name].append(one_at_a_time(url, key, 1000))
     result = {name: min(values, key=lambda r: r["p50_ms"]) for name, values in runs.items()}
-    print("==> one client, one request at a time: " + ", ".join(
-        f"{name} p50 {r['p50_ms']:.2f} ms" for name, r in result.items()), flush=True)
+    print(
+        "==> one client, one request at a time: "
+        + ", ".join(f"{name} p50 {r['p50_ms']:.2f} ms" for name, r in result.items()),
+        flush=True,
+    )
     return result
 
 
@@ -258,8 +337,9 @@ def one_at_a_time(url: str, key: str, count: int) -> dict[str, float]:
     with httpx.Client(timeout=30) as client:
         for _ in range(count):
             started = time.perf_counter()
-            client.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
-                        ).raise_for_status()
+            client.post(
+                f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+            ).raise_for_status()
             latencies.append((time.perf_counter() - started) * 1000)
     latencies.sort()
     return {"p50_ms": round(latencies[count // 2], 3), "p99_ms": round(latencies[int(count * 0.99)], 3)}
@@ -267,32 +347,38 @@ def one_at_a_time(url: str, key: str, count: int) -> dict[str, float]:
 
 def added(target: dict, direct: dict) -> dict[str, dict[str, float]]:
     """Per pace: the target's p50 and p99 minus the direct path's, in ms."""
-    return {pace: {q: round(run[f"{q}_ms"] - direct["paced"][pace][f"{q}_ms"], 3) for q in ("p50", "p99")}
-            for pace, run in target["paced"].items()}
+    return {
+        pace: {q: round(run[f"{q}_ms"] - direct["paced"][pace][f"{q}_ms"], 3) for q in ("p50", "p99")}
+        for pace, run in target["paced"].items()
+    }
 
 
 def summary(targets: dict) -> dict:
     direct, gateway = targets["direct"], targets["gateway"]
     result = {
         "gateway_added_ms_by_pace": added(gateway, direct),
-        "gateway_saturated_over_direct": round(gateway["saturated"]["requests_per_s"]
-                                               / direct["saturated"]["requests_per_s"], 3),
+        "gateway_saturated_over_direct": round(
+            gateway["saturated"]["requests_per_s"] / direct["saturated"]["requests_per_s"], 3
+        ),
         "redis_commands_per_request": gateway["redis_commands_per_request"],
     }
     if "gateway_queue" in targets:  # the fair queue on an unsaturated model vs off, same run
         queued = targets["gateway_queue"]
-        result["queue_saturated_over_no_queue"] = round(queued["saturated"]["requests_per_s"]
-                                                        / gateway["saturated"]["requests_per_s"], 3)
+        result["queue_saturated_over_no_queue"] = round(
+            queued["saturated"]["requests_per_s"] / gateway["saturated"]["requests_per_s"], 3
+        )
         result["queue_added_ms_by_pace"] = added(queued, gateway)
         result["queue_redis_commands_per_request"] = queued["redis_commands_per_request"]
     if "gateway_edge" in targets:  # the gateway behind the edge vs alone, same run
         edge = targets["gateway_edge"]
-        result["edge_saturated_over_gateway"] = round(edge["saturated"]["requests_per_s"]
-                                                      / gateway["saturated"]["requests_per_s"], 3)
+        result["edge_saturated_over_gateway"] = round(
+            edge["saturated"]["requests_per_s"] / gateway["saturated"]["requests_per_s"], 3
+        )
         result["edge_added_ms_by_pace"] = added(edge, gateway)
     if "litellm" in targets:
         result["gateway_over_litellm_saturated"] = round(
-            gateway["saturated"]["requests_per_s"] / max(targets["litellm"]["saturated"]["requests_per_s"], 1e-9), 2)
+            gateway["saturated"]["requests_per_s"] / max(targets["litellm"]["saturated"]["requests_per_s"], 1e-9), 2
+        )
         result["litellm_added_ms_by_pace"] = added(targets["litellm"], direct)
     return result
 
@@ -300,8 +386,12 @@ def summary(targets: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Gateway overhead vs direct (and LiteLLM proxy) with wrk.")
     parser.add_argument("--duration", type=int, default=15, help="seconds per wrk run")
-    parser.add_argument("--pace-ms", type=lambda text: [int(v) for v in text.split(",")], default=[1000, 500, 200],
-                        help="waits between one client's requests for the paced runs, comma-separated")
+    parser.add_argument(
+        "--pace-ms",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[1000, 500, 200],
+        help="waits between one client's requests for the paced runs, comma-separated",
+    )
     parser.add_argument("--litellm", help="path to a `litellm` executable (installed in its own venv)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway.json"))
     args = parser.parse_args()

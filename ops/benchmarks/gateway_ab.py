@@ -43,9 +43,11 @@ from ops.harness.processes import background, free_port, wait_for_http
 from ops.harness.stub_upstream import CHAT_BODY as BODY
 
 # Run inside the checkout whose key format the gateway expects; prints the plaintext key.
-_MAKE_KEY = ("import json, sys\n"
-             "from serving.gateway.auth.keys import create_key_sync\n"
-             "print(create_key_sync(sys.argv[1], 'bench', 'bench-ab', limits=json.loads(sys.argv[2])))\n")
+_MAKE_KEY = (
+    "import json, sys\n"
+    "from serving.gateway.auth.keys import create_key_sync\n"
+    "print(create_key_sync(sys.argv[1], 'bench', 'bench-ab', limits=json.loads(sys.argv[2])))\n"
+)
 
 
 def round_order(number: int, names: list[str]) -> list[str]:
@@ -63,8 +65,11 @@ def round_figures(medians: dict[str, float]) -> dict[str, float]:
     the candidate's added latency over the baseline's."""
     candidate = medians["candidate"] - medians["direct"]
     baseline = medians["baseline"] - medians["direct"]
-    return {"candidate_added_ms": round(candidate, 4), "baseline_added_ms": round(baseline, 4),
-            "ratio": round(candidate / baseline, 4) if baseline > 0 else float("nan")}
+    return {
+        "candidate_added_ms": round(candidate, 4),
+        "baseline_added_ms": round(baseline, 4),
+        "ratio": round(candidate / baseline, 4) if baseline > 0 else float("nan"),
+    }
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -83,14 +88,20 @@ def summarize(rounds: list[dict[str, float]]) -> dict[str, float]:
     if not ratios:
         raise ValueError("no round had a positive baseline added latency")
     return {
-        "rounds": len(rounds), "rounds_with_ratio": len(ratios),
+        "rounds": len(rounds),
+        "rounds_with_ratio": len(ratios),
         "ratio_median": round(statistics.median(ratios), 4),
-        "ratio_q1": round(quantile(ratios, 0.25), 4), "ratio_q3": round(quantile(ratios, 0.75), 4),
-        "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+        "ratio_q1": round(quantile(ratios, 0.25), 4),
+        "ratio_q3": round(quantile(ratios, 0.75), 4),
+        "ratio_min": round(min(ratios), 4),
+        "ratio_max": round(max(ratios), 4),
         "candidate_added_ms_median": round(statistics.median(r["candidate_added_ms"] for r in rounds), 4),
         "baseline_added_ms_median": round(statistics.median(r["baseline_added_ms"] for r in rounds), 4),
-        **{f"{side}_cpu_ms_per_request_median": round(statistics.median(r[f"{side}_cpu_ms"] for r in rounds), 4)
-           for side in ("candidate", "baseline") if all(f"{side}_cpu_ms" in r for r in rounds)},
+        **{
+            f"{side}_cpu_ms_per_request_median": round(statistics.median(r[f"{side}_cpu_ms"] for r in rounds), 4)
+            for side in ("candidate", "baseline")
+            if all(f"{side}_cpu_ms" in r for r in rounds)
+        },
     }
 
 
@@ -100,13 +111,13 @@ def cpu_s(pids: list[int]) -> float:
 
 def one_request(client: httpx.Client, url: str, key: str) -> float:
     started = time.perf_counter()
-    client.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
-                ).raise_for_status()
+    client.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}).raise_for_status()
     return (time.perf_counter() - started) * 1000
 
 
-def one_round(clients: dict[str, httpx.Client], targets: dict[str, tuple[str, str, list[int]]],
-              count: int) -> tuple[dict[str, float], dict[str, float]]:
+def one_round(
+    clients: dict[str, httpx.Client], targets: dict[str, tuple[str, str, list[int]]], count: int
+) -> tuple[dict[str, float], dict[str, float]]:
     """`count` requests to every target, one target after another request by request (the
     order flipping each time), so a change of the machine's load between two of them is a few
     milliseconds old at most. Returns each target's median latency and CPU ms per request."""
@@ -124,10 +135,16 @@ def one_round(clients: dict[str, httpx.Client], targets: dict[str, tuple[str, st
 def commit_of(source: Path) -> str | None:
     """The checkout's commit (with "+dirty" for uncommitted changes), or None outside git."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=source,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return f"{head}+dirty" if dirty else head
@@ -137,54 +154,91 @@ def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name:
     """This checkout's gateway from `source`, its own Redis and a key its own code made."""
     own_redis = start_redis()
     stack.callback(own_redis.stop)
-    key = subprocess.run([sys.executable, "-c", _MAKE_KEY, own_redis.url, json.dumps(GENEROUS)], cwd=source,
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    key = (
+        subprocess.run(
+            [sys.executable, "-c", _MAKE_KEY, own_redis.url, json.dumps(GENEROUS)],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     port = free_port()
     # Older checkouts ignore the metrics port variable; newer ones serve /metrics on it.
-    env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": own_redis.url, "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
-    process = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
-                                             folder / f"gateway-{name}.log", env, cwd=source))
+    env = {
+        "LLMSTACK_UPSTREAM_URL": stub,
+        "LLMSTACK_REDIS_URL": own_redis.url,
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
+    }
+    process = stack.enter_context(
+        background([sys.executable, "-m", "serving.gateway"], folder / f"gateway-{name}.log", env, cwd=source)
+    )
     wait_for_http(f"http://127.0.0.1:{port}/healthz", process)
     return f"http://127.0.0.1:{port}", key, [process.pid, own_redis.process.pid]
 
 
 def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: Path = PROJECT_ROOT) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-ab-"))
-    results: dict = {"candidate_src": str(candidate), "baseline_src": str(baseline), "batch": batch_size,
-                     "candidate_commit": commit_of(candidate), "baseline_commit": commit_of(baseline),
-                     "load_average_start": os.getloadavg(), "rounds": []}
+    results: dict = {
+        "candidate_src": str(candidate),
+        "baseline_src": str(baseline),
+        "batch": batch_size,
+        "candidate_commit": commit_of(candidate),
+        "baseline_commit": commit_of(baseline),
+        "load_average_start": os.getloadavg(),
+        "rounds": [],
+    }
     with ExitStack() as stack:
         stub_port = free_port()
         stub = f"http://127.0.0.1:{stub_port}"
-        stub_process = stack.enter_context(background(
-            [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"))
+        stub_process = stack.enter_context(
+            background(
+                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"
+            )
+        )
         wait_for_http(f"{stub}/v1/models", stub_process)
-        targets = {"direct": (stub, "unused", [stub_process.pid]),
-                   "candidate": start_gateway(stack, candidate, stub, folder, "candidate"),
-                   "baseline": start_gateway(stack, baseline, stub, folder, "baseline")}
+        targets = {
+            "direct": (stub, "unused", [stub_process.pid]),
+            "candidate": start_gateway(stack, candidate, stub, folder, "candidate"),
+            "baseline": start_gateway(stack, baseline, stub, folder, "baseline"),
+        }
         clients = {name: stack.enter_context(httpx.Client(timeout=30)) for name in targets}
         one_round(clients, targets, batch_size)  # warm connections, caches, scripts
         for number in range(rounds):
             medians, cpu_ms = one_round(clients, targets, batch_size)
-            row = {**round_figures(medians), **{f"{n}_p50_ms": round(m, 4) for n, m in medians.items()},
-                   # CPU of the gateway process and its redis-server (direct: the stub) per request
-                   **{f"{n}_cpu_ms": round(c, 4) for n, c in cpu_ms.items()},
-                   "load_1m": round(os.getloadavg()[0], 2)}
+            row = {
+                **round_figures(medians),
+                **{f"{n}_p50_ms": round(m, 4) for n, m in medians.items()},
+                # CPU of the gateway process and its redis-server (direct: the stub) per request
+                **{f"{n}_cpu_ms": round(c, 4) for n, c in cpu_ms.items()},
+                "load_1m": round(os.getloadavg()[0], 2),
+            }
             results["rounds"].append(row)
-            print(f"round {number + 1}: added p50 candidate {row['candidate_added_ms']:.3f} ms, "
-                  f"baseline {row['baseline_added_ms']:.3f} ms, ratio {row['ratio']:.3f}, CPU ms/request "
-                  f"{cpu_ms['candidate']:.3f} / {cpu_ms['baseline']:.3f}, load {row['load_1m']}",
-                  flush=True)
+            print(
+                f"round {number + 1}: added p50 candidate {row['candidate_added_ms']:.3f} ms, "
+                f"baseline {row['baseline_added_ms']:.3f} ms, ratio {row['ratio']:.3f}, CPU ms/request "
+                f"{cpu_ms['candidate']:.3f} / {cpu_ms['baseline']:.3f}, load {row['load_1m']}",
+                flush=True,
+            )
     results["load_average_end"] = os.getloadavg()
     results["summary"] = summarize(results["rounds"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(json.dumps({**results["summary"], "candidate_commit": results["candidate_commit"],
-                      "baseline_commit": results["baseline_commit"],
-                      "load_average_start": [round(v, 2) for v in results["load_average_start"]],
-                      "load_average_end": [round(v, 2) for v in results["load_average_end"]]}))
+    print(
+        json.dumps(
+            {
+                **results["summary"],
+                "candidate_commit": results["candidate_commit"],
+                "baseline_commit": results["baseline_commit"],
+                "load_average_start": [round(v, 2) for v in results["load_average_start"]],
+                "load_average_end": [round(v, 2) for v in results["load_average_end"]],
+            }
+        )
+    )
     shutil.rmtree(folder, ignore_errors=True)
     return results
 
@@ -192,14 +246,20 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: P
 def main() -> None:
     parser = argparse.ArgumentParser(description="One-client added latency: this checkout's gateway vs a baseline's.")
     parser.add_argument("--baseline-src", type=Path, required=True, help="a checkout of the baseline commit")
-    parser.add_argument("--candidate-src", type=Path, default=PROJECT_ROOT,
-                        help="the checkout to compare with it (default: this one)")
+    parser.add_argument(
+        "--candidate-src", type=Path, default=PROJECT_ROOT, help="the checkout to compare with it (default: this one)"
+    )
     parser.add_argument("--rounds", type=int, default=40, help="rounds; each gives one ratio")
     parser.add_argument("--batch", type=int, default=100, help="requests per target per round")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_ab.json"))
     args = parser.parse_args()
-    run(args.baseline_src.resolve(), rounds=args.rounds, batch_size=args.batch, out=args.out,
-        candidate=args.candidate_src.resolve())
+    run(
+        args.baseline_src.resolve(),
+        rounds=args.rounds,
+        batch_size=args.batch,
+        out=args.out,
+        candidate=args.candidate_src.resolve(),
+    )
 
 
 if __name__ == "__main__":

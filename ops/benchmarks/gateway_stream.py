@@ -40,15 +40,27 @@ from serving.gateway.auth.keys import create_key_sync
 
 def stream_body(tokens: int, interval_ms: int = 0) -> dict:
     steer = json.dumps({"chunks": tokens, **({"interval_ms": interval_ms} if interval_ms else {})})
-    return {"model": "tiny", "stream": True, "max_tokens": tokens,
-            "messages": [{"role": "user", "content": f"#stub {steer}"}]}
+    return {
+        "model": "tiny",
+        "stream": True,
+        "max_tokens": tokens,
+        "messages": [{"role": "user", "content": f"#stub {steer}"}],
+    }
 
 
 def wrk_script(key: str, tokens: int, interval_ms: int = 0) -> str:
     body = json.dumps(stream_body(tokens, interval_ms))
-    return "\n".join(['wrk.method = "POST"', f"wrk.body = {json.dumps(body)}",
-                      'wrk.headers["Content-Type"] = "application/json"',
-                      f'wrk.headers["Authorization"] = "Bearer {key}"']) + "\n"
+    return (
+        "\n".join(
+            [
+                'wrk.method = "POST"',
+                f"wrk.body = {json.dumps(body)}",
+                'wrk.headers["Content-Type"] = "application/json"',
+                f'wrk.headers["Authorization"] = "Bearer {key}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def cpu_s(pid: int) -> float:
@@ -57,8 +69,18 @@ def cpu_s(pid: int) -> float:
 
 
 def measure(url: str, pid: int, script: Path, *, connections: int, duration_s: int, tokens: int) -> dict:
-    command = ["wrk", "-t2", f"-c{connections}", f"-d{duration_s}s", "--timeout", "30s", "--latency", "-s",
-               str(script), f"{url}/v1/chat/completions"]
+    command = [
+        "wrk",
+        "-t2",
+        f"-c{connections}",
+        f"-d{duration_s}s",
+        "--timeout",
+        "30s",
+        "--latency",
+        "-s",
+        str(script),
+        f"{url}/v1/chat/completions",
+    ]
     before = cpu_s(pid)
     result = parse_wrk(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     used_ms = (cpu_s(pid) - before) * 1000
@@ -69,20 +91,30 @@ def measure(url: str, pid: int, script: Path, *, connections: int, duration_s: i
     return result
 
 
-def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, rounds: int, out: Path,
-        interval_ms: int = 0) -> dict:
+def run(
+    sources: list[Path], *, tokens: int, connections: int, duration_s: int, rounds: int, out: Path, interval_ms: int = 0
+) -> dict:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-stream-"))
-    results: dict = {"tokens": tokens, "connections": connections, "duration_s": duration_s,
-                     "interval_ms": interval_ms, "sources": [str(s) for s in sources], "rounds": []}
+    results: dict = {
+        "tokens": tokens,
+        "connections": connections,
+        "duration_s": duration_s,
+        "interval_ms": interval_ms,
+        "sources": [str(s) for s in sources],
+        "rounds": [],
+    }
     with ExitStack() as stack:
         own_redis = start_redis()
         stack.callback(own_redis.stop)
         stub_port = free_port()
         stub = f"http://127.0.0.1:{stub_port}"
-        stub_process = stack.enter_context(background(
-            [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"))
+        stub_process = stack.enter_context(
+            background(
+                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"
+            )
+        )
         wait_for_http(f"{stub}/v1/models", stub_process)
         key = create_key_sync(own_redis.url, "bench", "bench-stream", limits=GENEROUS)
         script = folder / "stream.lua"
@@ -90,11 +122,16 @@ def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, 
         gateways = []
         for i, source in enumerate(sources):
             port = free_port()
-            env = {"LLMSTACK_UPSTREAM_URL": stub, "LLMSTACK_REDIS_URL": own_redis.url,
-                   "LLMSTACK_GATEWAY_PORT": str(port), "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-                   "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
-            process = stack.enter_context(background([sys.executable, "-m", "serving.gateway"],
-                                                     folder / f"gateway-{i}.log", env, cwd=source))
+            env = {
+                "LLMSTACK_UPSTREAM_URL": stub,
+                "LLMSTACK_REDIS_URL": own_redis.url,
+                "LLMSTACK_GATEWAY_PORT": str(port),
+                "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+                "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
+            }
+            process = stack.enter_context(
+                background([sys.executable, "-m", "serving.gateway"], folder / f"gateway-{i}.log", env, cwd=source)
+            )
             wait_for_http(f"http://127.0.0.1:{port}/healthz", process)
             gateways.append((str(source), f"http://127.0.0.1:{port}", process.pid))
         for _, url, pid in gateways:  # warm pools and caches
@@ -102,14 +139,19 @@ def run(sources: list[Path], *, tokens: int, connections: int, duration_s: int, 
         for number in range(rounds):
             row = {}
             for label, url, pid in gateways:
-                row[label] = measured = measure(url, pid, script, connections=connections, duration_s=duration_s,
-                                                 tokens=tokens)
-                print(f"round {number + 1} {label}: {measured['cpu_ms_per_output_token']:.4f} CPU-ms/token, "
-                      f"{measured['output_tokens_per_s']:.0f} tok/s, p50 {measured.get('p50_ms', 0):.1f} ms, "
-                      f"non-2xx {measured['non_2xx']:.0f}, load {psutil.getloadavg()[0]:.2f}", flush=True)
+                row[label] = measured = measure(
+                    url, pid, script, connections=connections, duration_s=duration_s, tokens=tokens
+                )
+                print(
+                    f"round {number + 1} {label}: {measured['cpu_ms_per_output_token']:.4f} CPU-ms/token, "
+                    f"{measured['output_tokens_per_s']:.0f} tok/s, p50 {measured.get('p50_ms', 0):.1f} ms, "
+                    f"non-2xx {measured['non_2xx']:.0f}, load {psutil.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
             results["rounds"].append(row)
     results["cpu_ms_per_output_token"] = {
-        source: [row[source]["cpu_ms_per_output_token"] for row in results["rounds"]] for source, _, _ in gateways}
+        source: [row[source]["cpu_ms_per_output_token"] for row in results["rounds"]] for source, _, _ in gateways
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results["cpu_ms_per_output_token"], indent=2))
@@ -123,15 +165,26 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="concurrent streams")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per gateway, alternating between them")
-    parser.add_argument("--interval-ms", type=int, default=0,
-                        help="the stub's pause between events (0: a whole answer in one write)")
-    parser.add_argument("--gateway-src", type=Path, action="append",
-                        help="a checkout whose gateway to measure (repeatable; default: this checkout)")
+    parser.add_argument(
+        "--interval-ms", type=int, default=0, help="the stub's pause between events (0: a whole answer in one write)"
+    )
+    parser.add_argument(
+        "--gateway-src",
+        type=Path,
+        action="append",
+        help="a checkout whose gateway to measure (repeatable; default: this checkout)",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_stream.json"))
     args = parser.parse_args()
-    run([p.resolve() for p in args.gateway_src or [PROJECT_ROOT]], tokens=args.tokens,
-        connections=args.connections, duration_s=args.duration, rounds=args.rounds, out=args.out,
-        interval_ms=args.interval_ms)
+    run(
+        [p.resolve() for p in args.gateway_src or [PROJECT_ROOT]],
+        tokens=args.tokens,
+        connections=args.connections,
+        duration_s=args.duration,
+        rounds=args.rounds,
+        out=args.out,
+        interval_ms=args.interval_ms,
+    )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ async def measure(one: Request, count: int, in_flight: int) -> float:
 
 async def with_httpx(url: str, count: int, in_flight: int) -> float:
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100)) as client:
+
         async def one() -> None:
             request = client.build_request("POST", url, json=BODY)
             response = await client.send(request, stream=True)
@@ -53,6 +54,7 @@ async def with_httpx(url: str, count: int, in_flight: int) -> float:
 
 async def with_aiohttp(url: str, count: int, in_flight: int) -> float:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1000)) as session:
+
         async def one() -> None:
             async with session.post(url, json=BODY) as response:
                 async for _ in response.content.iter_any():
@@ -67,8 +69,9 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=50)
     args = parser.parse_args()
     port = free_port()
-    with background([sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(port)],
-                    Path("/dev/null")) as stub:
+    with background(
+        [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(port)], Path("/dev/null")
+    ) as stub:
         wait_for_http(f"http://127.0.0.1:{port}/v1/models", stub)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         results: dict[str, list[float]] = {"httpx": [], "aiohttp": []}

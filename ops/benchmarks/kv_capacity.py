@@ -57,17 +57,27 @@ def measure(stack: str) -> list[dict[str, Any]]:
             results.append({"model": model.id, "skipped": "GPU model: needs a GPU to measure"})
             continue
         print(f"starting CPU vLLM for {model.id} ...", file=sys.stderr, flush=True)
-        child = subprocess.run([sys.executable, "-m", "ops.benchmarks.kv_capacity", "--stack", stack,
-                                "--one", model.id],
-                               capture_output=True, text=True, timeout=600)
+        child = subprocess.run(
+            [sys.executable, "-m", "ops.benchmarks.kv_capacity", "--stack", stack, "--one", model.id],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         found = [line for line in child.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
         if child.returncode != 0 or not found:
-            raise RuntimeError(f"vLLM failed to start for {model.id} (exit {child.returncode}):\n"
-                               + child.stderr[-3000:])
+            raise RuntimeError(
+                f"vLLM failed to start for {model.id} (exit {child.returncode}):\n" + child.stderr[-3000:]
+            )
         measured = int(found[-1].removeprefix(RESULT_PREFIX))
         planned = plans[model.id].kv_tokens_per_replica
-        results.append({"model": model.id, "planner_tokens": planned, "vllm_tokens": measured,
-                         "ratio": round(planned / measured, 4)})
+        results.append(
+            {
+                "model": model.id,
+                "planner_tokens": planned,
+                "vllm_tokens": measured,
+                "ratio": round(planned / measured, 4),
+            }
+        )
     return results
 
 
@@ -88,8 +98,10 @@ def main() -> None:
         if "skipped" in r:
             print(f"{r['model']}: skipped ({r['skipped']})")
         else:
-            print(f"{r['model']}: planner {r['planner_tokens']:,} tokens, vLLM {r['vllm_tokens']:,} tokens, "
-                  f"ratio {r['ratio']:.4f}")
+            print(
+                f"{r['model']}: planner {r['planner_tokens']:,} tokens, vLLM {r['vllm_tokens']:,} tokens, "
+                f"ratio {r['ratio']:.4f}"
+            )
     sys.stdout.flush()
 
 

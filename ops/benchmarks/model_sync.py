@@ -33,8 +33,14 @@ import typer
 from ops.harness.local_s3 import running_s3
 from ops.llmctl.models.sync import MIB, SyncSettings, digest_folder, sync_model
 
-SMALL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "special_tokens_map.json",
-               "tokenizer.json", "tokenizer_config.json")
+SMALL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors.index.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 RERUN_TARGET_S = 2.0
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -59,8 +65,7 @@ def baseline_upload(s3, bucket: str, prefix: str, folder: Path) -> None:
 
 
 def _sync(s3, bucket: str, folder: Path, hashes: Path) -> None:
-    sync_model(s3, stack="bench", bucket=bucket, model_id="m", folder=folder, settings=SyncSettings(),
-               cache_dir=hashes)
+    sync_model(s3, stack="bench", bucket=bucket, model_id="m", folder=folder, settings=SyncSettings(), cache_dir=hashes)
 
 
 def _digest(folder: Path, cache_dir: Path) -> None:
@@ -74,9 +79,11 @@ def timed(action) -> float:
 
 
 @app.command()
-def main(out: Annotated[Path, typer.Option(help="JSON results.")] = Path("build/bench/model_sync.json"),
-         shard_mib: Annotated[int, typer.Option(min=1, help="Size of each of the 4 shards.")] = 48,
-         repeats: Annotated[int, typer.Option(min=1)] = 3) -> None:
+def main(
+    out: Annotated[Path, typer.Option(help="JSON results.")] = Path("build/bench/model_sync.json"),
+    shard_mib: Annotated[int, typer.Option(min=1, help="Size of each of the 4 shards.")] = 48,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+) -> None:
     import boto3
 
     with tempfile.TemporaryDirectory() as tmp, running_s3() as server:
@@ -102,7 +109,9 @@ def main(out: Annotated[Path, typer.Option(help="JSON results.")] = Path("build/
 
     median = {k: statistics.median(v) for k, v in times.items()}
     result = {
-        "files": 10, "total_mib": round(total / MIB, 1), "repeats": repeats,
+        "files": 10,
+        "total_mib": round(total / MIB, 1),
+        "repeats": repeats,
         "seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
         "median_mib_per_s": {k: round(total / MIB / median[k], 1) for k in ("baseline", "sync")},
         "sync_vs_baseline_throughput": round(median["baseline"] / median["sync"], 2),

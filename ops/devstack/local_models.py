@@ -17,8 +17,9 @@ from infra.spec.schema import DraftModelSpeculation, StackSpec
 def local_sources(spec: StackSpec) -> list[str]:
     """Every local folder the stack loads: model sources and draft models."""
     sources = [m.source for m in spec.models]
-    sources += [m.speculative_decoding.model for m in spec.models
-                if isinstance(m.speculative_decoding, DraftModelSpeculation)]
+    sources += [
+        m.speculative_decoding.model for m in spec.models if isinstance(m.speculative_decoding, DraftModelSpeculation)
+    ]
     return [s for s in sources if is_local_path(s)]
 
 

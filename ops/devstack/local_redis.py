@@ -42,8 +42,14 @@ class LocalRedis:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | None = None,
-                maxmemory: str | None = None, policy: str = REQUIRED_POLICY) -> LocalRedis:
+def start_redis(
+    port: int | None = None,
+    *,
+    timeout_s: float = 10,
+    load: Path | None = None,
+    maxmemory: str | None = None,
+    policy: str = REQUIRED_POLICY,
+) -> LocalRedis:
     """Start redis-server and wait until it accepts connections. `load`: an RDB snapshot
     (from SAVE) to start with, as a restarted or failed-over Redis would have its data.
     `maxmemory`: e.g. "16mb" (default: no limit, the machine's memory)."""
@@ -55,10 +61,27 @@ def start_redis(port: int | None = None, *, timeout_s: float = 10, load: Path | 
     if load is not None:
         shutil.copyfile(load, folder / "dump.rdb")  # read at start; `--save ""` never writes it back
     process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(folder), "--protected-mode", "yes", "--maxmemory-policy", policy,
-         *(["--maxmemory", maxmemory] if maxmemory else [])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+            "--protected-mode",
+            "yes",
+            "--maxmemory-policy",
+            policy,
+            *(["--maxmemory", maxmemory] if maxmemory else []),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )
     server = LocalRedis(process, port, folder)
     deadline = time.monotonic() + timeout_s

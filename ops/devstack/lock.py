@@ -19,8 +19,10 @@ from pydantic import BaseModel, Field
 from ops.paths import state_dir
 
 LOCK_NAME = "dev.lock"
-NOT_RUNNING = ("make dev is not running in this checkout (no live lock in {path}); "
-               "start it with `make dev`, or set LLMSTACK_STATE_DIR to the one it uses")
+NOT_RUNNING = (
+    "make dev is not running in this checkout (no live lock in {path}); "
+    "start it with `make dev`, or set LLMSTACK_STATE_DIR to the one it uses"
+)
 
 
 def lock_path(folder: Path | None = None) -> Path:

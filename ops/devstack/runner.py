@@ -60,8 +60,14 @@ def ray_cpus(spec: StackSpec) -> int:
     return sum(g.cpus_per_node * g.max_size for g in spec.node_groups if isinstance(g, CpuNodeGroup))
 
 
-def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPath = SERVING_PATH,
-                    haproxy_files: str | None = None, redis_url: str | None = None) -> dict[str, Any]:
+def start_ray_serve(
+    spec: StackSpec,
+    serve_port: int,
+    say: Say,
+    path: ServingPath = SERVING_PATH,
+    haproxy_files: str | None = None,
+    redis_url: str | None = None,
+) -> dict[str, Any]:
     """Start local Ray and deploy the serve config declaratively, as KubeRay does; show
     progress. Returns how another process reaches this Ray (`llmctl status|scale`).
     `haproxy_files`: where HAProxy keeps its files (`ops.devstack.serve.haproxy_dir`).
@@ -85,9 +91,15 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPat
     # The dashboard serves Ray's REST API, where the gateway reads each model's live replicas
     # (serving.gateway.queue.replica_feed), as it does from the head Service in the cluster. Loopback only.
     dashboard_port = free_port()
-    ray.init(num_cpus=ray_cpus(spec), include_dashboard=True, dashboard_host="127.0.0.1",
-             dashboard_port=dashboard_port, object_store_memory=512 * 1024**2,
-             logging_level="warning", log_to_driver=False)
+    ray.init(
+        num_cpus=ray_cpus(spec),
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=dashboard_port,
+        object_store_memory=512 * 1024**2,
+        logging_level="warning",
+        log_to_driver=False,
+    )
     # ray.init installs its own SIGTERM handler (it logs and aborts); put ours back so SIGTERM
     # stops everything in order, like Ctrl-C, even while the engines are still loading.
     _trap_signals()
@@ -95,9 +107,13 @@ def start_ray_serve(spec: StackSpec, serve_port: int, say: Say, path: ServingPat
     local_serve.deploy(config)
     for app in config["applications"]:
         local_serve.wait_running(app["name"], timeout_s=DEPLOY_TIMEOUT_S, on_change=say)
-    return {"ray_address": ray.get_runtime_context().gcs_address,
-            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"), "serve_port": serve_port, "serving_path": path.value,
-            "dashboard_url": f"http://127.0.0.1:{dashboard_port}"}
+    return {
+        "ray_address": ray.get_runtime_context().gcs_address,
+        "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"),
+        "serve_port": serve_port,
+        "serving_path": path.value,
+        "dashboard_url": f"http://127.0.0.1:{dashboard_port}",
+    }
 
 
 def ray_auth_token() -> str | None:
@@ -111,20 +127,34 @@ def ray_auth_token() -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def start_gateway(spec: StackSpec, *, port: int, metrics_port: int, upstream: str, redis_url: str | None,
-                  dev_key_file: Path | None, path: ServingPath = SERVING_PATH,
-                  dashboard_url: str | None = None, dashboard_token: str | None = None) -> subprocess.Popen[bytes]:
+def start_gateway(
+    spec: StackSpec,
+    *,
+    port: int,
+    metrics_port: int,
+    upstream: str,
+    redis_url: str | None,
+    dev_key_file: Path | None,
+    path: ServingPath = SERVING_PATH,
+    dashboard_url: str | None = None,
+    dashboard_token: str | None = None,
+) -> subprocess.Popen[bytes]:
     """The gateway as its own process, configured as the rendered Deployment configures it,
     but bound to loopback (/metrics and /readyz on `metrics_port`). With the in-memory store
     only the gateway itself can make a key, so it writes one to `dev_key_file` (mode 0600).
     With Redis, the Batch API keeps its files in this checkout's state folder (`batches/`)."""
     batches = f"file://{state_dir() / 'batches'}" if redis_url else None
-    env = {**os.environ, "LLMSTACK_UPSTREAM_URL": upstream,
-           "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(
-               spec, path=path, batch_storage_url=batches, serve_dashboard_url=dashboard_url or None),
-           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_METRICS_HOST": "127.0.0.1",
-           "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port)}
+    env = {
+        **os.environ,
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(
+            spec, path=path, batch_storage_url=batches, serve_dashboard_url=dashboard_url or None
+        ),
+        "LLMSTACK_GATEWAY_HOST": "127.0.0.1",
+        "LLMSTACK_GATEWAY_METRICS_HOST": "127.0.0.1",
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
+    }
     env.pop("LLMSTACK_REDIS_URL", None)
     env.pop("LLMSTACK_RAY_AUTH_TOKEN", None)
     if dashboard_token:
@@ -140,8 +170,9 @@ def first_token(base_url: str, api_key: str, model: str) -> None:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
-    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}],
-                                            max_tokens=4, stream=True)
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4, stream=True
+    )
     for _ in stream:
         break
     stream.close()
@@ -150,7 +181,7 @@ def first_token(base_url: str, api_key: str, model: str) -> None:
 def banner(base_url: str, api_key: str, models: list[str], store: str, metrics_url: str) -> str:
     model = models[0]
     return f"""
-llmstack dev is serving {', '.join(models)}  (keys and limits: {store})
+llmstack dev is serving {", ".join(models)}  (keys and limits: {store})
 
   base URL  {base_url}
   API key   {api_key}    (dev key, shown once; make a new one with every start)
@@ -168,8 +199,13 @@ Ctrl-C stops everything.
 """
 
 
-def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool = False, say: Say = _say,
-        path: ServingPath = SERVING_PATH) -> int:
+def run(
+    stack: str = "local",
+    port: int = DEFAULT_GATEWAY_PORT,
+    ready_json: bool = False,
+    say: Say = _say,
+    path: ServingPath = SERVING_PATH,
+) -> int:
     from infra.spec.stack_file import StackFileError
     from serving.gateway.auth.keys import create_key_sync
 
@@ -180,8 +216,10 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
         say(f"error: {exc}")
         return 2
     if spec.cloud.provider != "local":
-        say(f"error: stack {spec.name} is a cloud stack (cloud.provider {spec.cloud.provider}); "
-            "make dev runs a local stack, e.g. STACK=local")
+        say(
+            f"error: stack {spec.name} is a cloud stack (cloud.provider {spec.cloud.provider}); "
+            "make dev runs a local stack, e.g. STACK=local"
+        )
         return 2
     for folder in ensure_local_models(spec):
         say(f"built tiny model {folder}")
@@ -206,8 +244,10 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
                 cleanup.callback(redis.stop)
                 say(f"redis-server on 127.0.0.1:{redis.port} (private, no persistence)")
             else:
-                say("WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
-                    "memory (one process only, lost on exit). Install it: apt-get install -y redis-server")
+                say(
+                    "WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
+                    "memory (one process only, lost on exit). Install it: apt-get install -y redis-server"
+                )
             serve_port = claims.claim()
             haproxy_files = haproxy_dir()
             cleanup.callback(shutil.rmtree, haproxy_files, ignore_errors=True)
@@ -217,15 +257,28 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             key_file = None if redis_url else state_dir() / "dev-key"
             metrics_port, gateway_port, edge_health_port = claims.claim(), claims.claim(), claims.claim()
             metrics_url = f"http://127.0.0.1:{metrics_port}"
-            gateway = start_gateway(spec, port=gateway_port, metrics_port=metrics_port,
-                                    upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis_url,
-                                    dev_key_file=key_file, path=path, dashboard_url=ray_info["dashboard_url"],
-                                    dashboard_token=ray_auth_token())
+            gateway = start_gateway(
+                spec,
+                port=gateway_port,
+                metrics_port=metrics_port,
+                upstream=f"http://127.0.0.1:{serve_port}",
+                redis_url=redis_url,
+                dev_key_file=key_file,
+                path=path,
+                dashboard_url=ray_info["dashboard_url"],
+                dashboard_token=ray_auth_token(),
+            )
             cleanup.callback(terminate, gateway)
             edge_files = Path(haproxy_files) / "edge"
-            edge = start_edge(spec.gateway.edge, edge_files, port=port, gateway_port=gateway_port,
-                              health_port=edge_health_port, request_timeout_s=spec.gateway.request_timeout_s,
-                              shutdown_grace_s=spec.gateway.shutdown_grace_s)
+            edge = start_edge(
+                spec.gateway.edge,
+                edge_files,
+                port=port,
+                gateway_port=gateway_port,
+                health_port=edge_health_port,
+                request_timeout_s=spec.gateway.request_timeout_s,
+                shutdown_grace_s=spec.gateway.shutdown_grace_s,
+            )
             cleanup.callback(terminate, edge)
             if key_file:
                 cleanup.callback(key_file.unlink, missing_ok=True)
@@ -246,13 +299,28 @@ def run(stack: str = "local", port: int = DEFAULT_GATEWAY_PORT, ready_json: bool
             print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory", metrics_url), flush=True)
             if ready_json:
                 serve_root = f"http://127.0.0.1:{serve_port}"
-                print(json.dumps({"ready": True, "base_url": base_url, "api_key": api_key, "metrics_url": metrics_url,
-                                  "serve_url": f"{serve_root}/v1", "models": models,
-                                  # each model's own OpenAI base URL on Serve (direct path: its route prefix)
-                                  "model_urls": {m.model_name: serve_root + route_prefix(m, path).rstrip("/") + "/v1"
-                                                 for m in spec.models},
-                                  "serving_path": path.value, "redis_url": redis_url,
-                                  "dashboard_url": ray_info["dashboard_url"], "pid": os.getpid()}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "ready": True,
+                            "base_url": base_url,
+                            "api_key": api_key,
+                            "metrics_url": metrics_url,
+                            "serve_url": f"{serve_root}/v1",
+                            "models": models,
+                            # each model's own OpenAI base URL on Serve (direct path: its route prefix)
+                            "model_urls": {
+                                m.model_name: serve_root + route_prefix(m, path).rstrip("/") + "/v1"
+                                for m in spec.models
+                            },
+                            "serving_path": path.value,
+                            "redis_url": redis_url,
+                            "dashboard_url": ray_info["dashboard_url"],
+                            "pid": os.getpid(),
+                        }
+                    ),
+                    flush=True,
+                )
             while gateway.poll() is None and edge.poll() is None:
                 time.sleep(1)
             which = gateway if gateway.poll() is not None else edge
@@ -275,8 +343,9 @@ def _claim_gateway_port(claims: PortClaims, port: int) -> None:
     try:
         claims.claim(port)
     except OSError:
-        raise SystemExit(f"[llmstack dev] port {port} is taken by another program; "
-                         f"run `make dev PORT=<free port>`") from None
+        raise SystemExit(
+            f"[llmstack dev] port {port} is taken by another program; run `make dev PORT=<free port>`"
+        ) from None
 
 
 def _stop_ray(keep: Callable[[], set[int]] = set) -> None:
@@ -314,9 +383,13 @@ def main() -> None:
     parser.add_argument("--stack", default="local")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT") or DEFAULT_GATEWAY_PORT))
     parser.add_argument("--ready-json", action="store_true", help="print one JSON line when ready (tests)")
-    parser.add_argument("--serving-path", choices=[p.value for p in ServingPath], default=SERVING_PATH.value,
-                        help="how requests reach the engines; the others than the default are for "
-                             "`python -m ops.benchmarks.serving --paths` to compare")
+    parser.add_argument(
+        "--serving-path",
+        choices=[p.value for p in ServingPath],
+        default=SERVING_PATH.value,
+        help="how requests reach the engines; the others than the default are for "
+        "`python -m ops.benchmarks.serving --paths` to compare",
+    )
     args = parser.parse_args()
     sys.exit(run(args.stack, args.port, args.ready_json, path=ServingPath(args.serving_path)))
 

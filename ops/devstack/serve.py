@@ -63,12 +63,15 @@ def local_serving_env(spec: StackSpec, path: ServingPath, haproxy_dir: str) -> d
     watches one node, and that wait was most of a scale-down and of `make dev`'s stop."""
     env = serving_env(spec, path) | {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": str(LOCAL_DRAIN_S)}
     if "RAY_SERVE_ENABLE_HA_PROXY" in env:
-        env |= {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{haproxy_dir}/haproxy.cfg",
-                "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{haproxy_dir}/admin.sock",
-                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": haproxy_dir,
-                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{haproxy_dir}/server-state",
-                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{haproxy_dir}/metrics.sock"}
+        env |= {
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{haproxy_dir}/haproxy.cfg",
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{haproxy_dir}/admin.sock",
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": haproxy_dir,
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{haproxy_dir}/server-state",
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{haproxy_dir}/metrics.sock",
+        }
     return env
 
 
@@ -113,11 +116,17 @@ def details() -> dict[str, Any]:
         return {"applications": {}}
     # Validated and dumped as JSON types: enums become their plain values ("RUNNING").
     return ServeInstanceDetails.model_validate(client.get_serve_details()).model_dump(
-        mode="json", exclude_unset=True, warnings=False)
+        mode="json", exclude_unset=True, warnings=False
+    )
 
 
-def wait_running(app: str, *, timeout_s: float, on_change: Callable[[str], None],
-                 settled: Callable[[dict[str, Any]], bool] = lambda _: True) -> None:
+def wait_running(
+    app: str,
+    *,
+    timeout_s: float,
+    on_change: Callable[[str], None],
+    settled: Callable[[dict[str, Any]], bool] = lambda _: True,
+) -> None:
     """Poll until `app` is RUNNING and `settled(app details)` holds; report each new state.
 
     Raises RuntimeError on DEPLOY_FAILED / UNHEALTHY and TimeoutError past `timeout_s`.

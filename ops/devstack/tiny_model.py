@@ -106,8 +106,9 @@ def ensure_tiny_model(
     """
     if recipe is None:
         if name not in RECIPES:
-            raise ValueError(f"unknown tiny model {name!r}; known: {sorted(RECIPES)} "
-                             "(or pass recipe=TinyModelRecipe(...))")
+            raise ValueError(
+                f"unknown tiny model {name!r}; known: {sorted(RECIPES)} (or pass recipe=TinyModelRecipe(...))"
+            )
         recipe = RECIPES[name]
     cache_dir = Path(cache_dir) if cache_dir is not None else tiny_models_dir()
     target = cache_dir / name
@@ -171,7 +172,9 @@ def _train_tokenizer(recipe: TinyModelRecipe):
     tok.train_from_iterator(CORPUS_PATH.read_text().splitlines(keepends=True), trainer=trainer)
     # Like Llama 3: plain encodes start with BOS (chat prompts get it from the template).
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))],
+        single=f"{BOS} $A",
+        pair=f"{BOS} $A {BOS} $B",
+        special_tokens=[(BOS, tok.token_to_id(BOS))],
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -217,18 +220,17 @@ def _save_weights(out: Path, recipe: TinyModelRecipe, tokenizer) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed)
         model = LlamaForCausalLM(config).to(getattr(torch, recipe.dtype))
-    model.generation_config = GenerationConfig(
-        bos_token_id=ids[BOS], eos_token_id=stop_ids, pad_token_id=ids[EOS_TEXT]
-    )
+    model.generation_config = GenerationConfig(bos_token_id=ids[BOS], eos_token_id=stop_ids, pad_token_id=ids[EOS_TEXT])
     model.save_pretrained(out, safe_serialization=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (once) and print a tiny model folder.")
     parser.add_argument(
-        "--out", type=Path, default=None,
-        help="cache folder to put it in (default: $LLMSTACK_CACHE_DIR, "
-        "else <repo>/.cache/llmstack/models)",
+        "--out",
+        type=Path,
+        default=None,
+        help="cache folder to put it in (default: $LLMSTACK_CACHE_DIR, else <repo>/.cache/llmstack/models)",
     )
     parser.add_argument("--name", choices=sorted(RECIPES), default="tiny-llama")
     args = parser.parse_args(argv)

@@ -28,16 +28,24 @@ class LocalS3:
 
     def endpoint_env(self) -> dict[str, str]:
         """Environment for boto3 clients (ours, Ray's) to use this endpoint with dummy keys."""
-        return {"AWS_ENDPOINT_URL_S3": self.endpoint, "AWS_ENDPOINT_URL_STS": self.endpoint,
-                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_DEFAULT_REGION": "us-east-1"}
+        return {
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_ENDPOINT_URL_STS": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
 
 @contextmanager
 def running_s3(timeout_s: float = 30) -> Iterator[LocalS3]:
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

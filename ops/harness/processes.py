@@ -108,21 +108,28 @@ def _pgid(pid: int) -> int | None:
 
 
 @contextmanager
-def background(args: list[str], log: Path, env: dict[str, str] | None = None, *,
-               cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+def background(
+    args: list[str], log: Path, env: dict[str, str] | None = None, *, cwd: Path | None = None
+) -> Iterator[subprocess.Popen]:
     """`args` running from the repository root (or `cwd`: another checkout, whose packages a
     `python -m` then imports), stdout and stderr to `log`."""
     with log.open("w") as out:
-        process = subprocess.Popen(args, cwd=cwd or PROJECT_ROOT, env={**os.environ, **(env or {})}, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            args, cwd=cwd or PROJECT_ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         yield process
     finally:
         terminate(process)
 
 
-def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float = 120, *,
-                  ok: Callable[[httpx.Response], bool] = lambda response: True) -> httpx.Response:
+def wait_for_http(
+    url: str,
+    process: subprocess.Popen,
+    timeout_s: float = 120,
+    *,
+    ok: Callable[[httpx.Response], bool] = lambda response: True,
+) -> httpx.Response:
     """Return the first answer from `url` that `ok` accepts (by default any HTTP answer);
     fail if `process` exits first or the time runs out."""
     deadline = time.monotonic() + timeout_s

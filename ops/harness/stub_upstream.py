@@ -36,8 +36,14 @@ PROMPT_TOKENS = 5
 def chunk(model: str, delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
     """One `chat.completion.chunk`: a delta (or none, for the usage-only chunk) and/or usage."""
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    return {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": choices, "usage": usage}
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
 
 
 def sse(payload: dict | str) -> bytes:
@@ -51,8 +57,11 @@ async def models(request: Request) -> Response:
 
 def steering(body: dict) -> dict:
     messages = body.get("messages")
-    content = messages[0].get("content") if isinstance(messages, list) and messages and isinstance(
-        messages[0], dict) else None
+    content = (
+        messages[0].get("content")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict)
+        else None
+    )
     if isinstance(content, str) and "#stub " in content:
         return json.JSONDecoder().raw_decode(content.split("#stub ", 1)[1])[0]
     return {}
@@ -69,19 +78,33 @@ async def chat(request: Request) -> Response:
     if not body.get("stream"):
         if interval:
             await asyncio.sleep(interval * chunks)  # as long as the stream would have taken
-        return JSONResponse({
-            "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": " tok" * chunks}}],
-            "usage": usage})
+        return JSONResponse(
+            {
+                "id": "chatcmpl-stub",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": " tok" * chunks}}
+                ],
+                "usage": usage,
+            }
+        )
     options = body.get("stream_options") or {}
     include_usage = options.get("include_usage") is True
     # As vLLM does: with include_usage and continuous_usage_stats, every chunk carries the usage so far.
     continuous = include_usage and options.get("continuous_usage_stats") is True
 
     def so_far(completion: int) -> dict | None:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion} if continuous else None
+        return (
+            {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+            }
+            if continuous
+            else None
+        )
 
     async def events():
         yield sse(chunk(model, {"role": "assistant", "content": ""}, usage=so_far(0)))
@@ -98,8 +121,9 @@ async def chat(request: Request) -> Response:
 
 
 def app() -> Starlette:
-    return Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
-                             Route("/v1/chat/completions", chat, methods=["POST"])])
+    return Starlette(
+        routes=[Route("/v1/models", models, methods=["GET"]), Route("/v1/chat/completions", chat, methods=["POST"])]
+    )
 
 
 def main() -> None:

@@ -29,11 +29,25 @@ from botocore.exceptions import (
 
 RETRIES = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=60)
 
-EXPIRED = {"ExpiredToken", "ExpiredTokenException", "RequestExpired", "InvalidClientTokenId",
-           "UnrecognizedClientException", "SignatureDoesNotMatch", "InvalidToken"}
+EXPIRED = {
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+}
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "Forbidden", "403"}
-THROTTLED = {"Throttling", "ThrottlingException", "RequestLimitExceeded", "SlowDown", "TooManyRequestsException",
-             "RequestThrottled", "503"}
+THROTTLED = {
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "SlowDown",
+    "TooManyRequestsException",
+    "RequestThrottled",
+    "503",
+}
 # The IAM permission each call we make needs, for the access-denied hint.
 PERMISSIONS = {
     "GetCallerIdentity": "sts:GetCallerIdentity",
@@ -42,11 +56,19 @@ PERMISSIONS = {
     "DescribeAvailabilityZones": "ec2:DescribeAvailabilityZones",
     "DescribeInstanceTypeOfferings": "ec2:DescribeInstanceTypeOfferings",
     "DescribeSpotPriceHistory": "ec2:DescribeSpotPriceHistory",
-    "DescribeImages": "ecr:DescribeImages", "GetRole": "iam:GetRole", "GetParameter": "ssm:GetParameter",
-    "HeadObject": "s3:GetObject", "GetObject": "s3:GetObject", "ListObjectsV2": "s3:ListBucket",
-    "PutObject": "s3:PutObject", "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject",
-    "CompleteMultipartUpload": "s3:PutObject", "ListMultipartUploads": "s3:ListBucketMultipartUploads",
-    "AbortMultipartUpload": "s3:AbortMultipartUpload", "HeadBucket": "s3:ListBucket",
+    "DescribeImages": "ecr:DescribeImages",
+    "GetRole": "iam:GetRole",
+    "GetParameter": "ssm:GetParameter",
+    "HeadObject": "s3:GetObject",
+    "GetObject": "s3:GetObject",
+    "ListObjectsV2": "s3:ListBucket",
+    "PutObject": "s3:PutObject",
+    "CreateMultipartUpload": "s3:PutObject",
+    "UploadPart": "s3:PutObject",
+    "CompleteMultipartUpload": "s3:PutObject",
+    "ListMultipartUploads": "s3:ListBucketMultipartUploads",
+    "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "HeadBucket": "s3:ListBucket",
 }
 LOGIN_HINT = "run `aws sso login` or `aws configure`, or set AWS_PROFILE"
 
@@ -88,8 +110,10 @@ def describe_aws_error(exc: BaseException, *, doing: str = "") -> str:
             permission = PERMISSIONS.get(operation, operation)
             return f"access denied{where} ({operation}): the identity needs the IAM permission {permission}"
         if code == "NoSuchBucket":
-            return (f"the model cache bucket does not exist{where}: `make deploy` creates it "
-                    "(or check llmstack:model_cache.bucket in the stack file)")
+            return (
+                f"the model cache bucket does not exist{where}: `make deploy` creates it "
+                "(or check llmstack:model_cache.bucket in the stack file)"
+            )
         if code in THROTTLED:
             return f"AWS throttled {operation}{where} even after retries ({code}): wait a minute and retry"
         return f"AWS error{where}: {operation} failed with {code}: {message}".rstrip(": ")

@@ -41,10 +41,19 @@ async def _batches(admin: _Admin, tenant: str | None, active: bool) -> list[tupl
     if active:
         ids = await admin.store.active()
     else:
-        tenants = [tenant] if tenant else [name.rsplit(":", 1)[1] async for name in
-                                           admin.redis.scan_iter(match="llmstack:batches:tenant:*", count=500)]
-        ids = [batch_id for t in tenants for batch_id in await admin.redis.zrevrange(
-            f"llmstack:batches:tenant:{t}", 0, PAGE - 1)]
+        tenants = (
+            [tenant]
+            if tenant
+            else [
+                name.rsplit(":", 1)[1]
+                async for name in admin.redis.scan_iter(match="llmstack:batches:tenant:*", count=500)
+            ]
+        )
+        ids = [
+            batch_id
+            for t in tenants
+            for batch_id in await admin.redis.zrevrange(f"llmstack:batches:tenant:{t}", 0, PAGE - 1)
+        ]
     rows = []
     for batch_id in ids:
         record = await admin.store.batch(batch_id, tenant)
@@ -63,16 +72,23 @@ def _check_id(batch_id: str) -> None:
 
 
 @app.command("ls")
-def list_batches(stack: StackOption = "local", redis_url: RedisOption = None,
-                 redis_password_file: PasswordFileOption = None,
-                 tenant: Annotated[str | None, typer.Option(help="Only this tenant's batches.")] = None,
-                 active: Annotated[bool, typer.Option("--active", help="Only batches not yet finished.")] = False,
-                 as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def list_batches(
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's batches.")] = None,
+    active: Annotated[bool, typer.Option("--active", help="Only batches not yet finished.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Batches, newest first: status, lines done and failed of the total, when made and when they expire."""
     rows = _run(_store_url(redis_url, stack, redis_password_file), lambda a: _batches(a, tenant, active), _Admin)
     if as_json:
-        print(json.dumps([record.api(counts) | {"tenant": record.tenant, "key_id": record.key_id}
-                          for record, counts in rows], indent=2))
+        print(
+            json.dumps(
+                [record.api(counts) | {"tenant": record.tenant, "key_id": record.key_id} for record, counts in rows],
+                indent=2,
+            )
+        )
         return
     table = Table()
     table.add_column("batch id", no_wrap=True)  # copied into `show` and `cancel`: never broken over lines
@@ -80,8 +96,16 @@ def list_batches(stack: StackOption = "local", redis_url: RedisOption = None,
         table.add_column(title)
     for record, counts in rows:
         answer = record.api(counts)["request_counts"]
-        table.add_row(record.id, record.tenant, record.status, str(answer["completed"]), str(answer["failed"]),
-                      str(answer["total"]), _when(record.created_at), _when(record.expires_at))
+        table.add_row(
+            record.id,
+            record.tenant,
+            record.status,
+            str(answer["completed"]),
+            str(answer["failed"]),
+            str(answer["total"]),
+            _when(record.created_at),
+            _when(record.expires_at),
+        )
     out.print(table)
 
 
@@ -91,14 +115,22 @@ async def _show(admin: _Admin, batch_id: str) -> dict[str, Any] | None:
         return None
     running = await admin.store.running(batch_id, 0)
     return record.api(await admin.store.counts(batch_id)) | {
-        "tenant": record.tenant, "key_id": record.key_id, "lines_running": running,
-        "lines_waiting": await admin.store.lines_waiting(batch_id), "ending": record.ending,
-        "stop_code": record.stop_code}
+        "tenant": record.tenant,
+        "key_id": record.key_id,
+        "lines_running": running,
+        "lines_waiting": await admin.store.lines_waiting(batch_id),
+        "ending": record.ending,
+        "stop_code": record.stop_code,
+    }
 
 
 @app.command()
-def show(batch_id: str, stack: StackOption = "local", redis_url: RedisOption = None,
-         redis_password_file: PasswordFileOption = None) -> None:
+def show(
+    batch_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+) -> None:
     """One batch as its tenant sees it, plus its tenant and key, lines running and waiting now and why it stopped."""
     _check_id(batch_id)
     shown = _run(_store_url(redis_url, stack, redis_password_file), lambda a: _show(a, batch_id), _Admin)
@@ -109,15 +141,18 @@ def show(batch_id: str, stack: StackOption = "local", redis_url: RedisOption = N
 
 
 async def _cancel(admin: _Admin, batch_id: str) -> str | None:
-    if await admin.store.transition(batch_id, ("validating", "in_progress"), status="cancelling",
-                                    cancelling_at=now()):
+    if await admin.store.transition(batch_id, ("validating", "in_progress"), status="cancelling", cancelling_at=now()):
         return "cancelling"
     return await admin.store.status(batch_id)
 
 
 @app.command()
-def cancel(batch_id: str, stack: StackOption = "local", redis_url: RedisOption = None,
-           redis_password_file: PasswordFileOption = None) -> None:
+def cancel(
+    batch_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+) -> None:
     """Stop a batch: no new line starts; a gateway finalizes it with what completed."""
     _check_id(batch_id)
     status = _run(_store_url(redis_url, stack, redis_password_file), lambda a: _cancel(a, batch_id), _Admin)

@@ -32,14 +32,21 @@ def aws_credentials_hint(environ: dict[str, str], home: Path) -> str | None:
     This only looks for a source (env keys, a profile, web identity, container credentials,
     the shared files); whether the credentials work is for `llmctl doctor` to check.
     """
-    sources = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
-               "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+    sources = (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    )
     if any(environ.get(name) for name in sources):
         return None
     if (home / ".aws" / "credentials").is_file() or (home / ".aws" / "config").is_file():
         return None
-    return ("no AWS credentials found: run `aws configure` or `aws sso login`, "
-            "or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+    return (
+        "no AWS credentials found: run `aws configure` or `aws sso login`, "
+        "or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+    )
 
 
 def preflight(action: str, stack: str, *, environ: dict[str, str], home: Path) -> str | None:
@@ -49,8 +56,10 @@ def preflight(action: str, stack: str, *, environ: dict[str, str], home: Path) -
     except StackFileError as exc:
         return str(exc)
     if spec.cloud.provider == "local":
-        return (f"stack {spec.name} is the local CPU stack: there is nothing to provision. "
-                "Run it with `make dev`; deploy a cloud stack with STACK=dev or STACK=prod")
+        return (
+            f"stack {spec.name} is the local CPU stack: there is nothing to provision. "
+            "Run it with `make dev`; deploy a cloud stack with STACK=dev or STACK=prod"
+        )
     if shutil.which("pulumi", path=environ.get("PATH")) is None:
         return f"the Pulumi CLI is not installed: see {PULUMI_INSTALL}"
     hint = aws_credentials_hint(environ, home)
@@ -65,8 +74,10 @@ def preflight(action: str, stack: str, *, environ: dict[str, str], home: Path) -
 
 
 @app.command()
-def main(action: str = typer.Argument(..., help="preview, deploy or destroy"),
-         stack: str = typer.Option(..., "--stack", "-s", help="Stack name (Pulumi.<name>.yaml).")) -> None:
+def main(
+    action: str = typer.Argument(..., help="preview, deploy or destroy"),
+    stack: str = typer.Option(..., "--stack", "-s", help="Stack name (Pulumi.<name>.yaml)."),
+) -> None:
     if action not in ACTIONS:
         typer.echo(f"unknown action {action!r}; use one of {', '.join(ACTIONS)}", err=True)
         raise typer.Exit(2)
@@ -75,11 +86,13 @@ def main(action: str = typer.Argument(..., help="preview, deploy or destroy"),
         typer.echo(f"make {action}: {problem}", err=True)
         raise typer.Exit(1)
     if action == "preview":
-        subprocess.run([sys.executable, "-m", "ops.llmctl.main", "plan", "--stack", stack], check=True,
-                       cwd=PROJECT_ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "ops.llmctl.main", "plan", "--stack", stack], check=True, cwd=PROJECT_ROOT
+        )
     if action == "deploy":
-        doctor = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", stack, "--strict"],
-                                cwd=PROJECT_ROOT)
+        doctor = subprocess.run(
+            [sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", stack, "--strict"], cwd=PROJECT_ROOT
+        )
         if doctor.returncode:
             typer.echo("make deploy: stopped by llmctl doctor (see above); nothing was created", err=True)
             raise typer.Exit(1)

@@ -39,21 +39,41 @@ tenants_app = typer.Typer(help="Limits shared by all keys of a tenant: list, sho
 T = TypeVar("T")
 
 PASSWORD_VAR = "LLMSTACK_REDIS_PASSWORD"
-RedisOption = Annotated[str | None, typer.Option(
-    "--redis-url", help=f"Redis the gateway uses, without its password (that comes from {PASSWORD_VAR} or "
-                        "--redis-password-file).")]
-PasswordFileOption = Annotated[Path | None, typer.Option(
-    "--redis-password-file", envvar="LLMSTACK_REDIS_PASSWORD_FILE", help="File holding the Redis password.")]
+RedisOption = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        help=f"Redis the gateway uses, without its password (that comes from {PASSWORD_VAR} or --redis-password-file).",
+    ),
+]
+PasswordFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--redis-password-file", envvar="LLMSTACK_REDIS_PASSWORD_FILE", help="File holding the Redis password."
+    ),
+]
 StackOption = Annotated[str, typer.Option("--stack", "-s", help="Stack (local: the running make dev).")]
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "daily_token_budget", "max_concurrent_requests",
-                "monthly_budget_usd")
-BudgetOption = Annotated[Decimal | None, typer.Option(
-    "--monthly-budget-usd", min=0.01, help="Dollars per calendar month (UTC) at the models' rate card (llmctl cost).")]
+LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "daily_token_budget",
+    "max_concurrent_requests",
+    "monthly_budget_usd",
+)
+BudgetOption = Annotated[
+    Decimal | None,
+    typer.Option(
+        "--monthly-budget-usd",
+        min=0.01,
+        help="Dollars per calendar month (UTC) at the models' rate card (llmctl cost).",
+    ),
+]
 # Where a key's requests queue when a model is saturated (the stack's gateway.queue.tiers).
 QUEUE_FIELDS = ("tier", "weight")
 TierOption = Annotated[str | None, typer.Option(help="Queue tier (gateway.queue.tiers of the stack), e.g. batch.")]
-WeightOption = Annotated[float | None, typer.Option(min=0.001, max=1000,
-                                                    help="Share of a saturated model within its tier (default 1).")]
+WeightOption = Annotated[
+    float | None, typer.Option(min=0.001, max=1000, help="Share of a saturated model within its tier (default 1).")
+]
 
 
 def resolve_redis_url(explicit: str | None, stack: str, environ: dict[str, str], dev_redis_url: str | None) -> str:
@@ -64,15 +84,19 @@ def resolve_redis_url(explicit: str | None, stack: str, environ: dict[str, str],
             raise typer.BadParameter(
                 f"the URL carries a password, which every user of this machine can read with `ps`: give the URL "
                 f"without it and the password in {PASSWORD_VAR} or a file (--redis-password-file)",
-                param_hint="--redis-url")
+                param_hint="--redis-url",
+            )
         return explicit
     if environ.get("LLMSTACK_REDIS_URL"):
         return environ["LLMSTACK_REDIS_URL"]
     if stack == "local" and dev_redis_url:
         return dev_redis_url
-    hint = "start `make dev` (it runs a private redis-server)" if stack == "local" else \
-        f"port-forward the stack's Redis and pass --redis-url redis[s]://127.0.0.1:<port>/0 with the password in " \
+    hint = (
+        "start `make dev` (it runs a private redis-server)"
+        if stack == "local"
+        else f"port-forward the stack's Redis and pass --redis-url redis[s]://127.0.0.1:<port>/0 with the password in "
         f"{PASSWORD_VAR}"
+    )
     raise typer.BadParameter(f"no Redis to manage keys in: {hint}, or set LLMSTACK_REDIS_URL", param_hint="--redis-url")
 
 
@@ -91,8 +115,9 @@ def redis_password(environ: dict[str, str], password_file: Path | None) -> str |
         try:
             return password_file.read_text().strip() or None
         except OSError as exc:
-            raise typer.BadParameter(f"cannot read {password_file}: {exc.strerror}",
-                                     param_hint="--redis-password-file") from None
+            raise typer.BadParameter(
+                f"cannot read {password_file}: {exc.strerror}", param_hint="--redis-password-file"
+            ) from None
     return environ.get(PASSWORD_VAR) or None
 
 
@@ -143,8 +168,9 @@ def _queueing(**values: str | float | None) -> dict[str, Any]:
     return given
 
 
-async def _create(store: RedisKeyStore, tenant: str, name: str, *, queueing: dict[str, Any], **options: Any
-                  ) -> tuple[str, KeyRecord]:
+async def _create(
+    store: RedisKeyStore, tenant: str, name: str, *, queueing: dict[str, Any], **options: Any
+) -> tuple[str, KeyRecord]:
     """A new key, then its tier and weight (the key store's create takes limits only). The key is
     printed only after both writes, so nobody holds it before its record is complete."""
     key, record = await store.create(tenant, name, **options)
@@ -177,21 +203,38 @@ def create(
 ) -> None:
     """Make a key. The key is printed once, on stdout; only its hash is stored."""
     expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
-    limits = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
-                     daily_token_budget=daily_token_budget, max_concurrent_requests=max_concurrent_requests,
-                     monthly_budget_usd=monthly_budget_usd)
+    limits = _limits(
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        daily_token_budget=daily_token_budget,
+        max_concurrent_requests=max_concurrent_requests,
+        monthly_budget_usd=monthly_budget_usd,
+    )
     queueing = _queueing(tier=tier, weight=weight)
-    key, record = _run(_store_url(redis_url, stack, redis_password_file), lambda s: _create(
-        s, tenant, name, expires_at=expires, allowed_models=model or None, limits=limits, shadow=shadow,
-        queueing=queueing))
+    key, record = _run(
+        _store_url(redis_url, stack, redis_password_file),
+        lambda s: _create(
+            s,
+            tenant,
+            name,
+            expires_at=expires,
+            allowed_models=model or None,
+            limits=limits,
+            shadow=shadow,
+            queueing=queueing,
+        ),
+    )
     err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
     print(key)
 
 
 @app.command("list")
-def list_keys(stack: StackOption = "local", redis_url: RedisOption = None,
-              redis_password_file: PasswordFileOption = None,
-              as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def list_keys(
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Every key: id, tenant, name, state, models, limit overrides. Never the key itself."""
     records = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.list())
     if as_json:
@@ -202,15 +245,27 @@ def list_keys(stack: StackOption = "local", redis_url: RedisOption = None,
     for r in records:
         state = "revoked" if r.revoked else "expired" if r.expires_at and r.expires_at <= now else "active"
         overrides = ", ".join(f"{f}={getattr(r, f)}" for f in LIMIT_FIELDS if getattr(r, f) is not None)
-        table.add_row(r.key_id, r.tenant, r.name, r.created_at.strftime("%Y-%m-%d %H:%M"), state,
-                      ", ".join(r.allowed_models or ["all"]), overrides or "-", "shadow" if r.shadow else "enforced",
-                      f"{r.tier or 'default'} x{r.weight or 1:g}")
+        table.add_row(
+            r.key_id,
+            r.tenant,
+            r.name,
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+            state,
+            ", ".join(r.allowed_models or ["all"]),
+            overrides or "-",
+            "shadow" if r.shadow else "enforced",
+            f"{r.tier or 'default'} x{r.weight or 1:g}",
+        )
     out.print(table)
 
 
 @app.command()
-def show(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None,
-         redis_password_file: PasswordFileOption = None) -> None:
+def show(
+    key_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+) -> None:
     """One key's record, as JSON."""
     record = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.get(key_id))
     if record is None:
@@ -220,8 +275,12 @@ def show(key_id: str, stack: StackOption = "local", redis_url: RedisOption = Non
 
 
 @app.command()
-def revoke(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None,
-           redis_password_file: PasswordFileOption = None) -> None:
+def revoke(
+    key_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+) -> None:
     """Refuse the key from the next request on, on every gateway replica."""
     if not _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.revoke(key_id)):
         err.print(f"no key with id {key_id!r} (llmctl keys list shows them)")
@@ -240,22 +299,28 @@ def set_key(
     daily_token_budget: Annotated[int | None, typer.Option(min=1)] = None,
     max_concurrent_requests: Annotated[int | None, typer.Option(min=1)] = None,
     monthly_budget_usd: BudgetOption = None,
-    shadow: Annotated[bool | None, typer.Option("--shadow/--enforce", help="Log over-limit requests / refuse them.")
-                      ] = None,
+    shadow: Annotated[
+        bool | None, typer.Option("--shadow/--enforce", help="Log over-limit requests / refuse them.")
+    ] = None,
     tier: TierOption = None,
     weight: WeightOption = None,
 ) -> None:
     """Change a key's limits, mode, tier or weight; every gateway replica applies it from the next request."""
-    changes: dict[str, Any] = _limits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute,
-                                      daily_token_budget=daily_token_budget,
-                                      max_concurrent_requests=max_concurrent_requests,
-                                      monthly_budget_usd=monthly_budget_usd)
+    changes: dict[str, Any] = _limits(
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        daily_token_budget=daily_token_budget,
+        max_concurrent_requests=max_concurrent_requests,
+        monthly_budget_usd=monthly_budget_usd,
+    )
     if shadow is not None:
         changes["shadow"] = shadow
     changes.update(_queueing(tier=tier, weight=weight))
     if not changes:
-        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 30), --shadow/--enforce, "
-                  "--tier or --weight")
+        err.print(
+            "nothing to change: give a limit option (e.g. --requests-per-minute 30), --shadow/--enforce, "
+            "--tier or --weight"
+        )
         raise typer.Exit(ExitCode.UNUSABLE_INPUT)
     record = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.update(key_id, **changes))
     if record is None:
@@ -265,17 +330,30 @@ def set_key(
 
 
 @app.command()
-def rotate(key_id: str, stack: StackOption = "local", redis_url: RedisOption = None,
-           redis_password_file: PasswordFileOption = None) -> None:
+def rotate(
+    key_id: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+) -> None:
     """A new key with the same tenant, name, models, expiry, limits, tier and weight; the old one is revoked."""
+
     async def swap(store: RedisKeyStore) -> tuple[str, KeyRecord] | None:
         old = await store.get(key_id)
         if old is None:
             return None
         limits = {f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None}
         queueing = {f: getattr(old, f) for f in QUEUE_FIELDS if getattr(old, f) is not None}
-        made = await _create(store, old.tenant, old.name, expires_at=old.expires_at,
-                             allowed_models=old.allowed_models, limits=limits, shadow=old.shadow, queueing=queueing)
+        made = await _create(
+            store,
+            old.tenant,
+            old.name,
+            expires_at=old.expires_at,
+            allowed_models=old.allowed_models,
+            limits=limits,
+            shadow=old.shadow,
+            queueing=queueing,
+        )
         await store.revoke(key_id)
         return made
 
@@ -293,14 +371,20 @@ def _tenant_row(limits: Any) -> str:
 
 
 @tenants_app.command("list")
-def list_tenants(stack: StackOption = "local", redis_url: RedisOption = None,
-                 redis_password_file: PasswordFileOption = None,
-                 as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def list_tenants(
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Every tenant with limits of its own (the others get the stack's gateway.default_tenant_limits)."""
     tenants = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.list(), TenantStore)
     if as_json:
-        print(json.dumps({t: limits.model_dump(mode="json", exclude_none=True) for t, limits in tenants.items()},
-                         indent=2))
+        print(
+            json.dumps(
+                {t: limits.model_dump(mode="json", exclude_none=True) for t, limits in tenants.items()}, indent=2
+            )
+        )
         return
     table = Table("tenant", "own limits")
     for tenant, limits in tenants.items():
@@ -309,13 +393,21 @@ def list_tenants(stack: StackOption = "local", redis_url: RedisOption = None,
 
 
 @tenants_app.command("show")
-def show_tenant(tenant: str, stack: StackOption = "local", redis_url: RedisOption = None,
-                redis_password_file: PasswordFileOption = None) -> None:
+def show_tenant(
+    tenant: str,
+    stack: StackOption = "local",
+    redis_url: RedisOption = None,
+    redis_password_file: PasswordFileOption = None,
+) -> None:
     """A tenant's own limits and the tokens its keys were billed today, as JSON."""
+
     async def read(store: TenantStore) -> dict[str, Any]:
         limits = await store.get(tenant)
-        return {"tenant": tenant, "limits": limits.model_dump(mode="json", exclude_none=True),
-                "tokens_today": await store.used_today(tenant)}
+        return {
+            "tenant": tenant,
+            "limits": limits.model_dump(mode="json", exclude_none=True),
+            "tokens_today": await store.used_today(tenant),
+        }
 
     print(json.dumps(_run(_store_url(redis_url, stack, redis_password_file), read, TenantStore), indent=2))
 
@@ -330,14 +422,23 @@ def set_tenant(
     tokens_per_minute: Annotated[int | None, typer.Option(min=0, help="0: back to the default.")] = None,
     daily_token_budget: Annotated[int | None, typer.Option(min=0, help="0: back to the default.")] = None,
     max_concurrent_requests: Annotated[int | None, typer.Option(min=0, help="0: back to the default.")] = None,
-    monthly_budget_usd: Annotated[Decimal | None, typer.Option(
-        "--monthly-budget-usd", min=0, help="Dollars per calendar month (UTC) at the models' rate card; "
-        "0: back to the default.")] = None,
+    monthly_budget_usd: Annotated[
+        Decimal | None,
+        typer.Option(
+            "--monthly-budget-usd",
+            min=0,
+            help="Dollars per calendar month (UTC) at the models' rate card; 0: back to the default.",
+        ),
+    ] = None,
 ) -> None:
     """Set limits shared by all the tenant's keys, on top of each key's own (0 removes one)."""
-    given = {"requests_per_minute": requests_per_minute, "tokens_per_minute": tokens_per_minute,
-             "daily_token_budget": daily_token_budget, "max_concurrent_requests": max_concurrent_requests,
-             "monthly_budget_usd": monthly_budget_usd}
+    given = {
+        "requests_per_minute": requests_per_minute,
+        "tokens_per_minute": tokens_per_minute,
+        "daily_token_budget": daily_token_budget,
+        "max_concurrent_requests": max_concurrent_requests,
+        "monthly_budget_usd": monthly_budget_usd,
+    }
     changes = {name: (value or None) for name, value in given.items() if value is not None}
     if not changes:
         err.print("nothing to change: give a limit option (e.g. --requests-per-minute 600)")

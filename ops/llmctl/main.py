@@ -28,8 +28,12 @@ from ops.llmctl.plan_view import plan_tables, problem_lines
 from ops.llmctl.scale.cli import scale
 from ops.llmctl.status.cli import status
 
-app = typer.Typer(help="Plan, render and operate llmstack stacks.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Plan, render and operate llmstack stacks.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(batches_app, name="batches")
@@ -56,13 +60,20 @@ def _cache_bucket(spec: StackSpec) -> str | None:
         return bucket_name(spec, aws.account_id(aws.session(spec.cloud.region)))
     except aws.AwsProblem as exc:
         if not cached:
-            err.print(f"[yellow]note:[/yellow] the gateway's Batch API keeps its files in the model cache bucket, "
-                      f"named after the AWS account ({exc}): rendered without it, where `pulumi up` sets it; or set "
-                      f"llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml", highlight=False, soft_wrap=True)
+            err.print(
+                f"[yellow]note:[/yellow] the gateway's Batch API keeps its files in the model cache bucket, "
+                f"named after the AWS account ({exc}): rendered without it, where `pulumi up` sets it; or set "
+                f"llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
+                highlight=False,
+                soft_wrap=True,
+            )
             return None
-        err.print(f"[red]error:[/red] the stack has cached models, so its bucket name is needed and it comes from the "
-                  f"AWS account: {exc}; or set llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
-                  highlight=False, soft_wrap=True)
+        err.print(
+            f"[red]error:[/red] the stack has cached models, so its bucket name is needed and it comes from the "
+            f"AWS account: {exc}; or set llmstack:model_cache.bucket in Pulumi.{spec.name}.yaml",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(ExitCode.FAILED) from None
 
 
@@ -73,16 +84,21 @@ def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", hel
     result = plan_stack(spec)
     warnings = stack_warnings(spec, date.today())
     if as_json:
-        print(json.dumps({"ok": result.ok, **result.model_dump(mode="json"),
-                          "warnings": [w.model_dump() for w in warnings]}, indent=2))
+        print(
+            json.dumps(
+                {"ok": result.ok, **result.model_dump(mode="json"), "warnings": [w.model_dump() for w in warnings]},
+                indent=2,
+            )
+        )
     else:
         for table in plan_tables(result):
             out.print(table)
         for line in problem_lines(result):
             err.print(line, highlight=False, soft_wrap=True)
         for warning in warnings:
-            err.print(f"[yellow]warning[/yellow] llmstack:{warning.key}: {warning.message}", highlight=False,
-                      soft_wrap=True)
+            err.print(
+                f"[yellow]warning[/yellow] llmstack:{warning.key}: {warning.message}", highlight=False, soft_wrap=True
+            )
         if result.ok:
             out.print(f"[green]plan ok[/green]: stack {spec.name} fits.")
     if not result.ok:
@@ -118,8 +134,7 @@ def render(
 def doctor(
     stack: StackOption,
     offline: Annotated[bool, typer.Option("--offline", help="Only the checks that need no network.")] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="A check that could not run fails (make deploy).")]
-    = False,
+    strict: Annotated[bool, typer.Option("--strict", help="A check that could not run fails (make deploy).")] = False,
 ) -> None:
     """Preflight: plan, tools, AWS identity and admins, zones, GPU quotas, offerings, images, spot role, GPU AMI."""
     from ops.llmctl.doctor.checks import Status, exit_code

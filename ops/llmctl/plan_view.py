@@ -30,32 +30,56 @@ def _cold_start(expected: float | None, timeout: float | None, min_replicas: int
 
 
 def plan_tables(plan: StackPlan) -> list[Table]:
-    models = Table(title=f"stack {plan.stack}: models (per replica: GPUs, weights, KV cache)",
-                   title_justify="left")
-    for column in ("model", "node group", "GPUs", "weights", "KV/token", "KV tokens",
-                   "seqs@max_len", "replicas", "nodes", "$/hour", "cold start"):
+    models = Table(title=f"stack {plan.stack}: models (per replica: GPUs, weights, KV cache)", title_justify="left")
+    for column in (
+        "model",
+        "node group",
+        "GPUs",
+        "weights",
+        "KV/token",
+        "KV tokens",
+        "seqs@max_len",
+        "replicas",
+        "nodes",
+        "$/hour",
+        "cold start",
+    ):
         models.add_column(column, justify="left" if column in ("model", "node group") else "right")
     for m in plan.models:
         models.add_row(
-            m.model_id, m.node_group, str(m.gpus_per_replica or "-"),
-            _size(m.weight_bytes), _size(m.kv_bytes_per_token), f"{m.kv_tokens_per_replica:,}",
-            f"{m.max_concurrent_sequences:,}", f"{m.min_replicas} - {m.max_replicas}",
-            f"{m.nodes_at_min} - {m.nodes_at_max}", _money(m.usd_per_hour_at_min, m.usd_per_hour_at_max),
-            _cold_start(m.cold_start_s, m.cold_start_timeout_s, m.min_replicas))
+            m.model_id,
+            m.node_group,
+            str(m.gpus_per_replica or "-"),
+            _size(m.weight_bytes),
+            _size(m.kv_bytes_per_token),
+            f"{m.kv_tokens_per_replica:,}",
+            f"{m.max_concurrent_sequences:,}",
+            f"{m.min_replicas} - {m.max_replicas}",
+            f"{m.nodes_at_min} - {m.nodes_at_max}",
+            _money(m.usd_per_hour_at_min, m.usd_per_hour_at_max),
+            _cold_start(m.cold_start_s, m.cold_start_timeout_s, m.min_replicas),
+        )
     if any(m.gpu_memory is not None for m in plan.models):
         models.caption = f"GPU KV cache as vLLM {plan.vllm_version} sizes it (the cluster image's release)"
     groups = Table(title=f"stack {plan.stack}: node groups (on-demand prices, us-east-1)", title_justify="left")
     for column in ("node group", "instance", "capacity", "max_size", "nodes", "blue/green upgrade", "$/hour"):
         groups.add_column(column)
     for g in plan.node_groups:
-        groups.add_row(g.name, g.instance_type or "cpu", g.capacity_type, str(g.max_size),
-                       f"{g.nodes_at_min} - {g.nodes_at_max}", g.blue_green,
-                       _money(g.usd_per_hour_at_min, g.usd_per_hour_at_max))
+        groups.add_row(
+            g.name,
+            g.instance_type or "cpu",
+            g.capacity_type,
+            str(g.max_size),
+            f"{g.nodes_at_min} - {g.nodes_at_max}",
+            g.blue_green,
+            _money(g.usd_per_hour_at_min, g.usd_per_hour_at_max),
+        )
     lows = [g.usd_per_hour_at_min for g in plan.node_groups if g.usd_per_hour_at_min is not None]
     highs = [g.usd_per_hour_at_max for g in plan.node_groups if g.usd_per_hour_at_max is not None]
     if lows:
-        groups.caption = (f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour "
-                          "(spot groups shown at on-demand price)")
+        groups.caption = (
+            f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour (spot groups shown at on-demand price)"
+        )
     return [models, groups, *([ingress_table(plan)] if plan.ingress else [])]
 
 
@@ -63,17 +87,25 @@ def ingress_table(plan: StackPlan) -> Table:
     """The serving ingress: LLMRouter replicas sized for the stack's estimated peak tokens/s."""
     ingress = plan.ingress
     assert ingress is not None
-    table = Table(title=f"stack {plan.stack}: serving ingress (estimates: infra/catalog/serving_estimates.yaml)",
-                  title_justify="left")
+    table = Table(
+        title=f"stack {plan.stack}: serving ingress (estimates: infra/catalog/serving_estimates.yaml)",
+        title_justify="left",
+    )
     for column in ("model", "out tok/s per replica", "out tok/s at max_replicas", "LLMRouter replicas at peak"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for m in ingress.models:
-        table.add_row(m.model_id, f"~{m.replica_output_tokens_per_s:,}", f"~{m.peak_output_tokens_per_s:,}",
-                      str(m.routers_at_peak))
-    table.caption = (f"one LLMRouter replica carries ~{ingress.router_output_tokens_per_s:,} output tok/s; "
-                     f"{ingress.routers_per_node} per model on each of {ingress.proxy_nodes_at_peak} proxy node(s) "
-                     f"at peak (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE); stack peak "
-                     f"~{ingress.peak_output_tokens_per_s:,} output tok/s")
+        table.add_row(
+            m.model_id,
+            f"~{m.replica_output_tokens_per_s:,}",
+            f"~{m.peak_output_tokens_per_s:,}",
+            str(m.routers_at_peak),
+        )
+    table.caption = (
+        f"one LLMRouter replica carries ~{ingress.router_output_tokens_per_s:,} output tok/s; "
+        f"{ingress.routers_per_node} per model on each of {ingress.proxy_nodes_at_peak} proxy node(s) "
+        f"at peak (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE); stack peak "
+        f"~{ingress.peak_output_tokens_per_s:,} output tok/s"
+    )
     return table
 
 

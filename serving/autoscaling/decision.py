@@ -35,39 +35,55 @@ class SaturationThresholds(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine_waiting_per_replica: float = Field(
-        default=1.0, gt=0,
+        default=1.0,
+        gt=0,
         description="Scale up when vLLM's schedulers hold at least this many requests waiting per replica (averaged "
-                    "over Serve's look-back window): the engine has no room (KV cache or max_num_seqs) to start "
-                    "them. 1: on average every replica had a request it could not start.")
+        "over Serve's look-back window): the engine has no room (KV cache or max_num_seqs) to start "
+        "them. 1: on average every replica had a request it could not start.",
+    )
     kv_cache_high: float = Field(
-        default=0.9, gt=0, le=1,
+        default=0.9,
+        gt=0,
+        le=1,
         description="Scale up when the replicas' mean KV cache use reaches this fraction. vLLM takes KV blocks as "
-                    "sequences grow: near full, a new long prompt waits and running sequences get preempted "
-                    "(recomputed), which costs every stream on the replica.")
+        "sequences grow: near full, a new long prompt waits and running sequences get preempted "
+        "(recomputed), which costs every stream on the replica.",
+    )
     kv_cache_low: float = Field(
-        default=0.5, ge=0, lt=1,
+        default=0.5,
+        ge=0,
+        lt=1,
         description="Scale down only if the KV use spread over one replica fewer stays under this fraction. Must be "
-                    "under kv_cache_high: the gap keeps a steady load from flapping between two replica counts.")
+        "under kv_cache_high: the gap keeps a steady load from flapping between two replica counts.",
+    )
     queue_depth_per_replica: float = Field(
-        default=4.0, gt=0,
+        default=4.0,
+        gt=0,
         description="Scale up when the gateway's fair queue for the model holds this many requests per replica: "
-                    "requests the gateway keeps out of the engine because its capacity is used up.")
+        "requests the gateway keeps out of the engine because its capacity is used up.",
+    )
     queue_wait_s: float = Field(
-        default=2.0, gt=0,
+        default=2.0,
+        gt=0,
         description="Scale up when a request joining the gateway's queue now would wait this long: its depth times "
-                    "the mean time a slot is held, over the model's capacity (the queue's own figures in Redis). "
-                    "An estimate that moves with the queue; the measured waits (their p90) are the gateway's "
-                    "llmstack_gateway_queue_wait_seconds, which trail the queue by the wait itself.")
+        "the mean time a slot is held, over the model's capacity (the queue's own figures in Redis). "
+        "An estimate that moves with the queue; the measured waits (their p90) are the gateway's "
+        "llmstack_gateway_queue_wait_seconds, which trail the queue by the wait itself.",
+    )
     cooldown_s: float = Field(
-        default=60.0, ge=0,
+        default=60.0,
+        ge=0,
         description="Hold the replica count this long after any change: Serve's look-back window still averages "
-                    "the load from before it.")
+        "the load from before it.",
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> SaturationThresholds:
         if self.kv_cache_low >= self.kv_cache_high:
-            raise ValueError(f"kv_cache_low {self.kv_cache_low} must be under kv_cache_high {self.kv_cache_high}: "
-                             "without a gap a steady load flaps between two replica counts")
+            raise ValueError(
+                f"kv_cache_low {self.kv_cache_low} must be under kv_cache_high {self.kv_cache_high}: "
+                "without a gap a steady load flaps between two replica counts"
+            )
         return self
 
 
@@ -133,13 +149,17 @@ def quiet_with_one_fewer(signals: Signals, replicas: Replicas, t: SaturationThre
     fewer = replicas.running - 1
     if fewer <= 0:  # to zero only when nothing at all is asked of the model
         return signals.ongoing <= 0
-    return (signals.kv_cache_use * replicas.running / fewer < t.kv_cache_low
-            and signals.ongoing / fewer <= replicas.target_ongoing_requests)
+    return (
+        signals.kv_cache_use * replicas.running / fewer < t.kv_cache_low
+        and signals.ongoing / fewer <= replicas.target_ongoing_requests
+    )
 
 
-def decide(signals: Signals, replicas: Replicas, t: SaturationThresholds, *, now: float,
-           last_change: float | None) -> Decision:
+def decide(
+    signals: Signals, replicas: Replicas, t: SaturationThresholds, *, now: float, last_change: float | None
+) -> Decision:
     """The replica count to ask Serve for, within [min, max]."""
+
     def bounded(n: int) -> int:
         return max(replicas.min, min(replicas.max, n))
 

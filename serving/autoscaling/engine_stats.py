@@ -49,15 +49,17 @@ class SchedulerLoadTap(StatLoggerBase):  # type: ignore[misc]  # vLLM's types ar
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         self.engine_index = engine_index
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
         if scheduler_stats is None:  # an iteration without scheduler figures changes nothing
             return
         deferred = int(getattr(scheduler_stats, "num_skipped_waiting_reqs", 0))  # waiting as well, just later
         load = SchedulerLoad(
             waiting=int(scheduler_stats.num_waiting_reqs) + deferred,
             running=int(scheduler_stats.num_running_reqs),
-            kv_cache_use=float(scheduler_stats.kv_cache_usage))
+            kv_cache_use=float(scheduler_stats.kv_cache_usage),
+        )
         with _lock:
             _latest[engine_idx] = load
 

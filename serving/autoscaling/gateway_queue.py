@@ -91,8 +91,9 @@ def _refresh(cache: _Cache, url: str, source: QueueSource, refresh_s: float) -> 
 class GatewayQueue:
     """The latest figures of one model's gateway queue, refreshed in the background."""
 
-    def __init__(self, source: QueueSource, *, url_env: str = REDIS_URL_ENV, refresh_s: float = 5.0,
-                 stale_s: float = 20.0) -> None:
+    def __init__(
+        self, source: QueueSource, *, url_env: str = REDIS_URL_ENV, refresh_s: float = 5.0, stale_s: float = 20.0
+    ) -> None:
         self.source, self.refresh_s, self.stale_s = source, refresh_s, stale_s
         self._url = os.environ.get(url_env)
         self._cache = _Cache()
@@ -111,8 +112,12 @@ class GatewayQueue:
             return None
         if not self._started:
             self._started = True
-            threading.Thread(target=_refresh, args=(self._cache, self._url, self.source, self.refresh_s),
-                             name=f"llmstack-queue-{self.source.model}", daemon=True).start()
+            threading.Thread(
+                target=_refresh,
+                args=(self._cache, self._url, self.source, self.refresh_s),
+                name=f"llmstack-queue-{self.source.model}",
+                daemon=True,
+            ).start()
             # Stop the thread when Serve replaces the policy (a config change builds a new one).
             weakref.finalize(self, self._cache.stop.set)
         with self._cache.lock:

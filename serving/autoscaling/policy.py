@@ -50,8 +50,13 @@ class SaturationPolicy:
         decision = self.decide(ctx)
         state = dict(ctx.policy_state or {})
         if state.get(STATE_KEY) != decision.why.value and decision.why is not Why.HOLD:
-            log.info("deployment %s: %d running, %d wanted (%s)", ctx.deployment_name, ctx.current_num_replicas,
-                     decision.replicas, decision.why.value)
+            log.info(
+                "deployment %s: %d running, %d wanted (%s)",
+                ctx.deployment_name,
+                ctx.current_num_replicas,
+                decision.replicas,
+                decision.why.value,
+            )
         state[STATE_KEY] = decision.why.value
         return decision.replicas, state
 
@@ -61,7 +66,11 @@ class SaturationPolicy:
         changes = [t for t in (ctx.last_scale_up_time, ctx.last_scale_down_time) if t is not None]
         queue = self.queue.figures() if self.queue is not None and self.queue.watched else NOT_WATCHED
         seen = signals(ctx.total_num_requests, ctx.aggregated_metrics, ctx.running_replicas, queue)
-        replicas = Replicas(running=ctx.current_num_replicas, target=ctx.target_num_replicas,
-                            min=ctx.capacity_adjusted_min_replicas, max=ctx.capacity_adjusted_max_replicas,
-                            target_ongoing_requests=ctx.config.get_target_ongoing_requests())
+        replicas = Replicas(
+            running=ctx.current_num_replicas,
+            target=ctx.target_num_replicas,
+            min=ctx.capacity_adjusted_min_replicas,
+            max=ctx.capacity_adjusted_max_replicas,
+            target_ongoing_requests=ctx.config.get_target_ongoing_requests(),
+        )
         return decide(seen, replicas, self.thresholds, now=now, last_change=max(changes) if changes else None)

@@ -39,7 +39,10 @@ class LLMServer(RayLLMServer):  # type: ignore[misc]  # Ray's types are Any to m
             LLMServer._checked_tap = True
             if not tap_installed():
                 # Without engine figures the policy never sees the replicas quiet: it would not scale down.
-                log.error("llmstack's vLLM stat logger (entry point %s) is not installed: this replica reports no "
-                          "engine figures and the saturation policy will not scale the model down; install "
-                          "llmstack as a package (pip install), not only on PYTHONPATH", PLUGIN_GROUP)
+                log.error(
+                    "llmstack's vLLM stat logger (entry point %s) is not installed: this replica reports no "
+                    "engine figures and the saturation policy will not scale the model down; install "
+                    "llmstack as a package (pip install), not only on PYTHONPATH",
+                    PLUGIN_GROUP,
+                )
         return engine_metrics(engine_stats.latest().values())

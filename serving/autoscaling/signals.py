@@ -30,8 +30,10 @@ def engine_metrics(loads: Iterable[_Load]) -> dict[str, float]:
     loads = list(loads)
     if not loads:
         return {}
-    return {ENGINE_WAITING: float(sum(load.waiting for load in loads)),
-            KV_CACHE_USE: max(load.kv_cache_use for load in loads)}
+    return {
+        ENGINE_WAITING: float(sum(load.waiting for load in loads)),
+        KV_CACHE_USE: max(load.kv_cache_use for load in loads),
+    }
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,12 @@ class QueueFigures:
     expected_wait_s: float | None  # how long a request joining now would wait; None: unknown
 
 
-def signals(ongoing: float, aggregated: Mapping[str, Mapping[Any, float]] | None, running: Iterable[Any],
-            queue: QueueFigures | None) -> Signals:
+def signals(
+    ongoing: float,
+    aggregated: Mapping[str, Mapping[Any, float]] | None,
+    running: Iterable[Any],
+    queue: QueueFigures | None,
+) -> Signals:
     """`aggregated`: Serve's per-metric, per-replica averages; only `running` replicas count
     (a stopping replica's last report says nothing of the replicas that stay). An engine figure
     is known once every running replica reported it: a replica still loading its weights has

@@ -1,13 +1,13 @@
 """Run the gateway, or make an API key.
 
-    python -m serving.gateway [--dev-key-file PATH]
-        Serve: the API on the port, /metrics and /readyz on the metrics port (serving.gateway.http.server).
-        Settings come from the environment (see serving.gateway.config.settings).
-        --dev-key-file: with the in-memory key store only, make one key at start and write it
-        to PATH (mode 0600; a symlink there is refused), since no other process can reach that
-        store to create one.
-    python -m serving.gateway create-key --tenant T --name N [--model M ...]
-        Print a new key, stored (hashed) in the Redis at LLMSTACK_REDIS_URL.
+python -m serving.gateway [--dev-key-file PATH]
+    Serve: the API on the port, /metrics and /readyz on the metrics port (serving.gateway.http.server).
+    Settings come from the environment (see serving.gateway.config.settings).
+    --dev-key-file: with the in-memory key store only, make one key at start and write it
+    to PATH (mode 0600; a symlink there is refused), since no other process can reach that
+    store to create one.
+python -m serving.gateway create-key --tenant T --name N [--model M ...]
+    Print a new key, stored (hashed) in the Redis at LLMSTACK_REDIS_URL.
 """
 
 from __future__ import annotations
@@ -58,14 +58,16 @@ def serve(dev_key_file: Path | None) -> int:
     store: KeyStore = RedisKeyStore(settings.redis_url) if settings.redis_url else MemoryKeyStore()
     if dev_key_file is not None:
         if store.shared_across_processes:
-            print(f"--dev-key-file is for the in-memory store only; with {REDIS_VAR} set, use "
-                  "`python -m serving.gateway create-key`", file=sys.stderr)
+            print(
+                f"--dev-key-file is for the in-memory store only; with {REDIS_VAR} set, use "
+                "`python -m serving.gateway create-key`",
+                file=sys.stderr,
+            )
             return 2
         try:
             _make_dev_key(store, dev_key_file)
         except OSError as exc:  # ELOOP: a symlink there
-            print(f"cannot write the dev key to {dev_key_file}: {exc.strerror} (a symlink is refused)",
-                  file=sys.stderr)
+            print(f"cannot write the dev key to {dev_key_file}: {exc.strerror} (a symlink is refused)", file=sys.stderr)
             return 2
     try:
         server.run(create_apps(settings, store), settings)
@@ -84,8 +86,7 @@ def create_key(tenant: str, name: str, models: list[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RedisError as exc:  # never print the URL: it may carry the AUTH token
-        print(f"error: cannot store the key in the Redis at {REDIS_VAR}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(f"error: cannot store the key in the Redis at {REDIS_VAR}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(key)
     return 0

@@ -57,8 +57,9 @@ def dev_stack(e2e_stack_file: Path) -> Iterator[DevStack]:
 @pytest.fixture(scope="session")
 def dev_client(dev_stack: DevStack) -> openai.OpenAI:
     """The official client with the stack's dev key."""
-    return openai.OpenAI(base_url=dev_stack.ready["base_url"], api_key=dev_stack.ready["api_key"], max_retries=0,
-                         timeout=120)
+    return openai.OpenAI(
+        base_url=dev_stack.ready["base_url"], api_key=dev_stack.ready["api_key"], max_retries=0, timeout=120
+    )
 
 
 def bounds(stack_file: Path, model: str) -> tuple[int, int, float]:
@@ -81,7 +82,18 @@ def restore_autoscaling(dev_stack: DevStack, e2e_stack_file: Path) -> Iterator[C
     for model, (minimum, maximum, target) in models.items():
         if bounds(e2e_stack_file, model) == (minimum, maximum, target):
             continue
-        result = dev_stack.llmctl("scale", "--stack", str(e2e_stack_file), "--model", model, "--min", str(minimum),
-                        "--max", str(maximum), "--target-ongoing", str(target))
+        result = dev_stack.llmctl(
+            "scale",
+            "--stack",
+            str(e2e_stack_file),
+            "--model",
+            model,
+            "--min",
+            str(minimum),
+            "--max",
+            str(maximum),
+            "--target-ongoing",
+            str(target),
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert bounds(e2e_stack_file, model) == (minimum, maximum, target)

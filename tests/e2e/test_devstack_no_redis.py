@@ -37,10 +37,12 @@ def test_without_redis_server_keys_live_in_the_gateway(tmp_path):
     try:
         assert stack.ready["redis_url"] is None
         assert any("redis-server is not installed" in line for line in stack.stderr)
-        llm = openai.OpenAI(base_url=stack.ready["base_url"], api_key=stack.ready["api_key"], max_retries=0,
-                            timeout=120)
-        answer = llm.chat.completions.create(model=stack.ready["models"][0], max_tokens=8,
-                                             messages=[{"role": "user", "content": "Hello"}])
+        llm = openai.OpenAI(
+            base_url=stack.ready["base_url"], api_key=stack.ready["api_key"], max_retries=0, timeout=120
+        )
+        answer = llm.chat.completions.create(
+            model=stack.ready["models"][0], max_tokens=8, messages=[{"role": "user", "content": "Hello"}]
+        )
         assert answer.choices[0].message.content and answer.usage.completion_tokens > 0
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=stack.ready["base_url"], api_key="sk-llm-wrong", max_retries=0).models.list()

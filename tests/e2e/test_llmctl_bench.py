@@ -28,15 +28,35 @@ def llmctl_bench(*args: str, api_key: str | None = None) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     if api_key:
         env["OPENAI_API_KEY"] = api_key
-    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "bench", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.main", "bench", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_gateway_levels_json_and_plot(dev_ready, tmp_path):
     out = tmp_path / "gw.json"
-    run = llmctl_bench("--url", dev_ready["base_url"], "--model", "tiny-chat", "-c", "1,4", "-n", "8",
-                       "--prompt-tokens", "uniform:8-32", "--output-tokens", "fixed:16", "--out", str(out),
-                       api_key=dev_ready["api_key"])
+    run = llmctl_bench(
+        "--url",
+        dev_ready["base_url"],
+        "--model",
+        "tiny-chat",
+        "-c",
+        "1,4",
+        "-n",
+        "8",
+        "--prompt-tokens",
+        "uniform:8-32",
+        "--output-tokens",
+        "fixed:16",
+        "--out",
+        str(out),
+        api_key=dev_ready["api_key"],
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "concurrency" and [s["level"] for s in report["levels"]] == [1, 4]
@@ -57,8 +77,23 @@ def test_rate_limited_key_counts_429s_by_type(dev_ready, tmp_path):
 
     key = create_key_sync(dev_ready["redis_url"], tenant="bench-test", name="tight", limits={"requests_per_minute": 2})
     out = tmp_path / "limited.json"
-    run = llmctl_bench("--url", dev_ready["base_url"], "-m", "tiny-chat", "-c", "2", "-n", "8", "--output-tokens",
-                       "fixed:4", "--no-warm-up", "--no-plot", "--out", str(out), api_key=key)
+    run = llmctl_bench(
+        "--url",
+        dev_ready["base_url"],
+        "-m",
+        "tiny-chat",
+        "-c",
+        "2",
+        "-n",
+        "8",
+        "--output-tokens",
+        "fixed:4",
+        "--no-warm-up",
+        "--no-plot",
+        "--out",
+        str(out),
+        api_key=key,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     level = json.loads(out.read_text())["levels"][0]
     assert level["requests"] == 8 and 1 <= level["ok"] <= 3
@@ -70,12 +105,23 @@ def test_rate_limited_key_counts_429s_by_type(dev_ready, tmp_path):
 def test_open_loop_rate_against_ray_serve_completions(dev_ready, tmp_path):
     out = tmp_path / "serve.json"
     model_url = dev_ready["model_urls"][dev_ready["models"][0]]  # Serve serves each model under its own prefix
-    run = llmctl_bench("--url", model_url, "--rate", "4", "-n", "6", "--api",
-                       "completions", "--output-tokens", "normal:12,3", "--out", str(out))
+    run = llmctl_bench(
+        "--url",
+        model_url,
+        "--rate",
+        "4",
+        "-n",
+        "6",
+        "--api",
+        "completions",
+        "--output-tokens",
+        "normal:12,3",
+        "--out",
+        str(out),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["model"] == dev_ready["models"][0]  # picked from GET /v1/models
     assert report["base_url"] == model_url
     level = report["levels"][0]
     assert (level["mode"], level["requests"], level["ok"]) == ("rate", 6, 6)
-

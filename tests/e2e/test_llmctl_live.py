@@ -33,9 +33,12 @@ def deployment(report: dict, name: str) -> dict:
 
 def replica_ids(dev: DevStack) -> set[str]:
     """Replica ids of tiny-chat that Serve reports RUNNING."""
-    out = dev.ray_call("import json; "
-                       f"print(json.dumps([r['replica_id'] for r in local_serve.details()['applications']['tiny-chat']"
-                       f"['deployments']['{TINY}']['replicas'] if r['state'] == 'RUNNING']))", timeout_s=120)
+    out = dev.ray_call(
+        "import json; "
+        f"print(json.dumps([r['replica_id'] for r in local_serve.details()['applications']['tiny-chat']"
+        f"['deployments']['{TINY}']['replicas'] if r['state'] == 'RUNNING']))",
+        timeout_s=120,
+    )
     return set(json.loads(out))
 
 
@@ -52,8 +55,9 @@ def test_status_of_the_running_stack(dev_stack, e2e_stack_file):
 def test_scale_up_then_down_live_in_place(dev_stack, e2e_stack_file, restore_autoscaling):
     restore_autoscaling("tiny-chat")
     before_ids = replica_ids(dev_stack)
-    result = dev_stack.llmctl("scale", "--stack", str(e2e_stack_file), "--model", "tiny-chat", "--min", "2",
-                    "--max", "2")
+    result = dev_stack.llmctl(
+        "scale", "--stack", str(e2e_stack_file), "--model", "tiny-chat", "--min", "2", "--max", "2"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "applied" in result.stdout and f"pid {dev_stack.process.pid}" in result.stdout
     report = status(dev_stack, e2e_stack_file)
@@ -65,8 +69,19 @@ def test_scale_up_then_down_live_in_place(dev_stack, e2e_stack_file, restore_aut
     assert "# n-gram prompt lookup" in text and "cpus_per_node: 8" in text
     assert load_stack(e2e_stack_file).model("tiny-chat").autoscaling.min_replicas == 2
 
-    result = dev_stack.llmctl("scale", "--stack", str(e2e_stack_file), "--model", "tiny-chat", "--min", "1",
-                    "--max", "1", "--target-ongoing", "8")
+    result = dev_stack.llmctl(
+        "scale",
+        "--stack",
+        str(e2e_stack_file),
+        "--model",
+        "tiny-chat",
+        "--min",
+        "1",
+        "--max",
+        "1",
+        "--target-ongoing",
+        "8",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     tiny = deployment(status(dev_stack, e2e_stack_file), TINY)
     assert tiny["replicas"].get("RUNNING") == 1 and (tiny["min_replicas"], tiny["max_replicas"]) == (1, 1)

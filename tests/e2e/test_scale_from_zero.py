@@ -49,8 +49,7 @@ def wait_reported(metrics_url: str, replicas: int, deadline: float, what: str) -
 def one(client: openai.OpenAI, n: int, stream: bool) -> tuple[int, str | None, str]:
     """(status, x-queue-wait-ms, text) of one first request."""
     messages = [{"role": "user", "content": f"first request {n}"}]
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=4,
-                                                           stream=stream)
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=4, stream=stream)
     wait = raw.headers.get("x-queue-wait-ms")
     if stream:
         text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
@@ -74,8 +73,10 @@ def test_a_burst_of_first_requests_to_a_model_at_zero_is_served(dev_stack, e2e_s
     with ThreadPoolExecutor(BURST) as pool:
         results = list(pool.map(lambda n: one(client, n, stream=n % 2 == 0), range(BURST)))
     elapsed = time.monotonic() - started
-    print(f"{BURST} first requests to a model at zero served in {elapsed:.0f} s; "
-          f"x-queue-wait-ms {[wait for _, wait, _ in results]}")
+    print(
+        f"{BURST} first requests to a model at zero served in {elapsed:.0f} s; "
+        f"x-queue-wait-ms {[wait for _, wait, _ in results]}"
+    )
     assert [status for status, _, _ in results] == [200] * BURST
     assert all(wait is not None and wait.isdigit() for _, wait, _ in results)
     assert all(text for _, _, text in results)

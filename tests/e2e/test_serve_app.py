@@ -13,5 +13,6 @@ def test_the_openai_ingress_app_builds_with_ray_serve_llm(dev_stack):
     built = dev_stack.ray_call(
         "from ray.serve import Application; from infra.render.serve_config import serving_args; "
         "from infra.spec.stack_file import load_stack; from serving.app import build_app; "
-        "app = build_app(serving_args(load_stack('local'))); print(type(app).__name__, isinstance(app, Application))")
+        "app = build_app(serving_args(load_stack('local'))); print(type(app).__name__, isinstance(app, Application))"
+    )
     assert built == "Application True"

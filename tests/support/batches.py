@@ -11,6 +11,7 @@ from tests.support.waiting import eventually
 def batch_reaching(client: openai.OpenAI, batch_id: str, statuses: set[str]) -> Batch:
     """The batch once its status is one of `statuses`; AssertionError naming the batch if it
     never gets there (the bound is only against a hang)."""
+
     def reached() -> Batch | None:
         batch = client.batches.retrieve(batch_id)
         return batch if batch.status in statuses else None

@@ -64,8 +64,17 @@ class CountingUpstream:
                 await asyncio.sleep(0.01)
             if what in ("sleep", "slow"):
                 await asyncio.sleep(self.sleep_s if what == "sleep" else 1.5)
-            return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                 "usage": USAGE, "choices": [{"index": 0, "finish_reason": "stop",
-                                                              "message": {"role": "assistant", "content": "hi"}}]})
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "usage": USAGE,
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+                    ],
+                }
+            )
         finally:
             self._count(-1)

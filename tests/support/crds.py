@@ -34,8 +34,11 @@ def strict(schema: Any) -> Any:
     """The schema with unknown fields forbidden wherever the API server would prune them."""
     if isinstance(schema, dict):
         out = {k: strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):

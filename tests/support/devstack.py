@@ -29,8 +29,12 @@ SCALE_TO_ZERO_MODEL = "tiny-chat-ngram"
 # What the scale-from-zero test needs of its model: Serve takes it to zero 5 s after its last
 # request, and 4 requests fill its one replica, so a burst of 6 first requests waits in the
 # gateway's queue. Read by the gateway at start (its queue's per-replica capacity).
-SCALE_TO_ZERO_AUTOSCALING = {"max_ongoing_requests": 4, "target_ongoing_requests": 2, "upscale_delay_s": 1,
-                             "downscale_delay_s": 5}
+SCALE_TO_ZERO_AUTOSCALING = {
+    "max_ongoing_requests": 4,
+    "target_ongoing_requests": 2,
+    "upscale_delay_s": 1,
+    "downscale_delay_s": 5,
+}
 
 
 def e2e_stack_text(local_stack_text: str) -> str:
@@ -40,9 +44,12 @@ def e2e_stack_text(local_stack_text: str) -> str:
     from ops.llmctl.scale.stack_edit import set_model_autoscaling
 
     assert "cpus_per_node: 6" in local_stack_text
-    return set_model_autoscaling(local_stack_text.replace("cpus_per_node: 6", "cpus_per_node: 8"),
-                                 file_label="Pulumi.local.yaml", model_id=SCALE_TO_ZERO_MODEL,
-                                 changes=SCALE_TO_ZERO_AUTOSCALING)
+    return set_model_autoscaling(
+        local_stack_text.replace("cpus_per_node: 6", "cpus_per_node: 8"),
+        file_label="Pulumi.local.yaml",
+        model_id=SCALE_TO_ZERO_MODEL,
+        changes=SCALE_TO_ZERO_AUTOSCALING,
+    )
 
 
 class DevStack:
@@ -52,8 +59,13 @@ class DevStack:
         self.port = free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ops.devstack", "--stack", stack, "--port", str(self.port), "--ready-json"],
-            cwd=PROJECT_ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
+            cwd=PROJECT_ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.stderr: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self.ready = self._wait_ready()
@@ -118,15 +130,29 @@ class DevStack:
 
     def llmctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         """`llmctl ARGS` as a user beside this stack runs it (its state folder: its lock record)."""
-        return subprocess.run([str(Path(sys.executable).parent / "llmctl"), *args], capture_output=True, text=True,
-                              cwd=PROJECT_ROOT, env=self.env, timeout=900)
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "llmctl"), *args],
+            capture_output=True,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env=self.env,
+            timeout=900,
+        )
 
     def ray_call(self, code: str, timeout_s: float = 300) -> str:
         """Run `code` in a child process joined to this stack's Ray (as `llmctl scale` joins it;
         `dev` is its lock record); returns the child's last line of output."""
-        prelude = ("from ops.devstack.lock import find_running_dev; from ops.devstack import serve as local_serve; "
-                   "dev = find_running_dev(); local_serve.connect(dev.ray_address, dev.ray_auth_mode)\n")
-        out = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=self.env,
-                             cwd=PROJECT_ROOT, timeout=timeout_s)
+        prelude = (
+            "from ops.devstack.lock import find_running_dev; from ops.devstack import serve as local_serve; "
+            "dev = find_running_dev(); local_serve.connect(dev.ray_address, dev.ray_auth_mode)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", prelude + code],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=PROJECT_ROOT,
+            timeout=timeout_s,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]

@@ -26,9 +26,17 @@ class PublicPort:
 @contextmanager
 def edge_in_front(api_url: str, edge: Edge, directory: Path, *, proxy_protocol: bool = False) -> Iterator[PublicPort]:
     port, health = free_port(), free_port()
-    process = start_edge(edge, directory, port=port, gateway_port=urlsplit(api_url).port or 80, health_port=health,
-                         request_timeout_s=60, shutdown_grace_s=5, log=directory / "edge.log",
-                         proxy_protocol=proxy_protocol)
+    process = start_edge(
+        edge,
+        directory,
+        port=port,
+        gateway_port=urlsplit(api_url).port or 80,
+        health_port=health,
+        request_timeout_s=60,
+        shutdown_grace_s=5,
+        log=directory / "edge.log",
+        proxy_protocol=proxy_protocol,
+    )
     try:
         wait_for_http(f"http://127.0.0.1:{health}/healthz", process, HANG_BOUND_S)
         yield PublicPort(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{health}/healthz", process)

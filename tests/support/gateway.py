@@ -30,9 +30,12 @@ from tests.support.servers import HANG_BOUND_S
 
 MODELS = ["tiny", "other"]
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-GENEROUS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 10**9, "daily_token_budget": 10**12,
-            "max_concurrent_requests": 100}
-
+GENEROUS = {
+    "requests_per_minute": 1_000_000,
+    "tokens_per_minute": 10**9,
+    "daily_token_budget": 10**12,
+    "max_concurrent_requests": 100,
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,14 @@ def default_answer(seen: Seen) -> Answer:
     if seen.raw_path.startswith(b"/v1/models"):
         body = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "llmstack"} for m in MODELS]}
     else:
-        body = {"id": "x", "object": "chat.completion", "created": 0, "model": "tiny", "usage": USAGE,
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
+        body = {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "tiny",
+            "usage": USAGE,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+        }
     return Answer(200, (("content-type", "application/json"),), json.dumps(body).encode())
 
 
@@ -90,23 +99,32 @@ class RecordingUpstream:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        seen = Seen(scope["method"], scope["raw_path"], scope["query_string"],
-                    {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}, body)
+        seen = Seen(
+            scope["method"],
+            scope["raw_path"],
+            scope["query_string"],
+            {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
+            body,
+        )
         self.seen.append(seen)
         answer = self.answer(seen)
-        await send({"type": "http.response.start", "status": answer.status,
-                    "headers": [(k.encode(), v.encode()) for k, v in answer.headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": answer.status,
+                "headers": [(k.encode(), v.encode()) for k, v in answer.headers],
+            }
+        )
         await send({"type": "http.response.body", "body": answer.body})
-
-
 
 
 @contextmanager
 def serving_gateway(settings: GatewaySettings) -> Iterator[tuple[str, str]]:
     """A gateway as `python -m serving.gateway` runs one (serving.gateway.http.server), on free
     ports in a thread: yields (API URL, metrics-port URL)."""
-    settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(),
-                                           "shutdown_grace_s": 5})
+    settings = settings.model_copy(
+        update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(), "shutdown_grace_s": 5}
+    )
     store = RedisKeyStore(settings.redis_url)
     server = GatewayServer(create_apps(settings, store), settings)
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
@@ -127,8 +145,9 @@ def _wait(ready: Callable[[], bool], thread: threading.Thread, what: str) -> Non
         time.sleep(0.02)
 
 
-def raw_request(base_url: str, method: str, target: str, *, headers: dict[str, str] | None = None,
-                body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+def raw_request(
+    base_url: str, method: str, target: str, *, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """One request with `target` sent byte for byte (http.client neither normalizes nor
     re-encodes it, unlike httpx): (status, lower-cased headers, body)."""
     parts = urlsplit(base_url)
@@ -142,6 +161,11 @@ def raw_request(base_url: str, method: str, target: str, *, headers: dict[str, s
 
 
 def gateway_settings(upstream_url: str, redis_url: str, **overrides) -> GatewaySettings:
-    values = {"models": MODELS, "max_body_bytes": 64_000, "upstream_idle_timeout_s": 30,
-              "model_context_lengths": {"tiny": 4096, "other": 4096}, **overrides}
+    values = {
+        "models": MODELS,
+        "max_body_bytes": 64_000,
+        "upstream_idle_timeout_s": 30,
+        "model_context_lengths": {"tiny": 4096, "other": 4096},
+        **overrides,
+    }
     return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, **values)

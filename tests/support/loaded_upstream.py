@@ -43,10 +43,15 @@ class LoadedUpstream:
         model = body["model"]
 
         def event(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:
-            choices = [] if usage is not None and not delta else [
-                {"index": 0, "delta": delta, "finish_reason": finish}]
-            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": choices,
-                     **({"usage": usage} if usage is not None else {})}
+            choices = [] if usage is not None and not delta else [{"index": 0, "delta": delta, "finish_reason": finish}]
+            chunk = {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": choices,
+                **({"usage": usage} if usage is not None else {}),
+            }
             return f"data: {json.dumps(chunk)}\n\n".encode()
 
         async def events() -> AsyncIterator[bytes]:
@@ -58,8 +63,9 @@ class LoadedUpstream:
                         await asyncio.sleep(self.itl_ms / 1000)
                     usage = {"prompt_tokens": 5, "completion_tokens": i + 1, "total_tokens": 6 + i}
                     yield event({"content": "tok "}, "stop" if i == self.tokens - 1 else None, usage)
-                yield event({}, usage={"prompt_tokens": 5, "completion_tokens": self.tokens,
-                                       "total_tokens": 5 + self.tokens})
+                yield event(
+                    {}, usage={"prompt_tokens": 5, "completion_tokens": self.tokens, "total_tokens": 5 + self.tokens}
+                )
                 yield b"data: [DONE]\n\n"
             finally:
                 self._count(-1)

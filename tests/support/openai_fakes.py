@@ -30,8 +30,6 @@ from tests.support.servers import HANG_BOUND_S
 WORDS = ["Paged", " attention", " keeps", " the", " KV", " cache", " tidy", "."]
 
 
-
-
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
 
 
@@ -47,23 +45,40 @@ class FakeUpstream:
         self.endless_finished = False
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/models", self.models), Route("/v1/chat/completions", self.chat,
-                                                                          methods=["POST"])])
+        return Starlette(
+            routes=[Route("/v1/models", self.models), Route("/v1/chat/completions", self.chat, methods=["POST"])]
+        )
 
     async def models(self, request: Request) -> JSONResponse:
         self.seen_headers.append(dict(request.headers))
-        return JSONResponse({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": "llmstack"} for m in ("tiny", "other")]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": m, "object": "model", "created": 0, "owned_by": "llmstack"} for m in ("tiny", "other")],
+            }
+        )
 
     async def chat(self, request: Request):
         self.seen_headers.append(dict(request.headers))
         body = await request.json()
         model = body["model"]
         if not body.get("stream"):
-            return JSONResponse({
-                "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model, "usage": USAGE,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "".join(WORDS)}}]})
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "usage": USAGE,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "".join(WORDS)},
+                        }
+                    ],
+                }
+            )
         scenario = request.headers.get("x-test-scenario", "plain")
         stream = self._endless(model) if scenario == "endless" else self._words(model, gated=scenario == "gated")
         return StreamingResponse(stream, media_type="text/event-stream")
@@ -92,16 +107,19 @@ class FakeUpstream:
             self.endless_ended.set()
 
 
-
-
 # Headers the tests' upstreams are steered by: the gateway forwards only the headers its
 # stack lists (plus content-type and accept), so the test stack lists these.
 STEERING_HEADERS = ["x-test-scenario", "x-stub-chunks", "x-stub-interval-ms"]
 
 
 def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> GatewaySettings:
-    values = {"models": ["tiny", "other"], "max_body_bytes": 4096, "upstream_idle_timeout_s": 30,
-              "forward_request_headers": STEERING_HEADERS, **overrides}
+    values = {
+        "models": ["tiny", "other"],
+        "max_body_bytes": 4096,
+        "upstream_idle_timeout_s": 30,
+        "forward_request_headers": STEERING_HEADERS,
+        **overrides,
+    }
     return GatewaySettings(upstream_url=upstream_url, redis_url=redis_url, **values)
 
 
@@ -109,8 +127,9 @@ def settings_for(upstream_url: str, redis_url: str | None, **overrides) -> Gatew
 def serving_gateway(settings: GatewaySettings, key_store) -> Iterator[tuple[str, str]]:
     """A gateway as `python -m serving.gateway` runs it (serving.gateway.http.server: both ports in
     one event loop), on free ports in a thread: yields (API URL, metrics-port URL)."""
-    settings = settings.model_copy(update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(),
-                                       "shutdown_grace_s": 5})
+    settings = settings.model_copy(
+        update={"host": "127.0.0.1", "port": free_port(), "metrics_port": free_port(), "shutdown_grace_s": 5}
+    )
     server = GatewayServer(create_apps(settings, key_store), settings)
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
     thread.start()
@@ -128,8 +147,9 @@ def serving_gateway(settings: GatewaySettings, key_store) -> Iterator[tuple[str,
 
 def chat(llm: openai.OpenAI, model: str = "tiny", **kwargs):
     """One chat completion with a fixed question through the official client."""
-    return llm.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is a KV cache?"}],
-                                       **kwargs)
+    return llm.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is a KV cache?"}], **kwargs
+    )
 
 
 def client(gateway: str, key: str) -> openai.OpenAI:
@@ -142,8 +162,14 @@ PROMPT = "What is a KV cache?"
 TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens, written out by hand
 
 
-RATE_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
-                "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+RATE_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+)
 
 
 class StreamRecordingUpstream:
@@ -163,16 +189,30 @@ class StreamRecordingUpstream:
         self.bodies.append(body)
         model = body["model"]
         if not body.get("stream"):
-            return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": model, "usage": USAGE,
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": "".join(WORDS)}}]})
+            return JSONResponse(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "usage": USAGE,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "".join(WORDS)},
+                        }
+                    ],
+                }
+            )
         include_usage = (body.get("stream_options") or {}).get("include_usage") is True
         scenario = request.headers.get("x-test-scenario")
         if scenario == "silent":  # never answers: headers never come
             await asyncio.sleep(3600)
         stream = {"slow": self._slow, "stall": self._stall}.get(scenario)
-        return StreamingResponse(stream(model) if stream else self._words(model, include_usage),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            stream(model) if stream else self._words(model, include_usage), media_type="text/event-stream"
+        )
 
     async def _words(self, model: str, include_usage: bool):
         yield sse(chunk(model, {"role": "assistant", "content": ""}))
@@ -207,5 +247,9 @@ def chat_payload(**body) -> bytes:
 
 
 def chat_raw(gateway: str, key: str, **body) -> httpx.Response:
-    return httpx.post(f"{gateway}/v1/chat/completions", content=chat_payload(**body), timeout=HANG_BOUND_S,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    return httpx.post(
+        f"{gateway}/v1/chat/completions",
+        content=chat_payload(**body),
+        timeout=HANG_BOUND_S,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )

@@ -140,8 +140,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list | None]:
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": MOCK_ACCOUNT, "arn": self.caller_arn,
-                    "userId": "AIDAMOCK", "id": MOCK_ACCOUNT}, []
+            return {"accountId": MOCK_ACCOUNT, "arn": self.caller_arn, "userId": "AIDAMOCK", "id": MOCK_ACCOUNT}, []
         raise AssertionError(f"the program made an unexpected provider call: {args.token}")
 
 
@@ -169,8 +168,14 @@ def asg_name(node_group: str) -> str:
     return f"eks-{node_group}-asg"
 
 
-def run_program(stack: str, *, root: Path = PROJECT_ROOT, config: dict[str, str] | None = None,
-                secret_keys: tuple[str, ...] = (), caller_arn: str = DEPLOYER_ARN) -> ProgramRun:
+def run_program(
+    stack: str,
+    *,
+    root: Path = PROJECT_ROOT,
+    config: dict[str, str] | None = None,
+    secret_keys: tuple[str, ...] = (),
+    caller_arn: str = DEPLOYER_ARN,
+) -> ProgramRun:
     """Run `infra.aws.program.main` (what `infra/__main__.py` runs) for a stack, under mocks;
     `caller_arn` is who STS says runs it."""
     # Pulumi's runtime uses the thread's current event loop; earlier tests that used

@@ -59,8 +59,9 @@ class _Answer:
 class ResumableUpstream:
     url: str = ""
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    generated: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: {"prompt": 0,
-                                                                                               "completion": 0}))
+    generated: dict[str, dict[str, int]] = field(
+        default_factory=lambda: defaultdict(lambda: {"prompt": 0, "completion": 0})
+    )
     _answers: list[_Answer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -99,24 +100,36 @@ class ResumableUpstream:
         if not document.get("stream"):
             await self._whole(send, answer, chat, dies, done, end, len(prompt_ids))
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
 
         async def event(chunk: dict[str, Any]) -> None:
-            await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
-                        "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True}
+            )
 
-        base = {"id": f"cmpl-{len(self.requests)}", "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": 1000 + len(self.requests), "model": answer.model}
+        base = {
+            "id": f"cmpl-{len(self.requests)}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": 1000 + len(self.requests),
+            "model": answer.model,
+        }
 
         def usage(completion: int) -> dict[str, int]:
-            return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-                    "total_tokens": len(prompt_ids) + completion}
+            return {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion,
+                "total_tokens": len(prompt_ids) + completion,
+            }
 
         if chat:
-            await event({**base, "prompt_token_ids": prompt_ids, "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-                "usage": usage(0)})
+            await event(
+                {
+                    **base,
+                    "prompt_token_ids": prompt_ids,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                    "usage": usage(0),
+                }
+            )
         for sent, i in enumerate(range(done, end)):
             if dies and sent == answer.cut_after:
                 raise ReplicaDied(answer.rid)
@@ -135,8 +148,9 @@ class ResumableUpstream:
         await event({**base, "choices": [], "usage": usage(end - done)})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
-    async def _whole(self, send: Any, answer: _Answer, chat: bool, dies: bool, done: int, end: int,
-                     prompt: int) -> None:
+    async def _whole(
+        self, send: Any, answer: _Answer, chat: bool, dies: bool, done: int, end: int, prompt: int
+    ) -> None:
         """A non-streamed answer; one whose replica dies is HAProxy's 502 instead (the engine had
         generated it, nobody got it)."""
         with self._lock:
@@ -145,14 +159,29 @@ class ResumableUpstream:
             status, document = 502, {"error": "the server closed the connection"}
         else:
             text = "".join(f" t{i}" for i in range(done, end))
-            choice = {"index": 0, "finish_reason": "length",
-                      **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}
-            status, document = 200, {"id": "cmpl-whole", "object": "chat.completion" if chat else "text_completion",
-                                     "created": 1, "model": answer.model, "choices": [choice],
-                                     "usage": {"prompt_tokens": prompt, "completion_tokens": end - done,
-                                               "total_tokens": prompt + end - done}}
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
+            choice = {
+                "index": 0,
+                "finish_reason": "length",
+                **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+            }
+            status, document = (
+                200,
+                {
+                    "id": "cmpl-whole",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": 1,
+                    "model": answer.model,
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": end - done,
+                        "total_tokens": prompt + end - done,
+                    },
+                },
+            )
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
         await send({"type": "http.response.body", "body": json.dumps(document).encode()})
 
     def _answer_for(self, path: str, document: dict[str, Any]) -> tuple[_Answer, int, list[int]]:
@@ -166,10 +195,15 @@ class ResumableUpstream:
         for number, known in enumerate(self._answers):
             if known.rid == str(steer["id"]):  # the same request sent again
                 return known, 0, [number] + [1] * (PROMPT_TOKENS - 1)
-        answer = _Answer(rid=str(steer["id"]), chat=path.endswith("chat/completions"),
-                         model=document.get("model", "tiny"), tokens=int(steer.get("tokens", 8)),
-                         cut_after=steer.get("cut_after"), cuts=int(steer.get("cuts", 1)),
-                         interval=float(steer.get("interval", 0.0)))
+        answer = _Answer(
+            rid=str(steer["id"]),
+            chat=path.endswith("chat/completions"),
+            model=document.get("model", "tiny"),
+            tokens=int(steer.get("tokens", 8)),
+            cut_after=steer.get("cut_after"),
+            cuts=int(steer.get("cuts", 1)),
+            interval=float(steer.get("interval", 0.0)),
+        )
         self._answers.append(answer)
         number = len(self._answers) - 1
         return answer, 0, [number] + [1] * (PROMPT_TOKENS - 1)

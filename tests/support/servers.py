@@ -19,8 +19,9 @@ HANG_BOUND_S = 30  # only bounds a hang; never an assertion about speed
 def serving(app, port: int | None = None) -> Iterator[str]:
     """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it."""
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

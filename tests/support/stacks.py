@@ -20,14 +20,20 @@ def stack_document(**overrides: object) -> dict:
     """A small valid stack document (one L4 group, one 8B model) with `llmstack:` overrides."""
     config: dict = {
         "aws:region": "us-east-1",
-        "llmstack:cloud": {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"],
-                           "upgrade_policy": "standard"},
-        "llmstack:versions": {"gateway_image": "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-gateway:0.1.0",
-                              "serving_image": "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-serving:0.1.0"},
+        "llmstack:cloud": {
+            "provider": "aws",
+            "availability_zones": ["us-east-1a", "us-east-1b"],
+            "upgrade_policy": "standard",
+        },
+        "llmstack:versions": {
+            "gateway_image": "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-gateway:0.1.0",
+            "serving_image": "111122223333.dkr.ecr.us-east-1.amazonaws.com/llmstack-serving:0.1.0",
+        },
         "llmstack:gateway": {"allow_plaintext": True},
         "llmstack:node_groups": [{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 2}],
-        "llmstack:models": [{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                             "max_model_len": 8192}],
+        "llmstack:models": [
+            {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192}
+        ],
         "llmstack:redis": {"mode": "in_cluster"},
     }
     for key, value in overrides.items():

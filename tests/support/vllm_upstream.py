@@ -54,8 +54,6 @@ from tests.support.servers import serving
 DIRECTIVE = "#stub "
 
 
-
-
 def directive(**steer: Any) -> str:
     return DIRECTIVE + json.dumps(steer)
 
@@ -96,13 +94,18 @@ def _prompts(body: dict) -> list[str]:
     return [prompt if isinstance(prompt, str) else ""]
 
 
-
 def usage_event(chat: bool, model: str, prompt: int, completion: int) -> bytes:
     """The stream's last event before [DONE] when the client asked for usage, as vLLM sends it."""
-    final = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
-             "model": model, "choices": [],
-             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+    final = {
+        "id": "x",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
     return f"data: {json.dumps(final)}\n\n".encode()
+
 
 class VllmLikeUpstream:
     def __init__(self) -> None:
@@ -143,21 +146,40 @@ class VllmLikeUpstream:
             self._count(rid, "completion", tokens * len(sequences))
             if pause_after is not None:
                 await self._wait_for_close(request, rid)
-            usage = {"prompt_tokens": sum(prompt_tokens), "completion_tokens": tokens * len(sequences),
-                     "total_tokens": sum(prompt_tokens) + tokens * len(sequences)}
+            usage = {
+                "prompt_tokens": sum(prompt_tokens),
+                "completion_tokens": tokens * len(sequences),
+                "total_tokens": sum(prompt_tokens) + tokens * len(sequences),
+            }
             text = " tok" * tokens + "x" * int(steer.get("body_pad", 0))
-            choices = [{"index": i, "finish_reason": "length",
-                        **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}
-                       for i in range(len(sequences))]
-            return JSONResponse({"id": "x", "object": "chat.completion" if chat else "text_completion",
-                                 "created": 0, "model": model, "choices": choices, "usage": usage})
+            choices = [
+                {
+                    "index": i,
+                    "finish_reason": "length",
+                    **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+                }
+                for i in range(len(sequences))
+            ]
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": choices,
+                    "usage": usage,
+                }
+            )
         options = body.get("stream_options") or {}
         include_usage = options.get("include_usage") is True
         continuous = include_usage and options.get("continuous_usage_stats") is True
 
         pad = int(steer.get("event_pad", 0))
-        token_logprobs = {"token": " tok", "logprob": -0.5, "top_logprobs": [
-            {"token": f" t{k}", "logprob": -1.25} for k in range(pad // 36)]}
+        token_logprobs = {
+            "token": " tok",
+            "logprob": -0.5,
+            "top_logprobs": [{"token": f" t{k}", "logprob": -1.25} for k in range(pad // 36)],
+        }
 
         def event(index: int, delta_text: str | None, done: list[int], finish: str | None = None) -> bytes:
             p = index // n
@@ -168,11 +190,19 @@ class VllmLikeUpstream:
                 choice = {"index": index, "text": delta_text or "", "finish_reason": finish}
             if pad and delta_text:  # one entry per token the event carries, as vLLM sends them
                 choice["logprobs"] = {"content": [token_logprobs] * delta_text.count(" tok")}
-            chunk = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
-                     "model": model, "choices": [choice]}
+            chunk = {
+                "id": "x",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": 0,
+                "model": model,
+                "choices": [choice],
+            }
             if continuous:
-                chunk["usage"] = {"prompt_tokens": prompt_tokens[p], "completion_tokens": done[index],
-                                  "total_tokens": prompt_tokens[p] + done[index]}
+                chunk["usage"] = {
+                    "prompt_tokens": prompt_tokens[p],
+                    "completion_tokens": done[index],
+                    "total_tokens": prompt_tokens[p] + done[index],
+                }
             return f"data: {json.dumps(chunk)}\n\n".encode()
 
         async def events():
@@ -203,15 +233,40 @@ class VllmLikeUpstream:
                 raise
 
         if "interval" in steer:
-            stream = self._engine_paced(rid, chat, sequences, tokens, per_chunk, float(steer["interval"]),
-                                        pause_after, steer.get("error_after"), event, include_usage, prompt_tokens,
-                                        model, float(steer.get("abort_delay", 0)))
+            stream = self._engine_paced(
+                rid,
+                chat,
+                sequences,
+                tokens,
+                per_chunk,
+                float(steer["interval"]),
+                pause_after,
+                steer.get("error_after"),
+                event,
+                include_usage,
+                prompt_tokens,
+                model,
+                float(steer.get("abort_delay", 0)),
+            )
             return StreamingResponse(stream, media_type="text/event-stream")
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    async def _engine_paced(self, rid: str, chat: bool, sequences: list, tokens: int, per_chunk: int,
-                            interval: float, pause_after: int | None, error_after: int | None, event: Any,
-                            include_usage: bool, prompt_tokens: list[int], model: str, abort_delay: float) -> Any:
+    async def _engine_paced(
+        self,
+        rid: str,
+        chat: bool,
+        sequences: list,
+        tokens: int,
+        per_chunk: int,
+        interval: float,
+        pause_after: int | None,
+        error_after: int | None,
+        event: Any,
+        include_usage: bool,
+        prompt_tokens: list[int],
+        model: str,
+        abort_delay: float,
+    ) -> Any:
         """A stream whose tokens an engine task generates at its own pace (module docstring)."""
         done = [0] * len(sequences)
         queued: list[bytes] = []  # events generated and not yet sent, in order
@@ -251,9 +306,11 @@ class VllmLikeUpstream:
                 while queued:
                     yield queued.pop(0)
                 if failed:  # what was generated went out, then the error, as vLLM streams one
-                    yield (b'data: {"error": {"message": "Message: Engine failed, Internal exception: '
-                           b'RayActorError at 10.0.3.7 Traceback /home/ray/anaconda3/x.py", '
-                           b'"type": "InternalServerError", "param": null, "code": 500}}\n\n')
+                    yield (
+                        b'data: {"error": {"message": "Message: Engine failed, Internal exception: '
+                        b'RayActorError at 10.0.3.7 Traceback /home/ray/anaconda3/x.py", '
+                        b'"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+                    )
                     yield b"data: [DONE]\n\n"
                     return
                 if running.done() and not queued:
@@ -344,8 +401,9 @@ def serving_apps(settings: Any, store: Any) -> Iterator[GatewayURL]:
 
 
 @contextmanager
-def running_gateway(upstream_url: str, redis_url: str | None, key_store: Any = None, **overrides: Any
-                    ) -> Iterator[GatewayURL]:
+def running_gateway(
+    upstream_url: str, redis_url: str | None, key_store: Any = None, **overrides: Any
+) -> Iterator[GatewayURL]:
     """The real gateway under uvicorn, on Redis keys unless a store is given."""
     from serving.gateway.auth.keys import RedisKeyStore
 

@@ -24,8 +24,9 @@ def eventually(check: Callable[[], T], what: str, bound_s: float = HANG_BOUND_S,
     return result
 
 
-async def eventually_async(check: Callable[[], Awaitable[T]], what: str, bound_s: float = HANG_BOUND_S,
-                           poll_s: float = 0.02) -> T:
+async def eventually_async(
+    check: Callable[[], Awaitable[T]], what: str, bound_s: float = HANG_BOUND_S, poll_s: float = 0.02
+) -> T:
     """`eventually` for a coroutine check, without blocking the event loop."""
     deadline = time.monotonic() + bound_s
     while not (result := await check()):

@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # openai and numpy load only when bench runs: `llmctl plan` n
     from ops.llmctl.bench.stats import BenchReport, LengthDistribution, LevelSummary
 
 
-
 class Api(str, Enum):
     chat = "chat"
     completions = "completions"
@@ -100,17 +99,20 @@ async def _warm_up(spec: LoadSpec) -> None:
     async with make_client(spec) as client:
         result = await one_request(client, spec, "hello", 4)
     if result.error is not None:
-        raise BenchError(f"warm-up request to {spec.base_url} failed: {result.error}: {result.error_message}; "
-                         f"{_hint(result.error)}")
+        raise BenchError(
+            f"warm-up request to {spec.base_url} failed: {result.error}: {result.error_message}; {_hint(result.error)}"
+        )
 
 
-_HINTS = {"AuthenticationError": "pass the endpoint's key with --api-key or OPENAI_API_KEY",
-          "PermissionDeniedError": "this key may not use that model; check --model and the key's models",
-          "NotFoundError": "check --model (see GET /v1/models) and that --url ends in the API's /v1",
-          "APIConnectionError": "is the server running there? (`make dev` prints its base URL)",
-          "APITimeoutError": "the server did not answer in --timeout seconds; is it overloaded?",
-          "BadRequestError": "the server refused the request; try --no-ignore-eos or --api completions",
-          "RateLimitError": "the key's limits are exhausted; wait, or use a key with higher limits"}
+_HINTS = {
+    "AuthenticationError": "pass the endpoint's key with --api-key or OPENAI_API_KEY",
+    "PermissionDeniedError": "this key may not use that model; check --model and the key's models",
+    "NotFoundError": "check --model (see GET /v1/models) and that --url ends in the API's /v1",
+    "APIConnectionError": "is the server running there? (`make dev` prints its base URL)",
+    "APITimeoutError": "the server did not answer in --timeout seconds; is it overloaded?",
+    "BadRequestError": "the server refused the request; try --no-ignore-eos or --api completions",
+    "RateLimitError": "the key's limits are exhausted; wait, or use a key with higher limits",
+}
 
 
 def _hint(kind: str) -> str:
@@ -132,8 +134,13 @@ def cpu_roots(explicit: list[int] | None) -> list[int]:
     return [os.getpid(), dev.pid]
 
 
-async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels: list[float],
-                   warm_up: bool, roots: list[int] | None = None) -> list[LevelSummary]:
+async def _measure(
+    spec: LoadSpec,
+    mode: Literal["concurrency", "rate"],
+    levels: list[float],
+    warm_up: bool,
+    roots: list[int] | None = None,
+) -> list[LevelSummary]:
     from ops.llmctl.bench.cpu_layers import CpuSampler, cpu_ms_per_token
     from ops.llmctl.bench.loadgen import run_level
     from ops.llmctl.bench.stats import default_requests, summarise
@@ -141,15 +148,24 @@ async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels:
     if warm_up:
         await _warm_up(spec)
     summaries = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[status]}"), console=err, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=err,
+        transient=False,
+    ) as progress:
         for level in levels:
-            level_spec = spec if spec.requests or spec.duration_s else \
-                spec.model_copy(update={"requests": default_requests(mode, level)})
+            level_spec = (
+                spec
+                if spec.requests or spec.duration_s
+                else spec.model_copy(update={"requests": default_requests(mode, level)})
+            )
             label = f"{mode} {level:g}" + ("/s" if mode == "rate" else "")
             by_time = level_spec.requests is None
-            task = progress.add_task(label, total=level_spec.duration_s if by_time else level_spec.requests,
-                                     status="")
+            task = progress.add_task(label, total=level_spec.duration_s if by_time else level_spec.requests, status="")
             failed = 0
             started = time.monotonic()
 
@@ -173,11 +189,15 @@ async def _measure(spec: LoadSpec, mode: Literal["concurrency", "rate"], levels:
                 ticker.cancel()
             summary = summarise(results, mode, level)
             if cpu is not None:
-                summary = summary.model_copy(update={"cpu_ms_per_output_token": cpu_ms_per_token(
-                    cpu, summary.output_tokens)})
+                summary = summary.model_copy(
+                    update={"cpu_ms_per_output_token": cpu_ms_per_token(cpu, summary.output_tokens)}
+                )
             summaries.append(summary)
-            progress.console.print(f"  {label}: {summary.ok} ok, {summary.requests - summary.ok} failed, "
-                                   f"{summary.output_throughput:,.0f} output tok/s", highlight=False)
+            progress.console.print(
+                f"  {label}: {summary.ok} ok, {summary.requests - summary.ok} failed, "
+                f"{summary.output_throughput:,.0f} output tok/s",
+                highlight=False,
+            )
     return summaries
 
 
@@ -189,8 +209,21 @@ def results_table(report: BenchReport) -> Table:
         return "-" if value is None else f"{value:,.1f}"
 
     table = Table(title=f"llmctl bench: {report.model} at {report.base_url}", title_justify="left")
-    for name in (report.mode, "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
-                 "TPOT p50", "E2E p50", "E2E p90", "E2E p99"):
+    for name in (
+        report.mode,
+        "ok",
+        "failed",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "TPOT p50",
+        "E2E p50",
+        "E2E p90",
+        "E2E p99",
+    ):
         table.add_column(name, justify="right")
     cached = any(s.prefix_cache_hit_rate is not None for s in report.levels)
     if cached:
@@ -198,10 +231,23 @@ def results_table(report: BenchReport) -> Table:
     table.add_column("errors")
     for s in report.levels:
         hit = [] if not cached else ["-" if s.prefix_cache_hit_rate is None else f"{s.prefix_cache_hit_rate:.1%}"]
-        table.add_row(f"{s.level:g}", str(s.ok), str(s.requests - s.ok), f"{s.request_throughput:.2f}",
-                      f"{s.output_throughput:,.0f}", ms(s.ttft_ms.p50), ms(s.ttft_ms.p99), ms1(s.itl_ms.p50),
-                      ms1(s.itl_ms.p99), ms1(s.tpot_ms.p50), ms(s.e2e_ms.p50), ms(s.e2e_ms.p90), ms(s.e2e_ms.p99),
-                      *hit, ", ".join(f"{k}: {v}" for k, v in s.errors.items()))
+        table.add_row(
+            f"{s.level:g}",
+            str(s.ok),
+            str(s.requests - s.ok),
+            f"{s.request_throughput:.2f}",
+            f"{s.output_throughput:,.0f}",
+            ms(s.ttft_ms.p50),
+            ms(s.ttft_ms.p99),
+            ms1(s.itl_ms.p50),
+            ms1(s.itl_ms.p99),
+            ms1(s.tpot_ms.p50),
+            ms(s.e2e_ms.p50),
+            ms(s.e2e_ms.p90),
+            ms(s.e2e_ms.p99),
+            *hit,
+            ", ".join(f"{k}: {v}" for k, v in s.errors.items()),
+        )
     return table
 
 
@@ -222,47 +268,126 @@ def cpu_table(report: BenchReport) -> Table | None:
 
 
 def bench(
-    url: Annotated[str, typer.Option("--url", help="OpenAI base URL: the gateway (http://127.0.0.1:8080/v1), "
-                                     "Ray Serve or bare vLLM. /v1 is added to a URL without a path.")],
-    api_key: Annotated[str, typer.Option("--api-key", envvar="OPENAI_API_KEY", show_default=False,
-                                         help="Bearer key (the gateway's). Default: $OPENAI_API_KEY, "
-                                              "else none.")] = "EMPTY",
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model to request. Default: the first "
-                                              "one GET /v1/models lists.")] = None,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", "-c", help="Closed loop: requests in "
-                           "flight, one level per comma-separated value. Default 1,4,16.")] = None,
-    rate: Annotated[str | None, typer.Option("--rate", "-r", help="Open loop instead: Poisson arrivals, "
-                    "requests/s per level, e.g. 2,5,10. Not with --concurrency.")] = None,
-    requests: Annotated[int | None, typer.Option("--requests", "-n", min=1, help="Requests per level. Default: "
-                        "4 x concurrency or 10 s of arrivals, at least 16.")] = None,
-    duration: Annotated[float | None, typer.Option("--duration", "-d", min=0.1, help="Seconds of sending per "
-                        "level instead of a count (requests in flight then finish).")] = None,
-    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", help="Prompt length: fixed:N, uniform:LO-HI or "
-                             "normal:MEAN,STD (words, about one token each; the report has the server's "
-                             "count).")] = "fixed:64",
-    output_tokens: Annotated[str, typer.Option("--output-tokens", help="max_tokens per request, same forms.")]
-    = "fixed:64",
+    url: Annotated[
+        str,
+        typer.Option(
+            "--url",
+            help="OpenAI base URL: the gateway (http://127.0.0.1:8080/v1), "
+            "Ray Serve or bare vLLM. /v1 is added to a URL without a path.",
+        ),
+    ],
+    api_key: Annotated[
+        str,
+        typer.Option(
+            "--api-key",
+            envvar="OPENAI_API_KEY",
+            show_default=False,
+            help="Bearer key (the gateway's). Default: $OPENAI_API_KEY, else none.",
+        ),
+    ] = "EMPTY",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model to request. Default: the first one GET /v1/models lists.")
+    ] = None,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency",
+            "-c",
+            help="Closed loop: requests in flight, one level per comma-separated value. Default 1,4,16.",
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            "--rate",
+            "-r",
+            help="Open loop instead: Poisson arrivals, requests/s per level, e.g. 2,5,10. Not with --concurrency.",
+        ),
+    ] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option(
+            "--requests",
+            "-n",
+            min=1,
+            help="Requests per level. Default: 4 x concurrency or 10 s of arrivals, at least 16.",
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration",
+            "-d",
+            min=0.1,
+            help="Seconds of sending per level instead of a count (requests in flight then finish).",
+        ),
+    ] = None,
+    prompt_tokens: Annotated[
+        str,
+        typer.Option(
+            "--prompt-tokens",
+            help="Prompt length: fixed:N, uniform:LO-HI or "
+            "normal:MEAN,STD (words, about one token each; the report has the server's "
+            "count).",
+        ),
+    ] = "fixed:64",
+    output_tokens: Annotated[
+        str, typer.Option("--output-tokens", help="max_tokens per request, same forms.")
+    ] = "fixed:64",
     api: Annotated[Api, typer.Option("--api", help="chat (/chat/completions) or completions.")] = Api.chat,
-    workload: Annotated[Workload, typer.Option("--workload", help="single prompts, or multiturn conversations "
-                        "(a shared system prompt, then --turns turns each resending the conversation; chat, "
-                        "--concurrency only): what prefix caching and `routing: prefix` serve.")] = Workload.single,
+    workload: Annotated[
+        Workload,
+        typer.Option(
+            "--workload",
+            help="single prompts, or multiturn conversations "
+            "(a shared system prompt, then --turns turns each resending the conversation; chat, "
+            "--concurrency only): what prefix caching and `routing: prefix` serve.",
+        ),
+    ] = Workload.single,
     turns: Annotated[int, typer.Option("--turns", min=1, help="multiturn: user turns per conversation.")] = 4,
-    system_prompt_tokens: Annotated[int, typer.Option("--system-prompt-tokens", min=1, help="multiturn: "
-                                    "words of the system prompt all conversations share.")] = 256,
-    cpu_layers: Annotated[bool, typer.Option("--cpu-layers", help="Also report CPU-ms per output token by "
-                          "layer (gateway, Serve ingress, replica, engine, ...) of the processes on THIS "
-                          "machine: the running make dev, or --cpu-root.")] = False,
-    cpu_root: Annotated[list[int] | None, typer.Option("--cpu-root", help="--cpu-layers: a process whose "
-                        "descendants serve the endpoint (repeatable). Default: make dev's.")] = None,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask vLLM for exactly "
-                          "max_tokens (vLLM extension; turn off for other servers).")] = True,
+    system_prompt_tokens: Annotated[
+        int,
+        typer.Option(
+            "--system-prompt-tokens", min=1, help="multiturn: words of the system prompt all conversations share."
+        ),
+    ] = 256,
+    cpu_layers: Annotated[
+        bool,
+        typer.Option(
+            "--cpu-layers",
+            help="Also report CPU-ms per output token by "
+            "layer (gateway, Serve ingress, replica, engine, ...) of the processes on THIS "
+            "machine: the running make dev, or --cpu-root.",
+        ),
+    ] = False,
+    cpu_root: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--cpu-root",
+            help="--cpu-layers: a process whose descendants serve the endpoint (repeatable). Default: make dev's.",
+        ),
+    ] = None,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-eos/--no-ignore-eos",
+            help="Ask vLLM for exactly max_tokens (vLLM extension; turn off for other servers).",
+        ),
+    ] = True,
     seed: Annotated[int, typer.Option("--seed", help="Seeds prompts, lengths and arrival times.")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Per-request timeout, seconds.")] = 300,
-    warm_up: Annotated[bool, typer.Option("--warm-up/--no-warm-up", help="One short request before "
-                       "measuring (fails fast on a wrong URL, key or model).")] = True,
+    warm_up: Annotated[
+        bool,
+        typer.Option(
+            "--warm-up/--no-warm-up",
+            help="One short request before measuring (fails fast on a wrong URL, key or model).",
+        ),
+    ] = True,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="JSON report.")] = Path("build/bench/bench.json"),
-    plot: Annotated[Path | None, typer.Option("--plot", help="PNG: latency and throughput vs level. "
-                    "Default: the --out path with .png.")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="PNG: latency and throughput vs level. Default: the --out path with .png."),
+    ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Write no PNG.")] = False,
 ) -> None:
     """Load an OpenAI-compatible endpoint at fixed concurrencies or request rates and report
@@ -286,11 +411,22 @@ def bench(
         if workload is Workload.multiturn and (api is not Api.chat or mode != "concurrency"):
             raise BenchError("--workload multiturn holds conversations: use it with --api chat and --concurrency")
         roots = cpu_roots(cpu_root) if cpu_layers else None
-        spec = LoadSpec(base_url=normalise_base_url(url), api_key=api_key, model=model or "?", api=api.value,
-                        prompt_tokens=_distribution("--prompt-tokens", prompt_tokens),
-                        output_tokens=_distribution("--output-tokens", output_tokens), requests=requests,
-                        duration_s=duration, ignore_eos=ignore_eos, seed=seed, timeout_s=timeout,
-                        workload=workload.value, turns=turns, system_prompt_tokens=system_prompt_tokens)
+        spec = LoadSpec(
+            base_url=normalise_base_url(url),
+            api_key=api_key,
+            model=model or "?",
+            api=api.value,
+            prompt_tokens=_distribution("--prompt-tokens", prompt_tokens),
+            output_tokens=_distribution("--output-tokens", output_tokens),
+            requests=requests,
+            duration_s=duration,
+            ignore_eos=ignore_eos,
+            seed=seed,
+            timeout_s=timeout,
+            workload=workload.value,
+            turns=turns,
+            system_prompt_tokens=system_prompt_tokens,
+        )
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
 
         async def main() -> list[LevelSummary]:
@@ -304,13 +440,28 @@ def bench(
         err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
     except Exception as exc:  # noqa: BLE001 - e.g. connection refused while listing models
-        err.print(f"[red]error:[/red] {url}: {type(exc).__name__}: {exc}; is the server running "
-                  "there?", highlight=False, soft_wrap=True)
+        err.print(
+            f"[red]error:[/red] {url}: {type(exc).__name__}: {exc}; is the server running there?",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
-    report = BenchReport(command=command, started_at=started_at, base_url=spec.base_url, model=spec.model,
-                         api=spec.api, mode=mode, workload=workload.value, prompt_tokens=str(spec.prompt_tokens),
-                         output_tokens=str(spec.output_tokens), requests_per_level=requests,
-                         duration_s_per_level=duration, ignore_eos=ignore_eos, seed=seed, levels=summaries)
+    report = BenchReport(
+        command=command,
+        started_at=started_at,
+        base_url=spec.base_url,
+        model=spec.model,
+        api=spec.api,
+        mode=mode,
+        workload=workload.value,
+        prompt_tokens=str(spec.prompt_tokens),
+        output_tokens=str(spec.output_tokens),
+        requests_per_level=requests,
+        duration_s_per_level=duration,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        levels=summaries,
+    )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(report.model_dump_json(indent=2))
     out.print(results_table(report))

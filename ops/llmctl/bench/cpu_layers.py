@@ -38,8 +38,18 @@ ROUTER = "ingress router"  # a part of `serve ingress`, reported beside the laye
 _WORKER_MARKS = ("VLLM::Worker", "VllmWorker")
 WORKER = "engine worker"  # a part of `engine`: the process that runs the model, beside the engine core
 PARTS = (ROUTER, WORKER)
-_RAY_MARKS = ("raylet", "gcs_server", "ray::ServeController", "ray::IDLE", "ray::TelemetryAgent", "dashboard",
-              "log_monitor", "runtime_env", "ray/_private", "ray::")
+_RAY_MARKS = (
+    "raylet",
+    "gcs_server",
+    "ray::ServeController",
+    "ray::IDLE",
+    "ray::TelemetryAgent",
+    "dashboard",
+    "log_monitor",
+    "runtime_env",
+    "ray/_private",
+    "ray::",
+)
 
 
 def layer_of(name: str, cmdline: Iterable[str]) -> str:
@@ -118,8 +128,12 @@ class CpuSampler:
                         times = process.cpu_times()
                         key = (process.pid, process.create_time())  # a reused pid is another process
                         cmdline = process.cmdline()
-                        seen[key] = (layer_of(process.name(), cmdline), part_of(cmdline), times.user + times.system,
-                                     _waited_s(process.pid))
+                        seen[key] = (
+                            layer_of(process.name(), cmdline),
+                            part_of(cmdline),
+                            times.user + times.system,
+                            _waited_s(process.pid),
+                        )
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
         return seen

@@ -34,10 +34,12 @@ if TYPE_CHECKING:
 
 # Plain words that most BPE vocabularies hold as single tokens, so `--prompt-tokens 64` asks
 # for about 64 tokens on any model; the server's usage chunk reports the exact count.
-WORDS = ("the of and to in is was for on that with as by at from his her an it are this be or "  # noqa: SIM905 - reads as prose
-         "which one had not but all were they she there been have their has would more time will "
-         "when who new after first also two may some other into over up than its only most out "
-         "made such these many then could year where so like what about between well people").split()
+WORDS = (  # noqa: SIM905 - reads as prose
+    "the of and to in is was for on that with as by at from his her an it are this be or "
+    "which one had not but all were they she there been have their has would more time will "
+    "when who new after first also two may some other into over up than its only most out "
+    "made such these many then could year where so like what about between well people"
+).split()
 
 
 class LoadSpec(BaseModel):
@@ -78,26 +80,33 @@ def request_plan(spec: LoadSpec, rng: np.random.Generator):
             yield make_prompt(rng, prompt_len), output_len
 
 
-async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | list[dict[str, str]],
-                      max_tokens: int, clock: Callable[[], float] = time.monotonic,
-                      text_out: list[str] | None = None) -> RequestResult:
+async def one_request(
+    client: openai.AsyncOpenAI,
+    spec: LoadSpec,
+    prompt: str | list[dict[str, str]],
+    max_tokens: int,
+    clock: Callable[[], float] = time.monotonic,
+    text_out: list[str] | None = None,
+) -> RequestResult:
     """Send one streamed request and time its chunks. Never raises: a failure becomes an
     error type on the result, so a 429 from a gateway is counted, not fatal. `prompt` is a
     string (a user message, or the completions prompt) or a whole chat conversation; the
     answer's text is appended to `text_out` chunk by chunk when given."""
     extra = {"ignore_eos": True} if spec.ignore_eos else None
-    common: dict[str, Any] = dict(model=spec.model, max_tokens=max_tokens, stream_options={"include_usage": True},
-                                  extra_body=extra)
+    common: dict[str, Any] = dict(
+        model=spec.model, max_tokens=max_tokens, stream_options={"include_usage": True}, extra_body=extra
+    )
     start = clock()
     chunk_times: list[float] = []
     usage = None
     try:
         if spec.api == "chat":
             # The conversations we send are role/content dicts: what the SDK's message types describe.
-            messages = cast("list[ChatCompletionMessageParam]",
-                            prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
-            stream: AsyncIterator[Any] = await client.chat.completions.create(messages=messages, stream=True,
-                                                                              **common)
+            messages = cast(
+                "list[ChatCompletionMessageParam]",
+                prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
+            )
+            stream: AsyncIterator[Any] = await client.chat.completions.create(messages=messages, stream=True, **common)
         else:
             if isinstance(prompt, list):  # becomes this request's error, like any other failure
                 raise ValueError("a chat conversation needs api chat")
@@ -111,18 +120,30 @@ async def one_request(client: openai.AsyncOpenAI, spec: LoadSpec, prompt: str | 
                 if text_out is not None:
                     text_out.append(text)
     except Exception as exc:  # noqa: BLE001 - every failure is data: grouped by type in the summary
-        return RequestResult(start=start, end=clock(), first_token=chunk_times[0] if chunk_times else None,
-                             chunk_times=chunk_times, requested_output_tokens=max_tokens, error=error_type(exc),
-                             error_message=str(exc).splitlines()[0] if str(exc) else "")
+        return RequestResult(
+            start=start,
+            end=clock(),
+            first_token=chunk_times[0] if chunk_times else None,
+            chunk_times=chunk_times,
+            requested_output_tokens=max_tokens,
+            error=error_type(exc),
+            error_message=str(exc).splitlines()[0] if str(exc) else "",
+        )
     end = clock()
-    result = RequestResult(start=start, end=end, first_token=chunk_times[0] if chunk_times else None,
-                           chunk_times=chunk_times, requested_output_tokens=max_tokens,
-                           prompt_tokens=usage.prompt_tokens if usage else 0,
-                           output_tokens=usage.completion_tokens if usage else len(chunk_times),
-                           cached_tokens=_cached_tokens(usage))
+    result = RequestResult(
+        start=start,
+        end=end,
+        first_token=chunk_times[0] if chunk_times else None,
+        chunk_times=chunk_times,
+        requested_output_tokens=max_tokens,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        output_tokens=usage.completion_tokens if usage else len(chunk_times),
+        cached_tokens=_cached_tokens(usage),
+    )
     if usage is None:  # include_usage was asked for: a stream without it ended early
-        return result.model_copy(update={"error": "IncompleteStream",
-                                         "error_message": "stream ended without its usage chunk"})
+        return result.model_copy(
+            update={"error": "IncompleteStream", "error_message": "stream ended without its usage chunk"}
+        )
     if not chunk_times:
         return result.model_copy(update={"error": "NoOutput", "error_message": "stream carried no content"})
     return result
@@ -145,10 +166,15 @@ def make_client(spec: LoadSpec) -> openai.AsyncOpenAI:
 
 
 # Complex on purpose: both load modes (concurrency, rate) share one pacing loop.
-async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float, *,  # noqa: C901
-                    on_result: Callable[[RequestResult], None] | None = None,
-                    stop: Callable[[], bool] | None = None,
-                    clock: Callable[[], float] = time.monotonic) -> list[RequestResult]:
+async def run_level(  # noqa: C901
+    spec: LoadSpec,
+    mode: Literal["concurrency", "rate"],
+    level: float,
+    *,  # noqa: C901
+    on_result: Callable[[RequestResult], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[RequestResult]:
     """Run one level to its request count or duration (or until `stop()` says so); returns
     every request's result. Seeded per level, so level 4 sends the same prompts every run."""
     rng = np.random.default_rng([spec.seed, int(level * 1000)])
@@ -164,8 +190,12 @@ async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level:
             return False
         return spec.duration_s is None or clock() - started < spec.duration_s
 
-    async def send(client: openai.AsyncOpenAI, prompt: str | list[dict[str, str]], max_tokens: int,
-                   text_out: list[str] | None = None) -> RequestResult:
+    async def send(
+        client: openai.AsyncOpenAI,
+        prompt: str | list[dict[str, str]],
+        max_tokens: int,
+        text_out: list[str] | None = None,
+    ) -> RequestResult:
         result = await one_request(client, spec, prompt, max_tokens, clock, text_out)
         results.append(result)
         if on_result is not None:
@@ -190,12 +220,14 @@ async def run_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level:
 
     async with make_client(spec) as client:
         if mode == "concurrency" and spec.workload == "multiturn":
+
             async def talker() -> None:
                 while may_send():
                     await conversation(client)
 
             await asyncio.gather(*(talker() for _ in range(int(level))))
         elif mode == "concurrency":
+
             async def worker() -> None:
                 nonlocal sent
                 while may_send():

@@ -28,12 +28,12 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     latency.set(xlabel=xlabel, ylabel="latency (ms)", title="Latency")
     latency.legend(fontsize=8)
 
-    throughput.plot(levels, [s.output_throughput for s in report.levels], "-o", color="tab:green",
-                    label="output tokens/s")
+    throughput.plot(
+        levels, [s.output_throughput for s in report.levels], "-o", color="tab:green", label="output tokens/s"
+    )
     throughput.set(xlabel=xlabel, ylabel="output tokens/s", title="Throughput")
     requests = throughput.twinx()
-    requests.plot(levels, [s.request_throughput for s in report.levels], "--s", color="tab:purple",
-                  label="requests/s")
+    requests.plot(levels, [s.request_throughput for s in report.levels], "--s", color="tab:purple", label="requests/s")
     requests.set_ylabel("requests/s")
     lines = throughput.get_lines() + requests.get_lines()
     throughput.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper left")
@@ -44,8 +44,11 @@ def plot_report(report: BenchReport, path: Path) -> Path:
         axis.set_xticks(levels, [f"{level:g}" for level in levels])  # the levels run, not powers of 2
 
     errors = sum(sum(s.errors.values()) for s in report.levels)
-    fig.suptitle(f"{report.model} at {report.base_url} ({report.api}; prompt {report.prompt_tokens}, "
-                 f"output {report.output_tokens}; {errors} failed requests)", fontsize=9)
+    fig.suptitle(
+        f"{report.model} at {report.base_url} ({report.api}; prompt {report.prompt_tokens}, "
+        f"output {report.output_tokens}; {errors} failed requests)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

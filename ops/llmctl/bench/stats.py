@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PERCENTILES = (50, 90, 99)
 
-_DIST = re.compile(r"^(?:(?P<fixed>fixed):(?P<n>\d+)|(?P<uniform>uniform):(?P<lo>\d+)-(?P<hi>\d+)"
-                   r"|(?P<normal>normal):(?P<mean>\d+(?:\.\d+)?),(?P<std>\d+(?:\.\d+)?)|(?P<bare>\d+))$")
+_DIST = re.compile(
+    r"^(?:(?P<fixed>fixed):(?P<n>\d+)|(?P<uniform>uniform):(?P<lo>\d+)-(?P<hi>\d+)"
+    r"|(?P<normal>normal):(?P<mean>\d+(?:\.\d+)?),(?P<std>\d+(?:\.\d+)?)|(?P<bare>\d+))$"
+)
 
 
 class LengthDistribution(BaseModel):
@@ -37,8 +39,9 @@ class LengthDistribution(BaseModel):
     def parse(cls, text: str) -> LengthDistribution:
         match = _DIST.match(text.strip().replace(" ", ""))
         if not match:
-            raise ValueError(f"length distribution {text!r} not understood; "
-                             "use fixed:64, uniform:32-128 or normal:64,16")
+            raise ValueError(
+                f"length distribution {text!r} not understood; use fixed:64, uniform:32-128 or normal:64,16"
+            )
         if match["fixed"] or match["bare"]:
             value = int(match["n"] or match["bare"])
             if value < 1:
@@ -78,8 +81,10 @@ class RequestResult(BaseModel):
     chunk_times: list[float] = Field(default_factory=list, description="Arrival of every content chunk.")
     prompt_tokens: int = Field(default=0, description="From the usage chunk (the server's own count).")
     cached_tokens: int | None = Field(
-        default=None, description="Prompt tokens the server had in its prefix cache (usage "
-                                  "prompt_tokens_details.cached_tokens); None when it does not report them.")
+        default=None,
+        description="Prompt tokens the server had in its prefix cache (usage "
+        "prompt_tokens_details.cached_tokens); None when it does not report them.",
+    )
     output_tokens: int = Field(default=0, description="From the usage chunk; chunks counted if none came.")
     requested_output_tokens: int = Field(default=0, description="max_tokens sent.")
     error: str | None = Field(default=None, description="Error type, e.g. `RateLimitError (429)`; None if ok.")
@@ -115,12 +120,15 @@ class LevelSummary(BaseModel):
     tpot_ms: Stats = Field(description="Time per output token after the first: (e2e - ttft) / (tokens - 1).")
     e2e_ms: Stats = Field(description="End-to-end latency of successful requests.")
     cached_prompt_tokens: int | None = Field(
-        default=None, description="Prompt tokens served from the prefix cache (None: the server reports none).")
+        default=None, description="Prompt tokens served from the prefix cache (None: the server reports none)."
+    )
     prefix_cache_hit_rate: float | None = Field(
-        default=None, description="cached_prompt_tokens / prompt_tokens of the requests that reported it.")
+        default=None, description="cached_prompt_tokens / prompt_tokens of the requests that reported it."
+    )
     cpu_ms_per_output_token: dict[str, float] = Field(
         default_factory=dict,
-        description="CPU-ms per output token by layer (--cpu-layers; ops.llmctl.bench.cpu_layers).")
+        description="CPU-ms per output token by layer (--cpu-layers; ops.llmctl.bench.cpu_layers).",
+    )
 
 
 def stats_ms(seconds: list[float]) -> Stats:
@@ -154,18 +162,32 @@ def summarise(results: list[RequestResult], mode: Literal["concurrency", "rate"]
         examples.setdefault(r.error, (r.error_message or "")[:300])
     ttft = [r.first_token - r.start for r in ok if r.first_token is not None]
     itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
-    tpot = [(r.end - r.first_token) / (r.output_tokens - 1) for r in ok
-            if r.first_token is not None and r.output_tokens > 1]
+    tpot = [
+        (r.end - r.first_token) / (r.output_tokens - 1) for r in ok if r.first_token is not None and r.output_tokens > 1
+    ]
     reported = [r for r in ok if r.cached_tokens is not None]
     cached = sum(r.cached_tokens or 0 for r in reported) if reported else None
     reported_prompt = sum(r.prompt_tokens for r in reported)
     return LevelSummary(
-        mode=mode, level=level, requests=len(results), ok=len(ok), errors=dict(Counter(r.error for r in failed)),
-        error_examples=examples, duration_s=round(duration, 3), request_throughput=per_second(len(ok)),
-        output_throughput=per_second(output), total_token_throughput=per_second(prompt + output),
-        prompt_tokens=prompt, output_tokens=output, ttft_ms=stats_ms(ttft), itl_ms=stats_ms(itl),
-        tpot_ms=stats_ms(tpot), e2e_ms=stats_ms([r.end - r.start for r in ok]), cached_prompt_tokens=cached,
-        prefix_cache_hit_rate=round(cached / reported_prompt, 4) if cached is not None and reported_prompt else None)
+        mode=mode,
+        level=level,
+        requests=len(results),
+        ok=len(ok),
+        errors=dict(Counter(r.error for r in failed)),
+        error_examples=examples,
+        duration_s=round(duration, 3),
+        request_throughput=per_second(len(ok)),
+        output_throughput=per_second(output),
+        total_token_throughput=per_second(prompt + output),
+        prompt_tokens=prompt,
+        output_tokens=output,
+        ttft_ms=stats_ms(ttft),
+        itl_ms=stats_ms(itl),
+        tpot_ms=stats_ms(tpot),
+        e2e_ms=stats_ms([r.end - r.start for r in ok]),
+        cached_prompt_tokens=cached,
+        prefix_cache_hit_rate=round(cached / reported_prompt, 4) if cached is not None and reported_prompt else None,
+    )
 
 
 def parse_levels(text: str) -> list[float]:

@@ -29,23 +29,48 @@ SPOT_WINDOW = timedelta(days=7)  # `llmctl cost` prices spot groups at their las
 
 app = typer.Typer(no_args_is_help=False)  # the help is cost()'s docstring
 
-BenchOption = Annotated[list[str] | None, typer.Option(
-    "--bench", "-b", help="`llmctl bench --out` JSON of a model of this stack (repeat per model); "
-    "MODEL_ID=FILE when the bench requested another name. Default: a published estimate, if any.")]
-LevelOption = Annotated[float | None, typer.Option(
-    "--concurrency", "--level", "-c", help="Bench level to price at. Default: its highest output throughput.")]
-ReplicasOption = Annotated[int, typer.Option(
-    "--bench-replicas", min=1, help="Replicas that served the bench: its throughput is divided by this.")]
-PriceOption = Annotated[list[str] | None, typer.Option(
-    "--usd-per-hour", help="GROUP=USD per node-hour: your price for a node group (CPU groups have none; "
-    "Savings Plans, negotiated rates). Repeat per group.")]
+BenchOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--bench",
+        "-b",
+        help="`llmctl bench --out` JSON of a model of this stack (repeat per model); "
+        "MODEL_ID=FILE when the bench requested another name. Default: a published estimate, if any.",
+    ),
+]
+LevelOption = Annotated[
+    float | None,
+    typer.Option(
+        "--concurrency", "--level", "-c", help="Bench level to price at. Default: its highest output throughput."
+    ),
+]
+ReplicasOption = Annotated[
+    int,
+    typer.Option("--bench-replicas", min=1, help="Replicas that served the bench: its throughput is divided by this."),
+]
+PriceOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--usd-per-hour",
+        help="GROUP=USD per node-hour: your price for a node group (CPU groups have none; "
+        "Savings Plans, negotiated rates). Repeat per group.",
+    ),
+]
 OfflineOption = Annotated[bool, typer.Option("--offline", help="Never ask AWS: spot groups at on-demand prices.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (money as exact decimal strings).")]
 
 
-def priced(spec: StackSpec, *, bench: list[str] | None, level: float | None, bench_replicas: int,
-           usd_per_hour: list[str] | None, offline: bool, start: datetime, end: datetime
-           ) -> tuple[StackPlan, dict[str, NodePrice | None], list[ModelCost]]:
+def priced(
+    spec: StackSpec,
+    *,
+    bench: list[str] | None,
+    level: float | None,
+    bench_replicas: int,
+    usd_per_hour: list[str] | None,
+    offline: bool,
+    start: datetime,
+    end: datetime,
+) -> tuple[StackPlan, dict[str, NodePrice | None], list[ModelCost]]:
     """The plan, a price per node group and each model's cost, or a typer.Exit."""
     plan = plan_stack(spec)
     if not plan.ok:
@@ -54,8 +79,10 @@ def priced(spec: StackSpec, *, bench: list[str] | None, level: float | None, ben
         raise fail("the stack does not pass its plan; fix it first (llmctl plan)")
     try:
         given = inputs.group_amounts(spec, usd_per_hour or [], "--usd-per-hour")
-        throughputs = {**estimated_throughputs(spec),
-                       **inputs.bench_throughputs(spec, bench or [], level=level, replicas=bench_replicas)}
+        throughputs = {
+            **estimated_throughputs(spec),
+            **inputs.bench_throughputs(spec, bench or [], level=level, replicas=bench_replicas),
+        }
     except CostInputError as exc:
         raise fail(str(exc), ExitCode.UNUSABLE_INPUT) from None
     if offline:
@@ -73,8 +100,7 @@ def priced(spec: StackSpec, *, bench: list[str] | None, level: float | None, ben
 @app.callback(invoke_without_command=True)
 def cost(
     ctx: typer.Context,
-    stack: Annotated[str | None, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")]
-    = None,
+    stack: Annotated[str | None, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")] = None,
     bench: BenchOption = None,
     concurrency: LevelOption = None,
     bench_replicas: ReplicasOption = 1,
@@ -98,8 +124,16 @@ def cost(
         raise fail("give --stack, e.g. llmctl cost --stack dev", ExitCode.UNUSABLE_INPUT)
     spec = load_spec(stack)
     now = datetime.now(UTC)
-    _, _, costs = priced(spec, bench=bench, level=concurrency, bench_replicas=bench_replicas,
-                         usd_per_hour=usd_per_hour, offline=offline, start=now - SPOT_WINDOW, end=now)
+    _, _, costs = priced(
+        spec,
+        bench=bench,
+        level=concurrency,
+        bench_replicas=bench_replicas,
+        usd_per_hour=usd_per_hour,
+        offline=offline,
+        start=now - SPOT_WINDOW,
+        end=now,
+    )
     if as_json:
         print(views.cost_json(spec.name, costs))
         return
@@ -111,22 +145,33 @@ def cost(
 @app.command()
 def report(
     stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")],
-    since: Annotated[str | None, typer.Option("--since", help="The last N UTC days, today included: 30d. "
-                                              "Default 30d.")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="The last N UTC days, today included: 30d. Default 30d.")
+    ] = None,
     month: Annotated[str | None, typer.Option("--month", help="A calendar month (UTC), e.g. 2026-11.")] = None,
-    node_hours: Annotated[list[str] | None, typer.Option(
-        "--node-hours", help="GROUP=HOURS the group's nodes ran in the period (from the AWS bill or Cost "
-        "Explorer). Default: its min-replica nodes for the whole period (a floor).")] = None,
+    node_hours: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-hours",
+            help="GROUP=HOURS the group's nodes ran in the period (from the AWS bill or Cost "
+            "Explorer). Default: its min-replica nodes for the whole period (a floor).",
+        ),
+    ] = None,
     bench: BenchOption = None,
     concurrency: LevelOption = None,
     bench_replicas: ReplicasOption = 1,
     usd_per_hour: PriceOption = None,
     offline: OfflineOption = False,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", help="The gateway's Redis. Default: "
-                                                  "$LLMSTACK_REDIS_URL, or the running make dev's.")] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-url", help="The gateway's Redis. Default: $LLMSTACK_REDIS_URL, or the running make dev's."
+        ),
+    ] = None,
     as_json: JsonOption = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print the rows as CSV (for a spreadsheet or archive).")]
-    = False,
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="Print the rows as CSV (for a spreadsheet or archive).")
+    ] = False,
 ) -> None:
     """Showback: each tenant's and key's tokens by model and their share of the serving cost (node-hours x
     price, split by tokens at each model's rate); capacity nobody used is an `idle` row of its own.
@@ -140,13 +185,27 @@ def report(
         given_hours = inputs.group_amounts(spec, node_hours or [], "--node-hours")
     except CostInputError as exc:
         raise fail(str(exc), ExitCode.UNUSABLE_INPUT) from None
-    plan, prices, costs = priced(spec, bench=bench, level=concurrency, bench_replicas=bench_replicas,
-                                 usd_per_hour=usd_per_hour, offline=offline, start=start, end=end)
+    plan, prices, costs = priced(
+        spec,
+        bench=bench,
+        level=concurrency,
+        bench_replicas=bench_replicas,
+        usd_per_hour=usd_per_hour,
+        offline=offline,
+        start=start,
+        end=end,
+    )
     hours = Decimal(str((end - start).total_seconds())) / 3600
     assumed = assumed_node_hours(plan, hours)
-    groups = [GroupCost(node_group=g.name, node_hours=given_hours.get(g.name, assumed[g.name]),
-                        usd_per_node_hour=None if (price := prices[g.name]) is None else price.usd_per_hour,
-                        assumed_hours=g.name not in given_hours) for g in spec.node_groups]
+    groups = [
+        GroupCost(
+            node_group=g.name,
+            node_hours=given_hours.get(g.name, assumed[g.name]),
+            usd_per_node_hour=None if (price := prices[g.name]) is None else price.usd_per_hour,
+            assumed_hours=g.name not in given_hours,
+        )
+        for g in spec.node_groups
+    ]
     usage = _usage(redis_url, stack, spec, inputs.days_in(start, end))
     result = showback(usage, groups, model_rates(plan, costs))
     if as_json:
@@ -169,12 +228,17 @@ def _usage(redis_url: str | None, stack: str, spec: StackSpec, days: list) -> li
 
     dev = find_running_dev() if spec.cloud.provider == "local" else None
     try:
-        url = resolve_redis_url(redis_url, "local" if spec.cloud.provider == "local" else stack, dict(os.environ),
-                                dev.redis_url if dev else None)
+        url = resolve_redis_url(
+            redis_url,
+            "local" if spec.cloud.provider == "local" else stack,
+            dict(os.environ),
+            dev.redis_url if dev else None,
+        )
     except typer.BadParameter as exc:
         raise fail(f"--redis-url: {exc.message}", ExitCode.UNUSABLE_INPUT) from None
     try:
         return total_usage(read_usage(url, days))
     except (RedisError, OSError) as exc:
-        raise fail(f"cannot read the usage ledger from Redis: {type(exc).__name__}: {exc}",
-                   ExitCode.UNREACHABLE) from None
+        raise fail(
+            f"cannot read the usage ledger from Redis: {type(exc).__name__}: {exc}", ExitCode.UNREACHABLE
+        ) from None

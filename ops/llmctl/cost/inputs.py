@@ -48,8 +48,9 @@ def read_bench(path: Path) -> _BenchFile:
     except OSError as exc:
         raise CostInputError(f"--bench {path}: cannot read it ({exc.strerror})") from None
     except (ValueError, ValidationError) as exc:
-        raise CostInputError(f"--bench {path}: not an `llmctl bench --out` JSON report ({exc.__class__.__name__})"
-                             ) from None
+        raise CostInputError(
+            f"--bench {path}: not an `llmctl bench --out` JSON report ({exc.__class__.__name__})"
+        ) from None
 
 
 def bench_throughput(report: _BenchFile, path: Path, *, level: float | None, replicas: int) -> Throughput:
@@ -70,13 +71,16 @@ def bench_throughput(report: _BenchFile, path: Path, *, level: float | None, rep
     per_replica = Decimal(str(chosen.output_throughput)) / replicas
     total = Decimal(str(max(chosen.total_token_throughput, chosen.output_throughput))) / replicas
     unit = "concurrency" if report.mode == "concurrency" else "request rate"
-    source = (f"llmctl bench {path.name} ({report.started_at}, {report.base_url}): {unit} {chosen.level:g} ({why}), "
-              f"{chosen.ok}/{chosen.requests} ok" + (f", divided by {replicas} replicas" if replicas > 1 else ""))
+    source = (
+        f"llmctl bench {path.name} ({report.started_at}, {report.base_url}): {unit} {chosen.level:g} ({why}), "
+        f"{chosen.ok}/{chosen.requests} ok" + (f", divided by {replicas} replicas" if replicas > 1 else "")
+    )
     return Throughput(output_tokens_per_s=per_replica, total_tokens_per_s=total, estimate=False, source=source)
 
 
-def bench_throughputs(spec: StackSpec, values: list[str], *, level: float | None, replicas: int
-                      ) -> dict[str, Throughput]:
+def bench_throughputs(
+    spec: StackSpec, values: list[str], *, level: float | None, replicas: int
+) -> dict[str, Throughput]:
     """Model id -> measured throughput, from `--bench FILE` (matched by the model the bench
     requested) or `--bench MODEL_ID=FILE`."""
     found: dict[str, Throughput] = {}
@@ -87,14 +91,18 @@ def bench_throughputs(spec: StackSpec, values: list[str], *, level: float | None
         if model_id:
             spec_model = next((m for m in spec.models if m.id == model_id), None)
             if spec_model is None:
-                raise CostInputError(f"--bench {value}: stack {spec.name} has no model {model_id!r}; models: "
-                                     f"{', '.join(m.id for m in spec.models)}")
+                raise CostInputError(
+                    f"--bench {value}: stack {spec.name} has no model {model_id!r}; models: "
+                    f"{', '.join(m.id for m in spec.models)}"
+                )
         else:
             spec_model = next((m for m in spec.models if report.model in (m.model_name, m.id)), None)
             if spec_model is None:
-                raise CostInputError(f"--bench {path}: it measured model {report.model!r}, which stack {spec.name} "
-                                     f"does not serve; name the model: --bench MODEL_ID={path} (models: "
-                                     f"{', '.join(m.id for m in spec.models)})")
+                raise CostInputError(
+                    f"--bench {path}: it measured model {report.model!r}, which stack {spec.name} "
+                    f"does not serve; name the model: --bench MODEL_ID={path} (models: "
+                    f"{', '.join(m.id for m in spec.models)})"
+                )
         if spec_model.id in found:
             raise CostInputError(f"--bench: two files for model {spec_model.id!r}; give one")
         found[spec_model.id] = bench_throughput(report, path, level=level, replicas=replicas)
@@ -108,13 +116,16 @@ def group_amounts(spec: StackSpec, values: list[str], option: str) -> dict[str, 
     for value in values:
         group, _, amount = value.partition("=")
         if group not in groups:
-            raise CostInputError(f"{option} {value}: stack {spec.name} has no node group {group!r}; node groups: "
-                                 f"{', '.join(sorted(groups))} (form: {option} GROUP=AMOUNT)")
+            raise CostInputError(
+                f"{option} {value}: stack {spec.name} has no node group {group!r}; node groups: "
+                f"{', '.join(sorted(groups))} (form: {option} GROUP=AMOUNT)"
+            )
         try:
             number = Decimal(amount)
         except InvalidOperation:
-            raise CostInputError(f"{option} {value}: {amount!r} is not a number (form: {option} GROUP=AMOUNT)"
-                                 ) from None
+            raise CostInputError(
+                f"{option} {value}: {amount!r} is not a number (form: {option} GROUP=AMOUNT)"
+            ) from None
         if not number.is_finite() or number < 0:
             raise CostInputError(f"{option} {value}: give a number >= 0")
         found[group] = number

@@ -57,8 +57,16 @@ def spot_prices(spec: StackSpec, start: datetime, end: datetime, *, session=None
 
 def _history(ec2, instance_type: str, zones: list[str], start: datetime, end: datetime) -> list[SpotPricePoint]:
     pages = ec2.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=[instance_type], ProductDescriptions=[PRODUCT], StartTime=start, EndTime=end,
-        Filters=[{"Name": "availability-zone", "Values": list(zones)}])
-    return [SpotPricePoint(zone=item["AvailabilityZone"], usd_per_hour=Decimal(item["SpotPrice"]),
-                           timestamp=item["Timestamp"])
-            for page in pages for item in page["SpotPriceHistory"]]
+        InstanceTypes=[instance_type],
+        ProductDescriptions=[PRODUCT],
+        StartTime=start,
+        EndTime=end,
+        Filters=[{"Name": "availability-zone", "Values": list(zones)}],
+    )
+    return [
+        SpotPricePoint(
+            zone=item["AvailabilityZone"], usd_per_hour=Decimal(item["SpotPrice"]), timestamp=item["Timestamp"]
+        )
+        for page in pages
+        for item in page["SpotPriceHistory"]
+    ]

@@ -44,5 +44,7 @@ def total_usage(rows: Iterable[DailyUsage]) -> list[Usage]:
         total[0] += row.prompt_tokens
         total[1] += row.completion_tokens
         total[2] += row.requests
-    return [Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c, requests=r)
-            for (t, k, m), (p, c, r) in sorted(sums.items())]
+    return [
+        Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c, requests=r)
+        for (t, k, m), (p, c, r) in sorted(sums.items())
+    ]

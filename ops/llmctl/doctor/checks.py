@@ -65,8 +65,9 @@ def quota_family(instance_type: str) -> str:
         return "G"
     if family.startswith("p"):
         return "P"
-    raise ValueError(f"{instance_type}: no GPU quota known for this family; "
-                     "add it to ops/llmctl/doctor/checks.py QUOTAS")
+    raise ValueError(
+        f"{instance_type}: no GPU quota known for this family; add it to ops/llmctl/doctor/checks.py QUOTAS"
+    )
 
 
 def quota_needs(spec: StackSpec, plan: StackPlan) -> list[QuotaNeed]:
@@ -86,13 +87,19 @@ def quota_needs(spec: StackSpec, plan: StackPlan) -> list[QuotaNeed]:
 
 def quota_check(need: QuotaNeed, available: float, region: str) -> Check:
     name = f"quota {need.quota.code}"
-    found = f"{need.quota.name}: need {need.vcpus} vCPUs at max replicas ({'; '.join(need.breakdown)}), " \
-            f"{available:g} available in {region}"
+    found = (
+        f"{need.quota.name}: need {need.vcpus} vCPUs at max replicas ({'; '.join(need.breakdown)}), "
+        f"{available:g} available in {region}"
+    )
     if available >= need.vcpus:
         return Check(name=name, status=Status.PASS, detail=found)
-    return Check(name=name, status=Status.FAIL, detail=found,
-                 fix=f"request {need.vcpus} vCPUs for '{need.quota.name}' ({need.quota.code}) in Service Quotas, "
-                     f"region {region}, or lower max_replicas; pods would stay Pending")
+    return Check(
+        name=name,
+        status=Status.FAIL,
+        detail=found,
+        fix=f"request {need.vcpus} vCPUs for '{need.quota.name}' ({need.quota.code}) in Service Quotas, "
+        f"region {region}, or lower max_replicas; pods would stay Pending",
+    )
 
 
 def offering_checks(spec: StackSpec, offered: set[tuple[str, str]]) -> list[Check]:
@@ -105,14 +112,24 @@ def offering_checks(spec: StackSpec, offered: set[tuple[str, str]]) -> list[Chec
         if not missing:
             checks.append(Check(name=name, status=Status.PASS, detail=f"in every zone: {', '.join(zones)}"))
         elif len(missing) < len(zones):
-            checks.append(Check(
-                name=name, status=Status.WARN, detail=f"not offered in {', '.join(missing)}",
-                fix=f"nodes start only in {', '.join(z for z in zones if z not in missing)}; to use every zone, "
-                    "replace those zones in llmstack:cloud.availability_zones"))
+            checks.append(
+                Check(
+                    name=name,
+                    status=Status.WARN,
+                    detail=f"not offered in {', '.join(missing)}",
+                    fix=f"nodes start only in {', '.join(z for z in zones if z not in missing)}; to use every zone, "
+                    "replace those zones in llmstack:cloud.availability_zones",
+                )
+            )
         else:
-            checks.append(Check(
-                name=name, status=Status.FAIL, detail=f"offered in none of {', '.join(zones)}",
-                fix="choose zones that offer it (llmstack:cloud.availability_zones) or another instance type"))
+            checks.append(
+                Check(
+                    name=name,
+                    status=Status.FAIL,
+                    detail=f"offered in none of {', '.join(zones)}",
+                    fix="choose zones that offer it (llmstack:cloud.availability_zones) or another instance type",
+                )
+            )
     return checks
 
 
@@ -122,23 +139,34 @@ def zones_check(region: str, zones: list[str], available: dict[str, str]) -> Che
     if not bad:
         return Check(name="region and zones", status=Status.PASS, detail=f"{region}: {', '.join(zones)} available")
     known = ", ".join(sorted(z for z, s in available.items() if s == "available"))
-    return Check(name="region and zones", status=Status.FAIL, detail=f"{region}: {', '.join(bad)} not available",
-                 fix=f"set llmstack:cloud.availability_zones to zones of {region} (available: {known})")
+    return Check(
+        name="region and zones",
+        status=Status.FAIL,
+        detail=f"{region}: {', '.join(bad)} not available",
+        fix=f"set llmstack:cloud.availability_zones to zones of {region} (available: {known})",
+    )
 
 
 def plan_check(plan: StackPlan) -> Check:
     if plan.ok:
         return Check(name="stack plan", status=Status.PASS, detail="llmctl plan passes")
-    return Check(name="stack plan", status=Status.FAIL,
-                 detail="; ".join(f"{p.subject}: {p.message}" for p in plan.problems),
-                 fix=f"run `llmctl plan --stack {plan.stack}` and change the stack file as it says")
+    return Check(
+        name="stack plan",
+        status=Status.FAIL,
+        detail="; ".join(f"{p.subject}: {p.message}" for p in plan.problems),
+        fix=f"run `llmctl plan --stack {plan.stack}` and change the stack file as it says",
+    )
 
 
 def tool_check(tool: str, path: str | None, *, required: bool, why: str, install: str) -> Check:
     if path:
         return Check(name=tool, status=Status.PASS, detail=path)
-    return Check(name=tool, status=Status.FAIL if required else Status.WARN, detail=f"not on PATH ({why})",
-                 fix=f"install it: {install}")
+    return Check(
+        name=tool,
+        status=Status.FAIL if required else Status.WARN,
+        detail=f"not on PATH ({why})",
+        fix=f"install it: {install}",
+    )
 
 
 def exit_code(checks: list[Check], *, strict: bool = False) -> int:
@@ -152,13 +180,20 @@ def image_check(key: str, reference: str, *, found: bool | None) -> Check:
     None when the image is not in ECR (doctor cannot look there)."""
     name = f"image {key}"
     if found is None:
-        return Check(name=name, status=Status.WARN, detail=f"{reference}: not an ECR image, not checked",
-                     fix="make sure the cluster's nodes can pull it (the node role reads ECR only)")
+        return Check(
+            name=name,
+            status=Status.WARN,
+            detail=f"{reference}: not an ECR image, not checked",
+            fix="make sure the cluster's nodes can pull it (the node role reads ECR only)",
+        )
     if found:
         return Check(name=name, status=Status.PASS, detail=f"{reference} is in ECR")
-    return Check(name=name, status=Status.FAIL,
-                 detail=f"{reference} is not in ECR: pods would stay in ImagePullBackOff",
-                 fix=f"build and push it (ops/runbooks/first-deploy-of-a-new-stack.md), or fix llmstack:{key}")
+    return Check(
+        name=name,
+        status=Status.FAIL,
+        detail=f"{reference} is not in ECR: pods would stay in ImagePullBackOff",
+        fix=f"build and push it (ops/runbooks/first-deploy-of-a-new-stack.md), or fix llmstack:{key}",
+    )
 
 
 # --- what a new account and a first deploy need ---------------------------------------------
@@ -177,8 +212,10 @@ def gpu_ami_check_name(kubernetes_version: str) -> str:
 
 def gpu_ami_parameter(kubernetes_version: str) -> str:
     """The SSM public parameter naming the AL2023 NVIDIA AMI release EKS recommends for a version."""
-    return (f"/aws/service/eks/optimized-ami/{kubernetes_version}/amazon-linux-2023/x86_64/nvidia/"
-            "recommended/release_version")
+    return (
+        f"/aws/service/eks/optimized-ami/{kubernetes_version}/amazon-linux-2023/x86_64/nvidia/"
+        "recommended/release_version"
+    )
 
 
 def spot_groups(spec: StackSpec) -> list[str]:
@@ -201,12 +238,18 @@ def needs_spot_role_check(spec: StackSpec) -> bool:
 def spot_role_check(spec: StackSpec, *, exists: bool) -> Check:
     groups = ", ".join(spot_groups(spec))
     if exists:
-        return Check(name=SPOT_ROLE_CHECK, status=Status.PASS,
-                     detail=f"{SPOT_ROLE} exists: Karpenter can launch spot nodes for {groups}")
-    return Check(name=SPOT_ROLE_CHECK, status=Status.FAIL,
-                 detail=f"{SPOT_ROLE} does not exist in this account: Karpenter's spot NodePools ({groups}) would "
-                        "never get a node (ServiceLinkedRoleCreationNotPermitted)",
-                 fix=f"create it once per account: `{CREATE_SPOT_ROLE}` ({FIRST_DEPLOY_RUNBOOK})")
+        return Check(
+            name=SPOT_ROLE_CHECK,
+            status=Status.PASS,
+            detail=f"{SPOT_ROLE} exists: Karpenter can launch spot nodes for {groups}",
+        )
+    return Check(
+        name=SPOT_ROLE_CHECK,
+        status=Status.FAIL,
+        detail=f"{SPOT_ROLE} does not exist in this account: Karpenter's spot NodePools ({groups}) would "
+        "never get a node (ServiceLinkedRoleCreationNotPermitted)",
+        fix=f"create it once per account: `{CREATE_SPOT_ROLE}` ({FIRST_DEPLOY_RUNBOOK})",
+    )
 
 
 def admins_check(stack: str, caller_arn: str, admin_arns: list[str]) -> Check:
@@ -215,14 +258,20 @@ def admins_check(stack: str, caller_arn: str, admin_arns: list[str]) -> Check:
 
     index = deploying_identity_among_admins(caller_arn, admin_arns)
     if index is not None:
-        return Check(name=ADMINS_CHECK, status=Status.FAIL,
-                     detail=f"llmstack:cloud.admin_principal_arns[{index}] ({admin_arns[index]}) is you "
-                            f"({caller_arn}): EKS makes the cluster's creator admin already and refuses a "
-                            "second access entry",
-                     fix=f"remove admin_principal_arns[{index}] from Pulumi.{stack}.yaml (you stay admin), "
-                         "or deploy as another identity")
-    return Check(name=ADMINS_CHECK, status=Status.PASS,
-                 detail=f"you become cluster admin as the creator; {len(admin_arns)} other principal(s) get entries")
+        return Check(
+            name=ADMINS_CHECK,
+            status=Status.FAIL,
+            detail=f"llmstack:cloud.admin_principal_arns[{index}] ({admin_arns[index]}) is you "
+            f"({caller_arn}): EKS makes the cluster's creator admin already and refuses a "
+            "second access entry",
+            fix=f"remove admin_principal_arns[{index}] from Pulumi.{stack}.yaml (you stay admin), "
+            "or deploy as another identity",
+        )
+    return Check(
+        name=ADMINS_CHECK,
+        status=Status.PASS,
+        detail=f"you become cluster admin as the creator; {len(admin_arns)} other principal(s) get entries",
+    )
 
 
 def gpu_ami_check(kubernetes_version: str, release: str | None, cuda_tag: str) -> Check:
@@ -232,24 +281,35 @@ def gpu_ami_check(kubernetes_version: str, release: str | None, cuda_tag: str) -
 
     name = gpu_ami_check_name(kubernetes_version)
     if release is None:
-        return Check(name=name, status=Status.FAIL,
-                     detail=f"EKS publishes no AL2023 NVIDIA AMI for Kubernetes {kubernetes_version} in this region",
-                     fix="choose a llmstack:cloud.kubernetes_version EKS supports here")
+        return Check(
+            name=name,
+            status=Status.FAIL,
+            detail=f"EKS publishes no AL2023 NVIDIA AMI for Kubernetes {kubernetes_version} in this region",
+            fix="choose a llmstack:cloud.kubernetes_version EKS supports here",
+        )
     driver, need = EKS_NVIDIA_AMI_DRIVER_MAJOR.get(kubernetes_version), CUDA_MIN_DRIVER_MAJOR[cuda_tag]
     if driver is None or driver < need:
-        return Check(name=name, status=Status.FAIL,
-                     detail=f"release {release}: driver branch {driver or 'unknown'}, "
-                            f"the image's {cuda_tag} needs {need}+",
-                     fix="pin the image's cu128 variant for this AMI in infra/catalog/versions.py (CUDA_TAG)")
-    return Check(name=name, status=Status.PASS,
-                 detail=f"EKS recommends release {release}; driver branch {driver} (amazon-eks-ami templates) runs "
-                        f"the image's {cuda_tag} (needs {need}+)")
+        return Check(
+            name=name,
+            status=Status.FAIL,
+            detail=f"release {release}: driver branch {driver or 'unknown'}, the image's {cuda_tag} needs {need}+",
+            fix="pin the image's cu128 variant for this AMI in infra/catalog/versions.py (CUDA_TAG)",
+        )
+    return Check(
+        name=name,
+        status=Status.PASS,
+        detail=f"EKS recommends release {release}; driver branch {driver} (amazon-eks-ami templates) runs "
+        f"the image's {cuda_tag} (needs {need}+)",
+    )
 
 
 def base_image_check(reference: str, *, found: bool) -> Check:
     if found:
         return Check(name=BASE_IMAGE_CHECK, status=Status.PASS, detail=f"{reference} is published on Docker Hub")
-    return Check(name=BASE_IMAGE_CHECK, status=Status.FAIL,
-                 detail=f"{reference} is not on Docker Hub: serving.Dockerfile cannot build",
-                 fix="set RAY_LLM_IMAGE in infra/catalog/versions.py to a published tag of the pinned Ray "
-                     "(e.g. its -cu128 variant)")
+    return Check(
+        name=BASE_IMAGE_CHECK,
+        status=Status.FAIL,
+        detail=f"{reference} is not on Docker Hub: serving.Dockerfile cannot build",
+        fix="set RAY_LLM_IMAGE in infra/catalog/versions.py to a published tag of the pinned Ray "
+        "(e.g. its -cu128 variant)",
+    )

@@ -82,10 +82,14 @@ class AwsClients:
         from ops.llmctl import aws
 
         session = aws.session(region)
-        return cls(sts=aws.client(session, "sts"), ec2=aws.client(session, "ec2"),
-                   service_quotas=aws.client(session, "service-quotas"),
-                   ecr=lambda registry_region: aws.client(aws.session(registry_region), "ecr"),
-                   iam=aws.client(session, "iam"), ssm=aws.client(session, "ssm"))
+        return cls(
+            sts=aws.client(session, "sts"),
+            ec2=aws.client(session, "ec2"),
+            service_quotas=aws.client(session, "service-quotas"),
+            ecr=lambda registry_region: aws.client(aws.session(registry_region), "ecr"),
+            iam=aws.client(session, "iam"),
+            ssm=aws.client(session, "ssm"),
+        )
 
 
 def docker_hub_tag_exists(reference: str, base_url: str | None = None, timeout_s: float = 15) -> bool:
@@ -110,8 +114,13 @@ def local_checks(spec: StackSpec, plan: StackPlan, which: Callable[[str], str | 
         checks += [
             tool_check("pulumi", which("pulumi"), required=True, why="make deploy runs it", install=PULUMI_INSTALL),
             tool_check("kubectl", which("kubectl"), required=False, why="the runbooks use it", install=KUBECTL_INSTALL),
-            tool_check("aws", which("aws"), required=False, why="the kubeconfig gets tokens with `aws eks get-token`",
-                       install=AWS_CLI_INSTALL),
+            tool_check(
+                "aws",
+                which("aws"),
+                required=False,
+                why="the kubeconfig gets tokens with `aws eks get-token`",
+                install=AWS_CLI_INSTALL,
+            ),
         ]
     return checks
 
@@ -123,11 +132,16 @@ def _images(spec: StackSpec) -> dict[str, str]:
 def aws_check_names(spec: StackSpec, plan: StackPlan) -> list[str]:
     """Every check that asks AWS, in the order they run (what `not run` lists when AWS cannot be asked)."""
     assert isinstance(spec.cloud, AwsCloud)
-    return ["AWS identity", ADMINS_CHECK, "region and zones",
-            *(f"quota {n.quota.code}" for n in quota_needs(spec, plan)),
-            *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)}),
-            *(f"image {key}" for key in _images(spec)), *([SPOT_ROLE_CHECK] if needs_spot_role_check(spec) else []),
-            gpu_ami_check_name(spec.cloud.kubernetes_version)]
+    return [
+        "AWS identity",
+        ADMINS_CHECK,
+        "region and zones",
+        *(f"quota {n.quota.code}" for n in quota_needs(spec, plan)),
+        *sorted({f"{g.instance_type} offered" for g in spec.node_groups if isinstance(g, GpuNodeGroup)}),
+        *(f"image {key}" for key in _images(spec)),
+        *([SPOT_ROLE_CHECK] if needs_spot_role_check(spec) else []),
+        gpu_ami_check_name(spec.cloud.kubernetes_version),
+    ]
 
 
 def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Check]:
@@ -148,10 +162,14 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
         line = describe_aws_error(exc)
         if is_unreachable(exc):
             return [_not_run(name, line) for name in ["AWS identity", *later]]
-        return [Check(name="AWS identity", status=Status.FAIL, detail=line, fix="fix the credentials and re-run"),
-                *(_not_run(name, "needs working AWS credentials") for name in later)]
-    checks = [Check(name="AWS identity", status=Status.PASS, detail=f"account {who['Account']} as {who['Arn']}"),
-              admins_check(spec.name, who["Arn"], spec.cloud.admin_principal_arns)]
+        return [
+            Check(name="AWS identity", status=Status.FAIL, detail=line, fix="fix the credentials and re-run"),
+            *(_not_run(name, "needs working AWS credentials") for name in later),
+        ]
+    checks = [
+        Check(name="AWS identity", status=Status.PASS, detail=f"account {who['Account']} as {who['Arn']}"),
+        admins_check(spec.name, who["Arn"], spec.cloud.admin_principal_arns),
+    ]
 
     def ask(names: list[str], doing: str, question: Callable[[], list[Check]]) -> list[Check]:
         try:
@@ -159,9 +177,18 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
         except (BotoCoreError, ClientError) as exc:
             return [_not_run(name, describe_aws_error(exc, doing=doing)) for name in names]
 
-    checks += ask(["region and zones"], f"listing the zones of {region}", lambda: [zones_check(
-        region, zones, {z["ZoneName"]: z["State"] for z in clients.ec2.describe_availability_zones()[
-            "AvailabilityZones"]})])
+    checks += ask(
+        ["region and zones"],
+        f"listing the zones of {region}",
+        lambda: [
+            zones_check(
+                region,
+                zones,
+                {z["ZoneName"]: z["State"] for z in clients.ec2.describe_availability_zones()["AvailabilityZones"]},
+            )
+        ],
+    )
+
     def quota_of(need: QuotaNeed) -> list[Check]:
         return [quota_check(need, _quota_value(clients.service_quotas, need), region)]
 
@@ -171,17 +198,25 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
     for need in needs:
         checks += ask([f"quota {need.quota.code}"], f"reading quota {need.quota.code}", partial(quota_of, need))
     types = sorted({g.instance.instance_type for g in spec.node_groups if isinstance(g, GpuNodeGroup)})
-    checks += ask([f"{t} offered" for t in types], "listing instance type offerings",
-                  lambda: offering_checks(spec, _offerings(clients.ec2, types, zones)))
+    checks += ask(
+        [f"{t} offered" for t in types],
+        "listing instance type offerings",
+        lambda: offering_checks(spec, _offerings(clients.ec2, types, zones)),
+    )
     for key, reference in images.items():
-        checks += ask([f"image {key}"], f"looking up {reference} in ECR",
-                      partial(image_of, key, reference))
+        checks += ask([f"image {key}"], f"looking up {reference} in ECR", partial(image_of, key, reference))
     if needs_spot_role_check(spec):
-        checks += ask([SPOT_ROLE_CHECK], f"looking up the role {SPOT_ROLE}",
-                      lambda: [spot_role_check(spec, exists=_role_exists(clients.iam, SPOT_ROLE))])
+        checks += ask(
+            [SPOT_ROLE_CHECK],
+            f"looking up the role {SPOT_ROLE}",
+            lambda: [spot_role_check(spec, exists=_role_exists(clients.iam, SPOT_ROLE))],
+        )
     version = spec.cloud.kubernetes_version
-    checks += ask([gpu_ami_check_name(version)], "reading the EKS AMI parameter",
-                  lambda: [gpu_ami_check(version, _parameter(clients.ssm, gpu_ami_parameter(version)), CUDA_TAG)])
+    checks += ask(
+        [gpu_ami_check_name(version)],
+        "reading the EKS AMI parameter",
+        lambda: [gpu_ami_check(version, _parameter(clients.ssm, gpu_ami_parameter(version)), CUDA_TAG)],
+    )
     return checks
 
 
@@ -189,9 +224,14 @@ def registry_checks(tag_exists: Callable[[str], bool]) -> list[Check]:
     try:
         return [base_image_check(RAY_LLM_IMAGE, found=tag_exists(RAY_LLM_IMAGE))]
     except (OSError, ValueError) as exc:
-        return [Check(name=BASE_IMAGE_CHECK, status=Status.NOT_RUN,
-                      detail=f"Docker Hub could not be asked about {RAY_LLM_IMAGE} ({exc})",
-                      fix=f"re-run llmctl doctor where Docker Hub is reachable ({DOCKER_HUB_URL_ENV} names a mirror)")]
+        return [
+            Check(
+                name=BASE_IMAGE_CHECK,
+                status=Status.NOT_RUN,
+                detail=f"Docker Hub could not be asked about {RAY_LLM_IMAGE} ({exc})",
+                fix=f"re-run llmctl doctor where Docker Hub is reachable ({DOCKER_HUB_URL_ENV} names a mirror)",
+            )
+        ]
 
 
 def _role_exists(iam: Any, name: str) -> bool:
@@ -232,14 +272,16 @@ def _quota_value(service_quotas: Any, need: QuotaNeed) -> float:
     try:
         return service_quotas.get_service_quota(ServiceCode="ec2", QuotaCode=need.quota.code)["Quota"]["Value"]
     except service_quotas.exceptions.NoSuchResourceException:
-        return service_quotas.get_aws_default_service_quota(
-            ServiceCode="ec2", QuotaCode=need.quota.code)["Quota"]["Value"]
+        return service_quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=need.quota.code)["Quota"][
+            "Value"
+        ]
 
 
 def _offerings(ec2: Any, types: list[str], zones: list[str]) -> set[tuple[str, str]]:
     pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
         LocationType="availability-zone",
-        Filters=[{"Name": "instance-type", "Values": types}, {"Name": "location", "Values": zones}])
+        Filters=[{"Name": "instance-type", "Values": types}, {"Name": "location", "Values": zones}],
+    )
     return {(o["InstanceType"], o["Location"]) for page in pages for o in page["InstanceTypeOfferings"]}
 
 
@@ -255,19 +297,35 @@ def doctor_table(stack: str, checks: list[Check]):
     return table
 
 
-def run_doctor(spec: StackSpec, *, offline: bool = False, clients: AwsClients | None = None,
-               which: Callable[[str], str | None] = shutil.which,
-               tag_exists: Callable[[str], bool] = docker_hub_tag_exists) -> list[Check]:
+def run_doctor(
+    spec: StackSpec,
+    *,
+    offline: bool = False,
+    clients: AwsClients | None = None,
+    which: Callable[[str], str | None] = shutil.which,
+    tag_exists: Callable[[str], bool] = docker_hub_tag_exists,
+) -> list[Check]:
     plan = plan_stack(spec)
     checks = local_checks(spec, plan, which)
     if not isinstance(spec.cloud, AwsCloud):
-        return checks + [Check(name="AWS checks", status=Status.PASS,
-                               detail=f"stack {spec.name} runs on this machine: nothing in AWS to check")]
+        return checks + [
+            Check(
+                name="AWS checks",
+                status=Status.PASS,
+                detail=f"stack {spec.name} runs on this machine: nothing in AWS to check",
+            )
+        ]
     if offline:
         return checks + [_not_run(name, "--offline") for name in [*aws_check_names(spec, plan), BASE_IMAGE_CHECK]]
     try:
         clients = clients or AwsClients.for_region(spec.cloud.region)
     except ImportError:
-        return checks + [_not_run(name, "boto3 is not installed: pip install -e '.[infra]'")
-                         for name in aws_check_names(spec, plan)] + registry_checks(tag_exists)
+        return (
+            checks
+            + [
+                _not_run(name, "boto3 is not installed: pip install -e '.[infra]'")
+                for name in aws_check_names(spec, plan)
+            ]
+            + registry_checks(tag_exists)
+        )
     return checks + aws_checks(spec, plan, clients) + registry_checks(tag_exists)

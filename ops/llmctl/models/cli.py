@@ -25,10 +25,7 @@ from ops.llmctl.models.manifest import SyncPlan, verify_against_manifest
 
 MIB = 1024 * 1024
 
-app = typer.Typer(help="The stack's S3 model cache: upload a model folder, list what is cached.",
-                  no_args_is_help=True)
-
-
+app = typer.Typer(help="The stack's S3 model cache: upload a model folder, list what is cached.", no_args_is_help=True)
 
 
 def _cloud_stack(stack: str) -> tuple[StackSpec, AwsCloud]:
@@ -37,8 +34,11 @@ def _cloud_stack(stack: str) -> tuple[StackSpec, AwsCloud]:
     except StackFileError as exc:
         raise fail(str(exc), 2) from None
     if not isinstance(spec.cloud, AwsCloud):
-        raise fail(f"stack {spec.name} is a local stack (Pulumi.{spec.name}.yaml: llmstack:cloud.provider local): "
-                    "it loads models from their source folders and has no model cache; use an AWS stack", 2)
+        raise fail(
+            f"stack {spec.name} is a local stack (Pulumi.{spec.name}.yaml: llmstack:cloud.provider local): "
+            "it loads models from their source folders and has no model cache; use an AWS stack",
+            2,
+        )
     return spec, spec.cloud
 
 
@@ -57,16 +57,21 @@ def _source_folder(spec: StackSpec, model_id: str, explicit: Path | None) -> Pat
         return explicit
     if is_local_path(model.source):
         return Path(resolve_local_source(model.source))
-    raise fail(f"model {model_id}'s source {model.source} is a hub id: download it to a folder first "
-                "(for example with `hf download`) and pass that folder with --from DIR", 2)
+    raise fail(
+        f"model {model_id}'s source {model.source} is a hub id: download it to a folder first "
+        "(for example with `hf download`) and pass that folder with --from DIR",
+        2,
+    )
 
 
 @app.command()
 def sync(
     stack: StackOption,
     model: Annotated[str, typer.Option("--model", "-m", help="Model id in the stack.")],
-    from_dir: Annotated[Path | None, typer.Option("--from", help="Local Hugging Face folder; default: the "
-                                                  "model's source when that is a folder.")] = None,
+    from_dir: Annotated[
+        Path | None,
+        typer.Option("--from", help="Local Hugging Face folder; default: the model's source when that is a folder."),
+    ] = None,
     part_size_mib: Annotated[int, typer.Option(min=5, help="Multipart part size, MiB.")] = 64,
     max_concurrency: Annotated[int, typer.Option(min=1, help="Parallel S3 requests.")] = 16,
 ) -> None:
@@ -81,21 +86,38 @@ def sync(
     try:
         bucket = _bucket(spec, session)
         s3 = aws.client(session, "s3")
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      TimeRemainingColumn(), console=err, disable=not err.is_terminal) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            disable=not err.is_terminal,
+        ) as progress:
             bar = progress.add_task(f"{model} -> s3://{bucket}/{model_prefix(model)}", total=None)
 
             def planned(plan: SyncPlan) -> None:
                 progress.update(bar, total=plan.upload_bytes)
                 for path in plan.changed:
                     err.print(f"differs in S3 (will upload again): {path}", highlight=False)
-                err.print(f"{len(plan.unchanged)} file(s) already cached, {len(plan.upload)} to upload "
-                          f"({plan.upload_bytes / MIB:.1f} MiB)", highlight=False)
+                err.print(
+                    f"{len(plan.unchanged)} file(s) already cached, {len(plan.upload)} to upload "
+                    f"({plan.upload_bytes / MIB:.1f} MiB)",
+                    highlight=False,
+                )
 
             result = sync_model(
-                s3, stack=spec.name, bucket=bucket, model_id=model, folder=folder, settings=settings, on_plan=planned,
+                s3,
+                stack=spec.name,
+                bucket=bucket,
+                model_id=model,
+                folder=folder,
+                settings=settings,
+                on_plan=planned,
                 on_bytes=lambda n: progress.advance(bar, n),
-                on_file=lambda path: err.print(f"uploaded {path}", highlight=False))
+                on_file=lambda path: err.print(f"uploaded {path}", highlight=False),
+            )
     except ModelFolderError as exc:
         raise fail(f"--from {exc}", 2) from None
     except aws.AwsProblem as exc:
@@ -105,18 +127,26 @@ def sync(
     if result.aborted_uploads:
         err.print(f"removed {result.aborted_uploads} unfinished upload(s) left by an interrupted sync", highlight=False)
     manifest = result.manifest
-    out.print(f"[green]cached[/green] {model}: {len(manifest.files)} files, {manifest.total_bytes / MIB:.1f} MiB "
-              f"at {manifest.uri()}", highlight=False, soft_wrap=True)
+    out.print(
+        f"[green]cached[/green] {model}: {len(manifest.files)} files, {manifest.total_bytes / MIB:.1f} MiB "
+        f"at {manifest.uri()}",
+        highlight=False,
+        soft_wrap=True,
+    )
     if not spec.model(model).cached:
-        out.print(f"note: set `cached: true` on model {model} in Pulumi.{spec.name}.yaml to serve it from the cache",
-                  highlight=False, soft_wrap=True)
+        out.print(
+            f"note: set `cached: true` on model {model} in Pulumi.{spec.name}.yaml to serve it from the cache",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("ls")
 def list_cached(
     stack: StackOption,
-    verify: Annotated[bool, typer.Option("--verify", help="Check every object's checksum against its manifest.")]
-    = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check every object's checksum against its manifest.")
+    ] = False,
 ) -> None:
     """What the cache holds, and which cached models of the stack are missing (exit 1 if any)."""
     from ops.llmctl import aws
@@ -136,15 +166,25 @@ def list_cached(
                 found = verify_against_manifest(manifest, remote_objects(s3, bucket, manifest.prefix))
                 problems += [f"{model_id}: {p}" for p in found]
                 state = "ok (verified)" if not found else f"{len(found)} bad file(s)"
-            in_stack = next((("cached: true" if m.cached else "cached: false") for m in spec.models
-                             if m.id == model_id), "not in stack")
-            table.add_row(model_id, str(len(manifest.files)), f"{manifest.total_bytes / MIB:.1f}",
-                          manifest.synced_at.strftime("%Y-%m-%d %H:%M"), in_stack, state)
+            in_stack = next(
+                (("cached: true" if m.cached else "cached: false") for m in spec.models if m.id == model_id),
+                "not in stack",
+            )
+            table.add_row(
+                model_id,
+                str(len(manifest.files)),
+                f"{manifest.total_bytes / MIB:.1f}",
+                manifest.synced_at.strftime("%Y-%m-%d %H:%M"),
+                in_stack,
+                state,
+            )
         for m in spec.models:
             if m.cached and m.id not in manifests:
                 table.add_row(m.id, "-", "-", "-", "cached: true", "[red]not synced[/red]")
-                problems.append(f"{m.id}: cached: true but not in the cache; run "
-                                f"llmctl models sync --stack {spec.name} --model {m.id} --from DIR")
+                problems.append(
+                    f"{m.id}: cached: true but not in the cache; run "
+                    f"llmctl models sync --stack {spec.name} --model {m.id} --from DIR"
+                )
     except aws.AwsProblem as exc:
         raise fail(str(exc)) from None
     out.print(table)

@@ -50,8 +50,12 @@ class SyncSettings:
     max_concurrency: int = 16
 
     def transfer_config(self) -> TransferConfig:
-        return TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size,
-                              max_concurrency=self.max_concurrency, use_threads=True)
+        return TransferConfig(
+            multipart_threshold=self.part_size,
+            multipart_chunksize=self.part_size,
+            max_concurrency=self.max_concurrency,
+            use_threads=True,
+        )
 
     def part_size_for(self, size: int) -> int:
         """The part size s3transfer will use for a file of this size (it grows parts past 10,000)."""
@@ -120,14 +124,22 @@ class HashCache:
 
     def get(self, relative: str, stat: os.stat_result, part_size: int) -> tuple[str, str] | None:
         entry = self.entries.get(relative)
-        if entry and (entry["size"], entry["mtime_ns"], entry["part_size"]) == (stat.st_size, stat.st_mtime_ns,
-                                                                                 part_size):
+        if entry and (entry["size"], entry["mtime_ns"], entry["part_size"]) == (
+            stat.st_size,
+            stat.st_mtime_ns,
+            part_size,
+        ):
             return entry["sha256"], entry["s3_checksum"]
         return None
 
     def put(self, relative: str, stat: os.stat_result, part_size: int, digests: tuple[str, str]) -> None:
-        self.entries[relative] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "part_size": part_size,
-                                  "sha256": digests[0], "s3_checksum": digests[1]}
+        self.entries[relative] = {
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "part_size": part_size,
+            "sha256": digests[0],
+            "s3_checksum": digests[1],
+        }
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,9 +176,11 @@ def _aws(doing: str) -> Callable[[BaseException], AwsProblem]:
 def remote_objects(s3, bucket: str, prefix: str, *, only: set[str] | None = None) -> dict[str, RemoteObject]:
     """What S3 holds under `prefix`, keyed by path below it, with S3's SHA-256 checksums."""
     try:
-        listed = [item["Key"][len(prefix):]
-                  for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-                  for item in page.get("Contents", [])]
+        listed = [
+            item["Key"][len(prefix) :]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for item in page.get("Contents", [])
+        ]
         wanted = [path for path in listed if only is None or path in only]
 
         def head(path: str) -> tuple[str, RemoteObject]:
@@ -182,8 +196,11 @@ def remote_objects(s3, bucket: str, prefix: str, *, only: set[str] | None = None
 def abort_stale_uploads(s3, bucket: str, prefix: str) -> int:
     """Abort multipart uploads an interrupted run left under `prefix`; returns how many."""
     try:
-        uploads = [u for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
-                   for u in page.get("Uploads", [])]
+        uploads = [
+            u
+            for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+            for u in page.get("Uploads", [])
+        ]
         for upload in uploads:
             s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
         return len(uploads)
@@ -211,26 +228,49 @@ def _failed(future) -> bool:
     return False
 
 
-def upload_files(s3, bucket: str, prefix: str, folder: Path, files: list[FileDigest], settings: SyncSettings, *,
-                 on_bytes: Callable[[int], None] = lambda n: None,
-                 on_file: Callable[[str], None] = lambda p: None) -> None:
+def upload_files(
+    s3,
+    bucket: str,
+    prefix: str,
+    folder: Path,
+    files: list[FileDigest],
+    settings: SyncSettings,
+    *,
+    on_bytes: Callable[[int], None] = lambda n: None,
+    on_file: Callable[[str], None] = lambda p: None,
+) -> None:
     """Upload files in parallel (one transfer manager, parts of several files at once)."""
     try:
         with create_transfer_manager(s3, settings.transfer_config()) as manager:
-            futures = [manager.upload(
-                str(folder / f.path), bucket, prefix + f.path,
-                extra_args={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": f.sha256}},
-                subscribers=[_Report(f.path, on_bytes, on_file)]) for f in files]
+            futures = [
+                manager.upload(
+                    str(folder / f.path),
+                    bucket,
+                    prefix + f.path,
+                    extra_args={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": f.sha256}},
+                    subscribers=[_Report(f.path, on_bytes, on_file)],
+                )
+                for f in files
+            ]
             for future in futures:
                 future.result()
     except (BotoCoreError, ClientError) as exc:
         raise _aws(f"uploading to s3://{bucket}/{prefix}")(exc) from None
 
 
-def sync_model(s3, *, stack: str, bucket: str, model_id: str, folder: Path, settings: SyncSettings = SyncSettings(),
-               cache_dir: Path = DEFAULT_CACHE_DIR, on_plan: Callable[[SyncPlan], None] = lambda p: None,
-               on_bytes: Callable[[int], None] = lambda n: None,
-               on_file: Callable[[str], None] = lambda p: None) -> SyncResult:
+def sync_model(
+    s3,
+    *,
+    stack: str,
+    bucket: str,
+    model_id: str,
+    folder: Path,
+    settings: SyncSettings = SyncSettings(),
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+    on_plan: Callable[[SyncPlan], None] = lambda p: None,
+    on_bytes: Callable[[int], None] = lambda n: None,
+    on_file: Callable[[str], None] = lambda p: None,
+) -> SyncResult:
     prefix = model_prefix(model_id)
     local = digest_folder(folder, settings, cache_dir)
     remote = remote_objects(s3, bucket, prefix, only={f.path for f in local})
@@ -242,13 +282,27 @@ def sync_model(s3, *, stack: str, bucket: str, model_id: str, folder: Path, sett
         after = remote_objects(s3, bucket, prefix, only={f.path for f in plan.upload})
         still = plan_sync(plan.upload, after).upload
         if still:
-            raise AwsProblem(f"S3 does not hold what was uploaded for {', '.join(f.path for f in still)} "
-                             f"(checksum mismatch after upload); run the sync again")
-    manifest = Manifest(stack=stack, model_id=model_id, bucket=bucket, prefix=prefix, files=local,
-                        synced_at=datetime.now(UTC), total_bytes=sum(f.size for f in local))
+            raise AwsProblem(
+                f"S3 does not hold what was uploaded for {', '.join(f.path for f in still)} "
+                f"(checksum mismatch after upload); run the sync again"
+            )
+    manifest = Manifest(
+        stack=stack,
+        model_id=model_id,
+        bucket=bucket,
+        prefix=prefix,
+        files=local,
+        synced_at=datetime.now(UTC),
+        total_bytes=sum(f.size for f in local),
+    )
     try:
-        s3.put_object(Bucket=bucket, Key=manifest_key(model_id), Body=manifest.model_dump_json(indent=2).encode(),
-                      ContentType="application/json", ChecksumAlgorithm="SHA256")
+        s3.put_object(
+            Bucket=bucket,
+            Key=manifest_key(model_id),
+            Body=manifest.model_dump_json(indent=2).encode(),
+            ContentType="application/json",
+            ChecksumAlgorithm="SHA256",
+        )
     except (BotoCoreError, ClientError) as exc:
         raise _aws(f"writing the manifest s3://{bucket}/{manifest_key(model_id)}")(exc) from None
     return SyncResult(manifest=manifest, plan=plan, aborted_uploads=aborted)
@@ -257,9 +311,15 @@ def sync_model(s3, *, stack: str, bucket: str, model_id: str, folder: Path, sett
 def cached_manifests(s3, bucket: str) -> list[Manifest]:
     """Every model's manifest in the bucket."""
     try:
-        keys = [item["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=MANIFESTS_PREFIX) for item in page.get("Contents", [])]
-        return [Manifest.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-                for key in keys if key.endswith(".json")]
+        keys = [
+            item["Key"]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=MANIFESTS_PREFIX)
+            for item in page.get("Contents", [])
+        ]
+        return [
+            Manifest.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            for key in keys
+            if key.endswith(".json")
+        ]
     except (BotoCoreError, ClientError) as exc:
         raise _aws(f"listing s3://{bucket}/{MANIFESTS_PREFIX}")(exc) from None

@@ -48,13 +48,17 @@ def scale_changes(minimum: int | None, maximum: int | None, target: float | None
 
 def describe_change(before: ModelSpec, after: ModelSpec) -> str:
     """`tiny-chat: min_replicas 1 -> 2, max_replicas 1 -> 2`; only what changed."""
-    parts = [f"{key} {getattr(before.autoscaling, key):g} -> {getattr(after.autoscaling, key):g}"
-             for key in OPTION_KEYS.values() if getattr(before.autoscaling, key) != getattr(after.autoscaling, key)]
+    parts = [
+        f"{key} {getattr(before.autoscaling, key):g} -> {getattr(after.autoscaling, key):g}"
+        for key in OPTION_KEYS.values()
+        if getattr(before.autoscaling, key) != getattr(after.autoscaling, key)
+    ]
     return f"{after.id}: " + (", ".join(parts) if parts else "no change")
 
 
 def cost_line(before: StackPlan, after: StackPlan) -> str | None:
     """GPU node cost per hour at min and max replicas, before and after; None on CPU stacks."""
+
     def total(plan: StackPlan) -> tuple[float, float] | None:
         lows = [g.usd_per_hour_at_min for g in plan.node_groups if g.usd_per_hour_at_min is not None]
         highs = [g.usd_per_hour_at_max for g in plan.node_groups if g.usd_per_hour_at_max is not None]
@@ -63,26 +67,34 @@ def cost_line(before: StackPlan, after: StackPlan) -> str | None:
     old, new = total(before), total(after)
     if old is None or new is None:
         return None
-    return (f"GPU nodes per hour (min - max replicas): ${old[0]:,.2f} - ${old[1]:,.2f} before, "
-            f"${new[0]:,.2f} - ${new[1]:,.2f} after")
+    return (
+        f"GPU nodes per hour (min - max replicas): ${old[0]:,.2f} - ${old[1]:,.2f} before, "
+        f"${new[0]:,.2f} - ${new[1]:,.2f} after"
+    )
 
 
 def blue_green_changes(before: StackPlan, after: StackPlan) -> list[str]:
     """Node groups whose room for a blue/green (NewCluster) upgrade changes. Pure."""
     old = {g.name: g.blue_green for g in before.node_groups}
-    return [f"blue/green upgrade in node group {g.name}: {old[g.name]} -> {g.blue_green} "
-            "(see ops/runbooks/roll-out-a-model.md)"
-            for g in after.node_groups if g.name in old and old[g.name] != g.blue_green]
+    return [
+        f"blue/green upgrade in node group {g.name}: {old[g.name]} -> {g.blue_green} "
+        "(see ops/runbooks/roll-out-a-model.md)"
+        for g in after.node_groups
+        if g.name in old and old[g.name] != g.blue_green
+    ]
 
 
 def worker_group_changes(before: StackPlan, after: StackPlan) -> list[str]:
     """Worker groups whose pod bounds change: KubeRay does not copy those to a running
     RayCluster (kuberay#2331), so say how to finish the change. Pure."""
     old = {g.name: (g.nodes_at_min, g.nodes_at_max) for g in before.node_groups}
-    return [f"worker group {g.name}: pods {old[g.name][0]}-{old[g.name][1]} -> {g.nodes_at_min}-{g.nodes_at_max}; "
-            "KubeRay does not copy worker-group bounds to the running RayCluster: after make deploy, "
-            "`llmctl status` prints the patch to apply (ops/runbooks/scale-a-model.md)"
-            for g in after.node_groups if g.name in old and old[g.name] != (g.nodes_at_min, g.nodes_at_max)]
+    return [
+        f"worker group {g.name}: pods {old[g.name][0]}-{old[g.name][1]} -> {g.nodes_at_min}-{g.nodes_at_max}; "
+        "KubeRay does not copy worker-group bounds to the running RayCluster: after make deploy, "
+        "`llmctl status` prints the patch to apply (ops/runbooks/scale-a-model.md)"
+        for g in after.node_groups
+        if g.name in old and old[g.name] != (g.nodes_at_min, g.nodes_at_max)
+    ]
 
 
 def scale(
@@ -90,11 +102,14 @@ def scale(
     model: Annotated[str, typer.Option("--model", "-m", help="Model id (llmstack:models[].id).")],
     minimum: Annotated[int | None, typer.Option("--min", min=0, help="autoscaling.min_replicas")] = None,
     maximum: Annotated[int | None, typer.Option("--max", min=1, help="autoscaling.max_replicas")] = None,
-    target_ongoing: Annotated[float | None, typer.Option(
-        "--target-ongoing", min=0.001, help="autoscaling.target_ongoing_requests (per replica)")] = None,
+    target_ongoing: Annotated[
+        float | None,
+        typer.Option("--target-ongoing", min=0.001, help="autoscaling.target_ongoing_requests (per replica)"),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan; change nothing.")] = False,
-    no_apply: Annotated[bool, typer.Option(
-        "--no-apply", help="Local stack: do not apply to the running make dev.")] = False,
+    no_apply: Annotated[
+        bool, typer.Option("--no-apply", help="Local stack: do not apply to the running make dev.")
+    ] = False,
 ) -> None:
     """Change a model's min/max replicas or target load: stack file, plan and cost, live on make dev.
 
@@ -128,8 +143,10 @@ def scale(
     if not new_plan.ok:
         for problem in problem_lines(new_plan):
             err.print(problem, highlight=False, soft_wrap=True)
-        err.print(f"[red]not changed[/red]: {path.name} would not pass `llmctl plan`; "
-                  "fix what it says (e.g. raise the node group's max_size) or choose other values")
+        err.print(
+            f"[red]not changed[/red]: {path.name} would not pass `llmctl plan`; "
+            "fix what it says (e.g. raise the node group's max_size) or choose other values"
+        )
         raise typer.Exit(ExitCode.FAILED)
     if dry_run:
         out.print(f"dry run: {path.name} not changed")
@@ -137,8 +154,10 @@ def scale(
     _write(path, new_text)
     out.print(f"wrote {path.name}", highlight=False)
     if after.cloud.provider != "local":
-        out.print(f"next: [bold]make deploy STACK={name}[/bold] (replica bounds are applied in place, "
-                  f"no engine restart), then [bold]llmctl status --stack {name}[/bold]")
+        out.print(
+            f"next: [bold]make deploy STACK={name}[/bold] (replica bounds are applied in place, "
+            f"no engine restart), then [bold]llmctl status --stack {name}[/bold]"
+        )
         for line in worker_group_changes(old_plan, new_plan):
             out.print(line, highlight=False)
         return
@@ -162,8 +181,11 @@ def _apply_local(spec: StackSpec, model_id: str, *, err: Console, out: Console) 
 
     dev = find_running_dev()
     if dev is None or dev.ray_address is None or dev.serve_port is None:
-        out.print(NOT_RUNNING.format(path=lock_path()) + "; the next `make dev` uses the new values",
-                  highlight=False, soft_wrap=True)
+        out.print(
+            NOT_RUNNING.format(path=lock_path()) + "; the next `make dev` uses the new values",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     if dev.stack != spec.name:
         out.print(f"the running make dev serves stack {dev.stack!r}, not {spec.name!r}: not applied", highlight=False)
@@ -175,9 +197,12 @@ def _apply_local(spec: StackSpec, model_id: str, *, err: Console, out: Console) 
     try:
         local_serve.connect(dev.ray_address, dev.ray_auth_mode)
         local_serve.deploy(local_serve_config(spec, dev.serve_port, path))
-        local_serve.wait_running(app_name(want, path), timeout_s=LIVE_APPLY_TIMEOUT_S,
-                                 on_change=lambda line: out.print(line, highlight=False),
-                                 settled=lambda app: applied(app, deployment, want))
+        local_serve.wait_running(
+            app_name(want, path),
+            timeout_s=LIVE_APPLY_TIMEOUT_S,
+            on_change=lambda line: out.print(line, highlight=False),
+            settled=lambda app: applied(app, deployment, want),
+        )
     except local_serve.ServeUnreachable as exc:
         err.print(f"[red]cluster unreachable[/red]: {exc}; is make dev (pid {dev.pid}) still starting or stopping?")
         raise typer.Exit(ExitCode.FAILED) from None
@@ -195,6 +220,9 @@ def applied(app: dict[str, Any], deployment: str, model: ModelSpec) -> bool:
     config = (details.get("deployment_config") or {}).get("autoscaling_config") or {}
     wanted = model.autoscaling
     running = sum(1 for r in details.get("replicas", []) if r.get("state") == "RUNNING")
-    return (config.get("min_replicas") == wanted.min_replicas and config.get("max_replicas") == wanted.max_replicas
-            and float(config.get("target_ongoing_requests", -1)) == float(wanted.target_ongoing_requests)
-            and wanted.min_replicas <= running <= wanted.max_replicas)
+    return (
+        config.get("min_replicas") == wanted.min_replicas
+        and config.get("max_replicas") == wanted.max_replicas
+        and float(config.get("target_ongoing_requests", -1)) == float(wanted.target_ongoing_requests)
+        and wanted.min_replicas <= running <= wanted.max_replicas
+    )

@@ -60,8 +60,10 @@ def set_model_autoscaling(text: str, *, file_label: str, model_id: str, changes:
         scaling = model["autoscaling"] = CommentedMap()
     elif not isinstance(scaling, dict):
         index = models.index(model)
-        raise StackFileError(f"{file_label}: {MODELS_KEY}[{index}].autoscaling must be a mapping, "
-                             f"got {scaling!r}; write it as `autoscaling: {{min_replicas: 1}}`")
+        raise StackFileError(
+            f"{file_label}: {MODELS_KEY}[{index}].autoscaling must be a mapping, "
+            f"got {scaling!r}; write it as `autoscaling: {{min_replicas: 1}}`"
+        )
     for key, value in changes.items():
         scaling[key] = value
     out = io.StringIO()

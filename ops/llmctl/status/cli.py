@@ -109,12 +109,20 @@ def _gateway_check(root: str) -> Check:
         return Check(component="gateway", health=Health.DOWN, detail=f"{root} does not answer: {exc}")
     body = _json_or_empty(response)
     if response.status_code == 200 and body.get("status") == "degraded":  # serving without Redis
-        return Check(component="gateway", health=Health.DEGRADED, runbook=runbook("redis-outage"),
-                        detail=f"{root}/readyz: degraded ({body.get('reason', 'no reason given')})")
+        return Check(
+            component="gateway",
+            health=Health.DEGRADED,
+            runbook=runbook("redis-outage"),
+            detail=f"{root}/readyz: degraded ({body.get('reason', 'no reason given')})",
+        )
     if response.status_code == 200:
         return Check(component="gateway", health=Health.OK, detail=f"{root}/readyz: ready")
-    return Check(component="gateway", health=Health.DOWN, runbook=runbook("redis-outage"),
-                    detail=f"{root}/readyz: {response.status_code} {response.text[:200]}")
+    return Check(
+        component="gateway",
+        health=Health.DOWN,
+        runbook=runbook("redis-outage"),
+        detail=f"{root}/readyz: {response.status_code} {response.text[:200]}",
+    )
 
 
 def _json_or_empty(response: Any) -> dict[str, Any]:
@@ -127,8 +135,11 @@ def _json_or_empty(response: Any) -> dict[str, Any]:
 
 def _redis_check(url: str | None) -> Check:
     if url is None:
-        return Check(component="redis", health=Health.DEGRADED,
-                        detail="no redis-server: the gateway keeps keys and limits in its own memory")
+        return Check(
+            component="redis",
+            health=Health.DEGRADED,
+            detail="no redis-server: the gateway keeps keys and limits in its own memory",
+        )
     import redis
 
     client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
@@ -136,8 +147,12 @@ def _redis_check(url: str | None) -> Check:
         client.ping()
         return Check(component="redis", health=Health.OK, detail=f"PING ok ({_redact(url)})")
     except redis.RedisError as exc:
-        return Check(component="redis", health=Health.DOWN, runbook=runbook("redis-outage"),
-                        detail=f"{_redact(url)}: {type(exc).__name__}: {exc}")
+        return Check(
+            component="redis",
+            health=Health.DOWN,
+            runbook=runbook("redis-outage"),
+            detail=f"{_redact(url)}: {type(exc).__name__}: {exc}",
+        )
     finally:
         client.close()
 
@@ -157,8 +172,10 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
     try:
         from kubernetes import client, config
     except ImportError:
-        raise Unreachable("llmctl status on a cloud stack needs the Kubernetes client: "
-                          "pip install -e '.[ops]'", label="missing dependency") from None
+        raise Unreachable(
+            "llmctl status on a cloud stack needs the Kubernetes client: pip install -e '.[ops]'",
+            label="missing dependency",
+        ) from None
     from kubernetes.client.rest import ApiException
     from kubernetes.config.config_exception import ConfigException
     from urllib3.exceptions import HTTPError
@@ -169,7 +186,8 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
         raise Unreachable(
             f"no usable kubeconfig ({exc}); write one with `aws eks update-kubeconfig --region "
             f"{getattr(spec.cloud, 'region', '<region>')} --name $(pulumi stack output cluster_name --stack "
-            f"{spec.name})`") from None
+            f"{spec.name})`"
+        ) from None
     configuration = client.Configuration.get_default_copy()
     configuration.retries = 0  # a dead endpoint should fail in seconds, not after urllib3's retries
     api = client.ApiClient(configuration)
@@ -183,36 +201,60 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
             if exc.status == 404:
                 return None
             if exc.status in (401, 403):
-                raise Unreachable(f"{host} refused the credentials (HTTP {exc.status}): refresh them "
-                                  "(e.g. `aws sso login`) and check your EKS access entry") from None
+                raise Unreachable(
+                    f"{host} refused the credentials (HTTP {exc.status}): refresh them "
+                    "(e.g. `aws sso login`) and check your EKS access entry"
+                ) from None
             raise Unreachable(f"{host} answered HTTP {exc.status} {exc.reason}") from None
         except (HTTPError, OSError) as exc:
-            raise Unreachable(f"cannot reach the Kubernetes API at {host} ({type(exc).__name__}); "
-                              "check the VPN/network and `kubectl cluster-info`") from None
+            raise Unreachable(
+                f"cannot reach the Kubernetes API at {host} ({type(exc).__name__}); "
+                "check the VPN/network and `kubectl cluster-info`"
+            ) from None
 
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     rayservice = read(custom.get_namespaced_custom_object, "ray.io", "v1", NAMESPACE, "rayservices", RAYSERVICE_NAME)
     active = ((rayservice or {}).get("status") or {}).get("activeServiceStatus", {}).get("rayClusterName")
-    raycluster = read(custom.get_namespaced_custom_object, "ray.io", "v1", NAMESPACE, "rayclusters", active) \
-        if active else None
+    raycluster = (
+        read(custom.get_namespaced_custom_object, "ray.io", "v1", NAMESPACE, "rayclusters", active) if active else None
+    )
     pods = plain(read(core.list_namespaced_pod, NAMESPACE).items)
     nodes = plain(read(core.list_node, label_selector=NODE_GROUP_LABEL).items)
     events = plain(read(core.list_namespaced_event, NAMESPACE, field_selector="reason=NotTriggerScaleUp").items)
     gateway = read(apps.read_namespaced_deployment, GATEWAY_NAME, NAMESPACE)
-    return interpret_cloud(spec, where=f"context {context or 'current'}, {host}", rayservice=rayservice, pods=pods,
-                           nodes=nodes, events=events, gateway=plain(gateway) if gateway is not None else None,
-                           raycluster=raycluster)
+    return interpret_cloud(
+        spec,
+        where=f"context {context or 'current'}, {host}",
+        rayservice=rayservice,
+        pods=pods,
+        nodes=nodes,
+        events=events,
+        gateway=plain(gateway) if gateway is not None else None,
+        raycluster=raycluster,
+    )
 
 
-def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] | None, pods: list[dict[str, Any]],
-                    nodes: list[dict[str, Any]], events: list[dict[str, Any]],
-                    gateway: dict[str, Any] | None, raycluster: dict[str, Any] | None = None) -> StatusReport:
+def interpret_cloud(
+    spec: StackSpec,
+    *,
+    where: str,
+    rayservice: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    gateway: dict[str, Any] | None,
+    raycluster: dict[str, Any] | None = None,
+) -> StatusReport:
     """The cloud report from plain objects (what the API returned). Pure."""
     report = StatusReport(stack=spec.name, where=where)
     if rayservice is None:
-        report.checks.append(Check(
-            component=f"rayservice {RAYSERVICE_NAME}", health=Health.DOWN,
-            detail=f"not found in namespace {NAMESPACE}: deploy it with `make deploy STACK={spec.name}`"))
+        report.checks.append(
+            Check(
+                component=f"rayservice {RAYSERVICE_NAME}",
+                health=Health.DOWN,
+                detail=f"not found in namespace {NAMESPACE}: deploy it with `make deploy STACK={spec.name}`",
+            )
+        )
     else:
         report.checks += rayservice_checks(rayservice)
         report.deployments = rayservice_rows(rayservice)
@@ -223,9 +265,14 @@ def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] |
     report.checks += node_checks(report.gpu_nodes, gpu_groups)
     report.pending_pods = pending_pods(pods, events)
     if report.pending_pods:
-        report.checks.append(Check(component="pods", health=Health.DEGRADED,
-                                   detail=f"{len(report.pending_pods)} pending",
-                                   runbook=runbook("pods-pending-on-gpus")))
+        report.checks.append(
+            Check(
+                component="pods",
+                health=Health.DEGRADED,
+                detail=f"{len(report.pending_pods)} pending",
+                runbook=runbook("pods-pending-on-gpus"),
+            )
+        )
     report.checks += crash_loop_checks(pods)
     report.checks.append(deployment_check(gateway, f"gateway {GATEWAY_NAME}"))
     return report
@@ -235,23 +282,33 @@ def interpret_cloud(spec: StackSpec, *, where: str, rayservice: dict[str, Any] |
 
 
 def tables(report: StatusReport) -> list[Table]:
-    checks = Table("component", "health", "detail", "runbook", title=f"stack {report.stack}: checks",
-                   title_justify="left")
+    checks = Table(
+        "component", "health", "detail", "runbook", title=f"stack {report.stack}: checks", title_justify="left"
+    )
     for c in report.checks:
         colour = {"ok": "green", "degraded": "yellow", "down": "red"}[c.health.value]
         checks.add_row(c.component, f"[{colour}]{c.health.value}[/{colour}]", c.detail, c.runbook or "")
     result = [checks]
     if report.deployments:
-        serve = Table("app", "deployment", "status", "replicas", "target", "min - max",
-                      title="Serve deployments", title_justify="left")
+        serve = Table(
+            "app",
+            "deployment",
+            "status",
+            "replicas",
+            "target",
+            "min - max",
+            title="Serve deployments",
+            title_justify="left",
+        )
         for d in report.deployments:
             replicas = ", ".join(f"{n} {s.lower()}" for s, n in sorted(d.replicas.items())) or "-"
             bounds = "-" if d.min_replicas is None else f"{d.min_replicas} - {d.max_replicas}"
             serve.add_row(d.app, d.deployment, d.status.lower(), replicas, str(d.target or "-"), bounds)
         result.append(serve)
     if report.worker_groups:
-        groups = Table("worker group", "pods min - max", "running", "pending", title="Ray worker groups",
-                       title_justify="left")
+        groups = Table(
+            "worker group", "pods min - max", "running", "pending", title="Ray worker groups", title_justify="left"
+        )
         for g in report.worker_groups:
             groups.add_row(g.group, f"{g.min_pods} - {g.max_pods}", str(g.running), str(g.pending))
         result.append(groups)

@@ -103,9 +103,17 @@ def serve_rows(details: dict[str, Any]) -> list[DeploymentRow]:
                 state = str(replica.get("state"))
                 counts[state] = counts.get(state, 0) + 1
             scaling = (d.get("deployment_config") or {}).get("autoscaling_config") or {}
-            rows.append(DeploymentRow(app=app_name, deployment=name, status=str(d.get("status")), replicas=counts,
-                                      target=d.get("target_num_replicas"), min_replicas=scaling.get("min_replicas"),
-                                      max_replicas=scaling.get("max_replicas")))
+            rows.append(
+                DeploymentRow(
+                    app=app_name,
+                    deployment=name,
+                    status=str(d.get("status")),
+                    replicas=counts,
+                    target=d.get("target_num_replicas"),
+                    min_replicas=scaling.get("min_replicas"),
+                    max_replicas=scaling.get("max_replicas"),
+                )
+            )
     return rows
 
 
@@ -114,30 +122,56 @@ def serve_checks(applications: dict[str, Any], *, where: str) -> list[Check]:
     name to `{status, message, deployments|serveDeploymentStatuses: {name: {status, message}}}`
     (Serve's details and KubeRay's applicationStatuses share these fields)."""
     if not applications:
-        return [Check(component=f"serve ({where})", health=Health.DOWN, detail="no Serve application is deployed",
-                      runbook=runbook("replica-crash-loop"))]
+        return [
+            Check(
+                component=f"serve ({where})",
+                health=Health.DOWN,
+                detail="no Serve application is deployed",
+                runbook=runbook("replica-crash-loop"),
+            )
+        ]
     checks = []
     for app_name, app in sorted(applications.items()):
         status = str(app.get("status"))
         deployments = app.get("deployments") or app.get("serveDeploymentStatuses") or {}
         if status == "RUNNING":
-            checks.append(Check(component=f"serve app {app_name}", health=Health.OK,
-                                detail=f"running, {len(deployments)} deployments"))
+            checks.append(
+                Check(
+                    component=f"serve app {app_name}",
+                    health=Health.OK,
+                    detail=f"running, {len(deployments)} deployments",
+                )
+            )
         elif status in ("DEPLOYING", "NOT_STARTED"):
-            checks.append(Check(component=f"serve app {app_name}", health=Health.DEGRADED,
-                                detail=f"{status.lower()}: engines are loading"))
+            checks.append(
+                Check(
+                    component=f"serve app {app_name}",
+                    health=Health.DEGRADED,
+                    detail=f"{status.lower()}: engines are loading",
+                )
+            )
         else:
-            checks.append(Check(component=f"serve app {app_name}", health=Health.DOWN,
-                                detail=f"{status.lower()}: {_first_line(app.get('message'))}",
-                                runbook=runbook("replica-crash-loop")))
+            checks.append(
+                Check(
+                    component=f"serve app {app_name}",
+                    health=Health.DOWN,
+                    detail=f"{status.lower()}: {_first_line(app.get('message'))}",
+                    runbook=runbook("replica-crash-loop"),
+                )
+            )
         for name, d in sorted(deployments.items()):
             d_status = str(d.get("status"))
             if d_status in OK_DEPLOYMENT_STATES:
                 continue
             health = Health.DEGRADED if d_status == "UPDATING" else Health.DOWN
-            checks.append(Check(component=f"deployment {name}", health=health,
-                                detail=f"{d_status.lower()}: {_first_line(d.get('message')) or 'no message'}",
-                                runbook=None if health is Health.DEGRADED else runbook("replica-crash-loop")))
+            checks.append(
+                Check(
+                    component=f"deployment {name}",
+                    health=health,
+                    detail=f"{d_status.lower()}: {_first_line(d.get('message')) or 'no message'}",
+                    runbook=None if health is Health.DEGRADED else runbook("replica-crash-loop"),
+                )
+            )
     return checks
 
 
@@ -154,22 +188,39 @@ def rayservice_checks(rayservice: dict[str, Any]) -> list[Check]:
     ready = _condition(rayservice, "Ready")
     checks = []
     if ready is None:
-        checks.append(Check(component=name, health=Health.DEGRADED,
-                            detail="no Ready condition yet: KubeRay has not reconciled it (is the operator running?)"))
+        checks.append(
+            Check(
+                component=name,
+                health=Health.DEGRADED,
+                detail="no Ready condition yet: KubeRay has not reconciled it (is the operator running?)",
+            )
+        )
     elif ready.get("status") == "True":
         checks.append(Check(component=name, health=Health.OK, detail=f"Ready ({ready.get('reason')})"))
     else:
         reason = ready.get("reason", "")
         health = Health.DEGRADED if reason == "Initializing" else Health.DOWN
         book = "pods-pending-on-gpus" if reason in ("Initializing", "InitializingTimeout") else "replica-crash-loop"
-        checks.append(Check(component=name, health=health,
-                            detail=f"not Ready ({reason}): {_first_line(ready.get('message'))}", runbook=runbook(book)))
+        checks.append(
+            Check(
+                component=name,
+                health=health,
+                detail=f"not Ready ({reason}): {_first_line(ready.get('message'))}",
+                runbook=runbook(book),
+            )
+        )
     upgrade = _condition(rayservice, "UpgradeInProgress")
     if upgrade is not None and upgrade.get("status") == "True":
         pending = ((rayservice.get("status") or {}).get("pendingServiceStatus") or {}).get("rayClusterName", "?")
-        checks.append(Check(component=f"{name} upgrade", health=Health.DEGRADED,
-                            detail=f"NewCluster upgrade in progress: pending cluster {pending} must become ready "
-                                   "before traffic moves", runbook=runbook("roll-out-a-model")))
+        checks.append(
+            Check(
+                component=f"{name} upgrade",
+                health=Health.DEGRADED,
+                detail=f"NewCluster upgrade in progress: pending cluster {pending} must become ready "
+                "before traffic moves",
+                runbook=runbook("roll-out-a-model"),
+            )
+        )
     active = (rayservice.get("status") or {}).get("activeServiceStatus") or {}
     if ready is not None:
         checks += serve_checks(active.get("applicationStatuses") or {}, where=active.get("rayClusterName", "active"))
@@ -178,9 +229,11 @@ def rayservice_checks(rayservice: dict[str, Any]) -> list[Check]:
 
 def rayservice_rows(rayservice: dict[str, Any]) -> list[DeploymentRow]:
     active = (rayservice.get("status") or {}).get("activeServiceStatus") or {}
-    return [DeploymentRow(app=app_name, deployment=name, status=str(d.get("status")))
-            for app_name, app in sorted((active.get("applicationStatuses") or {}).items())
-            for name, d in sorted((app.get("serveDeploymentStatuses") or {}).items())]
+    return [
+        DeploymentRow(app=app_name, deployment=name, status=str(d.get("status")))
+        for app_name, app in sorted((active.get("applicationStatuses") or {}).items())
+        for name, d in sorted((app.get("serveDeploymentStatuses") or {}).items())
+    ]
 
 
 def worker_group_rows(rayservice: dict[str, Any], pods: list[dict[str, Any]]) -> list[WorkerGroupRow]:
@@ -188,10 +241,15 @@ def worker_group_rows(rayservice: dict[str, Any], pods: list[dict[str, Any]]) ->
     rows = []
     for group in rayservice["spec"]["rayClusterConfig"].get("workerGroupSpecs", []):
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get("ray.io/group") == group["groupName"]]
-        rows.append(WorkerGroupRow(
-            group=group["groupName"], min_pods=group.get("minReplicas", 0), max_pods=group.get("maxReplicas", 0),
-            running=sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Running"),
-            pending=sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Pending")))
+        rows.append(
+            WorkerGroupRow(
+                group=group["groupName"],
+                min_pods=group.get("minReplicas", 0),
+                max_pods=group.get("maxReplicas", 0),
+                running=sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Running"),
+                pending=sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Pending"),
+            )
+        )
     return rows
 
 
@@ -215,16 +273,23 @@ def worker_bound_checks(rayservice: dict[str, Any], raycluster: dict[str, Any] |
         want = (wanted.get("minReplicas", 0), wanted.get("maxReplicas", 0))
         have = (group.get("minReplicas", 0), group.get("maxReplicas", 0))
         if want != have:
-            ops = [{"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/{key}", "value": value}
-                   for key, value in zip(("minReplicas", "maxReplicas"), want)]
+            ops = [
+                {"op": "replace", "path": f"/spec/workerGroupSpecs/{index}/{key}", "value": value}
+                for key, value in zip(("minReplicas", "maxReplicas"), want)
+            ]
             patch = json.dumps(ops, separators=(",", ":"))
             namespace = raycluster["metadata"].get("namespace", "llmstack")
-            checks.append(Check(
-                component=f"worker group {wanted['groupName']}", health=Health.DEGRADED,
-                runbook=runbook("scale-a-model"),
-                detail=f"RayCluster {name} allows {have[0]}-{have[1]} pods, the RayService asks {want[0]}-{want[1]} "
-                       f"(KubeRay does not copy bounds to a running cluster): kubectl -n {namespace} "
-                       f"patch raycluster {name} --type=json -p '{patch}'"))
+            checks.append(
+                Check(
+                    component=f"worker group {wanted['groupName']}",
+                    health=Health.DEGRADED,
+                    runbook=runbook("scale-a-model"),
+                    detail=f"RayCluster {name} allows {have[0]}-{have[1]} pods, the RayService asks "
+                    f"{want[0]}-{want[1]} "
+                    f"(KubeRay does not copy bounds to a running cluster): kubectl -n {namespace} "
+                    f"patch raycluster {name} --type=json -p '{patch}'",
+                )
+            )
     return checks
 
 
@@ -234,10 +299,15 @@ def node_rows(nodes: list[dict[str, Any]], group_label: str) -> list[NodeRow]:
         labels = node["metadata"].get("labels") or {}
         status = node.get("status") or {}
         ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
-        rows.append(NodeRow(name=node["metadata"]["name"], group=labels.get(group_label, "-"),
-                            instance_type=labels.get("node.kubernetes.io/instance-type", "?"),
-                            gpus=int((status.get("allocatable") or {}).get("nvidia.com/gpu", 0)),
-                            ready=ready.get("status") == "True"))
+        rows.append(
+            NodeRow(
+                name=node["metadata"]["name"],
+                group=labels.get(group_label, "-"),
+                instance_type=labels.get("node.kubernetes.io/instance-type", "?"),
+                gpus=int((status.get("allocatable") or {}).get("nvidia.com/gpu", 0)),
+                ready=ready.get("status") == "True",
+            )
+        )
     return rows
 
 
@@ -246,29 +316,48 @@ def node_checks(rows: list[NodeRow], gpu_groups: set[str]) -> list[Check]:
     checks = []
     for row in rows:
         if row.group in gpu_groups and row.gpus == 0:
-            checks.append(Check(component=f"node {row.name}", health=Health.DOWN,
-                                detail=f"GPU node of group {row.group} offers no nvidia.com/gpu: the NVIDIA device "
-                                       "plugin is not running on it", runbook=runbook("pods-pending-on-gpus")))
+            checks.append(
+                Check(
+                    component=f"node {row.name}",
+                    health=Health.DOWN,
+                    detail=f"GPU node of group {row.group} offers no nvidia.com/gpu: the NVIDIA device "
+                    "plugin is not running on it",
+                    runbook=runbook("pods-pending-on-gpus"),
+                )
+            )
         elif not row.ready:
-            checks.append(Check(component=f"node {row.name}", health=Health.DEGRADED, detail="node is not Ready",
-                                runbook=runbook("pods-pending-on-gpus")))
+            checks.append(
+                Check(
+                    component=f"node {row.name}",
+                    health=Health.DEGRADED,
+                    detail="node is not Ready",
+                    runbook=runbook("pods-pending-on-gpus"),
+                )
+            )
     return checks
 
 
 # Scheduler and autoscaler messages -> what they mean on this stack. First match wins.
 _PENDING_HINTS: list[tuple[str, str]] = [
-    (r"max node group size reached",
-     "the node group is at max_size: raise node_groups[].max_size (llmctl plan shows the need), then make deploy"),
-    (r"didn't trigger scale-up|NotTriggerScaleUp",
-     "the Cluster Autoscaler will not add a node: check the ASG's scale-from-zero tags, the group's max_size "
-     "and your EC2 GPU quota"),
-    (r"Insufficient nvidia\.com/gpu",
-     "no free GPU on any node: the Cluster Autoscaler should add one (a few minutes); if none comes, check "
-     "its logs and your EC2 GPU quota"),
-    (r"untolerated taint",
-     "the pod does not tolerate a node's taint (GPU nodes carry nvidia.com/gpu=true:NoSchedule)"),
-    (r"didn't match Pod's node affinity|node\(s\) didn't match node selector",
-     "no node carries the pod's llmstack.dev/node-group label: the node group is missing or at zero nodes"),
+    (
+        r"max node group size reached",
+        "the node group is at max_size: raise node_groups[].max_size (llmctl plan shows the need), then make deploy",
+    ),
+    (
+        r"didn't trigger scale-up|NotTriggerScaleUp",
+        "the Cluster Autoscaler will not add a node: check the ASG's scale-from-zero tags, the group's max_size "
+        "and your EC2 GPU quota",
+    ),
+    (
+        r"Insufficient nvidia\.com/gpu",
+        "no free GPU on any node: the Cluster Autoscaler should add one (a few minutes); if none comes, check "
+        "its logs and your EC2 GPU quota",
+    ),
+    (r"untolerated taint", "the pod does not tolerate a node's taint (GPU nodes carry nvidia.com/gpu=true:NoSchedule)"),
+    (
+        r"didn't match Pod's node affinity|node\(s\) didn't match node selector",
+        "no node carries the pod's llmstack.dev/node-group label: the node group is missing or at zero nodes",
+    ),
     (r"Insufficient (cpu|memory)", "no node has the CPU or memory the pod requests"),
     (r"ImagePullBackOff|ErrImagePull", "the image cannot be pulled: check versions.serving_image and registry access"),
 ]
@@ -290,16 +379,26 @@ def pending_pods(pods: list[dict[str, Any]], events: Sequence[dict[str, Any]] = 
             continue
         name = pod["metadata"]["name"]
         scheduled: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
+        )
         waiting = [(cs.get("state") or {}).get("waiting") or {} for cs in status.get("containerStatuses") or []]
         reason = scheduled.get("message") if scheduled.get("status") == "False" else None
         reason = reason or next((w.get("reason") for w in waiting if w.get("reason")), None) or "Pending"
-        autoscaler = [e.get("message", "") for e in events
-                      if (e.get("involvedObject") or {}).get("name") == name and e.get("reason") == "NotTriggerScaleUp"]
+        autoscaler = [
+            e.get("message", "")
+            for e in events
+            if (e.get("involvedObject") or {}).get("name") == name and e.get("reason") == "NotTriggerScaleUp"
+        ]
         if autoscaler:
             reason = f"{reason}; autoscaler: {autoscaler[-1]}"
-        found.append(PendingPod(name=name, group=(pod["metadata"].get("labels") or {}).get("ray.io/group"),
-                                reason=reason, hint=pending_hint(reason)))
+        found.append(
+            PendingPod(
+                name=name,
+                group=(pod["metadata"].get("labels") or {}).get("ray.io/group"),
+                reason=reason,
+                hint=pending_hint(reason),
+            )
+        )
     return found
 
 
@@ -309,11 +408,16 @@ def crash_loop_checks(pods: list[dict[str, Any]]) -> list[Check]:
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") == "CrashLoopBackOff":
-                last = ((cs.get("lastState") or {}).get("terminated") or {})
-                checks.append(Check(component=f"pod {pod['metadata']['name']}", health=Health.DOWN,
-                                    detail=f"CrashLoopBackOff after {cs.get('restartCount', 0)} restarts "
-                                           f"(last exit: {last.get('reason', '?')} {last.get('exitCode', '')})".strip(),
-                                    runbook=runbook("replica-crash-loop")))
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                checks.append(
+                    Check(
+                        component=f"pod {pod['metadata']['name']}",
+                        health=Health.DOWN,
+                        detail=f"CrashLoopBackOff after {cs.get('restartCount', 0)} restarts "
+                        f"(last exit: {last.get('reason', '?')} {last.get('exitCode', '')})".strip(),
+                        runbook=runbook("replica-crash-loop"),
+                    )
+                )
     return checks
 
 
@@ -324,8 +428,12 @@ def deployment_check(deployment: dict[str, Any] | None, name: str) -> Check:
     want = (deployment.get("spec") or {}).get("replicas", 1)
     ready = (deployment.get("status") or {}).get("readyReplicas", 0) or 0
     health = Health.OK if ready >= want else Health.DOWN if ready == 0 else Health.DEGRADED
-    return Check(component=name, health=health, detail=f"{ready}/{want} pods ready",
-                 runbook=None if health is Health.OK else runbook("redis-outage"))
+    return Check(
+        component=name,
+        health=health,
+        detail=f"{ready}/{want} pods ready",
+        runbook=None if health is Health.OK else runbook("redis-outage"),
+    )
 
 
 def _first_line(text: Any) -> str:

@@ -25,7 +25,6 @@ Redis pool is not an outage: 503 + Retry-After (serving.gateway.redis.client). K
 mode are served when over their own limits, and the would-be refusal is logged and counted.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -128,14 +127,21 @@ def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool) -> bool:
     return model in key.allowed_models
 
 
-def reservation_for(document: dict[str, Any] | None, body_size: int, path: str,
-                    settings: GatewaySettings) -> tuple[Reservation, int | None]:
+def reservation_for(
+    document: dict[str, Any] | None, body_size: int, path: str, settings: GatewaySettings
+) -> tuple[Reservation, int | None]:
     """What a request reserves at admission, and the max_tokens the gateway adds to it (None
     when the body sets its own): for online requests and batch lines alike."""
     context_length = settings.model_context_lengths.get(requested_model(document) or "")
     output = output_bound(document, path, context_length=context_length, ceiling=settings.max_tokens_ceiling)
-    reservation = reserve(document, body_size, path, output=output, context_length=context_length,
-                          template_tokens=settings.chat_template_tokens)
+    reservation = reserve(
+        document,
+        body_size,
+        path,
+        output=output,
+        context_length=context_length,
+        template_tokens=settings.chat_template_tokens,
+    )
     return reservation, output.added_max_tokens
 
 
@@ -172,8 +178,14 @@ class Admitter:
     """Admission with what it needs: the key store (and its outage cache), the limiter, the
     settings, the metrics and the fair queue, each step a stage of its own."""
 
-    def __init__(self, settings: GatewaySettings, key_store: KeyStore, limiter: Limiter,
-                 metrics: GatewayMetrics, queue: FairQueue | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        key_store: KeyStore,
+        limiter: Limiter,
+        metrics: GatewayMetrics,
+        queue: FairQueue | None = None,
+    ) -> None:
         self.settings, self.key_store, self.limiter, self.metrics = settings, key_store, limiter, metrics
         self.queue = queue
         self.authenticator = Authenticator(key_store, metrics, settings.key_cache_ttl_s)
@@ -202,10 +214,15 @@ class Admitter:
 
     def _who(self, record: KeyRecord) -> Who:
         settings = self.settings
-        return Who(key_id=record.key_id, tenant=record.tenant, limits=effective_limits(record, settings.default_limits),
-                   tenant_defaults=settings.default_tenant_limits, shadow=record.shadow,
-                   shadow_max_concurrent=settings.shadow_max_concurrent_requests,
-                   monthly_budget_usd=record.monthly_budget_usd)
+        return Who(
+            key_id=record.key_id,
+            tenant=record.tenant,
+            limits=effective_limits(record, settings.default_limits),
+            tenant_defaults=settings.default_tenant_limits,
+            shadow=record.shadow,
+            shadow_max_concurrent=settings.shadow_max_concurrent_requests,
+            monthly_budget_usd=record.monthly_budget_usd,
+        )
 
     async def admit_call(self, caller: Caller) -> Ticket | Refusal:
         """A call the gateway answers itself (the Batch API) counts against the key's and the
@@ -213,8 +230,9 @@ class Admitter:
         cannot flood the gateway: the ticket to settle when the call ends, or the refusal."""
         return await self.limits.run(self.limiter.admit_slot(self._who(caller.record)), caller)
 
-    async def _admit_body(self, request: Request, caller: Caller, ticket: Ticket | None,
-                          held: AsyncExitStack) -> Admission | Refusal | ClientLeft:
+    async def _admit_body(
+        self, request: Request, caller: Caller, ticket: Ticket | None, held: AsyncExitStack
+    ) -> Admission | Refusal | ClientLeft:
         read = await self._read(request)
         if isinstance(read, Refusal):
             return read
@@ -223,8 +241,7 @@ class Admitter:
         refusal = self._validate(request, caller.record, model, read.document)
         if refusal is not None:
             return refusal
-        reservation, added_max_tokens = reservation_for(read.document, len(read.body), request.url.path,
-                                                        self.settings)
+        reservation, added_max_tokens = reservation_for(read.document, len(read.body), request.url.path, self.settings)
         charged = await self._charge(caller, model, reservation, ticket, held)
         if isinstance(charged, Refusal):
             return charged
@@ -241,8 +258,9 @@ class Admitter:
             return errors.invalid_request(document.param, document.message, document.code)
         return _Read(body, document)
 
-    def _validate(self, request: Request, record: KeyRecord, model: str | None,
-                  document: dict[str, Any] | None) -> Refusal | None:
+    def _validate(
+        self, request: Request, record: KeyRecord, model: str | None, document: dict[str, Any] | None
+    ) -> Refusal | None:
         """The validate stage: the key's models, then the request's fields and media URLs, before
         tokens are charged (a refusal costs none)."""
         settings = self.settings
@@ -257,8 +275,9 @@ class Admitter:
             caller_of(request.scope).prompt = prompt_text(document)
         return None
 
-    async def _charge(self, caller: Caller, model: str | None, reservation: Reservation, ticket: Ticket | None,
-                      held: AsyncExitStack) -> _Charged | Refusal:
+    async def _charge(
+        self, caller: Caller, model: str | None, reservation: Reservation, ticket: Ticket | None, held: AsyncExitStack
+    ) -> _Charged | Refusal:
         """The limit stage with the reservation known. A queued model's free slot is asked for in
         the limiter's round trip, before its verdict: a refused request gives it straight back (a
         round trip on refusals only)."""
@@ -269,14 +288,25 @@ class Admitter:
         async with _try_given_back_on_error(self.queue, attempt):
             if ticket is None:
                 checked = await self.limits.run(
-                    self.limiter.admit(self._who(caller.record), reservation.total, along=along, model=label,
-                                       usd_per_million_tokens=rate), caller)
+                    self.limiter.admit(
+                        self._who(caller.record),
+                        reservation.total,
+                        along=along,
+                        model=label,
+                        usd_per_million_tokens=rate,
+                    ),
+                    caller,
+                )
                 if isinstance(checked, Ticket):
                     held.push_async_callback(checked.release)
             else:
                 checked = await self.limits.run(
-                    self.limiter.admit_tokens(ticket, reservation.total, along=along, model=label,
-                                              usd_per_million_tokens=rate), caller, ticket)
+                    self.limiter.admit_tokens(
+                        ticket, reservation.total, along=along, model=label, usd_per_million_tokens=rate
+                    ),
+                    caller,
+                    ticket,
+                )
         slot = self.queue.tried(attempt) if self.queue is not None and attempt is not None else None
         if slot is not None:
             held.push_async_callback(slot.discard)  # a no-op once the slot is released
@@ -284,9 +314,16 @@ class Admitter:
             return checked
         return _Charged(checked, attempt, slot)
 
-    async def _place(self, request: Request, record: KeyRecord, model: str | None, read: _Read,
-                     reservation: Reservation, added_max_tokens: int | None,
-                     charged: _Charged) -> Admission | Refusal | ClientLeft:
+    async def _place(
+        self,
+        request: Request,
+        record: KeyRecord,
+        model: str | None,
+        read: _Read,
+        reservation: Reservation,
+        added_max_tokens: int | None,
+        charged: _Charged,
+    ) -> Admission | Refusal | ClientLeft:
         """The queue stage, then the admission: the body to send upstream, the headers to answer
         with, the meter that bills it."""
         ticket, document, path = charged.ticket, read.document, request.url.path
@@ -296,22 +333,37 @@ class Admitter:
             headers = {name: value for name, value in headers.items() if name != "retry-after"}
         stream = wants_stream(document, path)
         final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
-        upstream_document = upstream_request(document, path, stream=stream, added_max_tokens=added_max_tokens,
-                                             priority=self._engine_priority(record))
-        place = await self.queue_stage.place(request, record, model, ticket, headers, stream=stream,
-                                             attempt=charged.attempt, slot=charged.slot)
+        upstream_document = upstream_request(
+            document, path, stream=stream, added_max_tokens=added_max_tokens, priority=self._engine_priority(record)
+        )
+        place = await self.queue_stage.place(
+            request, record, model, ticket, headers, stream=stream, attempt=charged.attempt, slot=charged.slot
+        )
         if not isinstance(place, QueuePlace):
             return place
         resume = self._resumable(upstream_document, path, stream=stream)
         if resume is not None:
             upstream_document = resume.document
         body = read.body if upstream_document is document else json.dumps(upstream_document).encode()
-        meter = UsageMeter(stream=stream, reservation=reservation, client_final_usage=final_usage,
-                           client_continuous_usage=continuous_usage,
-                           client_chunk=None if resume is None else resume.client_chunk)
-        return Admission(key=record, body=body, model=model, ticket=ticket, headers=headers, meter=meter,
-                         queue_ticket=place.slot, first_byte_timeout_s=first_byte_timeout(self.settings, place.slot),
-                         pending=place.pending, resume=resume)
+        meter = UsageMeter(
+            stream=stream,
+            reservation=reservation,
+            client_final_usage=final_usage,
+            client_continuous_usage=continuous_usage,
+            client_chunk=None if resume is None else resume.client_chunk,
+        )
+        return Admission(
+            key=record,
+            body=body,
+            model=model,
+            ticket=ticket,
+            headers=headers,
+            meter=meter,
+            queue_ticket=place.slot,
+            first_byte_timeout_s=first_byte_timeout(self.settings, place.slot),
+            pending=place.pending,
+            resume=resume,
+        )
 
     def _resumable(self, document: dict[str, Any] | None, path: str, *, stream: bool) -> ResumableStream | None:
         """The resume context of a streamed completion, when the stack resumes streams."""
@@ -327,8 +379,14 @@ class Admitter:
         return policy.rank(record.tier) if policy.engine_priority else None
 
 
-def upstream_request(document: dict[str, Any] | None, path: str, *, stream: bool, added_max_tokens: int | None,
-                     priority: int | None = None) -> dict[str, Any] | None:
+def upstream_request(
+    document: dict[str, Any] | None,
+    path: str,
+    *,
+    stream: bool,
+    added_max_tokens: int | None,
+    priority: int | None = None,
+) -> dict[str, Any] | None:
     """The body to send upstream (the same object when unchanged): streams always ask for usage
     in every chunk (so even a cut stream can be billed what it used), a completion without
     max_tokens gets the one its output bound needs (serving.gateway.metering.output_bound), and `priority`

@@ -132,9 +132,12 @@ def request_document(body: bytes, path: str, settings: GatewaySettings) -> dict[
     unknown = sorted(name for name in document if name not in allowed)
     if unknown:
         name = unknown[0][:100]
-        return BodyError(f"Unrecognized request argument supplied: {name}. This gateway passes OpenAI's parameters "
-                         "and only the extensions its stack allows (gateway.allowed_body_extensions).",
-                         UNKNOWN_PARAMETER, param=name)
+        return BodyError(
+            f"Unrecognized request argument supplied: {name}. This gateway passes OpenAI's parameters "
+            "and only the extensions its stack allows (gateway.allowed_body_extensions).",
+            UNKNOWN_PARAMETER,
+            param=name,
+        )
     return document
 
 
@@ -173,8 +176,9 @@ class BodyDeadline:
         await self.app(scope, receive_within, send)
 
 
-async def read_body_within(request: Request, limit: int,
-                           on_chunk: Callable[[bytes, int], None] | None = None) -> bytes | None:
+async def read_body_within(
+    request: Request, limit: int, on_chunk: Callable[[bytes, int], None] | None = None
+) -> bytes | None:
     """The body, or None as soon as it is known to exceed `limit` bytes. Checks the declared
     Content-Length first, then counts while reading, since chunked bodies declare nothing.
     `on_chunk(chunk, size so far)` sees each chunk before it is kept (it may raise to stop)."""

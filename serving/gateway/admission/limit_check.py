@@ -24,16 +24,21 @@ from serving.gateway.telemetry.metrics import GatewayMetrics
 # Shadow-mode refusals go to the access log's stream: one JSON object per line, like access lines.
 events = logging.getLogger("llmstack.gateway.access")
 
-_LIMIT_FIELD = {"requests": "requests_per_minute", "tokens": "tokens_per_minute",
-                "concurrency": "max_concurrent_requests", "daily_tokens": "daily_token_budget"}
+_LIMIT_FIELD = {
+    "requests": "requests_per_minute",
+    "tokens": "tokens_per_minute",
+    "concurrency": "max_concurrent_requests",
+    "daily_tokens": "daily_token_budget",
+}
 
 
 class LimitCheck:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
 
-    async def run(self, call: Awaitable[Ticket | None], caller: Caller, ticket: Ticket | None = None
-                  ) -> Ticket | Refusal:
+    async def run(
+        self, call: Awaitable[Ticket | None], caller: Caller, ticket: Ticket | None = None
+    ) -> Ticket | Refusal:
         """Run one limiter phase (`call` returns the ticket, or None when it completes `ticket`):
         the ticket when the request may go on, else the refusal to answer."""
         try:
@@ -56,15 +61,29 @@ class LimitCheck:
         self.metrics.rate_limited.labels(limit=decision.refused, mode="shadow" if shadowed else "enforced").inc()
         if shadowed:
             record = caller.record
-            events.warning(json.dumps({"event": "shadow_rate_limited", "key_id": record.key_id,
-                                       "tenant": record.tenant, "limit": decision.refused,
-                                       "reserved": ticket.reserved}))
+            events.warning(
+                json.dumps(
+                    {
+                        "event": "shadow_rate_limited",
+                        "key_id": record.key_id,
+                        "tenant": record.tenant,
+                        "limit": decision.refused,
+                        "reserved": ticket.reserved,
+                    }
+                )
+            )
             return ticket
         if decision.refused == "monthly_budget":
-            return errors.monthly_budget_exceeded(_budget_usd(ticket), decision.retry_after_s,
-                                                  rate_limit_headers(decision), scope=decision.scope or "key")
-        return errors.rate_limited(decision.refused, _limit_value(ticket), decision.retry_after_s,
-                                   rate_limit_headers(decision), scope=decision.scope or "key")
+            return errors.monthly_budget_exceeded(
+                _budget_usd(ticket), decision.retry_after_s, rate_limit_headers(decision), scope=decision.scope or "key"
+            )
+        return errors.rate_limited(
+            decision.refused,
+            _limit_value(ticket),
+            decision.retry_after_s,
+            rate_limit_headers(decision),
+            scope=decision.scope or "key",
+        )
 
 
 def _budget_usd(ticket: Ticket) -> Decimal:

@@ -88,9 +88,16 @@ def check_media(document: dict[str, Any], domains: Collection[str]) -> PolicyVio
         if is_inline(value) or allowed_remote(value, domains):
             continue
         if not domains:
-            return PolicyViolation(where[:200], f"'{where[:200]}' must be a data: URL (base64 media inline): this "
-                                                "gateway's models fetch no media from the network.", MEDIA_URL_REFUSED)
-        return PolicyViolation(where[:200], f"'{where[:200]}' must be a data: URL, or an http(s) URL on one of "
-                                            f"{sorted(domains)} written plainly (lower case, no user info).",
-                               MEDIA_URL_REFUSED)
+            return PolicyViolation(
+                where[:200],
+                f"'{where[:200]}' must be a data: URL (base64 media inline): this "
+                "gateway's models fetch no media from the network.",
+                MEDIA_URL_REFUSED,
+            )
+        return PolicyViolation(
+            where[:200],
+            f"'{where[:200]}' must be a data: URL, or an http(s) URL on one of "
+            f"{sorted(domains)} written plainly (lower case, no user info).",
+            MEDIA_URL_REFUSED,
+        )
     return None

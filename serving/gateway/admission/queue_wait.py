@@ -92,9 +92,14 @@ class SlotWait:
         started = asyncio.get_running_loop().time()
         try:
             slot = await self.queue.acquire(
-                self.model, self.record.tenant, tier=self.tier, weight=self.record.weight or 1.0,
-                deadline=started + self.settings.request_timeout_s, token=self.token,
-                on_wait=self._keep_alive if self.stream else self._client_still_there)
+                self.model,
+                self.record.tenant,
+                tier=self.tier,
+                weight=self.record.weight or 1.0,
+                deadline=started + self.settings.request_timeout_s,
+                token=self.token,
+                on_wait=self._keep_alive if self.stream else self._client_still_there,
+            )
         except QueueRefused as refused:
             await self.ticket.settle(NOTHING_BILLED)
             return self._refused(refused, started)
@@ -116,12 +121,28 @@ class SlotWait:
     def _refused(self, refused: QueueRefused, started: float) -> Refusal:
         refusal, record = refused.refusal, self.record
         self.metrics.queue_shed.labels(model=self.model, tenant=record.tenant, status=str(refusal.status)).inc()
-        events.warning(json.dumps({"event": "queue_refused", "key_id": record.key_id, "tenant": record.tenant,
-                                   "model": self.model, "tier": self.tier, "status": refusal.status,
-                                   "code": refusal.code, "reason": refusal.reason}))
+        events.warning(
+            json.dumps(
+                {
+                    "event": "queue_refused",
+                    "key_id": record.key_id,
+                    "tenant": record.tenant,
+                    "model": self.model,
+                    "tier": self.tier,
+                    "status": refusal.status,
+                    "code": refusal.code,
+                    "reason": refusal.reason,
+                }
+            )
+        )
         self.headers[QUEUE_WAIT_HEADER] = _ms(asyncio.get_running_loop().time() - started)
-        return errors.queue_refused(refusal.status, refusal.code, refusal.message, refusal.retry_after_s,
-                                    {QUEUE_WAIT_HEADER: self.headers[QUEUE_WAIT_HEADER]})
+        return errors.queue_refused(
+            refusal.status,
+            refusal.code,
+            refusal.message,
+            refusal.retry_after_s,
+            {QUEUE_WAIT_HEADER: self.headers[QUEUE_WAIT_HEADER]},
+        )
 
     async def _unavailable(self) -> Refusal | None:
         self.metrics.redis_errors.labels(component="queue").inc()
@@ -154,9 +175,18 @@ class QueueStage:
         assert model is not None
         return self.queue.try_slot(model, record.tenant, tier=self.settings.queue.tier(record.tier).name)
 
-    async def place(self, request: Request, record: KeyRecord, model: str | None, ticket: Ticket,
-                    headers: dict[str, str], *, stream: bool, attempt: SlotTry | None = None,
-                    slot: QueueTicket | None = None) -> QueuePlace | Refusal | ClientLeft:
+    async def place(
+        self,
+        request: Request,
+        record: KeyRecord,
+        model: str | None,
+        ticket: Ticket,
+        headers: dict[str, str],
+        *,
+        stream: bool,
+        attempt: SlotTry | None = None,
+        slot: QueueTicket | None = None,
+    ) -> QueuePlace | Refusal | ClientLeft:
         """The slot `attempt` took (`slot`), else wait for one of `model`."""
         headers[QUEUE_WAIT_HEADER] = "0"
         if self.queue is None or not self.queue.manages(model):
@@ -167,8 +197,19 @@ class QueueStage:
             self.metrics.queue_admitted.labels(model=model, tenant=record.tenant).inc()
             self.metrics.queue_wait.labels(model=model, tier=tier).observe(0.0)
             return QueuePlace(slot=slot)
-        wait = SlotWait(self.queue, self.settings, self.metrics, request, record, model, tier, ticket, headers,
-                        stream, attempt.token if attempt is not None else None)
+        wait = SlotWait(
+            self.queue,
+            self.settings,
+            self.metrics,
+            request,
+            record,
+            model,
+            tier,
+            ticket,
+            headers,
+            stream,
+            attempt.token if attempt is not None else None,
+        )
         if not stream:
             return _placed(await wait.outcome())
         return await _open_stream_wait(wait, headers)

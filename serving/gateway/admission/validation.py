@@ -87,8 +87,11 @@ def _token_ids(value: Any) -> bool:
 
 def _check_shapes(document: dict[str, Any], path: str) -> PolicyViolation | None:
     """The strict types of the fields the gateway decides on (module docstring)."""
-    for param, kind, what in [("stream", bool, "a boolean"), ("model", str, "a string"),
-                              ("stream_options", dict, "an object")]:
+    for param, kind, what in [
+        ("stream", bool, "a boolean"),
+        ("model", str, "a string"),
+        ("stream_options", dict, "an object"),
+    ]:
         violation = _typed(document, param, kind, what)
         if violation is not None:
             return violation
@@ -104,14 +107,27 @@ def _check_shapes(document: dict[str, Any], path: str) -> PolicyViolation | None
             return PolicyViolation("logprobs", "'logprobs' must be a boolean or null.", INVALID_TYPE)
     if path == "/v1/completions":
         prompt = document.get("prompt")
-        if not (prompt is None or isinstance(prompt, str) or _token_ids(prompt) or (
-                isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
-                                                         or all(_token_ids(p) for p in prompt)))):
-            return PolicyViolation("prompt", "'prompt' must be a string, a list of strings, a list of token ids "
-                                             "or a list of token-id lists.", INVALID_TYPE)
+        if not (
+            prompt is None
+            or isinstance(prompt, str)
+            or _token_ids(prompt)
+            or (
+                isinstance(prompt, list)
+                and prompt
+                and (all(isinstance(p, str) for p in prompt) or all(_token_ids(p) for p in prompt))
+            )
+        ):
+            return PolicyViolation(
+                "prompt",
+                "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists.",
+                INVALID_TYPE,
+            )
     if document.get("chat_template") is not None:
-        return PolicyViolation("chat_template", "'chat_template' is not allowed by this gateway: requests use "
-                                                "the model's own chat template.", CHAT_TEMPLATE_REFUSED)
+        return PolicyViolation(
+            "chat_template",
+            "'chat_template' is not allowed by this gateway: requests use the model's own chat template.",
+            CHAT_TEMPLATE_REFUSED,
+        )
     return None
 
 
@@ -147,8 +163,12 @@ def check_request(document: dict[str, Any] | None, path: str, settings: GatewayP
             return violation
     prompts, sequences = prompt_count(document, path), choices_per_prompt(document)
     if prompts > 1 and sequences * prompts > settings.max_n:
-        return PolicyViolation("prompt", f"{prompts} prompts of {sequences} sequences each is more than the "
-                                         f"{settings.max_n} sequences this gateway allows per request.", ABOVE_MAX)
+        return PolicyViolation(
+            "prompt",
+            f"{prompts} prompts of {sequences} sequences each is more than the "
+            f"{settings.max_n} sequences this gateway allows per request.",
+            ABOVE_MAX,
+        )
     # After the ceilings, so a refusal names the ceiling; before anything is reserved.
     cannot_bound = unbounded(document, path)
     if cannot_bound is not None:

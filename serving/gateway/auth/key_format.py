@@ -38,7 +38,7 @@ class KeyRecord(BaseModel):
     shadow: bool = Field(
         default=False,
         description="Shadow mode: requests over a limit are logged and counted as if refused, but served. "
-                    "For trying new limits on live traffic before enforcing them.",
+        "For trying new limits on live traffic before enforcing them.",
     )
     # Per-key limit overrides; None means the gateway's `default_limits` (older records have none).
     requests_per_minute: int | None = Field(default=None, ge=1, description="Request rate (GCRA) override.")
@@ -46,17 +46,25 @@ class KeyRecord(BaseModel):
     daily_token_budget: int | None = Field(default=None, ge=1, description="Tokens per UTC day override.")
     max_concurrent_requests: int | None = Field(default=None, ge=1, description="In-flight requests override.")
     monthly_budget_usd: Decimal | None = Field(
-        default=None, gt=0, max_digits=12, decimal_places=2,
+        default=None,
+        gt=0,
+        max_digits=12,
+        decimal_places=2,
         description="Dollars this key may spend per calendar month (UTC), charged at each model's rate card "
-                    "(serving.gateway.limits.budgets). None: no budget of its own.",
+        "(serving.gateway.limits.budgets). None: no budget of its own.",
     )
     # Admission order when a model is saturated (serving.gateway.queue.fair_queue); older records have neither.
     tier: str | None = Field(
-        default=None, pattern=TIER_NAME,
-        description="Queue tier of the stack's gateway.queue.tiers; None (or a tier the stack dropped): its default.")
+        default=None,
+        pattern=TIER_NAME,
+        description="Queue tier of the stack's gateway.queue.tiers; None (or a tier the stack dropped): its default.",
+    )
     weight: float | None = Field(
-        default=None, gt=0, le=1000,
-        description="Share of a saturated model relative to other tenants in the same tier; None means 1.")
+        default=None,
+        gt=0,
+        le=1000,
+        description="Share of a saturated model relative to other tenants in the same tier; None means 1.",
+    )
 
 
 def new_key() -> tuple[str, str]:

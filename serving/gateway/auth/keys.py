@@ -31,14 +31,22 @@ from serving.gateway.auth.key_format import KeyRecord, hash_key, is_usable, look
 from serving.gateway.redis.client import GatedRedis, RedisBusy
 from serving.gateway.redis.scripts import lua
 
-__all__ = ["KeyRecord", "KeyStore", "KeyStoreUnavailable", "MemoryKeyStore", "RecentlyVerifiedKeys", "RedisKeyStore",
-           "create_key_sync"]
+__all__ = [
+    "KeyRecord",
+    "KeyStore",
+    "KeyStoreUnavailable",
+    "MemoryKeyStore",
+    "RecentlyVerifiedKeys",
+    "RedisKeyStore",
+    "create_key_sync",
+]
 
 # Each attempt loses only to another writer's completed change, so this many in a row means
 # something rewrites the record in a loop; better to say so than to spin.
 UPDATE_ATTEMPTS = 100
 # Compare-and-set of one string key: swap only if it still holds what the caller read.
 REPLACE_LUA = lua("serving.gateway.auth", "replace_key.lua")
+
 
 class KeyStoreUnavailable(RuntimeError):
     """The store could not answer; admission turns this into a 503, not a 401."""
@@ -88,16 +96,30 @@ class KeyStore(ABC):
     async def aclose(self) -> None:
         return None
 
-    async def create(self, tenant: str, name: str, *, expires_at: datetime | None = None,
-                     allowed_models: list[str] | None = None,
-                     limits: Mapping[str, int] | None = None, shadow: bool = False) -> tuple[str, KeyRecord]:
+    async def create(
+        self,
+        tenant: str,
+        name: str,
+        *,
+        expires_at: datetime | None = None,
+        allowed_models: list[str] | None = None,
+        limits: Mapping[str, int] | None = None,
+        shadow: bool = False,
+    ) -> tuple[str, KeyRecord]:
         """Make a key; returns the plaintext (shown once) and its record. `limits` overrides the
         gateway's default limits for this key (requests_per_minute, tokens_per_minute, ...)."""
         while True:
             key, key_id = new_key()
-            record = KeyRecord(key_id=key_id, tenant=tenant, name=name, created_at=_utcnow(),
-                               expires_at=expires_at, allowed_models=allowed_models, shadow=shadow,
-                               **(limits or {}))
+            record = KeyRecord(
+                key_id=key_id,
+                tenant=tenant,
+                name=name,
+                created_at=_utcnow(),
+                expires_at=expires_at,
+                allowed_models=allowed_models,
+                shadow=shadow,
+                **(limits or {}),
+            )
             # Claim the key_id first, so two creators can never share one; a clash draws again.
             if await self._set(_id_index_key(key_id), hash_key(key), only_if_absent=True):
                 await self._set(_record_key(hash_key(key)), record.model_dump_json())
@@ -254,18 +276,28 @@ class RedisKeyStore(KeyStore):
         await self._client.aclose()
 
 
-def create_key_sync(redis_url: str | None, tenant: str, name: str, *, expires_at: datetime | None = None,
-                    allowed_models: list[str] | None = None, limits: Mapping[str, int] | None = None) -> str:
+def create_key_sync(
+    redis_url: str | None,
+    tenant: str,
+    name: str,
+    *,
+    expires_at: datetime | None = None,
+    allowed_models: list[str] | None = None,
+    limits: Mapping[str, int] | None = None,
+) -> str:
     """Create a key from a script or CLI; returns the plaintext key (print it once)."""
     if not redis_url:
-        raise ValueError("cannot create a key without Redis: the in-memory key store lives inside one "
-                         "gateway process. Set LLMSTACK_REDIS_URL to the Redis the gateway uses.")
+        raise ValueError(
+            "cannot create a key without Redis: the in-memory key store lives inside one "
+            "gateway process. Set LLMSTACK_REDIS_URL to the Redis the gateway uses."
+        )
 
     async def create() -> str:
         store = RedisKeyStore(redis_url)
         try:
-            key, _ = await store.create(tenant, name, expires_at=expires_at, allowed_models=allowed_models,
-                                        limits=limits)
+            key, _ = await store.create(
+                tenant, name, expires_at=expires_at, allowed_models=allowed_models, limits=limits
+            )
             return key
         finally:
             await store.aclose()

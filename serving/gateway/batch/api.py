@@ -68,8 +68,9 @@ def _bad(message: str, param: str | None = None, code: str = "invalid_value") ->
 
 
 def _not_found(kind: str, resource: str | None) -> JSONResponse:
-    return errors.openai_error(404, f"No such {kind}: {str(resource)[:64]!r}.", errors.INVALID_REQUEST,
-                               code="not_found")
+    return errors.openai_error(
+        404, f"No such {kind}: {str(resource)[:64]!r}.", errors.INVALID_REQUEST, code="not_found"
+    )
 
 
 def jsonl_problem(content: bytes, max_depth: int, max_line_bytes: int) -> str | None:
@@ -90,8 +91,14 @@ def jsonl_problem(content: bytes, max_depth: int, max_line_bytes: int) -> str | 
 
 
 class BatchApi:
-    def __init__(self, settings: GatewaySettings, admitter: Admitter, store: BatchStore, storage: FileStorage,
-                 runner: BatchRunner) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        admitter: Admitter,
+        store: BatchStore,
+        storage: FileStorage,
+        runner: BatchRunner,
+    ) -> None:
         self.settings, self.policy = settings, settings.batch
         self.admitter, self.store, self.storage, self.runner = admitter, store, storage, runner
         self._background: set[asyncio.Task[None]] = set()
@@ -116,17 +123,31 @@ class BatchApi:
             response: Response = await handler(request, route, key)
             return response
         except StorageError:
-            return errors.openai_error(503, "The batch file storage cannot be reached right now. Please retry.",
-                                       errors.SERVER_ERROR, code="storage_unavailable", headers={"Retry-After": "5"})
+            return errors.openai_error(
+                503,
+                "The batch file storage cannot be reached right now. Please retry.",
+                errors.SERVER_ERROR,
+                code="storage_unavailable",
+                headers={"Retry-After": "5"},
+            )
         except MemoryBusy:
-            return errors.openai_error(503, "The gateway is handling other batch files right now. Please retry.",
-                                       errors.SERVER_ERROR, code="batch_memory_busy", headers={"Retry-After": "5"})
+            return errors.openai_error(
+                503,
+                "The gateway is handling other batch files right now. Please retry.",
+                errors.SERVER_ERROR,
+                code="batch_memory_busy",
+                headers={"Retry-After": "5"},
+            )
         except (RedisError, OSError) as exc:
             if is_out_of_memory(exc):
                 self.runner.metrics.redis_out_of_memory.labels(component="batch").inc()
-            return errors.openai_error(503, "The gateway cannot reach its batch state right now. Please retry.",
-                                       errors.SERVER_ERROR, code="batch_state_unavailable",
-                                       headers={"Retry-After": "5"})
+            return errors.openai_error(
+                503,
+                "The gateway cannot reach its batch state right now. Please retry.",
+                errors.SERVER_ERROR,
+                code="batch_state_unavailable",
+                headers={"Retry-After": "5"},
+            )
 
     # --- files -------------------------------------------------------------------------
 
@@ -143,9 +164,12 @@ class BatchApi:
         limit = self.policy.max_file_bytes
         body = await _read_counted(request, limit + MULTIPART_OVERHEAD, hold)
         if body is None:
-            return errors.openai_error(413, f"The file is larger than this gateway accepts ({limit} bytes, "
-                                            "gateway.batch.max_file_bytes).", errors.INVALID_REQUEST,
-                                       code="file_too_large")
+            return errors.openai_error(
+                413,
+                f"The file is larger than this gateway accepts ({limit} bytes, gateway.batch.max_file_bytes).",
+                errors.INVALID_REQUEST,
+                code="file_too_large",
+            )
 
         async def replay() -> AsyncGenerator[bytes, None]:
             yield body
@@ -165,15 +189,26 @@ class BatchApi:
         finally:
             await form.close()
         if len(content) > limit:
-            return errors.openai_error(413, f"The file is larger than this gateway accepts ({limit} bytes, "
-                                            "gateway.batch.max_file_bytes).", errors.INVALID_REQUEST,
-                                       code="file_too_large")
-        problem = await asyncio.to_thread(jsonl_problem, content, self.settings.max_json_depth + 1,
-                                          self.settings.max_body_bytes + 4096)
+            return errors.openai_error(
+                413,
+                f"The file is larger than this gateway accepts ({limit} bytes, gateway.batch.max_file_bytes).",
+                errors.INVALID_REQUEST,
+                code="file_too_large",
+            )
+        problem = await asyncio.to_thread(
+            jsonl_problem, content, self.settings.max_json_depth + 1, self.settings.max_body_bytes + 4096
+        )
         if problem is not None:
             return _bad(problem, "file", code="invalid_file_format")
-        record = FileRecord(id=new_file_id(), tenant=key.tenant, bytes=len(content), created_at=now(),
-                            filename=filename, purpose="batch", expires_at=self.runner.expires_at())
+        record = FileRecord(
+            id=new_file_id(),
+            tenant=key.tenant,
+            bytes=len(content),
+            created_at=now(),
+            filename=filename,
+            purpose="batch",
+            expires_at=self.runner.expires_at(),
+        )
         await self.storage.put(record.id, content)
         await self.store.put_file(record)
         return JSONResponse(record.api())
@@ -186,8 +221,9 @@ class BatchApi:
         order = params.get("order", "desc")
         if order not in ("asc", "desc"):
             return _bad("order must be 'asc' or 'desc'.", "order")
-        records, has_more = await self.store.file_page(key.tenant, params.get("after"), limit,
-                                                       newest_first=order == "desc", purpose=params.get("purpose"))
+        records, has_more = await self.store.file_page(
+            key.tenant, params.get("after"), limit, newest_first=order == "desc", purpose=params.get("purpose")
+        )
         return _page([record.api() for record in records], has_more)
 
     async def files_retrieve(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
@@ -235,8 +271,9 @@ class BatchApi:
             return _bad("The request body must be a JSON object.", code="invalid_request_body")
         unknown = sorted(set(document) - CREATE_FIELDS)
         if unknown:
-            return _bad(f"Unrecognized request argument supplied: {unknown[0][:100]}.", unknown[0][:100],
-                        "unknown_parameter")
+            return _bad(
+                f"Unrecognized request argument supplied: {unknown[0][:100]}.", unknown[0][:100], "unknown_parameter"
+            )
         endpoint, window = document.get("endpoint"), document.get("completion_window")
         if endpoint not in ENDPOINTS:
             return _bad(f"endpoint must be one of {', '.join(ENDPOINTS)}.", "endpoint")
@@ -244,8 +281,10 @@ class BatchApi:
             return _bad(f"completion_window must be {COMPLETION_WINDOW!r}.", "completion_window")
         metadata = document.get("metadata")
         if metadata is not None and not _valid_metadata(metadata):
-            return _bad(f"metadata holds at most {MAX_METADATA} string pairs (keys up to 64 characters, values "
-                        "up to 512).", "metadata")
+            return _bad(
+                f"metadata holds at most {MAX_METADATA} string pairs (keys up to 64 characters, values up to 512).",
+                "metadata",
+            )
         file_id = document.get("input_file_id")
         record = await self.store.file(file_id, key.tenant) if isinstance(file_id, str) else None
         if record is None or record.purpose != "batch":
@@ -258,10 +297,20 @@ class BatchApi:
         if refusal is not None:
             return refusal
         created = now()
-        batch = BatchRecord(id=new_batch_id(), tenant=key.tenant, key_id=key.key_id, endpoint=endpoint,
-                            input_file_id=record.id, status="validating", created_at=created,
-                            expires_at=created + int(self.policy.completion_window_s), seq=await self.store.next_seq(),
-                            metadata=metadata, input_bytes=record.bytes, footprint=redis_footprint(checked))
+        batch = BatchRecord(
+            id=new_batch_id(),
+            tenant=key.tenant,
+            key_id=key.key_id,
+            endpoint=endpoint,
+            input_file_id=record.id,
+            status="validating",
+            created_at=created,
+            expires_at=created + int(self.policy.completion_window_s),
+            seq=await self.store.next_seq(),
+            metadata=metadata,
+            input_bytes=record.bytes,
+            footprint=redis_footprint(checked),
+        )
         refused, count, size = await self.store.create(batch, self._caps())
         if refused:
             return _over_cap(refused, count, size, batch.footprint, self.policy)
@@ -273,9 +322,12 @@ class BatchApi:
 
     def _caps(self) -> Caps:
         policy = self.policy
-        return Caps(tenant_batches=policy.max_active_batches_per_tenant,
-                    tenant_bytes=policy.max_queued_bytes_per_tenant,
-                    gateway_batches=policy.max_active_batches, gateway_bytes=policy.max_queued_bytes)
+        return Caps(
+            tenant_batches=policy.max_active_batches_per_tenant,
+            tenant_bytes=policy.max_queued_bytes_per_tenant,
+            gateway_batches=policy.max_active_batches,
+            gateway_bytes=policy.max_queued_bytes,
+        )
 
     async def _over_budget(self, checked: CheckedInput, key: KeyRecord) -> JSONResponse | None:
         """The 429 for a batch that cannot complete within what its key or tenant has left today
@@ -287,8 +339,9 @@ class BatchApi:
         short = shortfall(batch_need(checked, self.settings), left)
         if short is None:
             return None
-        return errors.openai_error(429, short.message, "tokens", code=short.code, param="input_file_id",
-                                   headers={"x-should-retry": "false"})
+        return errors.openai_error(
+            429, short.message, "tokens", code=short.code, param="input_file_id", headers={"x-should-retry": "false"}
+        )
 
     async def batches_retrieve(self, request: Request, route: ApiRoute, key: KeyRecord) -> Response:
         record = await self.store.batch(str(route.resource), key.tenant)
@@ -308,13 +361,18 @@ class BatchApi:
         record = await self.store.batch(batch_id, key.tenant)
         if record is None:
             return _not_found("batch", route.resource)
-        if await self.store.transition(batch_id, ("validating", "in_progress"), status="cancelling",
-                                       cancelling_at=now()):
+        if await self.store.transition(
+            batch_id, ("validating", "in_progress"), status="cancelling", cancelling_at=now()
+        ):
             record = await self.store.batch(batch_id, key.tenant)
             assert record is not None
         elif record.status not in ("cancelling", "cancelled"):
-            return errors.openai_error(409, f"Cannot cancel a batch with status {record.status!r}.",
-                                       errors.INVALID_REQUEST, code="batch_not_cancellable")
+            return errors.openai_error(
+                409,
+                f"Cannot cancel a batch with status {record.status!r}.",
+                errors.INVALID_REQUEST,
+                code="batch_not_cancellable",
+            )
         return JSONResponse(record.api(await self.store.counts(batch_id)))
 
     async def aclose(self) -> None:
@@ -332,13 +390,25 @@ def _limit(raw: str | None, default: int, most: int) -> int | None:
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> JSONResponse:
     """An OpenAI cursor page: the SDK asks for the next with `after=last_id` while `has_more`."""
-    return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                         "last_id": data[-1]["id"] if data else None, "has_more": has_more})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": has_more,
+        }
+    )
 
 
 def _valid_metadata(metadata: Any) -> bool:
-    return isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())
+    return (
+        isinstance(metadata, dict)
+        and len(metadata) <= MAX_METADATA
+        and all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()
+        )
+    )
 
 
 async def _read_counted(request: Request, limit: int, hold: Hold) -> bytes | None:
@@ -358,20 +428,31 @@ def _over_cap(refused: str, count: int, size: int, footprint: int, policy: Any) 
     first), the gateway's are 503 (everyone's batches fill it; retry later)."""
     if refused == "tenant_batches":
         return errors.openai_error(
-            429, f"This tenant has {count} batches not yet finished, the most it may have "
-                 f"(gateway.batch.max_active_batches_per_tenant). Wait for one to end or cancel one.",
-            "requests", code="too_many_active_batches", headers={"x-should-retry": "false"})
+            429,
+            f"This tenant has {count} batches not yet finished, the most it may have "
+            f"(gateway.batch.max_active_batches_per_tenant). Wait for one to end or cancel one.",
+            "requests",
+            code="too_many_active_batches",
+            headers={"x-should-retry": "false"},
+        )
     if refused == "tenant_bytes":
         return errors.openai_error(
-            429, f"The batch's lines need {footprint} bytes of queue; this tenant's unfinished batches hold {size} of "
-                 f"the {policy.max_queued_bytes_per_tenant} it may use (gateway.batch.max_queued_bytes_per_tenant). "
-                 "Wait for a batch to end, or split this one.", "requests", code="batch_queue_full",
-            headers={"x-should-retry": "false"})
+            429,
+            f"The batch's lines need {footprint} bytes of queue; this tenant's unfinished batches hold {size} of "
+            f"the {policy.max_queued_bytes_per_tenant} it may use (gateway.batch.max_queued_bytes_per_tenant). "
+            "Wait for a batch to end, or split this one.",
+            "requests",
+            code="batch_queue_full",
+            headers={"x-should-retry": "false"},
+        )
     return errors.openai_error(
-        503, "The gateway's batch queue is full (gateway.batch.max_active_batches / max_queued_bytes). "
-             "Please retry later.", errors.SERVER_ERROR, code="batch_capacity_full", headers={"Retry-After": "60"})
+        503,
+        "The gateway's batch queue is full (gateway.batch.max_active_batches / max_queued_bytes). Please retry later.",
+        errors.SERVER_ERROR,
+        code="batch_capacity_full",
+        headers={"Retry-After": "60"},
+    )
 
 
 def batches_unavailable(why: str) -> errors.Refusal:
     return errors.refusal(404, f"This gateway serves no Batch API: {why}", errors.INVALID_REQUEST, code="unknown_url")
-

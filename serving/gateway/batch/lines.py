@@ -88,20 +88,21 @@ def line_reservation(document: dict[str, Any], body_size: int, endpoint: str, se
     return reservation.total
 
 
-def check_body(body: Any, endpoint: str, key: KeyRecord,
-               settings: GatewaySettings) -> tuple[int, dict[str, Any]] | CheckedBody:
+def check_body(
+    body: Any, endpoint: str, key: KeyRecord, settings: GatewaySettings
+) -> tuple[int, dict[str, Any]] | CheckedBody:
     """The body to send for one line, or the (status, error body) admission would answer it with."""
     if not isinstance(body, dict):
-        return _answer(errors.invalid_request("body", "The line's body must be a JSON object.",
-                                              "invalid_request_body"))
+        return _answer(errors.invalid_request("body", "The line's body must be a JSON object.", "invalid_request_body"))
     raw = json.dumps(body, separators=(",", ":")).encode()
     document = request_document(raw, endpoint, settings)  # the same bounds as an online request's body
     if isinstance(document, BodyError):
         return _answer(errors.invalid_request(document.param, document.message, document.code))
     assert document is not None
     if document.get("stream") is True:
-        return _answer(errors.invalid_request("stream", "A batch request cannot stream: leave out 'stream'.",
-                                              "invalid_value"))
+        return _answer(
+            errors.invalid_request("stream", "A batch request cannot stream: leave out 'stream'.", "invalid_value")
+        )
     model = requested_model(document)
     if not model_allowed(key, model, has_body=True):
         return _answer(errors.model_not_allowed(model))
@@ -133,8 +134,11 @@ def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: Gateway
             continue
         count += 1
         if count > settings.batch.max_lines:
-            problem("too_many_requests", f"The input file has more than {settings.batch.max_lines} requests "
-                                         "(gateway.batch.max_lines).", number)
+            problem(
+                "too_many_requests",
+                f"The input file has more than {settings.batch.max_lines} requests (gateway.batch.max_lines).",
+                number,
+            )
             break
         line = parse_json(text.encode(), max_bytes=limit, max_depth=settings.max_json_depth + 1)
         if isinstance(line, BodyError) or not isinstance(line, dict):
@@ -143,12 +147,20 @@ def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: Gateway
             continue
         custom_id = line.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
-            problem("invalid_custom_id", f"custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} "
-                                         "characters.", number, "custom_id")
+            problem(
+                "invalid_custom_id",
+                f"custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters.",
+                number,
+                "custom_id",
+            )
             continue
         if custom_id in seen:
-            problem("duplicate_custom_id", f"The custom_id {custom_id[:100]!r} is used by an earlier line: "
-                                           "each request needs its own.", number, "custom_id")
+            problem(
+                "duplicate_custom_id",
+                f"The custom_id {custom_id[:100]!r} is used by an earlier line: each request needs its own.",
+                number,
+                "custom_id",
+            )
             continue
         seen.add(custom_id)
         outcome = _check_line(line, endpoint, key, settings)
@@ -161,15 +173,20 @@ def check_input(content: bytes, endpoint: str, key: KeyRecord, settings: Gateway
     return checked
 
 
-def _check_line(line: dict[str, Any], endpoint: str, key: KeyRecord,
-                settings: GatewaySettings) -> tuple[int, dict[str, Any]] | CheckedBody:
+def _check_line(
+    line: dict[str, Any], endpoint: str, key: KeyRecord, settings: GatewaySettings
+) -> tuple[int, dict[str, Any]] | CheckedBody:
     unknown = sorted(set(line) - LINE_FIELDS)
     if unknown:
-        return _answer(errors.invalid_request(unknown[0][:100], f"Unrecognized line field: {unknown[0][:100]}. A "
-                                              "line has custom_id, method, url and body.", "unknown_parameter"))
+        return _answer(
+            errors.invalid_request(
+                unknown[0][:100],
+                f"Unrecognized line field: {unknown[0][:100]}. A line has custom_id, method, url and body.",
+                "unknown_parameter",
+            )
+        )
     if line.get("method") != "POST":
         return _answer(errors.invalid_request("method", "method must be POST.", "invalid_value"))
     if line.get("url") != endpoint:
-        return _answer(errors.invalid_request("url", f"url must be the batch's endpoint, {endpoint}.",
-                                              "invalid_url"))
+        return _answer(errors.invalid_request("url", f"url must be the batch's endpoint, {endpoint}.", "invalid_url"))
     return check_body(line.get("body"), endpoint, key, settings)

@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOW = "24h"
 
-Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                 "cancelled"]
+Status = Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 # Why a batch stopped before every line ran, and the code its unfinished lines get in the error file.
 Ending = Literal["completed", "cancelled", "expired", "stopped"]
@@ -55,9 +54,17 @@ class FileRecord(_Record):
     expires_at: int | None = None
 
     def api(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
-                "filename": self.filename, "purpose": self.purpose, "status": "processed",
-                "expires_at": self.expires_at, "status_details": None}
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "expires_at": self.expires_at,
+            "status_details": None,
+        }
 
 
 class LineError(BaseModel):
@@ -103,17 +110,29 @@ class BatchRecord(_Record):
 
     def api(self, counts: tuple[int, int] | None = None) -> dict[str, Any]:
         """OpenAI's Batch object; `counts` (completed, failed) while it runs, else the final ones."""
-        completed, failed = counts if counts is not None and self.status not in TERMINAL else (
-            self.completed, self.failed)
-        errors = None if self.errors is None else {
-            "object": "list", "data": [e.model_dump() for e in self.errors]}
+        completed, failed = (
+            counts if counts is not None and self.status not in TERMINAL else (self.completed, self.failed)
+        )
+        errors = None if self.errors is None else {"object": "list", "data": [e.model_dump() for e in self.errors]}
         return {
-            "id": self.id, "object": "batch", "endpoint": self.endpoint, "input_file_id": self.input_file_id,
-            "completion_window": self.completion_window, "status": self.status, "created_at": self.created_at,
-            "expires_at": self.expires_at, "in_progress_at": self.in_progress_at,
-            "finalizing_at": self.finalizing_at, "completed_at": self.completed_at, "failed_at": self.failed_at,
-            "expired_at": self.expired_at, "cancelling_at": self.cancelling_at, "cancelled_at": self.cancelled_at,
-            "output_file_id": self.output_file_id, "error_file_id": self.error_file_id, "errors": errors,
+            "id": self.id,
+            "object": "batch",
+            "endpoint": self.endpoint,
+            "input_file_id": self.input_file_id,
+            "completion_window": self.completion_window,
+            "status": self.status,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "in_progress_at": self.in_progress_at,
+            "finalizing_at": self.finalizing_at,
+            "completed_at": self.completed_at,
+            "failed_at": self.failed_at,
+            "expired_at": self.expired_at,
+            "cancelling_at": self.cancelling_at,
+            "cancelled_at": self.cancelled_at,
+            "output_file_id": self.output_file_id,
+            "error_file_id": self.error_file_id,
+            "errors": errors,
             "metadata": self.metadata,
             "request_counts": {"total": self.total, "completed": completed, "failed": failed},
         }
@@ -121,12 +140,14 @@ class BatchRecord(_Record):
 
 def output_line(custom_id: str, status_code: int, upstream_request_id: str | None, body: Any) -> dict[str, Any]:
     """A line of the output file (2xx) or the error file (any other status): the response as the endpoint gave it."""
-    return {"id": request_id(), "custom_id": custom_id,
-            "response": {"status_code": status_code, "request_id": upstream_request_id, "body": body},
-            "error": None}
+    return {
+        "id": request_id(),
+        "custom_id": custom_id,
+        "response": {"status_code": status_code, "request_id": upstream_request_id, "body": body},
+        "error": None,
+    }
 
 
 def error_line(custom_id: str, code: str, message: str) -> dict[str, Any]:
     """A line of the error file for a request that got no response (expired, cancelled, stopped)."""
-    return {"id": request_id(), "custom_id": custom_id, "response": None,
-            "error": {"code": code, "message": message}}
+    return {"id": request_id(), "custom_id": custom_id, "response": None, "error": {"code": code, "message": message}}

@@ -47,8 +47,9 @@ def redis_footprint(checked: CheckedInput) -> int:
     every_id = [x.custom_id for x in checked.lines] + [x.custom_id for x in checked.rejected]
     ids = sum(len(custom_id.encode()) + ID_OVERHEAD for custom_id in every_id)
     queued = sum(len(x.custom_id.encode()) + ENTRY_OVERHEAD for x in checked.lines)
-    refused = sum(2 * len(x.custom_id.encode()) + x.answer_bytes + ANSWER_ENVELOPE + ANSWER_OVERHEAD
-                  for x in checked.rejected)
+    refused = sum(
+        2 * len(x.custom_id.encode()) + x.answer_bytes + ANSWER_ENVELOPE + ANSWER_OVERHEAD for x in checked.rejected
+    )
     return int(ALLOCATOR_SLACK * (ids + queued + refused))
 
 
@@ -96,24 +97,32 @@ def shortfall(need: Need, left: BudgetLeft) -> Shortfall | None:
         if room is None:
             continue
         if need.largest_tokens > room:
-            return Shortfall("daily_token_budget_exceeded",
-                             f"A request of the batch reserves {need.largest_tokens} tokens, more than the "
-                             f"{max(0, room)} left today in the daily token budget of {whose}: it could never run. "
-                             "Lower its max_tokens (or prompt), or wait for tomorrow's budget (UTC).")
+            return Shortfall(
+                "daily_token_budget_exceeded",
+                f"A request of the batch reserves {need.largest_tokens} tokens, more than the "
+                f"{max(0, room)} left today in the daily token budget of {whose}: it could never run. "
+                "Lower its max_tokens (or prompt), or wait for tomorrow's budget (UTC).",
+            )
         if need.least_tokens > room:
-            return Shortfall("daily_token_budget_exceeded",
-                             f"The batch's {need.least_tokens} requests cost at least a token each, more than the "
-                             f"{max(0, room)} left today in the daily token budget of {whose}. Split the batch.")
+            return Shortfall(
+                "daily_token_budget_exceeded",
+                f"The batch's {need.least_tokens} requests cost at least a token each, more than the "
+                f"{max(0, room)} left today in the daily token budget of {whose}. Split the batch.",
+            )
     for whose, room in (("this API key", left.key_nano_usd), ("this API key's tenant", left.tenant_nano_usd)):
         if room is None:
             continue
-        for needed, what in ((need.largest_nano_usd, "A request of the batch may cost"),
-                             (need.least_nano_usd, "The batch's requests together cost at least")):
+        for needed, what in (
+            (need.largest_nano_usd, "A request of the batch may cost"),
+            (need.least_nano_usd, "The batch's requests together cost at least"),
+        ):
             if needed > room:
-                return Shortfall(REFUSAL_CODE,
-                                 f"{what} ${Decimal(needed) / 10**9:.6f}, more than the "
-                                 f"${Decimal(max(0, room)) / 10**9:.6f} left this month in the monthly budget of "
-                                 f"{whose}. Ask your platform team for a higher budget.")
+                return Shortfall(
+                    REFUSAL_CODE,
+                    f"{what} ${Decimal(needed) / 10**9:.6f}, more than the "
+                    f"${Decimal(max(0, room)) / 10**9:.6f} left this month in the monthly budget of "
+                    f"{whose}. Ask your platform team for a higher budget.",
+                )
     return None
 
 
@@ -144,4 +153,5 @@ async def budget_left(redis: Any, key: KeyRecord, settings: GatewaySettings, mom
         key_tokens=None if key_daily is None else key_daily - used(key_day),
         tenant_tokens=None if tenant_daily is None else tenant_daily - used(tenant_day),
         key_nano_usd=None if key_monthly is None else key_monthly - int(spent[0] or 0),
-        tenant_nano_usd=None if tenant_monthly is None else tenant_monthly - int(spent[1] or 0))
+        tenant_nano_usd=None if tenant_monthly is None else tenant_monthly - int(spent[1] or 0),
+    )

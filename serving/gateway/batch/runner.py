@@ -101,8 +101,14 @@ class Answer:
         try:
             return json.loads(self.body)
         except ValueError:
-            return {"error": {"message": self.body.decode("utf-8", "replace")[:2000], "type": "server_error",
-                              "param": None, "code": None}}
+            return {
+                "error": {
+                    "message": self.body.decode("utf-8", "replace")[:2000],
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
 
     @property
     def error_code(self) -> str | None:
@@ -118,11 +124,21 @@ class Answer:
 
 async def call_app(app: ASGIApp, path: str, body: bytes, caller: BatchCaller) -> Answer:
     """POST `body` to `path` of `app` in this process, as an HTTP request from `caller`."""
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "client": ("batch", 0), "server": ("batch", 0),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             BATCH_CALLER: caller}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("batch", 0),
+        "server": ("batch", 0),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        BATCH_CALLER: caller,
+    }
     sent = False
     never = asyncio.Event()
     status, headers, parts = 500, {}, []
@@ -153,8 +169,14 @@ def result_file_id(batch_id: str, kind: str) -> str:
 
 
 class BatchRunner:
-    def __init__(self, settings: GatewaySettings, key_store: KeyStore, store: BatchStore, storage: FileStorage,
-                 metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        key_store: KeyStore,
+        store: BatchStore,
+        storage: FileStorage,
+        metrics: GatewayMetrics,
+    ) -> None:
         self.settings, self.policy = settings, settings.batch
         self.key_store, self.store, self.storage, self.metrics = key_store, store, storage, metrics
         self.tier = settings.queue.tiers[-1].name
@@ -175,8 +197,9 @@ class BatchRunner:
     async def start(self, app: ASGIApp) -> None:
         self.app = app
         self._tasks = [asyncio.create_task(self._forever("sweeper", self._sweep, self.policy.sweep_interval_s))]
-        self._tasks += [asyncio.create_task(self._forever("worker", self._work_one, 0))
-                        for _ in range(self.policy.workers)]
+        self._tasks += [
+            asyncio.create_task(self._forever("worker", self._work_one, 0)) for _ in range(self.policy.workers)
+        ]
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -221,14 +244,16 @@ class BatchRunner:
                 await self._retire(batch_id, None if record is None else record.tenant)
             elif record.status in ("validating", "in_progress") and now() >= record.expires_at:
                 # No line of it starts from here on; the ones running get lease_s to finish.
-                await self.store.transition(batch_id, ("validating", "in_progress"), status="finalizing",
-                                            finalizing_at=now(), ending="expired")
+                await self.store.transition(
+                    batch_id, ("validating", "in_progress"), status="finalizing", finalizing_at=now(), ending="expired"
+                )
             elif record.status == "validating" or (record.status == "in_progress" and not record.enqueued):
                 await self.prepare(batch_id)
             elif record.status == "cancelling" and await self._drained(batch_id, record.cancelling_at):
                 await self.finalize(batch_id, "cancelled")
-            elif record.status == "finalizing" and (record.ending in (None, "completed") or
-                                                    await self._drained(batch_id, record.finalizing_at)):
+            elif record.status == "finalizing" and (
+                record.ending in (None, "completed") or await self._drained(batch_id, record.finalizing_at)
+            ):
                 await self.finalize(batch_id, record.ending or "completed")
             elif record.status == "in_progress" and sum(await self.store.counts(batch_id)) >= record.total:
                 await self._finish(batch_id)
@@ -239,8 +264,11 @@ class BatchRunner:
         not grow with every restart (a retired batch's stream goes with its group)."""
         for batch_id in await self.store.active():
             for consumer in await self.store.consumers(batch_id):
-                if consumer["pending"] == 0 and consumer["idle"] > GONE_CONSUMER_MS and \
-                        consumer["name"] != self.consumer:
+                if (
+                    consumer["pending"] == 0
+                    and consumer["idle"] > GONE_CONSUMER_MS
+                    and consumer["name"] != self.consumer
+                ):
                     await self.store.forget_consumer(batch_id, consumer["name"])
 
     async def _drained(self, batch_id: str, since: int | None) -> bool:
@@ -328,8 +356,9 @@ class BatchRunner:
             answer = output_line(rejected.custom_id, rejected.status, None, rejected.body)
             if (await self.store.record(batch_id, rejected.custom_id, answer, ok=False))[0]:
                 self.metrics.batch_lines.labels(tenant=record.tenant, outcome="failed").inc()
-        return await self.store.transition(batch_id, ("validating",), status="in_progress",
-                                           in_progress_at=now(), total=len(checked.custom_ids))
+        return await self.store.transition(
+            batch_id, ("validating",), status="in_progress", in_progress_at=now(), total=len(checked.custom_ids)
+        )
 
     async def _store_lines(self, record: BatchRecord, checked: CheckedInput, *, fresh: bool) -> list[dict[str, str]]:
         """The bodies go to storage, one after another; each line's stream entry says where its is.
@@ -348,22 +377,37 @@ class BatchRunner:
         await self.store.retire(batch_id, tenant)
         await self.storage.delete(lines_name(batch_id))
 
-    async def _fail(self, record: BatchRecord, code: str | None = None, message: str | None = None, *,
-                    errors: list[LineError] | None = None) -> None:
+    async def _fail(
+        self,
+        record: BatchRecord,
+        code: str | None = None,
+        message: str | None = None,
+        *,
+        errors: list[LineError] | None = None,
+    ) -> None:
         errors = errors or [LineError(code=code or "invalid_batch", message=message or "")]
-        await self.store.transition(record.id, ("validating", "in_progress"), status="failed", failed_at=now(),
-                                    errors=errors)
+        await self.store.transition(
+            record.id, ("validating", "in_progress"), status="failed", failed_at=now(), errors=errors
+        )
         await self._retire(record.id, record.tenant)
 
     async def _finish(self, batch_id: str) -> None:
-        if await self.store.transition(batch_id, ("in_progress",), status="finalizing", finalizing_at=now(),
-                                       ending="completed"):
+        if await self.store.transition(
+            batch_id, ("in_progress",), status="finalizing", finalizing_at=now(), ending="completed"
+        ):
             await self.finalize(batch_id, "completed")
 
     async def stop(self, batch_id: str, code: str, message: str) -> None:
         """A quota refused a line: no more lines run; the unfinished ones fail with `code`."""
-        if await self.store.transition(batch_id, ("in_progress",), status="finalizing", finalizing_at=now(),
-                                       ending="stopped", stop_code=code, stop_message=message):
+        if await self.store.transition(
+            batch_id,
+            ("in_progress",),
+            status="finalizing",
+            finalizing_at=now(),
+            ending="stopped",
+            stop_code=code,
+            stop_message=message,
+        ):
             log.warning("batch %s stopped: %s", batch_id, code)  # the sweeper finalizes it once drained
 
     async def finalize(self, batch_id: str, ending: str) -> None:
@@ -385,12 +429,16 @@ class BatchRunner:
         ids = await self.store.ids(batch_id)
         done, failed = await self.store.results(batch_id)
         code = record.stop_code if ending == "stopped" else ENDING_CODE.get(ending, "batch_incomplete")
-        message = record.stop_message if ending == "stopped" else ENDING_MESSAGE.get(
-            ending, "This request did not run before the batch finished.")
+        message = (
+            record.stop_message
+            if ending == "stopped"
+            else ENDING_MESSAGE.get(ending, "This request did not run before the batch finished.")
+        )
         for custom_id in ids:
             if custom_id not in done and custom_id not in failed:
-                written, _, _ = await self.store.record(batch_id, custom_id, error_line(custom_id, code or "",
-                                                                                       message or ""), ok=False)
+                written, _, _ = await self.store.record(
+                    batch_id, custom_id, error_line(custom_id, code or "", message or ""), ok=False
+                )
                 if written:
                     self.metrics.batch_lines.labels(tenant=record.tenant, outcome="failed").inc()
         done, failed = await self.store.results(batch_id)  # now final: every custom_id has its one answer
@@ -400,14 +448,30 @@ class BatchRunner:
                 content = "".join(answers[c] + "\n" for c in ids if c in answers).encode()
                 file_id = result_file_id(batch_id, kind)
                 await self.storage.put(file_id, content)
-                await self.store.put_file(FileRecord(id=file_id, tenant=record.tenant, bytes=len(content),
-                                                     created_at=now(), filename=f"{batch_id}_{kind}.jsonl",
-                                                     purpose="batch_output", expires_at=self.expires_at()))
+                await self.store.put_file(
+                    FileRecord(
+                        id=file_id,
+                        tenant=record.tenant,
+                        bytes=len(content),
+                        created_at=now(),
+                        filename=f"{batch_id}_{kind}.jsonl",
+                        purpose="batch_output",
+                        expires_at=self.expires_at(),
+                    )
+                )
                 files[f"{kind}_file_id"] = file_id
         allowed = ("validating", "in_progress", "finalizing", "cancelling")
         final = {FINAL_TIME.get(ending, "completed_at"): now()}
-        await self.store.transition(batch_id, allowed, status=FINAL_STATUS[ending], total=len(ids),
-                                    completed=len(done), failed=len(failed), **files, **final)
+        await self.store.transition(
+            batch_id,
+            allowed,
+            status=FINAL_STATUS[ending],
+            total=len(ids),
+            completed=len(done),
+            failed=len(failed),
+            **files,
+            **final,
+        )
         await self.store.keep_until(batch_id, self.expires_at())
         await self._retire(batch_id, record.tenant)
         log.info("batch %s %s: %d completed, %d failed", batch_id, FINAL_STATUS[ending], len(done), len(failed))
@@ -419,8 +483,9 @@ class BatchRunner:
         READ_BLOCK_MS for one): (batch id, entry id, fields). Abandoned lines are looked for at
         most every lease_s / 4 per process, until none is left."""
         if time.monotonic() >= self._next_reclaim:
-            claimed = await self.store.reclaim(self.consumer, await self.store.active(),
-                                               int(self.policy.lease_s * 1000))
+            claimed = await self.store.reclaim(
+                self.consumer, await self.store.active(), int(self.policy.lease_s * 1000)
+            )
             if claimed:
                 return claimed
             self._next_reclaim = time.monotonic() + self.policy.lease_s / 4
@@ -527,8 +592,11 @@ class BatchRunner:
 def retry_or_answer(answer: Answer, attempts: int, max_attempts: int) -> Answer | Later:
     """The answer to keep, or a `Later` for a refusal that waiting can help (a rate, a busy
     model) and for an upstream failure with attempts left."""
-    transient = answer.status == 429 and answer.error_code not in QUOTA_CODES and \
-        answer.headers.get("x-should-retry") != "false"
+    transient = (
+        answer.status == 429
+        and answer.error_code not in QUOTA_CODES
+        and answer.headers.get("x-should-retry") != "false"
+    )
     busy = transient or (answer.status == 503 and answer.error_code in BUSY_CODES)
     attempts += 0 if busy else 1
     if not (busy or (answer.status >= 500 and attempts < max_attempts)):

@@ -129,8 +129,9 @@ class S3Storage:
                 try:
                     chunk = await asyncio.to_thread(body.read, size)
                 except BotoCoreError as exc:
-                    raise StorageError(f"s3://{self.bucket}/{self._key(name)}: read failed: "
-                                       f"{type(exc).__name__}") from None
+                    raise StorageError(
+                        f"s3://{self.bucket}/{self._key(name)}: read failed: {type(exc).__name__}"
+                    ) from None
                 if not chunk:
                     return
                 yield chunk

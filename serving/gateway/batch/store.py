@@ -178,12 +178,18 @@ class BatchStore:
             pipe.zrem(tenant_files_key(record.tenant), record.id)
             await pipe.execute()
 
-    async def file_page(self, tenant: str, after: str | None, limit: int, *, newest_first: bool,
-                        purpose: str | None) -> tuple[list[FileRecord], bool]:
+    async def file_page(
+        self, tenant: str, after: str | None, limit: int, *, newest_first: bool, purpose: str | None
+    ) -> tuple[list[FileRecord], bool]:
         """The tenant's files (of `purpose`, if given) after the file `after` (OpenAI's cursor); has_more."""
-        return await self._page(tenant_files_key(tenant), lambda file_id: self.file(file_id, tenant), after, limit,
-                                newest_first=newest_first,
-                                keep=lambda record: purpose is None or record.purpose == purpose)
+        return await self._page(
+            tenant_files_key(tenant),
+            lambda file_id: self.file(file_id, tenant),
+            after,
+            limit,
+            newest_first=newest_first,
+            keep=lambda record: purpose is None or record.purpose == purpose,
+        )
 
     # --- batches -----------------------------------------------------------------------
 
@@ -198,8 +204,19 @@ class BatchStore:
         fields = [value for pair in _encode(record).items() for value in pair]
         refused, count, size = await self._admit(
             keys=[ACTIVE, batch_key(record.id), tenant_batches_key(record.tenant)],
-            args=[json.dumps(record.tenant), record.footprint, caps.tenant_batches, caps.tenant_bytes,
-                  caps.gateway_batches, caps.gateway_bytes, record.id, record.seq, "llmstack:{batch:", *fields])
+            args=[
+                json.dumps(record.tenant),
+                record.footprint,
+                caps.tenant_batches,
+                caps.tenant_bytes,
+                caps.gateway_batches,
+                caps.gateway_bytes,
+                record.id,
+                record.seq,
+                "llmstack:{batch:",
+                *fields,
+            ],
+        )
         return refused, int(count), int(size)
 
     async def batch(self, batch_id: str, tenant: str | None = None) -> BatchRecord | None:
@@ -225,19 +242,32 @@ class BatchStore:
         """Set `fields` only while the batch's status is one of `allowed`, atomically."""
         args: list[str] = [str(len(allowed)), *(json.dumps(status) for status in allowed)]
         for name, value in fields.items():
-            args += [name, json.dumps(value.model_dump(mode="json") if hasattr(value, "model_dump") else
-                                      [v.model_dump(mode="json") for v in value] if isinstance(value, list) else
-                                      value)]
+            args += [
+                name,
+                json.dumps(
+                    value.model_dump(mode="json")
+                    if hasattr(value, "model_dump")
+                    else [v.model_dump(mode="json") for v in value]
+                    if isinstance(value, list)
+                    else value
+                ),
+            ]
         return bool(await self._transition(keys=[batch_key(batch_id)], args=args))
 
     async def page(self, tenant: str, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
         """The tenant's batches, newest first, after the batch `after` (OpenAI's cursor); has_more."""
-        return await self._page(tenant_batches_key(tenant), lambda batch_id: self.batch(batch_id, tenant), after,
-                                limit)
+        return await self._page(tenant_batches_key(tenant), lambda batch_id: self.batch(batch_id, tenant), after, limit)
 
-    async def _page(self, key: str, load: Callable[[str], Awaitable[Any]], after: str | None, limit: int, *,
-                    newest_first: bool = True, keep: Callable[[Any], bool] = lambda record: True
-                    ) -> tuple[list[Any], bool]:
+    async def _page(
+        self,
+        key: str,
+        load: Callable[[str], Awaitable[Any]],
+        after: str | None,
+        limit: int,
+        *,
+        newest_first: bool = True,
+        keep: Callable[[Any], bool] = lambda record: True,
+    ) -> tuple[list[Any], bool]:
         """Records of the index `key` (ids scored by creation) that `keep` accepts, after the id
         `after`, up to `limit`; and whether more follow. Ids whose records expired (after
         retention_days) leave the index as the listing meets them."""
@@ -282,8 +312,12 @@ class BatchStore:
         `tenant`, out of the rotation (else a claim drops it there)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.srem(ACTIVE, batch_id)
-            pipe.delete(work_key(batch_id), batch_key(batch_id, "ids"), batch_key(batch_id, "done"),
-                        batch_key(batch_id, "failed"))
+            pipe.delete(
+                work_key(batch_id),
+                batch_key(batch_id, "ids"),
+                batch_key(batch_id, "done"),
+                batch_key(batch_id, "failed"),
+            )
             if tenant is not None:
                 pipe.zrem(tenant_work_key(tenant), batch_id)
             await pipe.execute()
@@ -306,7 +340,7 @@ class BatchStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             for start in range(0, len(custom_ids), 1000):
-                pipe.rpush(key, *custom_ids[start:start + 1000])
+                pipe.rpush(key, *custom_ids[start : start + 1000])
             await pipe.execute()
 
     async def ids(self, batch_id: str) -> list[str]:
@@ -329,7 +363,7 @@ class BatchStore:
                 raise
         for start in range(0, len(lines), 500):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for fields in lines[start:start + 500]:
+                for fields in lines[start : start + 500]:
                     pipe.xadd(work_key(batch_id), fields)
                 await pipe.execute()
         await self._ready(keys=[WORK_TURN, tenant_work_key(tenant), WORK_TENANTS, WORK_BELL], args=[batch_id, tenant])
@@ -337,8 +371,9 @@ class BatchStore:
     async def claim(self, consumer: str) -> tuple[tuple[str, str, dict[str, str]] | None, str]:
         """A new line, from the batch whose turn it is: ((batch id, entry id, fields), ""); or
         (None, the bell's last entry id) when none waits, for `wait_for_lines`."""
-        found = await self._claim(keys=[WORK_TENANTS, WORK_TURN, WORK_BELL, WORK_LATER],
-                                  args=[WORK_GROUP, consumer, WORK])
+        found = await self._claim(
+            keys=[WORK_TENANTS, WORK_TURN, WORK_BELL, WORK_LATER], args=[WORK_GROUP, consumer, WORK]
+        )
         if not found[0]:
             return None, found[1]
         batch_id, entry_id, flat = found
@@ -348,8 +383,9 @@ class BatchStore:
         """Until lines are enqueued after the bell's entry `bell`, or `block_ms` passed."""
         await self.redis.xread({WORK_BELL: bell}, count=1, block=block_ms)
 
-    async def reclaim(self, consumer: str, batch_ids: list[str], idle_ms: int
-                      ) -> tuple[str, str, dict[str, str]] | None:
+    async def reclaim(
+        self, consumer: str, batch_ids: list[str], idle_ms: int
+    ) -> tuple[str, str, dict[str, str]] | None:
         """A line of one of `batch_ids` whose worker has not renewed its claim for `idle_ms` (it
         died), now `consumer`'s: (batch id, entry id, fields)."""
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -358,8 +394,9 @@ class BatchStore:
             pending = await pipe.execute(raise_on_error=False)  # a batch without a stream: an error
         for batch_id, found in zip(batch_ids, pending, strict=True):
             if isinstance(found, list) and found:
-                _, claimed, gone = await self.redis.xautoclaim(work_key(batch_id), WORK_GROUP, consumer, idle_ms,
-                                                               start_id="0-0", count=1)
+                _, claimed, gone = await self.redis.xautoclaim(
+                    work_key(batch_id), WORK_GROUP, consumer, idle_ms, start_id="0-0", count=1
+                )
                 if gone:
                     await self.redis.xack(work_key(batch_id), WORK_GROUP, *gone)
                 if claimed:
@@ -371,7 +408,8 @@ class BatchStore:
         the rest (batches already final); then the stream itself. Lines an earlier gateway still
         runs may run again here: `record` keeps one answer. How many lines moved."""
         if not await self.redis.exists(LEGACY_STREAM) or not await self.redis.set(
-                f"{LEGACY_STREAM}:adopting", owner, nx=True, px=60_000):
+            f"{LEGACY_STREAM}:adopting", owner, nx=True, px=60_000
+        ):
             return 0
         moved = 0
         try:
@@ -391,12 +429,16 @@ class BatchStore:
             await self._release(keys=[f"{LEGACY_STREAM}:adopting"], args=[owner])
         return moved
 
-    async def put_back(self, batch_id: str, tenant: str, entry_id: str, fields: dict[str, str],
-                       not_before_ms: int) -> None:
+    async def put_back(
+        self, batch_id: str, tenant: str, entry_id: str, fields: dict[str, str], not_before_ms: int
+    ) -> None:
         """The line runs again from `not_before_ms` (epoch, Redis's clock), at the end of its
         batch's stream; its entry now is done with (the caller's `line_done`)."""
-        member = json.dumps({"batch": batch_id, "tenant": tenant, "entry": entry_id, "fields": fields},
-                            separators=(",", ":"), sort_keys=True)
+        member = json.dumps(
+            {"batch": batch_id, "tenant": tenant, "entry": entry_id, "fields": fields},
+            separators=(",", ":"),
+            sort_keys=True,
+        )
         await self.redis.zadd(WORK_LATER, {member: not_before_ms})
 
     async def clock_ms(self) -> int:
@@ -458,14 +500,17 @@ class BatchStore:
             done, failed = await pipe.execute()
         return bool(done or failed)
 
-    async def record(self, batch_id: str, custom_id: str, line: dict[str, Any], *, ok: bool,
-                     ends_running: bool = False) -> tuple[bool, int, int]:
+    async def record(
+        self, batch_id: str, custom_id: str, line: dict[str, Any], *, ok: bool, ends_running: bool = False
+    ) -> tuple[bool, int, int]:
         """Keep `line` as the answer of `custom_id` unless it has one: (written, completed, failed).
         `ends_running`: in the same round trip, the line stops counting as running (see `begin`)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self._record(keys=[batch_key(batch_id), batch_key(batch_id, "done"), batch_key(batch_id, "failed")],
-                               args=["done" if ok else "failed", custom_id, json.dumps(line, separators=(",", ":"))],
-                               client=pipe)
+            await self._record(
+                keys=[batch_key(batch_id), batch_key(batch_id, "done"), batch_key(batch_id, "failed")],
+                args=["done" if ok else "failed", custom_id, json.dumps(line, separators=(",", ":"))],
+                client=pipe,
+            )
             if ends_running:
                 pipe.hincrby(batch_key(batch_id), "running", -1)
             (written, done, failed), *_ = await pipe.execute()

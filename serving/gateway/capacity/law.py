@@ -110,8 +110,13 @@ def initial_state(model: ModelCapacity) -> CapacityState:
     return CapacityState(slots=model.max_slots, move=Move.UNMEASURED if model.adaptive else Move.FIXED)
 
 
-def summarize(state: CapacityState, window: int, recent: Mapping[int, WindowCounts], model: ModelCapacity,
-              tuning: Tuning = DEFAULT_TUNING) -> WindowSummary:
+def summarize(
+    state: CapacityState,
+    window: int,
+    recent: Mapping[int, WindowCounts],
+    model: ModelCapacity,
+    tuning: Tuning = DEFAULT_TUNING,
+) -> WindowSummary:
     """Percentiles over the newest windows up to `window`, each metric reading back until it has
     `min_samples` (at most `max_windows`): a sudden change shows in the next window, and a sparse
     metric still gets a percentile. Only windows after the last change and its settling count:
@@ -130,19 +135,23 @@ def summarize(state: CapacityState, window: int, recent: Mapping[int, WindowCoun
 
     ttft, ttft_windows = read("ttft")
     itl, itl_windows = read("itl")
-    peak = max((w.peak_in_flight for w in usable[:max(ttft_windows, itl_windows)]), default=0.0)
+    peak = max((w.peak_in_flight for w in usable[: max(ttft_windows, itl_windows)]), default=0.0)
     return WindowSummary(ttft, itl, peak)
 
 
 def pressure(summary: WindowSummary, model: ModelCapacity) -> float | None:
     """How far over target the measurements are (1: exactly at it); None: nothing measured."""
-    ratios = [measured / target for measured, target in
-              ((summary.ttft_ms, model.ttft_ms), (summary.itl_ms, model.itl_ms)) if measured is not None]
+    ratios = [
+        measured / target
+        for measured, target in ((summary.ttft_ms, model.ttft_ms), (summary.itl_ms, model.itl_ms))
+        if measured is not None
+    ]
     return max(ratios) if ratios else None
 
 
-def next_state(state: CapacityState, window: int, summary: WindowSummary, model: ModelCapacity,
-               tuning: Tuning = DEFAULT_TUNING) -> CapacityState:
+def next_state(
+    state: CapacityState, window: int, summary: WindowSummary, model: ModelCapacity, tuning: Tuning = DEFAULT_TUNING
+) -> CapacityState:
     """The capacity after window `window` closed, always within [model.min_slots, model.max_slots].
     Either latency over target cuts; growing needs both measured and well within target."""
     low, high = model.min_slots, model.max_slots

@@ -70,8 +70,11 @@ def _state(reply: list[Any], model: ModelCapacity) -> CapacityState | None:
     if slots < 0:
         return None
     changed, move = _text(reply[1]), _text(reply[2])
-    return CapacityState(slots=slots, changed_window=int(changed) if changed else initial_state(model).changed_window,
-                         move=Move(move) if move in Move._value2member_map_ else Move.UNMEASURED)
+    return CapacityState(
+        slots=slots,
+        changed_window=int(changed) if changed else initial_state(model).changed_window,
+        move=Move(move) if move in Move._value2member_map_ else Move.UNMEASURED,
+    )
 
 
 def _windows(rows: list[Any], replicas: int) -> dict[int, WindowCounts]:
@@ -89,8 +92,16 @@ def _windows(rows: list[Any], replicas: int) -> dict[int, WindowCounts]:
 class CapacityStore:
     """One per gateway process. `models`: served model name -> its targets and bounds."""
 
-    def __init__(self, redis_url: str, models: Mapping[str, ModelCapacity], *, window_s: float = DEFAULT_WINDOW_S,
-                 lease_s: float | None = None, tuning: Tuning = DEFAULT_TUNING, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        models: Mapping[str, ModelCapacity],
+        *,
+        window_s: float = DEFAULT_WINDOW_S,
+        lease_s: float | None = None,
+        tuning: Tuning = DEFAULT_TUNING,
+        owner: str | None = None,
+    ) -> None:
         from serving.gateway.redis.client import redis_client
 
         if tuning.max_windows + 2 > RING:
@@ -119,20 +130,30 @@ class CapacityStore:
         config = self.models[model]
         pairs = [x for bucket, n in report.ttft.items() for x in (f"t{bucket}", n)]
         pairs += [x for bucket, n in report.itl.items() for x in (f"i{bucket}", n)]
-        reply = await self._call(model, "tick", report.peak_in_flight, self.owner, max(1, int(self.lease_s * 1000)),
-                                 self.tuning.max_windows, *pairs)
+        reply = await self._call(
+            model,
+            "tick",
+            report.peak_in_flight,
+            self.owner,
+            max(1, int(self.lease_s * 1000)),
+            self.tuning.max_windows,
+            *pairs,
+        )
         state = _state(reply[1:5], config)
         if int(reply[0]) == 1:
             closed = int(reply[5])
             state = state or initial_state(config)
             recent = _windows(reply[6], replicas)
-            after = next_state(state, closed, summarize(state, closed, recent, config, self.tuning), config,
-                               self.tuning)
-            decided = await self._call(model, "decide", self.owner, closed, after.slots, after.changed_window,
-                                       after.move.value)
+            after = next_state(
+                state, closed, summarize(state, closed, recent, config, self.tuning), config, self.tuning
+            )
+            decided = await self._call(
+                model, "decide", self.owner, closed, after.slots, after.changed_window, after.move.value
+            )
             if int(decided[0]) == 1 and after.slots != state.slots:
-                log.info("model %s capacity %d -> %d per replica (%s)", model, state.slots, after.slots,
-                         after.move.value)
+                log.info(
+                    "model %s capacity %d -> %d per replica (%s)", model, state.slots, after.slots, after.move.value
+                )
             slots = int(decided[1])
         else:
             slots = config.max_slots if state is None else state.slots
@@ -153,8 +174,12 @@ class CapacityStore:
         """The capacity this process last read, without a round trip (None before its first tick)."""
         return self._slots.get(model)
 
-    async def run(self, recorder: LatencyRecorder, replicas: Callable[[str], int],
-                  on_slots: Callable[[str, int], None] | None = None) -> None:
+    async def run(
+        self,
+        recorder: LatencyRecorder,
+        replicas: Callable[[str], int],
+        on_slots: Callable[[str, int], None] | None = None,
+    ) -> None:
         """Tick every model twice a window until cancelled; a failure skips a tick (its samples
         are dropped: the next windows measure again) and the capacity stays as last read.
         `on_slots(model, slots)`: told the capacity per replica after each tick (a gauge)."""
@@ -184,9 +209,16 @@ class AdaptiveCapacity:
 
     `replicas(model)`: the model's replicas now (the fair queue's live count, else max_replicas)."""
 
-    def __init__(self, redis_url: str, models: Mapping[str, ModelCapacity], *, replicas: Callable[[str], int],
-                 window_s: float = DEFAULT_WINDOW_S, tuning: Tuning = DEFAULT_TUNING,
-                 on_slots: Callable[[str, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        models: Mapping[str, ModelCapacity],
+        *,
+        replicas: Callable[[str], int],
+        window_s: float = DEFAULT_WINDOW_S,
+        tuning: Tuning = DEFAULT_TUNING,
+        on_slots: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.models = dict(models)
         self.recorder = LatencyRecorder(self.models)
         self.store = CapacityStore(redis_url, self.models, window_s=window_s, tuning=tuning)
@@ -194,8 +226,9 @@ class AdaptiveCapacity:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self.store.run(self.recorder, self._replicas, self._on_slots),
-                                         name="adaptive-capacity")
+        self._task = asyncio.create_task(
+            self.store.run(self.recorder, self._replicas, self._on_slots), name="adaptive-capacity"
+        )
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -19,30 +19,39 @@ class LatencyTarget(StrictModel):
     the gateway moves the model's capacity to keep it."""
 
     ttft_ms: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Time to first token the model should keep, in ms, measured by the gateway from forwarding the "
-                    "request to the first streamed token (its wait in the gateway's queue is not part of it). "
-                    "Default: 8 x itl_ms.")
+        "request to the first streamed token (its wait in the gateway's queue is not part of it). "
+        "Default: 8 x itl_ms.",
+    )
     itl_ms: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Inter-token latency the model should keep, in ms: the gap between two streamed chunks. "
-                    "Default: 3 x the gap each stream sees when a replica runs max_ongoing_requests streams at "
-                    "the planner's estimate of its output tokens/s (its GPU class, GPUs and weight bytes), and "
-                    "at least 50 (infra/plan/latency_target.py says why).")
+        "Default: 3 x the gap each stream sees when a replica runs max_ongoing_requests streams at "
+        "the planner's estimate of its output tokens/s (its GPU class, GPUs and weight bytes), and "
+        "at least 50 (infra/plan/latency_target.py says why).",
+    )
     percentile: float = Field(
-        default=90.0, gt=50, lt=100,
-        description="The percentile of the measured TTFTs and ITLs that must stay within the targets, e.g. 90 "
-                    "(p90).")
+        default=90.0,
+        gt=50,
+        lt=100,
+        description="The percentile of the measured TTFTs and ITLs that must stay within the targets, e.g. 90 (p90).",
+    )
     adaptive: bool = Field(
         default=True,
         description="Move the model's capacity (requests in flight per replica) to keep the targets: down when "
-                    "the engine is slower than the target, up again when it is faster and the capacity is in "
-                    "use. Requests beyond it wait in the gateway's fair queue instead of inside the engine. "
-                    "Off: the capacity is autoscaling.max_ongoing_requests per replica, always.")
+        "the engine is slower than the target, up again when it is faster and the capacity is in "
+        "use. Requests beyond it wait in the gateway's fair queue instead of inside the engine. "
+        "Off: the capacity is autoscaling.max_ongoing_requests per replica, always.",
+    )
     min_slots: int = Field(
-        default=2, ge=1,
+        default=2,
+        ge=1,
         description="The fewest requests in flight per replica the adaptation may go down to, however slow the "
-                    "engine is: below it the model would serve too few to measure.")
+        "engine is: below it the model would serve too few to measure.",
+    )
 
 
 class ModelCapacity(StrictModel):

@@ -22,14 +22,31 @@ from serving.gateway.config.strict_model import StrictModel
 
 # Body fields a stack may not allow: each is an engine input no tenant should set.
 NEVER_FROM_CLIENTS = frozenset({"request_id", "kv_transfer_params", "chat_template", "logits_processors", "priority"})
-NEVER_FROM_CLIENTS_WHY = ("request_id names the engine request (a chosen one can collide with, and abort, another "
-                          "tenant's), kv_transfer_params steer disaggregated prefill internals, chat_template is "
-                          "caller-supplied Jinja run on the server, logits_processors load code by name, priority is "
-                          "the gateway's to set from the key's tier (gateway.queue.engine_priority)")
-NEVER_FORWARDED_HEADERS = frozenset({
-    "authorization", "x-api-key", "cookie", "host", "content-length", "transfer-encoding", "connection",
-    "keep-alive", "te", "trailer", "upgrade", "expect", "proxy-authorization", "x-request-id", "accept-encoding",
-})
+NEVER_FROM_CLIENTS_WHY = (
+    "request_id names the engine request (a chosen one can collide with, and abort, another "
+    "tenant's), kv_transfer_params steer disaggregated prefill internals, chat_template is "
+    "caller-supplied Jinja run on the server, logits_processors load code by name, priority is "
+    "the gateway's to set from the key's tier (gateway.queue.engine_priority)"
+)
+NEVER_FORWARDED_HEADERS = frozenset(
+    {
+        "authorization",
+        "x-api-key",
+        "cookie",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "proxy-authorization",
+        "x-request-id",
+        "accept-encoding",
+    }
+)
 
 # A lower-case DNS name of two or more labels, at least one letter somewhere (so no IPv4 literal).
 _DOMAIN = re.compile(r"(?=.*[a-z])[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+")
@@ -40,8 +57,10 @@ def checked_domains(domains: list[str]) -> list[str]:
     (no scheme, port, path, wildcard or IP address: vLLM compares the URL's host exactly)."""
     for domain in domains:
         if not _DOMAIN.fullmatch(domain) or domain.rsplit(".", 1)[-1].isdigit():
-            raise ValueError(f"{domain!r} is not a domain name such as images.example.com (lower case; no scheme, "
-                             "port, path, wildcard or IP address: media URLs must name this exact host)")
+            raise ValueError(
+                f"{domain!r} is not a domain name such as images.example.com (lower case; no scheme, "
+                "port, path, wildcard or IP address: media URLs must name this exact host)"
+            )
     return domains
 
 
@@ -63,14 +82,22 @@ class TenantLimits(StrictModel):
     daily_token_budget: int | None = Field(default=None, ge=1, description="Tokens per UTC day, all keys.")
     max_concurrent_requests: int | None = Field(default=None, ge=1, description="In-flight requests, all keys.")
     monthly_budget_usd: Decimal | None = Field(
-        default=None, gt=0, max_digits=12, decimal_places=2,
+        default=None,
+        gt=0,
+        max_digits=12,
+        decimal_places=2,
         description="Dollars all the tenant's keys may spend per calendar month (UTC), at each model's rate card "
-                    "(serving.gateway.limits.budgets); stored as a decimal string in the tenant's limits hash.")
+        "(serving.gateway.limits.budgets); stored as a decimal string in the tenant's limits hash.",
+    )
 
 
 class GatewayPolicy(StrictModel):
-    port: int = Field(default=8080, ge=1024, le=65535,
-                      description="Port the gateway listens on (unprivileged: the pod runs as non-root).")
+    port: int = Field(
+        default=8080,
+        ge=1024,
+        le=65535,
+        description="Port the gateway listens on (unprivileged: the pod runs as non-root).",
+    )
     max_body_bytes: int = Field(default=1_000_000, ge=1024, description="Largest request body; larger gets 413.")
     default_limits: KeyLimits = Field(default_factory=KeyLimits, description="Per-key defaults.")
     default_tenant_limits: TenantLimits = Field(
@@ -78,16 +105,19 @@ class GatewayPolicy(StrictModel):
         description="Per-tenant defaults (none by default); `llmctl tenants set` overrides them per tenant.",
     )
     max_tokens_ceiling: int = Field(
-        default=4096, ge=1,
+        default=4096,
+        ge=1,
         description="Largest max_tokens accepted (serving.gateway.admission.validation); also the output reserved "
-                    "when a request sets none.",
+        "when a request sets none.",
     )
     max_n: int = Field(
-        default=4, ge=1,
+        default=4,
+        ge=1,
         description="Most sequences one request may generate: n (or best_of) times the number of prompts.",
     )
     max_top_logprobs: int = Field(
-        default=5, ge=0,
+        default=5,
+        ge=0,
         description="Largest top_logprobs (and legacy integer logprobs on /v1/completions) accepted.",
     )
     allow_logit_bias: bool = Field(
@@ -95,34 +125,39 @@ class GatewayPolicy(StrictModel):
         description="Accept a non-empty logit_bias. Off by default: with logprobs it is a model-extraction lever.",
     )
     chat_template_tokens: int = Field(
-        default=256, ge=0,
+        default=256,
+        ge=0,
         description="Tokens a served model's chat template may add to a chat request besides its messages "
-                    "(default system prompt, tool-use instructions); part of the prompt bound reserved at admission.",
+        "(default system prompt, tool-use instructions); part of the prompt bound reserved at admission.",
     )
     limiter_fail_mode: Literal["local", "closed"] = Field(
         default="local",
         description="When the limiter's Redis fails: per-replica in-memory limits (local), or 503 (closed). "
-                    "A busy Redis pool is load, not a failure: always 503 + Retry-After.",
+        "A busy Redis pool is load, not a failure: always 503 + Retry-After.",
     )
     shadow_max_concurrent_requests: int = Field(
-        default=64, ge=1,
+        default=64,
+        ge=1,
         description="A key in shadow mode is served over its own limits, but never with more requests than this "
-                    "in flight.",
+        "in flight.",
     )
     upstream_idle_timeout_s: float = Field(
-        default=120.0, gt=0,
+        default=120.0,
+        gt=0,
         description="Longest silence from the upstream: before its first byte (a long queue) or between two "
-                    "chunks of a stream. Past it the request fails (504 before the first byte; cut stream after).",
+        "chunks of a stream. Past it the request fails (504 before the first byte; cut stream after).",
     )
     request_timeout_s: float = Field(
-        default=600.0, gt=0,
+        default=600.0,
+        gt=0,
         description="Longest a whole request may take, stream included; a stream still running is cut. "
-                    "Also bounds how long a crashed gateway's concurrency slot stays taken.",
+        "Also bounds how long a crashed gateway's concurrency slot stays taken.",
     )
     key_cache_ttl_s: float = Field(
-        default=60.0, ge=0,
+        default=60.0,
+        ge=0,
         description="While Redis is unreachable, keys verified this recently are still accepted (0: never). "
-                    "With Redis up every request is checked there, so revocation is immediate.",
+        "With Redis up every request is checked there, so revocation is immediate.",
     )
     log_prompts: bool = Field(
         default=False,
@@ -130,54 +165,65 @@ class GatewayPolicy(StrictModel):
     )
     queue: QueuePolicy = Field(
         default_factory=QueuePolicy,
-        description="Fair, tiered wait for saturated models (serving.gateway.queue.fair_queue); needs Redis.")
+        description="Fair, tiered wait for saturated models (serving.gateway.queue.fair_queue); needs Redis.",
+    )
     batch: BatchPolicy = Field(
         default_factory=BatchPolicy,
-        description="OpenAI's Batch API (/v1/files, /v1/batches), run at the queue's lowest tier; needs Redis.")
+        description="OpenAI's Batch API (/v1/files, /v1/batches), run at the queue's lowest tier; needs Redis.",
+    )
     stream_resume: ResumeSettings = Field(
         default_factory=ResumeSettings,
         description="Resume a stream whose replica died on another replica, at most max_resumes times within "
-                    "request_timeout_s; past that the client gets an OpenAI error event (serving.gateway.resume).")
+        "request_timeout_s; past that the client gets an OpenAI error event (serving.gateway.resume).",
+    )
     shutdown_grace_s: float = Field(
-        default=90.0, ge=0, le=105,
+        default=90.0,
+        ge=0,
+        le=105,
         description="After SIGTERM, how long in-flight streams may run: within the pod's 120 s grace period, "
-                    "after its 10 s preStop pause.",
+        "after its 10 s preStop pause.",
     )
 
     # --- exposure, transport bounds and what reaches the upstream -------------------------
     metrics_port: int = Field(
-        default=9090, ge=1024, le=65535,
+        default=9090,
+        ge=1024,
+        le=65535,
         description="Port for /metrics and /readyz. Kept off the public port: the Service does not publish it.",
     )
     max_connections: int = Field(
-        default=256, ge=1,
+        default=256,
+        ge=1,
         description="Connections (and requests) served at once; past it uvicorn answers 503. With "
-                    "max_body_bytes it bounds the memory request bodies can take.",
+        "max_body_bytes it bounds the memory request bodies can take.",
     )
     body_timeout_s: float = Field(
-        default=30.0, gt=0,
+        default=30.0,
+        gt=0,
         description="Longest a request may take to arrive whole (headers to last body byte); past it, 408.",
     )
     max_json_depth: int = Field(
-        default=32, ge=2, le=200,
+        default=32,
+        ge=2,
+        le=200,
         description="Deepest nesting of arrays and objects accepted in a request body; deeper gets 400.",
     )
     allowed_body_extensions: list[str] = Field(
         default_factory=list,
         description="Top-level body fields beyond OpenAI's (vLLM extensions such as ignore_eos, top_k) "
-                    "the gateway passes on; any other unknown field gets 400.",
+        "the gateway passes on; any other unknown field gets 400.",
     )
     allowed_media_domains: list[str] = Field(
         default_factory=list,
         description="Hosts the models may fetch media (image_url, audio_url, video_url parts) from, e.g. "
-                    "[\"images.example.com\"]; a model's own list (models[].allowed_media_domains) replaces it. "
-                    "Empty: only inline data: URLs; any other URL gets 400 at the gateway, and the engine is told the "
-                    "same list (vLLM's --allowed-media-domains).",
+        '["images.example.com"]; a model\'s own list (models[].allowed_media_domains) replaces it. '
+        "Empty: only inline data: URLs; any other URL gets 400 at the gateway, and the engine is told the "
+        "same list (vLLM's --allowed-media-domains).",
     )
     forward_request_headers: list[str] = Field(
         default_factory=list,
         description="Request headers passed to the upstream besides content-type and accept (e.g. traceparent). "
-                    "Everything else a client sends stays at the gateway.",
+        "Everything else a client sends stays at the gateway.",
     )
 
     @field_validator("allowed_body_extensions")

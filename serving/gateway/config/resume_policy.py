@@ -15,9 +15,10 @@ class ResumeSettings(StrictModel):
     enabled: bool = Field(
         False,
         description="Continue a stream whose upstream replica died mid-answer (connection reset, body cut, idle "
-                    "timeout, 502/503) on another replica, spliced into the stream the client reads and billed once. "
-                    "When on, streamed bodies also ask vLLM for token ids (return_token_ids), so a greedy answer "
-                    "continues exactly; the client gets them only if it asked. Off by default.")
+        "timeout, 502/503) on another replica, spliced into the stream the client reads and billed once. "
+        "When on, streamed bodies also ask vLLM for token ids (return_token_ids), so a greedy answer "
+        "continues exactly; the client gets them only if it asked. Off by default.",
+    )
     max_resumes: int = Field(2, ge=0, le=10, description="Continuations one request may have; 0 turns resuming off.")
 
     @property

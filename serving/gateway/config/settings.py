@@ -54,61 +54,63 @@ class GatewaySettings(GatewayPolicy):
     )
     host: str = Field(default="127.0.0.1", description="Address the API binds: loopback behind the edge (HAProxy).")
     metrics_host: str | None = Field(
-        default=None, description="Address the metrics port binds (0.0.0.0 in a pod: Prometheus and the kubelet "
-                                  "reach it); None: the same as host.")
+        default=None,
+        description="Address the metrics port binds (0.0.0.0 in a pod: Prometheus and the kubelet "
+        "reach it); None: the same as host.",
+    )
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
     model_context_lengths: dict[str, int] = Field(
         default_factory=dict,
         description="max_model_len per served model: how much output a request without max_tokens can get, "
-                    "and the most prompt tokens one prompt can be.",
+        "and the most prompt tokens one prompt can be.",
     )
     model_media_domains: dict[str, list[str]] = Field(
         default_factory=dict,
         description="Per served model, the hosts it may fetch media from when it has a list of its own "
-                    "(models[].allowed_media_domains); other models use allowed_media_domains.",
+        "(models[].allowed_media_domains); other models use allowed_media_domains.",
     )
     model_usd_per_million_tokens: dict[str, Annotated[Decimal, Field(ge=0)]] = Field(
         default_factory=dict,
         description="Rate card per served model: USD per 1M prompt + completion tokens (infra.plan.cost.rate_card, "
-                    "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
-                    "it; a model without a rate costs nothing and no budget stops it.",
+        "derived from the stack's plan and prices, so not policy). Monthly budgets charge requests at "
+        "it; a model without a rate costs nothing and no budget stops it.",
     )
     model_routes: dict[str, str] = Field(
         default_factory=dict,
         description="Route prefix of each model's own Serve application (direct serving path), e.g. "
-                    "{\"tiny-chat\": \"/tiny-chat\"}; models not listed go to `/` (serving.gateway.protocol.routes).",
+        '{"tiny-chat": "/tiny-chat"}; models not listed go to `/` (serving.gateway.protocol.routes).',
     )
     model_queues: dict[str, ModelQueue] = Field(
         default_factory=dict,
         description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
-                    "not named here is never queued.",
+        "not named here is never queued.",
     )
     model_capacities: dict[str, ModelCapacity] = Field(
         default_factory=dict,
         description="Latency targets and capacity bounds per served model (serving.gateway.capacity): a queued "
-                    "model listed here with adaptive on has its capacity per replica moved between min_slots and "
-                    "max_slots to keep its targets; any other model keeps max_ongoing_requests per replica.",
+        "model listed here with adaptive on has its capacity per replica moved between min_slots and "
+        "max_slots to keep its targets; any other model keeps max_ongoing_requests per replica.",
     )
     serve_dashboard_url: str | None = Field(
         default=None,
         description="Ray dashboard base URL (e.g. http://<head service>:8265) whose REST API says how many replicas "
-                    "each model runs (serving.gateway.queue.replica_feed). None: capacity stays the stack's figure.",
+        "each model runs (serving.gateway.queue.replica_feed). None: capacity stays the stack's figure.",
     )
     model_deployments: dict[str, str] = Field(
         default_factory=dict,
         description="Serve deployment that runs each served model (LLMServer:<name>), for the replica feed.",
     )
-    replica_poll_s: float = Field(
-        default=5.0, gt=0, description="How often the replica feed asks the dashboard.")
+    replica_poll_s: float = Field(default=5.0, gt=0, description="How often the replica feed asks the dashboard.")
     ray_auth_token: SecretStr | None = Field(
         default=None,
         description="Ray's token (token authentication: Ray 2.60's default for a local ray.init, off for "
-                    "`ray start` without a token), sent to the dashboard as a bearer token. Environment only.")
+        "`ray start` without a token), sent to the dashboard as a bearer token. Environment only.",
+    )
 
     batch_storage_url: str | None = Field(
         default=None,
         description="Where batch files live: file:///abs/dir (make dev) or s3://bucket/prefix (the stack's model "
-                    "cache bucket, under batches/). None: no Batch API.",
+        "cache bucket, under batches/). None: no Batch API.",
     )
 
     @field_validator("model_media_domains")
@@ -154,8 +156,10 @@ class GatewaySettings(GatewayPolicy):
         # canonical itself, or it would reopen the double-decoding the route allowlist closes.
         for model, prefix in value.items():
             if prefix != "/" and not is_canonical(prefix.rstrip("/")):
-                raise ValueError(f"route prefix of {model!r} must be a plain absolute path like /my-model "
-                                 f"(letters, digits, - . _ ~ and /; no . or .. segments), got {prefix!r}")
+                raise ValueError(
+                    f"route prefix of {model!r} must be a plain absolute path like /my-model "
+                    f"(letters, digits, - . _ ~ and /; no . or .. segments), got {prefix!r}"
+                )
         return value
 
     @field_validator("redis_url")

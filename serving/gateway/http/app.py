@@ -14,7 +14,6 @@ Metrics port (settings.metrics_port; not published, reached by Prometheus and th
 This module only wires: what runs is built by serving.gateway.http.services.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +54,13 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     """The apps own `key_store` from here on: `api` closes it (and its upstream pool) at shutdown."""
     running = services.build(settings, key_store)
     batch_off = services.batch_api_off(settings)
-    gateway = Gateway(settings, running.admitter, running.proxy, own_routes=running.batch_api,
-                      own_routes_off=batches_unavailable(batch_off) if batch_off is not None else None)
+    gateway = Gateway(
+        settings,
+        running.admitter,
+        running.proxy,
+        own_routes=running.batch_api,
+        own_routes_off=batches_unavailable(batch_off) if batch_off is not None else None,
+    )
     probes = Probes(settings, key_store, running.metrics)
     access_log = Middleware(AccessLogMiddleware, metrics=running.metrics)
     not_found_handlers = {404: _not_found, 405: _method_not_allowed}
@@ -67,8 +71,11 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         lifespan=running.lifespan,
     )
     admin = Starlette(
-        routes=[Route("/healthz", healthz, methods=["GET"]), Route("/readyz", probes.readyz, methods=["GET"]),
-                Route("/metrics", probes.prometheus, methods=["GET"])],
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", probes.readyz, methods=["GET"]),
+            Route("/metrics", probes.prometheus, methods=["GET"]),
+        ],
         middleware=[access_log],
         exception_handlers=not_found_handlers,
     )

@@ -1,10 +1,10 @@
 """The probes and the metrics endpoint of the metrics port (and /healthz of both ports).
 
-    GET  /healthz   liveness: the process answers (never checks dependencies, so a Redis outage
-                    does not make Kubernetes restart every gateway pod)
-    GET  /readyz    readiness: 200 "ready" when Redis answers; when it does not, 200 "degraded" if
-                    this replica can still serve (fail mode local), else 503 with the reason
-    GET  /metrics   Prometheus metrics (serving.gateway.telemetry.metrics): tenant names and usage
+GET  /healthz   liveness: the process answers (never checks dependencies, so a Redis outage
+                does not make Kubernetes restart every gateway pod)
+GET  /readyz    readiness: 200 "ready" when Redis answers; when it does not, 200 "degraded" if
+                this replica can still serve (fail mode local), else 503 with the reason
+GET  /metrics   Prometheus metrics (serving.gateway.telemetry.metrics): tenant names and usage
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class Probes:
             return JSONResponse({"status": "ready"})
         self.metrics.degraded.set(1)
         if self.serves_without_redis and self.key_store.shared_across_processes:
-            return JSONResponse({"status": "degraded", "reason": problem,
-                                 "serving": "recently verified keys, per-replica limits"})
+            return JSONResponse(
+                {"status": "degraded", "reason": problem, "serving": "recently verified keys, per-replica limits"}
+            )
         return JSONResponse({"status": "unavailable", "reason": problem}, status_code=503)
 
     async def prometheus(self, request: Request) -> Response:

@@ -80,10 +80,12 @@ class Services:
             await self.capacity.start()
         if self.batch_api is not None:
             await self.batch_api.runner.start(api)
-        memory_redis = (redis_client(settings.redis_url, decode_responses=True, max_connections=1)
-                        if settings.redis_url else None)
-        watcher = (asyncio.create_task(watch_redis_memory(memory_redis, self.metrics))
-                   if memory_redis is not None else None)
+        memory_redis = (
+            redis_client(settings.redis_url, decode_responses=True, max_connections=1) if settings.redis_url else None
+        )
+        watcher = (
+            asyncio.create_task(watch_redis_memory(memory_redis, self.metrics)) if memory_redis is not None else None
+        )
         log.info("gateway ready to proxy the OpenAI routes to %s", settings.upstream_url)
         try:
             yield
@@ -119,54 +121,79 @@ def build(settings: GatewaySettings, key_store: KeyStore) -> Services:
     live: dict[str, int] = {}  # the replica feed's latest count per model
     capacity = _adaptive_capacity(settings, metrics, live)
     proxy = UpstreamProxy(settings, metrics, capacity.recorder if capacity is not None else None)
-    limiter = Limiter(settings.redis_url, settings.limiter_fail_mode, request_timeout_s=settings.request_timeout_s,
-                      on_redis_error=metrics.redis_errors.labels(component="limiter").inc)
+    limiter = Limiter(
+        settings.redis_url,
+        settings.limiter_fail_mode,
+        request_timeout_s=settings.request_timeout_s,
+        on_redis_error=metrics.redis_errors.labels(component="limiter").inc,
+    )
     # The fair queue shares each model's capacity across gateway replicas: without Redis there is
     # nothing to share it through, so an in-memory gateway forwards first come, first served.
-    queue = (FairQueue(settings.redis_url, settings.queue, settings.model_queues,
-                       adaptive=capacity.models if capacity is not None else ())
-             if settings.redis_url and settings.queue.enabled and settings.model_queues else None)
+    queue = (
+        FairQueue(
+            settings.redis_url,
+            settings.queue,
+            settings.model_queues,
+            adaptive=capacity.models if capacity is not None else (),
+        )
+        if settings.redis_url and settings.queue.enabled and settings.model_queues
+        else None
+    )
     admitter = Admitter(settings, key_store, limiter, metrics, queue)
     feed = _replica_feed(settings, metrics, queue, live)
     batch_api, batch_redis = None, None
     if batch_api_off(settings) is None:
         assert settings.redis_url is not None and settings.batch_storage_url is not None
         # Its own pool: each worker holds a connection while it waits for lines.
-        batch_redis = redis_client(settings.redis_url, decode_responses=True,
-                                   max_connections=2 * settings.batch.workers + 16)
+        batch_redis = redis_client(
+            settings.redis_url, decode_responses=True, max_connections=2 * settings.batch.workers + 16
+        )
         batch_store, storage = BatchStore(batch_redis), storage_for(settings.batch_storage_url)
         runner = BatchRunner(settings, key_store, batch_store, storage, metrics)
         batch_api = BatchApi(settings, admitter, batch_store, storage, runner)
-    return Services(settings, key_store, metrics, proxy, limiter, queue, feed, capacity, admitter, batch_api,
-                    batch_redis)
+    return Services(
+        settings, key_store, metrics, proxy, limiter, queue, feed, capacity, admitter, batch_api, batch_redis
+    )
 
 
-def _adaptive_capacity(settings: GatewaySettings, metrics: GatewayMetrics, live: dict[str, int]
-                       ) -> AdaptiveCapacity | None:
+def _adaptive_capacity(
+    settings: GatewaySettings, metrics: GatewayMetrics, live: dict[str, int]
+) -> AdaptiveCapacity | None:
     """The capacity of the queued models whose stack turned `latency_target.adaptive` on. It only
     acts through the fair queue (which holds the excess back), so without Redis or the queue
     there is none and every model keeps max_ongoing_requests per replica, as before."""
     if not settings.redis_url or not settings.queue.enabled:
         return None
-    models = {model: capacity for model, capacity in settings.model_capacities.items()
-              if capacity.adaptive and model in settings.model_queues}
+    models = {
+        model: capacity
+        for model, capacity in settings.model_capacities.items()
+        if capacity.adaptive and model in settings.model_queues
+    }
     if not models:
         return None
-    return AdaptiveCapacity(settings.redis_url, models,
-                            replicas=lambda model: live.get(model) or settings.model_queues[model].max_replicas,
-                            on_slots=lambda model, slots: metrics.model_capacity.labels(model=model).set(slots))
+    return AdaptiveCapacity(
+        settings.redis_url,
+        models,
+        replicas=lambda model: live.get(model) or settings.model_queues[model].max_replicas,
+        on_slots=lambda model, slots: metrics.model_capacity.labels(model=model).set(slots),
+    )
 
 
-def _replica_feed(settings: GatewaySettings, metrics: GatewayMetrics, queue: FairQueue | None,
-                  live: dict[str, int]) -> ReplicaFeed | None:
+def _replica_feed(
+    settings: GatewaySettings, metrics: GatewayMetrics, queue: FairQueue | None, live: dict[str, int]
+) -> ReplicaFeed | None:
     """Live replica counts for the queue's capacity, when the stack asks for them."""
     if queue is None or not settings.serve_dashboard_url or not settings.model_deployments:
         return None
-    return ReplicaFeed(settings.serve_dashboard_url, settings.model_deployments, queue.set_replicas,
-                       poll_s=settings.replica_poll_s,
-                       on_error=lambda kind: metrics.replica_feed_errors.labels(kind=kind).inc(),
-                       token=settings.ray_auth_token.get_secret_value() if settings.ray_auth_token else None,
-                       on_count=lambda model, n: _counted(metrics, live, model, n))
+    return ReplicaFeed(
+        settings.serve_dashboard_url,
+        settings.model_deployments,
+        queue.set_replicas,
+        poll_s=settings.replica_poll_s,
+        on_error=lambda kind: metrics.replica_feed_errors.labels(kind=kind).inc(),
+        token=settings.ray_auth_token.get_secret_value() if settings.ray_auth_token else None,
+        on_count=lambda model, n: _counted(metrics, live, model, n),
+    )
 
 
 def _counted(metrics: GatewayMetrics, live: dict[str, int], model: str, replicas: int) -> None:

@@ -20,8 +20,10 @@ class BudgetUsage(Collector):
     waiting for the key's next request."""
 
     NAME = "llmstack_gateway_budget_used_ratio"
-    HELP = ("Share of the monthly budget in dollars spent, by tenant and key_id (\"\" for the tenant's own "
-            "budget), as of the last admission this replica saw this month.")
+    HELP = (
+        'Share of the monthly budget in dollars spent, by tenant and key_id ("" for the tenant\'s own '
+        "budget), as of the last admission this replica saw this month."
+    )
 
     def __init__(self, now: Callable[[], float] = clock.time) -> None:
         self._now = now

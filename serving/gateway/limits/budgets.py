@@ -65,8 +65,7 @@ def month_window(month: str) -> tuple[datetime, datetime]:
     """[start, end) of a calendar month in UTC."""
     first = parse_month(month)
     following = date(first.year + first.month // 12, first.month % 12 + 1, 1)
-    return (datetime.combine(first, time(), tzinfo=UTC),
-            datetime.combine(following, time(), tzinfo=UTC))
+    return (datetime.combine(first, time(), tzinfo=UTC), datetime.combine(following, time(), tzinfo=UTC))
 
 
 def seconds_until_next_month(moment: datetime) -> float:

@@ -23,7 +23,6 @@ class LimitDecision:
     scope: str | None = None  # whose limit refused: "key", "tenant", or "shadow" (a shadow key's would-be refusal)
 
 
-
 def format_reset(seconds: float) -> str:
     """A duration the way OpenAI writes `x-ratelimit-reset-*`: "12ms", "1s", "1.5s", "6m0s"."""
     seconds = max(0.0, seconds)

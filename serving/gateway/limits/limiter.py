@@ -86,8 +86,9 @@ def effective_limits(record: object, defaults: KeyLimits) -> KeyLimits:
 class Limiter:
     """Redis when configured, with the fail mode deciding what happens when it errors."""
 
-    def __init__(self, redis_url: str | None, fail_mode: str, *, request_timeout_s: float,
-                 on_redis_error: Callable[[], None]) -> None:
+    def __init__(
+        self, redis_url: str | None, fail_mode: str, *, request_timeout_s: float, on_redis_error: Callable[[], None]
+    ) -> None:
         slot_ttl_s = math.ceil(request_timeout_s) + SLOT_TTL_MARGIN_S
         self._redis = RedisLimiter(redis_url, slot_ttl_s, CONCURRENCY_RETRY_S) if redis_url else None
         self._local = LocalLimiter(slot_ttl_s, CONCURRENCY_RETRY_S)
@@ -96,8 +97,15 @@ class Limiter:
         # Tenants' own limits as Redis last said them, so the local fallback keeps applying them.
         self._tenant_limits: dict[str, TenantLimits] = {}
 
-    async def admit(self, who: Who, cost: int, *, model: str = "", usd_per_million_tokens: Decimal | None = None,
-                    along: ScriptCall | None = None) -> Ticket:
+    async def admit(
+        self,
+        who: Who,
+        cost: int,
+        *,
+        model: str = "",
+        usd_per_million_tokens: Decimal | None = None,
+        along: ScriptCall | None = None,
+    ) -> Ticket:
         """Every limit at once: the request's body is read and its reservation known. `model`
         is the ledger's model label, `usd_per_million_tokens` its rate card (None: free).
         `along`: a script to send in the same Redis round trip (the fair queue's try for a free
@@ -113,8 +121,15 @@ class Limiter:
         await self._run(ticket, Phase.SLOT)
         return ticket
 
-    async def admit_tokens(self, ticket: Ticket, cost: int, *, model: str = "",
-                           usd_per_million_tokens: Decimal | None = None, along: ScriptCall | None = None) -> None:
+    async def admit_tokens(
+        self,
+        ticket: Ticket,
+        cost: int,
+        *,
+        model: str = "",
+        usd_per_million_tokens: Decimal | None = None,
+        along: ScriptCall | None = None,
+    ) -> None:
         """Token rate, daily and monthly budgets for a ticket `admit_slot` allowed. A refusal
         here gives back what the slot phase took (the ticket's decision then says why).
         `along`: as for `admit`."""

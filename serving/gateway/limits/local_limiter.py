@@ -132,26 +132,40 @@ class LocalLimiter:
 
     shared: ClassVar[bool] = False
 
-    def __init__(self, slot_ttl_s: float, concurrency_wait_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, slot_ttl_s: float, concurrency_wait_s: float, clock: Callable[[], float] = time.time) -> None:
         self._slot_ttl_s = slot_ttl_s  # a slot never settled (a bug, a lost task) frees itself
         self._concurrency_wait_s = concurrency_wait_s
         self._keys: dict[str, _Counters] = {}
         self._tenants: dict[str, _Counters] = {}
         self._clock = clock
 
-    async def admit(self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *,
-                    along: ScriptCall | None = None) -> PhaseResult:
+    async def admit(
+        self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *, along: ScriptCall | None = None
+    ) -> PhaseResult:
         """One phase of `ticket`, all or nothing, in the order limiter_admit.lua takes it (so the
         two read side by side). `along` stays unsent: there is no Redis here."""
         who, now = ticket.who, self._clock()
         at = _Admission(now, int(now // _DAY_S), phase, ticket.reserved, self._concurrency_wait_s)
         key = self._keys.setdefault(who.key_id, _Counters())
         tenant = self._tenants.setdefault(who.tenant, _Counters())
-        k = at.check(key, _limits(who.limits.requests_per_minute, who.limits.tokens_per_minute,
-                                  who.limits.daily_token_budget, who.limits.max_concurrent_requests))
-        t = at.check(tenant, _limits(tenant_limits.requests_per_minute, tenant_limits.tokens_per_minute,
-                                     tenant_limits.daily_token_budget, tenant_limits.max_concurrent_requests))
+        k = at.check(
+            key,
+            _limits(
+                who.limits.requests_per_minute,
+                who.limits.tokens_per_minute,
+                who.limits.daily_token_budget,
+                who.limits.max_concurrent_requests,
+            ),
+        )
+        t = at.check(
+            tenant,
+            _limits(
+                tenant_limits.requests_per_minute,
+                tenant_limits.tokens_per_minute,
+                tenant_limits.daily_token_budget,
+                tenant_limits.max_concurrent_requests,
+            ),
+        )
         verdict = _verdict(k, t, ticket, at)
         if verdict.allowed:
             slot_expiry = now + self._slot_ttl_s
@@ -162,15 +176,22 @@ class LocalLimiter:
         req_iv, tok_iv = 60 / who.limits.requests_per_minute, 60 / who.limits.tokens_per_minute
         req_tat, tok_tat = max(key.request_tat, now), max(key.token_tat, now)
         decision = LimitDecision(
-            allowed=verdict.allowed, refused=verdict.refused, scope=verdict.scope,
+            allowed=verdict.allowed,
+            refused=verdict.refused,
+            scope=verdict.scope,
             limit_requests=who.limits.requests_per_minute,
-            remaining_requests=math.floor((now + 60 - req_tat) / req_iv), reset_requests_s=req_tat - now,
-            limit_tokens=who.limits.tokens_per_minute, remaining_tokens=math.floor((now + 60 - tok_tat) / tok_iv),
-            reset_tokens_s=tok_tat - now, retry_after_s=None if verdict.wait == math.inf else verdict.wait)
+            remaining_requests=math.floor((now + 60 - req_tat) / req_iv),
+            reset_requests_s=req_tat - now,
+            limit_tokens=who.limits.tokens_per_minute,
+            remaining_tokens=math.floor((now + 60 - tok_tat) / tok_iv),
+            reset_tokens_s=tok_tat - now,
+            retry_after_s=None if verdict.wait == math.inf else verdict.wait,
+        )
         return PhaseResult(decision, at.day, verdict.key_charged, tenant_limits)
 
-    def _give_back(self, ticket: Ticket, key: _Counters, tenant: _Counters, now: float,
-                   tenant_limits: TenantLimits) -> None:
+    def _give_back(
+        self, ticket: Ticket, key: _Counters, tenant: _Counters, now: float, tenant_limits: TenantLimits
+    ) -> None:
         key.slots.pop(ticket.slot_id, None)
         tenant.slots.pop(ticket.slot_id, None)
         if ticket.key_request_charged:
@@ -178,8 +199,9 @@ class LocalLimiter:
         if tenant_limits.requests_per_minute:
             tenant.request_tat = max(tenant.request_tat - 60 / tenant_limits.requests_per_minute, now)
 
-    async def settle(self, ticket: Ticket, billed: Usage, *, give_back_request: bool,
-                     along: ScriptCall | None = None) -> None:
+    async def settle(
+        self, ticket: Ticket, billed: Usage, *, give_back_request: bool, along: ScriptCall | None = None
+    ) -> None:
         """No spend and no ledger here: they live in Redis. `along` stays unsent."""
         now = self._clock()
         key = self._keys.setdefault(ticket.who.key_id, _Counters())

@@ -100,18 +100,27 @@ class AdmitReply:
 
     def decision(self, limits: KeyLimits) -> LimitDecision:
         return LimitDecision(
-            allowed=self.allowed, refused=self.refused or None, scope=self.scope or None,
-            limit_requests=limits.requests_per_minute, remaining_requests=self.remaining_requests,
+            allowed=self.allowed,
+            refused=self.refused or None,
+            scope=self.scope or None,
+            limit_requests=limits.requests_per_minute,
+            remaining_requests=self.remaining_requests,
             reset_requests_s=self.reset_requests_us / 1e6,
-            limit_tokens=limits.tokens_per_minute, remaining_tokens=self.remaining_tokens,
+            limit_tokens=limits.tokens_per_minute,
+            remaining_tokens=self.remaining_tokens,
             reset_tokens_s=self.reset_tokens_us / 1e6,
-            retry_after_s=None if self.wait_us < 0 else self.wait_us / 1e6)
+            retry_after_s=None if self.wait_us < 0 else self.wait_us / 1e6,
+        )
 
     def tenant_limits(self) -> TenantLimits:
         """The tenant's limits in force (its own in Redis, else the gateway's defaults). Its budget
         in force travels in `spend`: only Redis enforces budgets."""
-        counts = {"requests_per_minute": self.tenant_rpm, "tokens_per_minute": self.tenant_tpm,
-                  "daily_token_budget": self.tenant_daily, "max_concurrent_requests": self.tenant_concurrent}
+        counts = {
+            "requests_per_minute": self.tenant_rpm,
+            "tokens_per_minute": self.tenant_tpm,
+            "daily_token_budget": self.tenant_daily,
+            "max_concurrent_requests": self.tenant_concurrent,
+        }
         return TenantLimits(**{name: value for name, value in counts.items() if value > 0})
 
     def spend(self) -> Spend:
@@ -142,31 +151,49 @@ class RedisLimiter:
         self._slot_ttl_s = slot_ttl_s
         self._concurrency_wait_us = int(concurrency_wait_s * 1e6)
 
-    async def admit(self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *,
-                    along: ScriptCall | None = None) -> PhaseResult:
+    async def admit(
+        self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *, along: ScriptCall | None = None
+    ) -> PhaseResult:
         """`tenant_limits`: unused, the script reads the tenant's own. `along`: another script
         (the fair queue's try) sent in the same round trip; its reply stays in it."""
         who = ticket.who
         keys = [*counter_keys(who.tenant, who.key_id), spend_key(who.tenant, ticket.month)]
         reply = AdmitReply.parse(await self._run(self._admit, keys, self._admit_args(ticket, phase), along))
-        return PhaseResult(reply.decision(who.limits), reply.day, reply.key_charged, reply.tenant_limits(),
-                           reply.spend())
+        return PhaseResult(
+            reply.decision(who.limits), reply.day, reply.key_charged, reply.tenant_limits(), reply.spend()
+        )
 
     def _admit_args(self, ticket: Ticket, phase: Phase) -> list[object]:
         """ARGV of limiter_admit.lua, in the order its header comment lists them."""
         who, defaults = ticket.who, ticket.who.tenant_defaults
-        return [phase.value, who.limits.requests_per_minute, who.limits.tokens_per_minute,
-                who.limits.daily_token_budget, who.limits.max_concurrent_requests,
-                no_limit_as_zero(defaults.requests_per_minute), no_limit_as_zero(defaults.tokens_per_minute),
-                no_limit_as_zero(defaults.daily_token_budget), no_limit_as_zero(defaults.max_concurrent_requests),
-                ticket.reserved, ticket.slot_id, self._slot_ttl_s, self._concurrency_wait_us, int(who.shadow),
-                who.shadow_max_concurrent, int(ticket.key_request_charged),
-                who.key_id, str(ticket.reserved_nano_usd), str(_budget_nano(who.monthly_budget_usd)),
-                str(_budget_nano(defaults.monthly_budget_usd)), spend_expire_at(ticket.month),
-                month_end_s(ticket.month)]
+        return [
+            phase.value,
+            who.limits.requests_per_minute,
+            who.limits.tokens_per_minute,
+            who.limits.daily_token_budget,
+            who.limits.max_concurrent_requests,
+            no_limit_as_zero(defaults.requests_per_minute),
+            no_limit_as_zero(defaults.tokens_per_minute),
+            no_limit_as_zero(defaults.daily_token_budget),
+            no_limit_as_zero(defaults.max_concurrent_requests),
+            ticket.reserved,
+            ticket.slot_id,
+            self._slot_ttl_s,
+            self._concurrency_wait_us,
+            int(who.shadow),
+            who.shadow_max_concurrent,
+            int(ticket.key_request_charged),
+            who.key_id,
+            str(ticket.reserved_nano_usd),
+            str(_budget_nano(who.monthly_budget_usd)),
+            str(_budget_nano(defaults.monthly_budget_usd)),
+            spend_expire_at(ticket.month),
+            month_end_s(ticket.month),
+        ]
 
-    async def settle(self, ticket: Ticket, billed: Usage, *, give_back_request: bool,
-                     along: ScriptCall | None = None) -> None:
+    async def settle(
+        self, ticket: Ticket, billed: Usage, *, give_back_request: bool, along: ScriptCall | None = None
+    ) -> None:
         """End `ticket` (serving.gateway.limits.limiter.Ticket): refund what it reserved beyond `billed`
         and free its slot; `give_back_request` also returns its request to the rate limits. In
         the same script: the spend correction (billed cost - reserved cost) into the month the
@@ -174,12 +201,21 @@ class RedisLimiter:
         (the fair queue's release) sent in the same round trip; its reply stays in it."""
         who, limits, tenant = ticket.who, ticket.who.limits, ticket.tenant_limits
         args: list[object] = [
-            limits.tokens_per_minute, no_limit_as_zero(tenant.tokens_per_minute), ticket.reserved - billed.total,
-            ticket.slot_id, ticket.day, int(ticket.key_tokens_charged), int(ticket.tokens_phase_done),
-            int(give_back_request), limits.requests_per_minute, no_limit_as_zero(tenant.requests_per_minute),
-            int(ticket.key_request_charged)]
-        ledger_keys, ledger_args = record_call(who.tenant, who.key_id, ticket.model, billed.prompt, billed.completion,
-                                               datetime.now(UTC))
+            limits.tokens_per_minute,
+            no_limit_as_zero(tenant.tokens_per_minute),
+            ticket.reserved - billed.total,
+            ticket.slot_id,
+            ticket.day,
+            int(ticket.key_tokens_charged),
+            int(ticket.tokens_phase_done),
+            int(give_back_request),
+            limits.requests_per_minute,
+            no_limit_as_zero(tenant.requests_per_minute),
+            int(ticket.key_request_charged),
+        ]
+        ledger_keys, ledger_args = record_call(
+            who.tenant, who.key_id, ticket.model, billed.prompt, billed.completion, datetime.now(UTC)
+        )
         if not ticket.tokens_phase_done:  # released after the slot phase: nothing charged, nothing used
             ledger_args, delta = ["", "", "", "", ""], 0
         else:

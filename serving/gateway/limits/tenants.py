@@ -39,8 +39,17 @@ def counter_keys(tenant: str, key_id: str) -> tuple[str, ...]:
     token TAT, in-flight slots, daily usage; the tenant's four; the tenant's limits."""
     tag = tenant_tag(tenant)
     scope = f"{tag}:key:{key_id}"
-    return (f"{scope}:rpm", f"{scope}:tpm", f"{scope}:slots", f"{scope}:daily",
-            f"{tag}:rpm", f"{tag}:tpm", f"{tag}:slots", f"{tag}:daily", f"{tag}:limits")
+    return (
+        f"{scope}:rpm",
+        f"{scope}:tpm",
+        f"{scope}:slots",
+        f"{scope}:daily",
+        f"{tag}:rpm",
+        f"{tag}:tpm",
+        f"{tag}:slots",
+        f"{tag}:daily",
+        f"{tag}:limits",
+    )
 
 
 def key_daily_key(tenant: str, key_id: str) -> str:
@@ -88,10 +97,9 @@ class TenantStore:
         """Every tenant with limits of its own."""
         found: dict[str, TenantLimits] = {}
         async for name in self._client.redis.scan_iter(match=f"{_PREFIX}*}}:limits", count=500):
-            tenant = unquote(name[len(_PREFIX):name.index("}")])
+            tenant = unquote(name[len(_PREFIX) : name.index("}")])
             found[tenant] = await self.get(tenant)
         return dict(sorted(found.items()))
 
     async def aclose(self) -> None:
         await self._client.aclose()
-

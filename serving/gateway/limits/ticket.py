@@ -89,16 +89,18 @@ class LimiterBackend(Protocol):
     # Shared by every gateway replica (Redis), or this process's own (the local limiter).
     shared: ClassVar[bool]
 
-    async def admit(self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *,
-                    along: ScriptCall | None = None) -> PhaseResult:
+    async def admit(
+        self, ticket: Ticket, phase: Phase, tenant_limits: TenantLimits, *, along: ScriptCall | None = None
+    ) -> PhaseResult:
         """Check and charge `phase` of `ticket`, all or nothing. `tenant_limits`: the tenant's
         limits as last known (the local limiter applies them; Redis reads the tenant's own).
         `along`: another script to send in the same Redis round trip; a limiter without Redis
         leaves it unsent."""
         ...
 
-    async def settle(self, ticket: Ticket, billed: Usage, *, give_back_request: bool,
-                     along: ScriptCall | None = None) -> None:
+    async def settle(
+        self, ticket: Ticket, billed: Usage, *, give_back_request: bool, along: ScriptCall | None = None
+    ) -> None:
         """End `ticket`: refund what it reserved beyond `billed` and free its slot;
         `give_back_request` also returns its request to the rate limits."""
         ...

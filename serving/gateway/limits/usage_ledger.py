@@ -68,8 +68,9 @@ def utc_day(moment: datetime) -> date:
     return moment.astimezone(UTC).date()
 
 
-def record_call(tenant: str, key_id: str, model: str, prompt: int, completion: int, moment: datetime
-                ) -> tuple[list[str], list[str]]:
+def record_call(
+    tenant: str, key_id: str, model: str, prompt: int, completion: int, moment: datetime
+) -> tuple[list[str], list[str]]:
     """(KEYS, ARGV) for `ledger_record` of one settled request: the settle script appends the
     key to its KEYS and the values to its ARGV, and calls ledger_record with them."""
     day = utc_day(moment)
@@ -94,13 +95,13 @@ def parse_usage_key(name: str) -> tuple[str, date] | None:
     if not name.startswith(_TAG_PREFIX) or _USAGE not in name:
         return None
     tag_end = name.find("}", len(_TAG_PREFIX))
-    if tag_end < 0 or not name[tag_end + 1:].startswith(_USAGE):
+    if tag_end < 0 or not name[tag_end + 1 :].startswith(_USAGE):
         return None
     try:
-        day = date.fromisoformat(name[tag_end + 1 + len(_USAGE):])
+        day = date.fromisoformat(name[tag_end + 1 + len(_USAGE) :])
     except ValueError:
         return None
-    return unquote(name[len(_TAG_PREFIX):tag_end]), day
+    return unquote(name[len(_TAG_PREFIX) : tag_end]), day
 
 
 def parse_usage_hash(tenant: str, day: date, fields: Mapping[str | bytes, str | bytes | int]) -> list[DailyUsage]:
@@ -113,6 +114,15 @@ def parse_usage_hash(tenant: str, day: date, fields: Mapping[str | bytes, str | 
         if not key_id or kind not in KINDS:
             continue
         counts.setdefault((key_id, model), dict.fromkeys(KINDS, 0))[kind] += int(raw_value)
-    return [DailyUsage(day=day, tenant=tenant, key_id=key_id, model=model, prompt_tokens=c["prompt"],
-                       completion_tokens=c["completion"], requests=c["requests"])
-            for (key_id, model), c in sorted(counts.items())]
+    return [
+        DailyUsage(
+            day=day,
+            tenant=tenant,
+            key_id=key_id,
+            model=model,
+            prompt_tokens=c["prompt"],
+            completion_tokens=c["completion"],
+            requests=c["requests"],
+        )
+        for (key_id, model), c in sorted(counts.items())
+    ]

@@ -98,8 +98,9 @@ def unbounded(document: dict[str, Any], path: str) -> Unbounded | None:
         if value is not None and not isinstance(value, bool):
             return Unbounded(param, f"'{param}' must be a boolean or null.")
     if document.get("use_beam_search"):
-        return Unbounded("use_beam_search", "Beam search is not served by this gateway: its cost cannot be "
-                                            "bounded before it runs.")
+        return Unbounded(
+            "use_beam_search", "Beam search is not served by this gateway: its cost cannot be bounded before it runs."
+        )
     return None
 
 
@@ -115,8 +116,9 @@ def requested_limit(document: dict[str, Any], path: str) -> int | None:
     return limit
 
 
-def output_bound(document: dict[str, Any] | None, path: str, *, context_length: int | None,
-                 ceiling: int) -> OutputBound:
+def output_bound(
+    document: dict[str, Any] | None, path: str, *, context_length: int | None, ceiling: int
+) -> OutputBound:
     """The bound for a body `unbounded` found nothing wrong with (module docstring). Paths
     other than the completions ones generate nothing."""
     if document is None or path not in (CHAT, COMPLETIONS):

@@ -95,8 +95,7 @@ def _values_and_media(document: Any) -> tuple[int, int]:
     return values, media
 
 
-def prompt_bound(document: Any, body_size: int, path: str, *, context_length: int | None,
-                 template_tokens: int) -> int:
+def prompt_bound(document: Any, body_size: int, path: str, *, context_length: int | None, template_tokens: int) -> int:
     """Tokens the request's prompts can be at most (module docstring). `body_size`: the body's
     length in bytes as received; `document`: the same body parsed (None when it is not JSON)."""
     if body_size == 0:
@@ -110,8 +109,15 @@ def prompt_bound(document: Any, body_size: int, path: str, *, context_length: in
     return bound
 
 
-def reserve(document: dict[str, Any] | None, body_size: int, path: str, *, output: OutputBound,
-            context_length: int | None, template_tokens: int) -> Reservation:
+def reserve(
+    document: dict[str, Any] | None,
+    body_size: int,
+    path: str,
+    *,
+    output: OutputBound,
+    context_length: int | None,
+    template_tokens: int,
+) -> Reservation:
     """The reservation of one request: its prompt bound, and the most output it may generate."""
     prompt = prompt_bound(document, body_size, path, context_length=context_length, template_tokens=template_tokens)
     return Reservation(prompt=prompt, output=output.total, prompts=output.prompts, n=output.sequences)

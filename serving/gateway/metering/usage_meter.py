@@ -111,7 +111,6 @@ def _counts(usage: Any) -> tuple[int, int] | None:
     return prompt or 0, completion or 0
 
 
-
 # A real `usage` key of a JSON document: in valid JSON, a `"` inside a string is always escaped,
 # so `{` or `,` then an unescaped `"usage"` can only be a key. The upstream's responses have
 # exactly one, at the top level, after the choices (whose text the model controls).
@@ -139,7 +138,7 @@ class _UsageScanner:
             if found is None:
                 self._tail = window[-_KEY_OVERLAP:]
                 return
-            self._capture = bytearray(window[found.end():])
+            self._capture = bytearray(window[found.end() :])
         else:
             self._capture += chunk
         self._try_decode()
@@ -164,9 +163,15 @@ class UsageMeter:
     client that has the whole answer also sees its refund.
     """
 
-    def __init__(self, *, stream: bool, reservation: Reservation, client_final_usage: bool = True,
-                 client_continuous_usage: bool = True,
-                 client_chunk: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        stream: bool,
+        reservation: Reservation,
+        client_final_usage: bool = True,
+        client_continuous_usage: bool = True,
+        client_chunk: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.stream, self.reservation = stream, reservation
         # A resumable stream's hook (serving.gateway.resume.request): every event is parsed and
         # handed to it (it records what the client gets, and may trim it), so no event is read
@@ -280,7 +285,7 @@ class UsageMeter:
             return b""
         if not data.startswith(b"data: {"):
             return event + end
-        chunk, dumps = _parse_event(data[len(b"data: "):])
+        chunk, dumps = _parse_event(data[len(b"data: ") :])
         if not isinstance(chunk, dict):
             return event + end
         if upstream_errors.is_error_event(chunk):  # its text may name internal addresses and exceptions
@@ -322,8 +327,12 @@ class UsageMeter:
         (the sequence's index, whether it finished); None when the chunk is not one sequence's."""
         choice = choices[0] if isinstance(choices[0], dict) else {}
         index, n = choice.get("index"), self.reservation.n
-        if len(choices) != 1 or not isinstance(index, int) or isinstance(index, bool) \
-                or not 0 <= index < self.reservation.prompts * n:
+        if (
+            len(choices) != 1
+            or not isinstance(index, int)
+            or isinstance(index, bool)
+            or not 0 <= index < self.reservation.prompts * n
+        ):
             prev = self._aggregate or Usage(0, 0)
             self._aggregate = Usage(max(prev.prompt, prompt), max(prev.completion, completion))
             return None

@@ -49,8 +49,14 @@ class Gateway:
     """The OpenAI routes' request path. `own_routes`: who answers the routes the gateway serves
     itself (None: nobody, and `own_routes_off` says why, as a 404)."""
 
-    def __init__(self, settings: GatewaySettings, admitter: Admitter, proxy: UpstreamProxy,
-                 own_routes: OwnRoutes | None = None, own_routes_off: Refusal | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        admitter: Admitter,
+        proxy: UpstreamProxy,
+        own_routes: OwnRoutes | None = None,
+        own_routes_off: Refusal | None = None,
+    ) -> None:
         self.settings, self.admitter, self.proxy = settings, admitter, proxy
         self.own_routes, self.own_routes_off = own_routes, own_routes_off
 
@@ -115,22 +121,39 @@ class Gateway:
             response.headers.update(admission.headers)
             return response
 
-    async def _forward(self, request: Request, route: ApiRoute, admission: Admission,
-                       queued_slot: QueueTicket | None = None, *, held: AsyncExitStack | None = None) -> Response:
+    async def _forward(
+        self,
+        request: Request,
+        route: ApiRoute,
+        admission: Admission,
+        queued_slot: QueueTicket | None = None,
+        *,
+        held: AsyncExitStack | None = None,
+    ) -> Response:
         """The proxy stage; `held` takes the upstream connection. A stream that waited in the queue
         with its response open (`queued_slot` its slot, maybe None) has sent its headers already,
         and gets a cold model's first-byte timeout."""
         queued = admission.pending is not None
         return await self.proxy.forward(
-            request, route, admission.body, meter=admission.meter, settle=admission.settle,
-            extra_headers={} if queued else admission.headers, model=admission.model,
+            request,
+            route,
+            admission.body,
+            meter=admission.meter,
+            settle=admission.settle,
+            extra_headers={} if queued else admission.headers,
+            model=admission.model,
             allowed_models=admission.key.allowed_models,
-            first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot) if queued
-            else admission.first_byte_timeout_s, held=held, resume=admission.resume)
+            first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot)
+            if queued
+            else admission.first_byte_timeout_s,
+            held=held,
+            resume=admission.resume,
+        )
 
 
 def route_refused(refusal: RouteRefusal, request: Request) -> Response:
     if refusal.status == 405:
-        return errors.response_for(errors.method_not_allowed(request.method)
-                                   .with_headers({"allow": ", ".join(refusal.allow)}))
+        return errors.response_for(
+            errors.method_not_allowed(request.method).with_headers({"allow": ", ".join(refusal.allow)})
+        )
     return errors.response_for(errors.not_found(request.scope["path"]))

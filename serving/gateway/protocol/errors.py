@@ -55,13 +55,27 @@ def response_for(refusal: Refusal) -> JSONResponse:
     return JSONResponse(refusal.document(), status_code=refusal.status, headers=dict(refusal.headers) or None)
 
 
-def refusal(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
-            *, headers: Mapping[str, str] | None = None) -> Refusal:
+def refusal(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    param: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> Refusal:
     return Refusal(status, message, type_, code, param, dict(headers or {}))
 
 
-def openai_error(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
-                 *, headers: dict[str, str] | None = None) -> JSONResponse:
+def openai_error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    param: str | None = None,
+    *,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """A refusal answered at once, for code that answers its own requests (the Batch API)."""
     return response_for(refusal(status, message, type_, code, param, headers=headers))
 
@@ -79,19 +93,27 @@ def invalid_api_key() -> Refusal:
     return refusal(
         401,
         "Incorrect API key provided, or the key was revoked or has expired. Ask your platform team for a key.",
-        INVALID_REQUEST, code="invalid_api_key",
+        INVALID_REQUEST,
+        code="invalid_api_key",
     )
 
 
 def model_not_allowed(model: str | None) -> Refusal:
-    message = (f"This API key may not use the model {model!r}." if model is not None
-               else "This API key is limited to certain models: the request body must name one in 'model'.")
+    message = (
+        f"This API key may not use the model {model!r}."
+        if model is not None
+        else "This API key is limited to certain models: the request body must name one in 'model'."
+    )
     return refusal(403, message, INVALID_REQUEST, code="model_not_allowed", param="model")
 
 
 def body_too_large(limit: int) -> Refusal:
-    return refusal(413, f"Request body is larger than this gateway accepts ({limit} bytes).",
-                        INVALID_REQUEST, code="request_too_large")
+    return refusal(
+        413,
+        f"Request body is larger than this gateway accepts ({limit} bytes).",
+        INVALID_REQUEST,
+        code="request_too_large",
+    )
 
 
 def invalid_request(param: str | None, message: str, code: str) -> Refusal:
@@ -100,19 +122,26 @@ def invalid_request(param: str | None, message: str, code: str) -> Refusal:
 
 
 def not_found(path: str) -> Refusal:
-    return refusal(404, f"Unknown path {path[:200]!r}: this gateway serves {SERVED_ROUTES}.",
-                        INVALID_REQUEST, code="unknown_url")
+    return refusal(
+        404, f"Unknown path {path[:200]!r}: this gateway serves {SERVED_ROUTES}.", INVALID_REQUEST, code="unknown_url"
+    )
 
 
 def model_not_found(model: str) -> Refusal:
-    return refusal(404, f"The model {model[:200]!r} does not exist or this API key may not use it.",
-                        INVALID_REQUEST, code="model_not_found", param="model")
+    return refusal(
+        404,
+        f"The model {model[:200]!r} does not exist or this API key may not use it.",
+        INVALID_REQUEST,
+        code="model_not_found",
+        param="model",
+    )
 
 
 def body_timeout(timeout_s: float) -> Refusal:
     # Sent before the body was read whole: uvicorn closes the connection after it.
-    return refusal(408, f"The request body did not arrive within {timeout_s:g} s.", INVALID_REQUEST,
-                        code="request_timeout")
+    return refusal(
+        408, f"The request body did not arrive within {timeout_s:g} s.", INVALID_REQUEST, code="request_timeout"
+    )
 
 
 def method_not_allowed(method: str) -> Refusal:
@@ -121,24 +150,36 @@ def method_not_allowed(method: str) -> Refusal:
 
 def upstream_unavailable() -> Refusal:
     # Retry-After: the model servers may be restarting or scaling; the SDKs retry after it.
-    return refusal(503, "The model servers are not reachable right now. Please retry shortly.",
-                        SERVER_ERROR, code="upstream_unavailable", headers={"Retry-After": "1"})
+    return refusal(
+        503,
+        "The model servers are not reachable right now. Please retry shortly.",
+        SERVER_ERROR,
+        code="upstream_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 def key_store_unavailable() -> Refusal:
     # Without the key store no key can be checked; refusing beats letting anyone in.
-    return refusal(503, "The gateway cannot check API keys right now. Please retry shortly.",
-                        SERVER_ERROR, code="key_store_unavailable", headers={"Retry-After": "1"})
+    return refusal(
+        503,
+        "The gateway cannot check API keys right now. Please retry shortly.",
+        SERVER_ERROR,
+        code="key_store_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 def upstream_timeout() -> Refusal:
-    return refusal(504, "The model servers did not answer in time. Please retry.", SERVER_ERROR,
-                        code="upstream_timeout")
+    return refusal(
+        504, "The model servers did not answer in time. Please retry.", SERVER_ERROR, code="upstream_timeout"
+    )
 
 
 def upstream_failed() -> Refusal:
-    return refusal(502, "The model servers returned an invalid response. Please retry.", SERVER_ERROR,
-                        code="upstream_error")
+    return refusal(
+        502, "The model servers returned an invalid response. Please retry.", SERVER_ERROR, code="upstream_error"
+    )
 
 
 _REFUSAL_TEXT = {
@@ -150,22 +191,27 @@ _REFUSAL_TEXT = {
 }
 
 
-_SCOPE_TEXT = {"key": "this API key", "tenant": "this API key's tenant (all its keys together)",
-               "shadow": "this API key in shadow mode"}
+_SCOPE_TEXT = {
+    "key": "this API key",
+    "tenant": "this API key's tenant (all its keys together)",
+    "shadow": "this API key in shadow mode",
+}
 
 
-def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers: dict[str, str], *,
-                 scope: str = "key") -> Refusal:
+def rate_limited(
+    refused: str, limit: int, retry_after_s: float | None, headers: dict[str, str], *, scope: str = "key"
+) -> Refusal:
     """429 as OpenAI sends it: type `requests` or `tokens`, code `rate_limit_exceeded` (the
     daily budget gets its own code, so clients can tell a quota from a rate). `scope` says whose
     limit it was: the key's, its tenant's, or the ceiling every shadow-mode key stays under."""
     what, whose = _REFUSAL_TEXT[refused], _SCOPE_TEXT[scope]
     if retry_after_s is None:
-        message = (f"Request too large for the {what} limit of {whose} ({limit}): it reserves more tokens than "
-                   "the limit allows. Lower max_tokens (or the prompt), or ask your platform team for a higher limit.")
+        message = (
+            f"Request too large for the {what} limit of {whose} ({limit}): it reserves more tokens than "
+            "the limit allows. Lower max_tokens (or the prompt), or ask your platform team for a higher limit."
+        )
     else:
-        message = (f"Rate limit reached for {whose} on {what}: limit {limit}. "
-                   f"Please try again in {retry_after_s:.3f}s.")
+        message = f"Rate limit reached for {whose} on {what}: limit {limit}. Please try again in {retry_after_s:.3f}s."
     type_ = "requests" if refused in ("requests", "concurrency") else "tokens"
     code = "daily_token_budget_exceeded" if refused == "daily_tokens" else "rate_limit_exceeded"
     if retry_after_s is None:
@@ -175,39 +221,56 @@ def rate_limited(refused: str, limit: int, retry_after_s: float | None, headers:
     return refusal(429, message, type_, code=code, headers=headers)
 
 
-def monthly_budget_exceeded(budget_usd: Decimal, retry_after_s: float | None, headers: dict[str, str], *,
-                            scope: str = "key") -> Refusal:
+def monthly_budget_exceeded(
+    budget_usd: Decimal, retry_after_s: float | None, headers: dict[str, str], *, scope: str = "key"
+) -> Refusal:
     """429 with its own code (BUDGET_EXCEEDED): a quota in dollars, not a
     rate, renewed at the start of the next UTC month (Retry-After says when). Retrying before
     then cannot help, so the OpenAI SDKs are told not to (x-should-retry: false)."""
     whose = _SCOPE_TEXT[scope]
     if retry_after_s is None:
-        message = (f"Request too large for the monthly budget of {whose} (${budget_usd:.2f}): its reservation alone "
-                   "costs more. Lower max_tokens (or the prompt), or ask your platform team for a higher budget.")
+        message = (
+            f"Request too large for the monthly budget of {whose} (${budget_usd:.2f}): its reservation alone "
+            "costs more. Lower max_tokens (or the prompt), or ask your platform team for a higher budget."
+        )
     else:
-        message = (f"The monthly budget of {whose} (${budget_usd:.2f}) is spent. It renews at the start of the next "
-                   f"calendar month (UTC), in {retry_after_s:.0f}s; ask your platform team for a higher budget.")
+        message = (
+            f"The monthly budget of {whose} (${budget_usd:.2f}) is spent. It renews at the start of the next "
+            f"calendar month (UTC), in {retry_after_s:.0f}s; ask your platform team for a higher budget."
+        )
     return refusal(429, message, "tokens", code=BUDGET_EXCEEDED, headers={**headers, "x-should-retry": "false"})
 
 
 def limiter_unavailable() -> Refusal:
     # Fail mode `closed`: without the limiter nothing is admitted.
-    return refusal(503, "The gateway cannot check rate limits right now. Please retry shortly.",
-                        SERVER_ERROR, code="limiter_unavailable", headers={"Retry-After": "1"})
+    return refusal(
+        503,
+        "The gateway cannot check rate limits right now. Please retry shortly.",
+        SERVER_ERROR,
+        code="limiter_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 def gateway_busy() -> Refusal:
     # Every Redis connection is busy with other requests: load, not an outage. Nothing is
     # admitted on a guess; the SDKs retry after Retry-After.
-    return refusal(503, "The gateway is busy right now. Please retry shortly.", SERVER_ERROR,
-                        code="gateway_busy", headers={"Retry-After": "1"})
+    return refusal(
+        503,
+        "The gateway is busy right now. Please retry shortly.",
+        SERVER_ERROR,
+        code="gateway_busy",
+        headers={"Retry-After": "1"},
+    )
 
 
-def queue_refused(status: int, code: str, message: str, retry_after_s: float,
-                  headers: dict[str, str] | None = None) -> Refusal:
+def queue_refused(
+    status: int, code: str, message: str, retry_after_s: float, headers: dict[str, str] | None = None
+) -> Refusal:
     """No slot of a saturated model (serving.gateway.queue.fair_share.Refusal): 429 when the tenant's own
     requests are what it waits behind (code tenant_queue_share_exceeded), 503 model_saturated when
     everyone else's are. Retry-After is the queue's drain time; the SDKs retry after it."""
     type_ = "requests" if status == 429 else SERVER_ERROR
-    return refusal(status, message, type_, code=code,
-                        headers={**(headers or {}), "Retry-After": str(max(1, round(retry_after_s)))})
+    return refusal(
+        status, message, type_, code=code, headers={**(headers or {}), "Retry-After": str(max(1, round(retry_after_s)))}
+    )

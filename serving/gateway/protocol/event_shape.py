@@ -39,18 +39,28 @@ class EventShape:
 def learn(event: bytes, chunk: dict[str, Any], index: int, finished: bool) -> EventShape | None:
     """The shape of `event` (`data: ` and its JSON, nothing around it), parsed as `chunk`;
     None when it has no single text-then-usage layout to reuse."""
-    if not event.startswith(b"data: {") or not event.endswith(b"}") or event.count(b'"usage"') != 1 \
-            or event.count(b'"content"') + event.count(b'"text"') != 1 or not isinstance(chunk.get("usage"), dict):
+    if (
+        not event.startswith(b"data: {")
+        or not event.endswith(b"}")
+        or event.count(b'"usage"') != 1
+        or event.count(b'"content"') + event.count(b'"text"') != 1
+        or not isinstance(chunk.get("usage"), dict)
+    ):
         return None
     text = _TEXT.search(event)
     if text is None:
         return None
     close = _string_end(event, text.end())
     usage = None if close < 0 else _USAGE_MEMBER.search(event, close)
-    if usage is None or _object(event[usage.end():-1]) != chunk["usage"]:  # the very usage the parse read
+    if usage is None or _object(event[usage.end() : -1]) != chunk["usage"]:  # the very usage the parse read
         return None
-    return EventShape(head=event[:text.end()], middle=event[close:usage.end()], kept=usage.start() - close,
-                      index=index, finished=finished)
+    return EventShape(
+        head=event[: text.end()],
+        middle=event[close : usage.end()],
+        kept=usage.start() - close,
+        index=index,
+        finished=finished,
+    )
 
 
 def read(shape: EventShape, event: bytes) -> tuple[int, int, bytes] | None:
@@ -63,8 +73,8 @@ def read(shape: EventShape, event: bytes) -> tuple[int, int, bytes] | None:
     if close < 0 or not event.startswith(shape.middle, close):
         return None
     try:
-        orjson.loads(event[start - 1:close + 1])  # a valid JSON string, as a parse would have required
-        usage = orjson.loads(event[close + len(shape.middle):-1])
+        orjson.loads(event[start - 1 : close + 1])  # a valid JSON string, as a parse would have required
+        usage = orjson.loads(event[close + len(shape.middle) : -1])
     except orjson.JSONDecodeError:
         return None
     if type(usage) is not dict:
@@ -72,7 +82,7 @@ def read(shape: EventShape, event: bytes) -> tuple[int, int, bytes] | None:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if type(prompt) is not int or type(completion) is not int:  # a float may be an integer past 64 bits
         return None
-    return prompt, completion, event[:close + shape.kept] + b"}"
+    return prompt, completion, event[: close + shape.kept] + b"}"
 
 
 def _object(data: bytes) -> dict[str, Any] | None:

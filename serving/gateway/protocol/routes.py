@@ -56,18 +56,69 @@ BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 # OpenAI's request fields, from openai-python's `types/chat/completion_create_params.py`,
 # `types/completion_create_params.py` and `types/embedding_create_params.py` (openai 3.57; a
 # test compares them with the installed SDK). `stream` is declared on the SDK's subclasses.
-CHAT_FIELDS = frozenset({
-    "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs", "max_completion_tokens",
-    "max_tokens", "messages", "metadata", "modalities", "model", "moderation", "n", "parallel_tool_calls",
-    "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
-    "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
-    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "verbosity",
-    "web_search_options",
-})
-COMPLETION_FIELDS = frozenset({
-    "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "model", "n", "presence_penalty",
-    "prompt", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user",
-})
+CHAT_FIELDS = frozenset(
+    {
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "messages",
+        "metadata",
+        "modalities",
+        "model",
+        "moderation",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+    }
+)
+COMPLETION_FIELDS = frozenset(
+    {
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "model",
+        "n",
+        "presence_penalty",
+        "prompt",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "suffix",
+        "temperature",
+        "top_p",
+        "user",
+    }
+)
 EMBEDDING_FIELDS = frozenset({"dimensions", "encoding_format", "input", "model", "user"})
 
 # POST routes and the body fields OpenAI defines for each.
@@ -77,10 +128,12 @@ BODY_ROUTES: dict[str, frozenset[str]] = {
     EMBEDDINGS: EMBEDDING_FIELDS,
 }
 
-SERVED_ROUTES = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, "
-                 "GET /v1/models/{model}, and the Batch API: GET|POST /v1/files, GET|DELETE /v1/files/{id}, "
-                 "GET /v1/files/{id}/content, GET|POST /v1/batches, GET /v1/batches/{id}, "
-                 "POST /v1/batches/{id}/cancel")
+SERVED_ROUTES = (
+    "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, "
+    "GET /v1/models/{model}, and the Batch API: GET|POST /v1/files, GET|DELETE /v1/files/{id}, "
+    "GET /v1/files/{id}/content, GET|POST /v1/batches, GET /v1/batches/{id}, "
+    "POST /v1/batches/{id}/cancel"
+)
 
 # The Batch API: (pattern of the canonical path, {method: handler}). Handlers: serving.gateway.batch.api.
 _FILE = FILE_ID.pattern
@@ -152,10 +205,10 @@ def resolve(method: str, path: str, served_models: Collection[str]) -> ApiRoute 
         return NOT_FOUND
     if path in BODY_ROUTES:
         return ApiRoute("POST", path, BODY_ROUTES[path]) if method == "POST" else RouteRefusal(405, ("POST",))
-    if path == MODELS or (path.startswith(MODEL_PREFIX) and path[len(MODEL_PREFIX):] in served_models):
+    if path == MODELS or (path.startswith(MODEL_PREFIX) and path[len(MODEL_PREFIX) :] in served_models):
         if method != "GET":
             return RouteRefusal(405, ("GET",))
-        return ApiRoute("GET", path, model=path[len(MODEL_PREFIX):] if path != MODELS else None)
+        return ApiRoute("GET", path, model=path[len(MODEL_PREFIX) :] if path != MODELS else None)
     for pattern, handlers in LOCAL_ROUTES:
         match = pattern.fullmatch(path)
         if match is not None:

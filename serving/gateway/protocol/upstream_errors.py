@@ -36,32 +36,60 @@ def rewritten(status: int, body: bytes) -> errors.Refusal:
         context = _CONTEXT_LENGTH.search(body)
         if context is not None:
             return errors.refusal(
-                400, f"This model's maximum context length is {int(context.group(1))} tokens, and the prompt plus "
-                     "the requested output exceed it. Shorten the prompt or lower max_tokens.",
-                errors.INVALID_REQUEST, code="context_length_exceeded", param="messages")
+                400,
+                f"This model's maximum context length is {int(context.group(1))} tokens, and the prompt plus "
+                "the requested output exceed it. Shorten the prompt or lower max_tokens.",
+                errors.INVALID_REQUEST,
+                code="context_length_exceeded",
+                param="messages",
+            )
         return errors.refusal(
-            400, "The model servers refused the request's parameters. Check them against the OpenAI API reference.",
-            errors.INVALID_REQUEST, code="invalid_request")
+            400,
+            "The model servers refused the request's parameters. Check them against the OpenAI API reference.",
+            errors.INVALID_REQUEST,
+            code="invalid_request",
+        )
     if status == 404:
-        return errors.refusal(404, "The model does not exist or is not being served right now.",
-                                   errors.INVALID_REQUEST, code="model_not_found", param="model")
+        return errors.refusal(
+            404,
+            "The model does not exist or is not being served right now.",
+            errors.INVALID_REQUEST,
+            code="model_not_found",
+            param="model",
+        )
     if status == 408:
         return errors.upstream_timeout()
     if status == 413:
-        return errors.refusal(413, "The request is larger than the model servers accept.",
-                                   errors.INVALID_REQUEST, code="request_too_large")
+        return errors.refusal(
+            413,
+            "The request is larger than the model servers accept.",
+            errors.INVALID_REQUEST,
+            code="request_too_large",
+        )
     if status in (429, 503):  # Ray Serve sheds load (max_queued_requests) with 503: the platform is busy, not the key
-        return errors.refusal(503, "The model servers are at capacity. Please retry shortly.",
-                                   errors.SERVER_ERROR, code="upstream_overloaded", headers={"Retry-After": "1"})
+        return errors.refusal(
+            503,
+            "The model servers are at capacity. Please retry shortly.",
+            errors.SERVER_ERROR,
+            code="upstream_overloaded",
+            headers={"Retry-After": "1"},
+        )
     if status == 504:
         return errors.upstream_timeout()
     if 400 <= status < 500 and status not in (401, 403, 407):
-        return errors.refusal(status, f"The model servers refused the request (HTTP {status}).",
-                                   errors.INVALID_REQUEST, code="upstream_refused")
+        return errors.refusal(
+            status,
+            f"The model servers refused the request (HTTP {status}).",
+            errors.INVALID_REQUEST,
+            code="upstream_refused",
+        )
     # 5xx, and auth failures the upstream should never answer (the caller's key is not the problem)
-    return errors.refusal(502 if status < 500 else status,
-                               "The model servers failed while handling the request. Please retry.",
-                               errors.SERVER_ERROR, code="upstream_error")
+    return errors.refusal(
+        502 if status < 500 else status,
+        "The model servers failed while handling the request. Please retry.",
+        errors.SERVER_ERROR,
+        code="upstream_error",
+    )
 
 
 def is_error_event(chunk: dict[str, Any]) -> bool:

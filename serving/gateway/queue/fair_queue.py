@@ -91,10 +91,18 @@ def queue_keys(model: str, tiers: int, *, adaptive: bool = False) -> QueueKeys:
     key nobody writes in its place, so a capacity left in Redis by an earlier adaptive run (kept
     a day) does not outlive turning it off."""
     tag = f"llmstack:{{fq:{model}}}"
-    return QueueKeys(f"{tag}:state", f"{tag}:inflight", f"{tag}:leases", f"{tag}:waiters", f"{tag}:tenants",
-                     f"{tag}:replicas", f"{tag}:slots", f"{tag}:holders",
-                     capacity_key(model) if adaptive else f"{tag}:fixed",
-                     tuple(f"{tag}:q{rank}" for rank in range(tiers)))
+    return QueueKeys(
+        f"{tag}:state",
+        f"{tag}:inflight",
+        f"{tag}:leases",
+        f"{tag}:waiters",
+        f"{tag}:tenants",
+        f"{tag}:replicas",
+        f"{tag}:slots",
+        f"{tag}:holders",
+        capacity_key(model) if adaptive else f"{tag}:fixed",
+        tuple(f"{tag}:q{rank}" for rank in range(tiers)),
+    )
 
 
 class QueueRefused(Exception):
@@ -197,12 +205,21 @@ def _service_s(value: Any) -> float | None:
 class FairQueue:
     """One per gateway process. `models`: served model name -> its capacity settings."""
 
-    def __init__(self, redis_url: str, policy: QueuePolicy, models: Mapping[str, ModelQueue], *,
-                 lease_s: float = DEFAULT_LEASE_S, heartbeat_s: float = DEFAULT_HEARTBEAT_S,
-                 adaptive: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        policy: QueuePolicy,
+        models: Mapping[str, ModelQueue],
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        adaptive: Collection[str] = (),
+    ) -> None:
         if heartbeat_s * 2 >= lease_s:
-            raise ValueError(f"heartbeat_s ({heartbeat_s}) must be well under lease_s ({lease_s}): "
-                             "a lease must survive a late heartbeat")
+            raise ValueError(
+                f"heartbeat_s ({heartbeat_s}) must be well under lease_s ({lease_s}): "
+                "a lease must survive a late heartbeat"
+            )
         from serving.gateway.redis.client import redis_client
 
         self.policy, self.models = policy, dict(models)
@@ -231,8 +248,10 @@ class FairQueue:
             await self._subscribe()
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("fair queue wake-up channel unavailable at start (%s); subscribing later", type(exc).__name__)
-        self._tasks = [asyncio.create_task(self._listen(), name="fair-queue-listener"),
-                       asyncio.create_task(self._heartbeat(), name="fair-queue-heartbeat")]
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="fair-queue-listener"),
+            asyncio.create_task(self._heartbeat(), name="fair-queue-heartbeat"),
+        ]
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -256,11 +275,20 @@ class FairQueue:
     # --- admission -----------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def slot(self, model: str, tenant: str, *, tier: str | None = None, weight: float = 1.0,
-                   cost: float = 1.0, deadline: float | None = None,
-                   on_wait: WaitHook | None = None) -> AsyncIterator[QueueTicket]:
-        ticket = await self.acquire(model, tenant, tier=tier, weight=weight, cost=cost, deadline=deadline,
-                                    on_wait=on_wait)
+    async def slot(
+        self,
+        model: str,
+        tenant: str,
+        *,
+        tier: str | None = None,
+        weight: float = 1.0,
+        cost: float = 1.0,
+        deadline: float | None = None,
+        on_wait: WaitHook | None = None,
+    ) -> AsyncIterator[QueueTicket]:
+        ticket = await self.acquire(
+            model, tenant, tier=tier, weight=weight, cost=cost, deadline=deadline, on_wait=on_wait
+        )
         try:
             yield ticket
         finally:
@@ -274,8 +302,9 @@ class FairQueue:
         when it did not (or when its answer was lost: the admit then finds the slot it took)."""
         rank = self.policy.rank(tier)
         token = uuid.uuid4().hex
-        return SlotTry(model, tenant, self.policy.tiers[rank].name, token,
-                       self._script_call(model, "try", token, rank, tenant))
+        return SlotTry(
+            model, tenant, self.policy.tiers[rank].name, token, self._script_call(model, "try", token, rank, tenant)
+        )
 
     def tried(self, attempt: SlotTry) -> QueueTicket | None:
         """The slot `attempt` took, or None: no slot was free, or its call was not sent or failed."""
@@ -283,8 +312,9 @@ class FairQueue:
         if not call.sent or isinstance(call.result, Exception) or _text(call.result[0]) != "A":
             return None
         cold = may_be_cold(_live(call.result[4]), self.models[attempt.model])
-        return self._ticket(attempt.model, attempt.tenant, attempt.tier, attempt.token, 0.0, cold,
-                            asyncio.get_running_loop().time())
+        return self._ticket(
+            attempt.model, attempt.tenant, attempt.tier, attempt.token, 0.0, cold, asyncio.get_running_loop().time()
+        )
 
     async def forget_try(self, attempt: SlotTry) -> None:
         """Give back whatever `attempt` may have taken, when whoever sent it failed before
@@ -292,9 +322,18 @@ class FairQueue:
         if not attempt.busy:
             await _shielded(self._release_id(attempt.model, attempt.token, None))
 
-    async def acquire(self, model: str, tenant: str, *, tier: str | None = None, weight: float = 1.0,
-                      cost: float = 1.0, deadline: float | None = None,
-                      on_wait: WaitHook | None = None, token: str | None = None) -> QueueTicket:
+    async def acquire(
+        self,
+        model: str,
+        tenant: str,
+        *,
+        tier: str | None = None,
+        weight: float = 1.0,
+        cost: float = 1.0,
+        deadline: float | None = None,
+        on_wait: WaitHook | None = None,
+        token: str | None = None,
+    ) -> QueueTicket:
         """A slot of `model` for `tenant`, now or after waiting; raises `QueueRefused` or `QueueUnavailable`.
 
         `deadline`: the latest `loop.time()` the caller will wait until (e.g. its whole-request
@@ -311,8 +350,16 @@ class FairQueue:
         waiter = _Waiter(model, loop.create_future())
         self._waiting[token] = waiter  # before the script runs: a wake-up may come before its answer
         try:
-            reply = await self._call(model, "admit", token, rank, tenant, repr(tag_increment(cost, weight)),
-                                     self.owner, tier_.max_queue_length)
+            reply = await self._call(
+                model,
+                "admit",
+                token,
+                rank,
+                tenant,
+                repr(tag_increment(cost, weight)),
+                self.owner,
+                tier_.max_queue_length,
+            )
         except BaseException:
             self._waiting.pop(token, None)
             raise
@@ -324,8 +371,17 @@ class FairQueue:
             return self._ticket(model, tenant, tier_.name, token, 0.0, cold, loop.time())
         if state == "R":
             self._waiting.pop(token, None)
-            raise QueueRefused(refusal("queue_full", tenant_waiting=int(reply[2]), ahead=int(reply[6]),
-                                       capacity_=capacity_, mean_service_s=service, model=model, tier=tier_.name))
+            raise QueueRefused(
+                refusal(
+                    "queue_full",
+                    tenant_waiting=int(reply[2]),
+                    ahead=int(reply[6]),
+                    capacity_=capacity_,
+                    mean_service_s=service,
+                    model=model,
+                    tier=tier_.name,
+                )
+            )
         waiter.waiter_id = _text(reply[1])
         budget = wait_budget_s(tier_.queue_timeout_s, cold, config.cold_start_timeout_s)
         until = started + budget if deadline is None else min(deadline, started + budget)
@@ -341,18 +397,38 @@ class FairQueue:
             self._waiting.pop(token, None)
         now = loop.time()
         if outcome == "A":
-            return self._ticket(model, tenant, tier_.name, waiter.waiter_id, now - started,
-                                may_be_cold(live, config), now)
+            return self._ticket(
+                model, tenant, tier_.name, waiter.waiter_id, now - started, may_be_cold(live, config), now
+            )
         if outcome == "C" and details is not None:
             remaining, capacity_, service, ahead = details
-            raise QueueRefused(refusal("timeout", tenant_waiting=remaining, ahead=ahead, capacity_=capacity_,
-                                       mean_service_s=service, model=model, tier=tier_.name))
+            raise QueueRefused(
+                refusal(
+                    "timeout",
+                    tenant_waiting=remaining,
+                    ahead=ahead,
+                    capacity_=capacity_,
+                    mean_service_s=service,
+                    model=model,
+                    tier=tier_.name,
+                )
+            )
         reason: Reason = "pushed_out" if outcome == "S" else "lost"
-        raise QueueRefused(refusal(reason, tenant_waiting=0, ahead=0, capacity_=capacity_, mean_service_s=service,
-                                   model=model, tier=tier_.name))
+        raise QueueRefused(
+            refusal(
+                reason,
+                tenant_waiting=0,
+                ahead=0,
+                capacity_=capacity_,
+                mean_service_s=service,
+                model=model,
+                tier=tier_.name,
+            )
+        )
 
-    async def _wait(self, waiter: _Waiter, until: float, started: float, on_wait: WaitHook | None
-                    ) -> tuple[str, int | None]:
+    async def _wait(
+        self, waiter: _Waiter, until: float, started: float, on_wait: WaitHook | None
+    ) -> tuple[str, int | None]:
         """'A' admitted, 'S' pushed out, 'G' lost, or 'T' when `until` passed first; and the live
         replica count when it was decided."""
         loop = asyncio.get_running_loop()
@@ -385,11 +461,20 @@ class FairQueue:
         if state == "A":
             await self._release_id(waiter.model, waiter.waiter_id, None)
 
-    def _ticket(self, model: str, tenant: str, tier: str, slot_id: str, wait_s: float, cold: bool,
-                admitted_at: float) -> QueueTicket:
+    def _ticket(
+        self, model: str, tenant: str, tier: str, slot_id: str, wait_s: float, cold: bool, admitted_at: float
+    ) -> QueueTicket:
         self._held.setdefault(model, set()).add(slot_id)
-        return QueueTicket(model=model, tenant=tenant, tier=tier, slot_id=slot_id, wait_s=wait_s, cold=cold,
-                           _queue=self, _admitted_at=admitted_at)
+        return QueueTicket(
+            model=model,
+            tenant=tenant,
+            tier=tier,
+            slot_id=slot_id,
+            wait_s=wait_s,
+            cold=cold,
+            _queue=self,
+            _admitted_at=admitted_at,
+        )
 
     def _release_call(self, ticket: QueueTicket) -> ScriptCall:
         held_s = asyncio.get_running_loop().time() - ticket._admitted_at
@@ -423,16 +508,31 @@ class FairQueue:
     async def status(self, model: str) -> dict[str, Any]:
         """In flight, capacity, live replicas (None: not published), mean slot time and queue depth per tier."""
         reply = await self._call(model, "status")
-        return {"in_flight": int(reply[0]), "capacity": int(reply[1]), "live_replicas": _live(reply[2]),
-                "mean_service_s": _service_s(reply[3]),
-                "queued": {tier.name: int(n) for tier, n in zip(self.policy.tiers, reply[4:])}}
+        return {
+            "in_flight": int(reply[0]),
+            "capacity": int(reply[1]),
+            "live_replicas": _live(reply[2]),
+            "mean_service_s": _service_s(reply[3]),
+            "queued": {tier.name: int(n) for tier, n in zip(self.policy.tiers, reply[4:])},
+        }
 
     def _script_call(self, model: str, op: str, *args: Any) -> ScriptCall:
         config = self.models[model]
         keys = queue_keys(model, len(self.policy.tiers), adaptive=model in self.adaptive)
-        return ScriptCall(self._script, keys.script_keys(),
-                          [op, config.max_replicas, config.max_ongoing_requests, int(self.lease_s * 1e6),
-                           CHANNEL_PREFIX, self._shares, self._reserve_share, *args])
+        return ScriptCall(
+            self._script,
+            keys.script_keys(),
+            [
+                op,
+                config.max_replicas,
+                config.max_ongoing_requests,
+                int(self.lease_s * 1e6),
+                CHANNEL_PREFIX,
+                self._shares,
+                self._reserve_share,
+                *args,
+            ],
+        )
 
     async def _call(self, model: str, op: str, *args: Any) -> Any:
         return await self._run(self._script_call(model, op, *args))
@@ -481,8 +581,11 @@ class FairQueue:
     async def renew_once(self) -> None:
         """Renew every lease this process holds and learn what became of its waiters (one call per model)."""
         for model in self.models:
-            waiting = {w.waiter_id: token for token, w in list(self._waiting.items())
-                       if w.model == model and w.waiter_id is not None}
+            waiting = {
+                w.waiter_id: token
+                for token, w in list(self._waiting.items())
+                if w.model == model and w.waiter_id is not None
+            }
             ids = [*waiting, *self._held.get(model, ())]
             if not ids:
                 continue
@@ -497,7 +600,7 @@ class FairQueue:
                 if token is not None and state != "Q":
                     self._resolve(token, state, live)
                 elif token is None and state == "G":
-                    log.warning("slot %s of model %s outlived its lease (gateway stalled or Redis lost it)",
-                                slot_id, model)
+                    log.warning(
+                        "slot %s of model %s outlived its lease (gateway stalled or Redis lost it)", slot_id, model
+                    )
                     self._held.get(model, set()).discard(slot_id)
-

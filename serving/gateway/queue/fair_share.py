@@ -98,22 +98,34 @@ class Refusal:
         return "tenant_queue_share_exceeded" if self.status == 429 else "model_saturated"
 
 
-def refusal(reason: Reason, *, tenant_waiting: int, ahead: int, capacity_: int,
-            mean_service_s: float | None, model: str, tier: str) -> Refusal:
+def refusal(
+    reason: Reason,
+    *,
+    tenant_waiting: int,
+    ahead: int,
+    capacity_: int,
+    mean_service_s: float | None,
+    model: str,
+    tier: str,
+) -> Refusal:
     """429 when the tenant's own requests are what it waits behind (it already has others queued,
     or it was pushed out because it is furthest ahead of its share); 503 when the model is
     saturated by everyone else. Retry-After from the queue's drain time either way."""
     retry = retry_after_s(ahead, capacity_, mean_service_s)
     own = reason == "pushed_out" or tenant_waiting > 0
-    what = {"queue_full": f"the {tier!r} queue for this model is full",
-            "timeout": f"no slot freed within the {tier!r} tier's queue timeout",
-            "pushed_out": f"a request of a tenant under its fair share took this request's place in the "
-                          f"full {tier!r} queue",
-            "lost": "the gateway lost this request's place in the queue"}[reason]
+    what = {
+        "queue_full": f"the {tier!r} queue for this model is full",
+        "timeout": f"no slot freed within the {tier!r} tier's queue timeout",
+        "pushed_out": f"a request of a tenant under its fair share took this request's place in the "
+        f"full {tier!r} queue",
+        "lost": "the gateway lost this request's place in the queue",
+    }[reason]
     if own:
-        message = (f"Model {model!r} is at capacity and this API key's tenant already has {tenant_waiting} "
-                   f"other request(s) waiting: {what}. Send fewer requests at once, or retry after "
-                   f"{retry:.0f}s.")
+        message = (
+            f"Model {model!r} is at capacity and this API key's tenant already has {tenant_waiting} "
+            f"other request(s) waiting: {what}. Send fewer requests at once, or retry after "
+            f"{retry:.0f}s."
+        )
         return Refusal(429, reason, retry, message)
     message = f"Model {model!r} is at capacity: {what}. Please retry after {retry:.0f}s."
     return Refusal(503, reason, retry, message)

@@ -46,7 +46,8 @@ def running_replicas(details: Any, deployments: Mapping[str, str]) -> dict[str, 
                 continue
             replicas = deployment.get("replicas") or []
             found[model] = found.get(model, 0) + sum(
-                1 for replica in replicas if isinstance(replica, dict) and replica.get("state") == RUNNING)
+                1 for replica in replicas if isinstance(replica, dict) and replica.get("state") == RUNNING
+            )
     return found
 
 
@@ -56,9 +57,17 @@ Publish = Callable[[str, int, float], Awaitable[None]]
 class ReplicaFeed:
     """Polls the dashboard at `url` every `poll_s` and publishes each model's running replicas."""
 
-    def __init__(self, url: str, deployments: Mapping[str, str], publish: Publish, *, poll_s: float,
-                 token: str | None = None, on_error: Callable[[str], None] = lambda kind: None,
-                 on_count: Callable[[str, int], None] = lambda model, count: None) -> None:
+    def __init__(
+        self,
+        url: str,
+        deployments: Mapping[str, str],
+        publish: Publish,
+        *,
+        poll_s: float,
+        token: str | None = None,
+        on_error: Callable[[str], None] = lambda kind: None,
+        on_count: Callable[[str, int], None] = lambda model, count: None,
+    ) -> None:
         self.url = url.rstrip("/") + APPLICATIONS_PATH
         # Ray's token authentication reads `Authorization: Bearer <token>` (Ray 2.60,
         # ray/_private/authentication/http_token_authentication.py).
@@ -72,8 +81,9 @@ class ReplicaFeed:
     async def start(self) -> None:
         import aiohttp
 
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(1.0, self.poll_s)),
-                                              headers=self._headers)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(1.0, self.poll_s)), headers=self._headers
+        )
         self._task = asyncio.create_task(self._run(), name="replica-feed")
 
     async def aclose(self) -> None:
@@ -103,9 +113,13 @@ class ReplicaFeed:
         except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError) as exc:
             self.on_error(_kind(exc))
             if not self._failing:  # once per outage: a dashboard down for an hour is one line, plus the metric
-                log.warning("live replica counts unavailable from %s (%s: %s); each model's capacity falls back "
-                            "to its stack figure (max_replicas x max_ongoing_requests)", self.url,
-                            type(exc).__name__, exc)
+                log.warning(
+                    "live replica counts unavailable from %s (%s: %s); each model's capacity falls back "
+                    "to its stack figure (max_replicas x max_ongoing_requests)",
+                    self.url,
+                    type(exc).__name__,
+                    exc,
+                )
             self._failing = True
             return None
         if self._failing:

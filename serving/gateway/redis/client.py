@@ -38,7 +38,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
     from redis.exceptions import OutOfMemoryError, ResponseError
 
     return isinstance(exc, OutOfMemoryError) or (
-        isinstance(exc, ResponseError) and "command not allowed when used memory > 'maxmemory'" in str(exc))
+        isinstance(exc, ResponseError) and "command not allowed when used memory > 'maxmemory'" in str(exc)
+    )
 
 
 class RedisBusy(RuntimeError):
@@ -51,8 +52,14 @@ def redis_client(url: str, *, decode_responses: bool = False, max_connections: i
     from redis.retry import Retry
 
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections or MAX_CONNECTIONS, timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S,
-        socket_connect_timeout=TIMEOUT_S, decode_responses=decode_responses, retry=Retry(NoBackoff(), 0))
+        url,
+        max_connections=max_connections or MAX_CONNECTIONS,
+        timeout=TIMEOUT_S,
+        socket_timeout=TIMEOUT_S,
+        socket_connect_timeout=TIMEOUT_S,
+        decode_responses=decode_responses,
+        retry=Retry(NoBackoff(), 0),
+    )
     # The URL picks the class (TCP, TLS for rediss://, unix socket); only its packer changes.
     # A class is hashable; mypy reads `type[X].__hash__` as X's unbound method and says it is not.
     pool.connection_class = packed_by_hiredis(pool.connection_class)  # type: ignore[arg-type]

@@ -46,21 +46,67 @@ from serving.gateway.resume.state import CHAT, COMPLETIONS, ChoiceProgress, Stre
 Mode = Literal["tokens", "text", "restart"]
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 # Chat fields that mean the same to /v1/completions (OpenAI's, then vLLM's sampling extensions).
-CARRIED_TO_COMPLETIONS = frozenset({
-    "temperature", "top_p", "frequency_penalty", "presence_penalty", "logit_bias", "seed", "stop", "user",
-    "top_k", "min_p", "repetition_penalty", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
-    "min_tokens", "skip_special_tokens", "spaces_between_special_tokens", "allowed_token_ids", "bad_words",
-    "priority",
-})
+CARRIED_TO_COMPLETIONS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "seed",
+        "stop",
+        "user",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "priority",
+    }
+)
 # Chat fields already inside the prompt's token ids (rendered by the template) or that vLLM does
 # not act on: a chat with only these and the carried ones may continue on its token ids.
-RENDERED_OR_IGNORED = frozenset({
-    "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options", "chat_template",
-    "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "documents", "add_special_tokens",
-    "reasoning_effort", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "safety_identifier", "verbosity", "modalities", "return_token_ids", "request_id",
-    "parallel_tool_calls", "tool_choice", "tools", "logprobs", "top_logprobs", "response_format",
-})
+RENDERED_OR_IGNORED = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "stream",
+        "stream_options",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "documents",
+        "add_special_tokens",
+        "reasoning_effort",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "verbosity",
+        "modalities",
+        "return_token_ids",
+        "request_id",
+        "parallel_tool_calls",
+        "tool_choice",
+        "tools",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+    }
+)
 STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
@@ -154,15 +200,23 @@ def _streamed(body: dict[str, Any], *, max_tokens_key: str, remaining: int, befo
     """`body` as a one-sequence stream of at most `remaining` tokens, usage in every chunk, token ids on."""
     min_tokens = _int(body.get("min_tokens"))
     body = {k: v for k, v in body.items() if k not in ("max_tokens", "max_completion_tokens")}
-    body.update({max_tokens_key: remaining, "n": 1, "stream": True, "stream_options": dict(STREAM_OPTIONS),
-                 "return_token_ids": True})
+    body.update(
+        {
+            max_tokens_key: remaining,
+            "n": 1,
+            "stream": True,
+            "stream_options": dict(STREAM_OPTIONS),
+            "return_token_ids": True,
+        }
+    )
     if min_tokens is not None:
         body["min_tokens"] = max(0, min_tokens - before)
     return body
 
 
-def _tokens_body(document: dict[str, Any], path: str, progress: ChoiceProgress, clean: int,
-                 remaining: int) -> dict[str, Any]:
+def _tokens_body(
+    document: dict[str, Any], path: str, progress: ChoiceProgress, clean: int, remaining: int
+) -> dict[str, Any]:
     assert progress.prompt_token_ids is not None and progress.token_ids is not None
     if path == CHAT:
         base = {k: v for k, v in document.items() if k in CARRIED_TO_COMPLETIONS}
@@ -173,19 +227,25 @@ def _tokens_body(document: dict[str, Any], path: str, progress: ChoiceProgress, 
     return _streamed(base, max_tokens_key="max_tokens", remaining=remaining, before=clean)
 
 
-def _text_body(document: dict[str, Any], path: str, progress: ChoiceProgress, remaining: int,
-               n: int) -> dict[str, Any] | None:
+def _text_body(
+    document: dict[str, Any], path: str, progress: ChoiceProgress, remaining: int, n: int
+) -> dict[str, Any] | None:
     if path == CHAT:
         messages = list(document.get("messages") or [])
         last = messages[-1] if messages and isinstance(messages[-1], dict) else None
-        if document.get("continue_final_message") and last is not None and last.get("role") == "assistant" \
-                and isinstance(last.get("content"), str):
+        if (
+            document.get("continue_final_message")
+            and last is not None
+            and last.get("role") == "assistant"
+            and isinstance(last.get("content"), str)
+        ):
             messages[-1] = {**last, "content": last["content"] + progress.text}  # the caller's own prefill, extended
         else:
             messages.append({"role": "assistant", "content": progress.text})
         body = {**document, "messages": messages, "continue_final_message": True, "add_generation_prompt": False}
-        return _streamed(body, max_tokens_key="max_completion_tokens", remaining=remaining,
-                         before=progress.output_tokens)
+        return _streamed(
+            body, max_tokens_key="max_completion_tokens", remaining=remaining, before=progress.output_tokens
+        )
     prompt = _prompts(document)[progress.index // n]
     if not isinstance(prompt, str) or document.get("echo"):
         return None  # the text cannot be appended to token ids, nor told apart from an echoed prompt
@@ -212,8 +272,13 @@ def _step(document: dict[str, Any], path: str, progress: ChoiceProgress, bound: 
     if nothing_yet:
         return Continuation(index, path, _restart_body(document, path, index, bound.sequences, limit), "restart", 0)
     clean = progress.clean_tokens
-    exact = progress.token_ids is not None and progress.prompt_token_ids is not None and clean is not None \
-        and not holds_back_stop_text(document) and (path == COMPLETIONS or _chat_tokens_fit(document))
+    exact = (
+        progress.token_ids is not None
+        and progress.prompt_token_ids is not None
+        and clean is not None
+        and not holds_back_stop_text(document)
+        and (path == COMPLETIONS or _chat_tokens_fit(document))
+    )
     if exact:
         assert progress.token_ids is not None and clean is not None
         replayed = len(progress.token_ids) - clean
@@ -226,8 +291,9 @@ def _step(document: dict[str, Any], path: str, progress: ChoiceProgress, bound: 
     return Continuation(index, path, text_body, "text", progress.output_tokens)
 
 
-def continuations(document: dict[str, Any], path: str, state: StreamState,
-                  bound: OutputBound) -> list[Step] | NotResumable:
+def continuations(
+    document: dict[str, Any], path: str, state: StreamState, bound: OutputBound
+) -> list[Step] | NotResumable:
     """One step per unfinished choice of the answer (`bound`: the request's output bound, whose
     `prompts` x `sequences` are its choices), or why the answer cannot be continued."""
     refusal = _request_refusal(document, path)

@@ -45,8 +45,9 @@ class EndReason(Enum):
     UPSTREAM_FAILED = "upstream_failed"  # any other failure: not known to be a lost replica
 
 
-RESUMABLE = frozenset({EndReason.CONNECTION_RESET, EndReason.EOF_WITHOUT_DONE, EndReason.IDLE_TIMEOUT,
-                       EndReason.UPSTREAM_UNAVAILABLE})
+RESUMABLE = frozenset(
+    {EndReason.CONNECTION_RESET, EndReason.EOF_WITHOUT_DONE, EndReason.IDLE_TIMEOUT, EndReason.UPSTREAM_UNAVAILABLE}
+)
 # HAProxy answers 502 when a server drops a request it had taken, 503 when no server is up (yet).
 UNAVAILABLE_STATUSES = frozenset({502, 503})
 
@@ -102,7 +103,8 @@ def cut_of(exc: BaseException | None) -> Cut:
         return Cut.IDLE_TIMEOUT
     if isinstance(exc, TimeoutError):
         return Cut.TOTAL_TIMEOUT
-    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-                        ConnectionError)):
+    if isinstance(
+        exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError)
+    ):
         return Cut.CONNECTION_RESET
     return Cut.OTHER

@@ -54,9 +54,18 @@ class GiveUp:
 Outcome = Stop | Finish | Resume | GiveUp
 
 
-def after_upstream_end(end: StreamEnd, *, state: StreamState, document: dict[str, Any], path: str,
-                       bound: OutputBound, resumes: int, now: float, deadline: float,
-                       settings: ResumeSettings) -> Outcome:
+def after_upstream_end(
+    end: StreamEnd,
+    *,
+    state: StreamState,
+    document: dict[str, Any],
+    path: str,
+    bound: OutputBound,
+    resumes: int,
+    now: float,
+    deadline: float,
+    settings: ResumeSettings,
+) -> Outcome:
     """What follows an upstream stream that stopped as `end` says, with the client holding
     `state`; `document` is the body as the gateway checked it, `bound` its output bound;
     `resumes` continuations were sent already; `now`/`deadline` are time.monotonic() values."""
@@ -73,8 +82,9 @@ def after_upstream_end(end: StreamEnd, *, state: StreamState, document: dict[str
     if isinstance(steps, NotResumable):
         message = f"The answer was interrupted and cannot be resumed: {steps.reason}."
         return GiveUp(decision.reason, error_event(message))
-    finishes = tuple(length_finish_chunk(state, step.index, client_path=path)
-                     for step in steps if isinstance(step, Exhausted))
+    finishes = tuple(
+        length_finish_chunk(state, step.index, client_path=path) for step in steps if isinstance(step, Exhausted)
+    )
     remaining = tuple(step for step in steps if isinstance(step, Continuation))
     if not remaining:  # every unfinished choice had generated its whole limit
         return Finish(decision.reason, finishes + _final(state, path, bound))

@@ -50,11 +50,17 @@ def decide(end: StreamEnd, *, resumes: int, now: float, deadline: float, setting
     if reason not in RESUMABLE:
         return Decision(Action.GIVE_UP, reason, "The model servers failed while generating this answer.")
     if resumes >= settings.max_resumes:
-        return Decision(Action.GIVE_UP, reason, "The answer was interrupted more often than this gateway resumes "
-                                                "a stream. Please retry.")
+        return Decision(
+            Action.GIVE_UP,
+            reason,
+            "The answer was interrupted more often than this gateway resumes a stream. Please retry.",
+        )
     if now >= deadline:
-        return Decision(Action.GIVE_UP, reason, "The answer was interrupted and no time was left to resume it "
-                                                "within the request's timeout. Please retry.")
+        return Decision(
+            Action.GIVE_UP,
+            reason,
+            "The answer was interrupted and no time was left to resume it within the request's timeout. Please retry.",
+        )
     return Decision(Action.RESUME, reason)
 
 

@@ -35,11 +35,17 @@ class ResumableStream:
         return client_view(chunk, client_asked_token_ids=self.client_asked_token_ids)
 
 
-def resumable(document: dict[str, Any] | None, path: str, *, stream: bool, bound: OutputBound,
-              settings: ResumeSettings) -> ResumableStream | None:
+def resumable(
+    document: dict[str, Any] | None, path: str, *, stream: bool, bound: OutputBound, settings: ResumeSettings
+) -> ResumableStream | None:
     """The resume context of a request whose upstream body is `document`; None when it is not a
     streamed completion or the stack does not resume streams."""
     if document is None or not stream or path not in (CHAT, COMPLETIONS) or not settings.active:
         return None
-    return ResumableStream(document=with_token_ids(document), path=path, bound=bound, settings=settings,
-                           client_asked_token_ids=document.get("return_token_ids") is True)
+    return ResumableStream(
+        document=with_token_ids(document),
+        path=path,
+        bound=bound,
+        settings=settings,
+        client_asked_token_ids=document.get("return_token_ids") is True,
+    )

@@ -97,8 +97,16 @@ class Splice:
             if rebuilt is None:
                 continue
             if self.client_path == CHAT and not self._role_sent:  # a chat rebuilt from completion chunks
-                out.append(self._chunk({"index": self.continuation.index,
-                                        "delta": {"role": ASSISTANT, "content": ""}, "finish_reason": None}, chunk))
+                out.append(
+                    self._chunk(
+                        {
+                            "index": self.continuation.index,
+                            "delta": {"role": ASSISTANT, "content": ""},
+                            "finish_reason": None,
+                        },
+                        chunk,
+                    )
+                )
                 self._role_sent = True
             out.append(self._chunk(rebuilt, chunk))
         return out
@@ -106,10 +114,14 @@ class Splice:
     def _chunk(self, choice: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
         prompt = self._prompt_tokens()
         completion = self.continuation.before + self.generated
-        chunk = {"id": self.state.id, "object": CHUNK_OBJECT[self.client_path], "created": self.state.created,
-                 "model": self.state.model, "choices": [choice],
-                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                           "total_tokens": prompt + completion}}
+        chunk = {
+            "id": self.state.id,
+            "object": CHUNK_OBJECT[self.client_path],
+            "created": self.state.created,
+            "model": self.state.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
         # A restart's prompt is the original one: its ids are the state a later resume starts from.
         if self.continuation.mode == "restart" and "prompt_token_ids" in source:
             chunk["prompt_token_ids"] = source["prompt_token_ids"]
@@ -126,8 +138,12 @@ class Splice:
             rebuilt["logprobs"] = self._shifted(choice.get("logprobs"))
             return rebuilt
         if self.continuation.path == COMPLETIONS:  # a chat continued on its token ids: rebuild a chat choice
-            rebuilt = {"index": index, "delta": {"content": choice.get("text") or ""}, "logprobs": None,
-                       "finish_reason": choice.get("finish_reason")}
+            rebuilt = {
+                "index": index,
+                "delta": {"content": choice.get("text") or ""},
+                "logprobs": None,
+                "finish_reason": choice.get("finish_reason"),
+            }
             for key in ("stop_reason", "token_ids"):
                 if key in choice:
                     rebuilt[key] = choice[key]
@@ -164,9 +180,14 @@ def final_usage_chunk(state: StreamState, *, client_path: str, n: int) -> dict[s
     output token the client's choices had (the recorder's counts never fall below what was
     generated)."""
     prompt, completion = state.prompt_tokens(n=n), state.output_tokens()
-    return {"id": state.id, "object": CHUNK_OBJECT[client_path], "created": state.created, "model": state.model,
-            "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                     "total_tokens": prompt + completion}}
+    return {
+        "id": state.id,
+        "object": CHUNK_OBJECT[client_path],
+        "created": state.created,
+        "model": state.model,
+        "choices": [],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
 
 
 def length_finish_chunk(state: StreamState, index: int, *, client_path: str) -> dict[str, Any]:
@@ -176,5 +197,10 @@ def length_finish_chunk(state: StreamState, index: int, *, client_path: str) -> 
         choice.update(delta={}, logprobs=None)
     else:
         choice.update(text="", logprobs=None)
-    return {"id": state.id, "object": CHUNK_OBJECT[client_path], "created": state.created, "model": state.model,
-            "choices": [choice]}
+    return {
+        "id": state.id,
+        "object": CHUNK_OBJECT[client_path],
+        "created": state.created,
+        "model": state.model,
+        "choices": [choice],
+    }

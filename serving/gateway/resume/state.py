@@ -125,16 +125,24 @@ class _ChoiceLog:
 
     def progress(self) -> ChoiceProgress:
         return ChoiceProgress(
-            index=self.index, text="".join(self.texts),
+            index=self.index,
+            text="".join(self.texts),
             token_ids=None if self.token_ids is None else tuple(self.token_ids),
-            prompt_token_ids=self.prompt_token_ids, prompt_tokens=self.prompt_tokens,
-            output_tokens=self.output_tokens, clean_tokens=self.clean_tokens,
-            clean_logprob_offset=self.clean_logprob_offset, finish_reason=self.finish_reason,
-            logprob_offset=self.logprob_offset, role_sent=self.role_sent, tool_calls_seen=self.tool_calls_seen,
-            reasoning_seen=self.reasoning_seen)
+            prompt_token_ids=self.prompt_token_ids,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            clean_tokens=self.clean_tokens,
+            clean_logprob_offset=self.clean_logprob_offset,
+            finish_reason=self.finish_reason,
+            logprob_offset=self.logprob_offset,
+            role_sent=self.role_sent,
+            tool_calls_seen=self.tool_calls_seen,
+            reasoning_seen=self.reasoning_seen,
+        )
 
-    def add(self, choice: dict[str, Any], path: str, shared_prompt: tuple[int, ...] | None,
-            usage: dict[str, Any] | None) -> None:
+    def add(
+        self, choice: dict[str, Any], path: str, shared_prompt: tuple[int, ...] | None, usage: dict[str, Any] | None
+    ) -> None:
         """One chunk's `choice` (and the chunk's usage when it is this choice's)."""
         if path == CHAT:
             raw_delta = choice.get("delta")
@@ -220,9 +228,12 @@ class StreamRecorder:
     def _note_response(self, chunk: dict[str, Any]) -> None:
         """The response's id, created and model, from its first chunk that names them."""
         state, ident, created, model = self._state, chunk.get("id"), _int(chunk.get("created")), chunk.get("model")
-        self._state = replace(state, id=state.id if state.id is not None or not isinstance(ident, str) else ident,
-                              created=state.created if state.created is not None else created,
-                              model=state.model if state.model is not None or not isinstance(model, str) else model)
+        self._state = replace(
+            state,
+            id=state.id if state.id is not None or not isinstance(ident, str) else ident,
+            created=state.created if state.created is not None else created,
+            model=state.model if state.model is not None or not isinstance(model, str) else model,
+        )
 
 
 def _next_offset(offset: int, logprobs: Any) -> int:
@@ -231,8 +242,14 @@ def _next_offset(offset: int, logprobs: Any) -> int:
     if not isinstance(logprobs, dict):
         return offset
     offsets, tokens = logprobs.get("text_offset"), logprobs.get("tokens")
-    if isinstance(offsets, list) and offsets and isinstance(tokens, list) and tokens \
-            and _int(offsets[-1]) is not None and isinstance(tokens[-1], str):
+    if (
+        isinstance(offsets, list)
+        and offsets
+        and isinstance(tokens, list)
+        and tokens
+        and _int(offsets[-1]) is not None
+        and isinstance(tokens[-1], str)
+    ):
         return int(offsets[-1]) + len(tokens[-1])
     return offset
 
@@ -251,6 +268,8 @@ def client_view(chunk: dict[str, Any], *, client_asked_token_ids: bool) -> dict[
     view = {k: v for k, v in chunk.items() if k != "prompt_token_ids"}
     choices = chunk.get("choices")
     if isinstance(choices, list):
-        view["choices"] = [{k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")}
-                           if isinstance(c, dict) else c for c in choices]
+        view["choices"] = [
+            {k: v for k, v in c.items() if k not in ("token_ids", "prompt_token_ids")} if isinstance(c, dict) else c
+            for c in choices
+        ]
     return view

@@ -70,15 +70,30 @@ def client_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def access_line(*, request_id: str, caller: Caller, method: str, path: str, status: int | None,
-                latency_ms: float, usage: Usage | None = None, ttft_ms: float | None = None,
-                client_request_id: str | None = None) -> str:
+def access_line(
+    *,
+    request_id: str,
+    caller: Caller,
+    method: str,
+    path: str,
+    status: int | None,
+    latency_ms: float,
+    usage: Usage | None = None,
+    ttft_ms: float | None = None,
+    client_request_id: str | None = None,
+) -> str:
     line = {
-        "event": "access", "request_id": request_id, "client_request_id": client_request_id,
-        "key_id": caller.key_id, "tenant": caller.tenant,
+        "event": "access",
+        "request_id": request_id,
+        "client_request_id": client_request_id,
+        "key_id": caller.key_id,
+        "tenant": caller.tenant,
         # The model name comes from the body: cut, so a megabyte "model" cannot flood the log.
         "model": caller.model[:MAX_MODEL_CHARS] if caller.model else None,
-        "method": method, "path": path, "status": status, "latency_ms": round(latency_ms, 1),
+        "method": method,
+        "path": path,
+        "status": status,
+        "latency_ms": round(latency_ms, 1),
     }
     if usage is not None:
         line.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion)
@@ -127,18 +142,27 @@ class AccessLogMiddleware:
                 self.metrics.in_flight.dec()
                 self._observe(caller, status, elapsed_s, usage, ttft_s)
             if not (probe and status == 200):
-                log.info(access_line(request_id=request_id, caller=caller, method=scope["method"],
-                                     path=scope["path"], status=status, latency_ms=elapsed_s * 1000, usage=usage,
-                                     ttft_ms=None if ttft_s is None else ttft_s * 1000,
-                                     client_request_id=client_id))
+                log.info(
+                    access_line(
+                        request_id=request_id,
+                        caller=caller,
+                        method=scope["method"],
+                        path=scope["path"],
+                        status=status,
+                        latency_ms=elapsed_s * 1000,
+                        usage=usage,
+                        ttft_ms=None if ttft_s is None else ttft_s * 1000,
+                        client_request_id=client_id,
+                    )
+                )
 
-    def _observe(self, caller: Caller, status: int | None, elapsed_s: float, usage: Usage | None,
-                 ttft_s: float | None) -> None:
+    def _observe(
+        self, caller: Caller, status: int | None, elapsed_s: float, usage: Usage | None, ttft_s: float | None
+    ) -> None:
         m = self.metrics
         m.observe_request(status=status, model=caller.model, tenant=caller.tenant, duration_s=elapsed_s)
         if usage is not None:
-            m.observe_tokens(model=caller.model, tenant=caller.tenant, prompt=usage.prompt,
-                             completion=usage.completion)
+            m.observe_tokens(model=caller.model, tenant=caller.tenant, prompt=usage.prompt, completion=usage.completion)
         if ttft_s is not None:
             m.ttft.labels(model=m.model_label(caller.model)).observe(ttft_s)
 

@@ -38,8 +38,9 @@ class RedisMemory:
 
 
 def read_memory(info: dict[str, Any]) -> RedisMemory:
-    return RedisMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
-                       str(info.get("maxmemory_policy", "")))
+    return RedisMemory(
+        int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)), str(info.get("maxmemory_policy", ""))
+    )
 
 
 async def watch_redis_memory(redis: Any, metrics: GatewayMetrics, poll_s: float = POLL_S) -> None:
@@ -52,7 +53,10 @@ async def watch_redis_memory(redis: Any, metrics: GatewayMetrics, poll_s: float 
             metrics.redis_memory_max.set(memory.max_bytes)
             metrics.redis_evicting.set(1 if memory.evicting else 0)
             if memory.evicting and not warned:
-                log.warning("Redis's maxmemory-policy is %s: when full it deletes keys (budgets, spend, usage) "
-                            "instead of refusing writes; set maxmemory-policy noeviction", memory.policy)
+                log.warning(
+                    "Redis's maxmemory-policy is %s: when full it deletes keys (budgets, spend, usage) "
+                    "instead of refusing writes; set maxmemory-policy noeviction",
+                    memory.policy,
+                )
                 warned = True
         await asyncio.sleep(poll_s)

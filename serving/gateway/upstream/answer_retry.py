@@ -30,8 +30,9 @@ def lost_replica(exc: BaseException) -> bool:
     return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError))
 
 
-async def answered(request: Callable[[], Awaitable[aiohttp.ClientResponse]], *, again: bool,
-                   on_retry: Callable[[str], None]) -> aiohttp.ClientResponse:
+async def answered(
+    request: Callable[[], Awaitable[aiohttp.ClientResponse]], *, again: bool, on_retry: Callable[[str], None]
+) -> aiohttp.ClientResponse:
     """`request()`'s response; when `again`, a second try if the first lost its replica
     (`on_retry(reason)` is told why)."""
     try:

@@ -50,9 +50,14 @@ KEEPALIVE_EXPIRY_S = 4.0
 MAX_CONNECTIONS = 1000
 # Only failed connects are retried: the request never reached the upstream, so sending it
 # again cannot run a generation twice. Nothing is retried once the upstream has it.
-CONNECT_RETRY = ExponentialRetry(attempts=3, start_timeout=0.05, methods={"GET", "POST"}, statuses=set(),
-                                 retry_all_server_errors=False,
-                                 exceptions={aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError})
+CONNECT_RETRY = ExponentialRetry(
+    attempts=3,
+    start_timeout=0.05,
+    methods={"GET", "POST"},
+    statuses=set(),
+    retry_all_server_errors=False,
+    exceptions={aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError},
+)
 
 # Request headers are an allowlist: vLLM and Ray Serve read some as engine inputs
 # (x-request-id, X-data-parallel-rank, priority and session headers, Ray's multiplexed model
@@ -107,16 +112,27 @@ class UpstreamStream(Response):
     per token, so everything done per read is done per token. Each read goes to the client as
     one message, however many whole events it holds, the moment it is read."""
 
-    def __init__(self, upstream: aiohttp.ClientResponse, meter: UsageMeter, settle: Settle,
-                 extra_headers: dict[str, str], *, deadline: float, metrics: GatewayMetrics,
-                 timer: StreamTimer | None = None,
-                 resume: Callable[[Callable[[], bool]], ResumingRelay] | None = None) -> None:
+    def __init__(
+        self,
+        upstream: aiohttp.ClientResponse,
+        meter: UsageMeter,
+        settle: Settle,
+        extra_headers: dict[str, str],
+        *,
+        deadline: float,
+        metrics: GatewayMetrics,
+        timer: StreamTimer | None = None,
+        resume: Callable[[Callable[[], bool]], ResumingRelay] | None = None,
+    ) -> None:
         meter.status = upstream.status
         super().__init__(status_code=upstream.status)
         # Raw pairs, not a dict, so repeated headers survive.
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in upstream.raw_headers]
-        self.raw_headers = [(name.encode("latin-1"), value.encode("latin-1"))
-                            for name, value in forwardable(pairs, FORWARDED_DOWN) if name not in extra_headers]
+        self.raw_headers = [
+            (name.encode("latin-1"), value.encode("latin-1"))
+            for name, value in forwardable(pairs, FORWARDED_DOWN)
+            if name not in extra_headers
+        ]
         self.raw_headers += [(n.encode("latin-1"), v.encode("latin-1")) for n, v in extra_headers.items()]
         self._upstream, self._meter, self._settle = upstream, meter, settle
         self._deadline, self._metrics = deadline, metrics
@@ -187,8 +203,9 @@ class UpstreamStream(Response):
 
 
 class UpstreamProxy:
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics, timers: LatencyRecorder | None = None
-                 ) -> None:
+    def __init__(
+        self, settings: GatewaySettings, metrics: GatewayMetrics, timers: LatencyRecorder | None = None
+    ) -> None:
         self._settings, self._metrics = settings, metrics
         self._timers = timers or LatencyRecorder(())  # none: no model's latency is measured
         self._client: RetryClient | None = None
@@ -198,8 +215,9 @@ class UpstreamProxy:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_EXPIRY_S),
                 # sock_read is the idle timeout: the longest wait for the next bytes, first ones included.
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S,
-                                              sock_read=self._settings.upstream_idle_timeout_s),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self._settings.upstream_idle_timeout_s
+                ),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
                 trust_env=False,  # HTTP(S)_PROXY in the pod's environment must not reroute model traffic
@@ -207,11 +225,21 @@ class UpstreamProxy:
             self._client = RetryClient(session, retry_options=CONNECT_RETRY, raise_for_status=False)
         return self._client
 
-    async def forward(self, request: Request, route: ApiRoute, body: bytes, *, meter: UsageMeter, settle: Settle,
-                      extra_headers: dict[str, str], model: str | None = None,
-                      allowed_models: Iterable[str] | None = None,
-                      first_byte_timeout_s: float | None = None, held: AsyncExitStack | None = None,
-                      resume: ResumableStream | None = None) -> Response:
+    async def forward(
+        self,
+        request: Request,
+        route: ApiRoute,
+        body: bytes,
+        *,
+        meter: UsageMeter,
+        settle: Settle,
+        extra_headers: dict[str, str],
+        model: str | None = None,
+        allowed_models: Iterable[str] | None = None,
+        first_byte_timeout_s: float | None = None,
+        held: AsyncExitStack | None = None,
+        resume: ResumableStream | None = None,
+    ) -> Response:
         """Send `route` (with the already-read `body`) upstream; stream the response back.
         Only the route's canonical path goes upstream, already encoded: never the caller's
         spelling of it, nor its query string. `settle(billed_usage)` is called once the
@@ -233,15 +261,30 @@ class UpstreamProxy:
         headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
         # aiohttp has one read timeout for the first byte and the gaps after it: a cold model's
         # request gets the longer one for both.
-        timeout: dict[str, Any] = {} if first_byte_timeout_s is None else {"timeout": aiohttp.ClientTimeout(
-            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=first_byte_timeout_s)}
+        timeout: dict[str, Any] = (
+            {}
+            if first_byte_timeout_s is None
+            else {
+                "timeout": aiohttp.ClientTimeout(
+                    total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=first_byte_timeout_s
+                )
+            }
+        )
         sent = time.monotonic()  # the TTFT counts from here: after any wait in the gateway's queue
         try:
             with anyio.fail_after(total_timeout_s):
                 upstream = await answered(
-                    lambda: self._session().request(route.method, url, data=body if route.takes_body else None,
-                                                    headers=headers, allow_redirects=False, **timeout),
-                    again=self._retries_answer(route, meter), on_retry=self._count_retry(model))
+                    lambda: self._session().request(
+                        route.method,
+                        url,
+                        data=body if route.takes_body else None,
+                        headers=headers,
+                        allow_redirects=False,
+                        **timeout,
+                    ),
+                    again=self._retries_answer(route, meter),
+                    on_retry=self._count_retry(model),
+                )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             return self._failed("unavailable", exc, errors.upstream_unavailable())
         except TimeoutError as exc:  # aiohttp's read timeouts are TimeoutErrors too
@@ -255,11 +298,32 @@ class UpstreamProxy:
             return await self._rewritten(upstream, deadline)
         if route.path == MODELS and allowed_models is not None:
             return await self._model_list(upstream, allowed_models, deadline)
-        resuming = None if resume is None else resuming_relay(
-            resume, request=self._session().request, base_url=self._settings.upstream_url + prefix, headers=headers,
-            options=timeout, meter=meter, settle=settle, metrics=self._metrics, model=model, deadline=deadline)
-        return UpstreamStream(upstream, meter, settle, extra_headers, deadline=deadline, metrics=self._metrics,
-                              timer=self._timers.start(model, sent), resume=resuming)
+        resuming = (
+            None
+            if resume is None
+            else resuming_relay(
+                resume,
+                request=self._session().request,
+                base_url=self._settings.upstream_url + prefix,
+                headers=headers,
+                options=timeout,
+                meter=meter,
+                settle=settle,
+                metrics=self._metrics,
+                model=model,
+                deadline=deadline,
+            )
+        )
+        return UpstreamStream(
+            upstream,
+            meter,
+            settle,
+            extra_headers,
+            deadline=deadline,
+            metrics=self._metrics,
+            timer=self._timers.start(model, sent),
+            resume=resuming,
+        )
 
     def _retries_answer(self, route: ApiRoute, meter: UsageMeter) -> bool:
         """A non-streamed completion is sent once more if its replica dies before answering
@@ -276,12 +340,12 @@ class UpstreamProxy:
         body = await _read_some(upstream, ERROR_BODY_LIMIT, deadline)
         if upstream.status >= 500 or upstream.status < 400:
             self._metrics.upstream_errors.labels(kind="error_status").inc()
-        log.warning("upstream answered %d (%s): relayed as an OpenAI error of ours", upstream.status,
-                    _error_type(body))
+        log.warning("upstream answered %d (%s): relayed as an OpenAI error of ours", upstream.status, _error_type(body))
         return errors.response_for(upstream_errors.rewritten(upstream.status, body))
 
-    async def _model_list(self, upstream: aiohttp.ClientResponse, allowed_models: Iterable[str],
-                          deadline: float) -> Response:
+    async def _model_list(
+        self, upstream: aiohttp.ClientResponse, allowed_models: Iterable[str], deadline: float
+    ) -> Response:
         body = await _read_some(upstream, MODEL_LIST_LIMIT + 1, deadline)
         try:
             document = json.loads(body) if len(body) <= MODEL_LIST_LIMIT else None

@@ -48,8 +48,7 @@ def error_events(response: Response) -> bytes:
     try:
         document = json.loads(bytes(response.body))
     except ValueError:
-        document = {"error": {"message": "The request failed.", "type": "server_error", "param": None,
-                              "code": None}}
+        document = {"error": {"message": "The request failed.", "type": "server_error", "param": None, "code": None}}
     document["error"]["status"] = response.status_code  # the status line said 200
     return f"event: error\ndata: {json.dumps(document)}\n\ndata: [DONE]\n\n".encode()
 
@@ -93,8 +92,9 @@ class QueuedStream(Response):
         await self._admission.settle(self._admission.meter.billed_usage())
         await _body(send, error_events(response), more=False)
 
-    async def _wait(self, pending: PendingSlot, gone: asyncio.Task[None],
-                    send: Send) -> SlotOutcome | Literal[_Gone.GONE]:
+    async def _wait(
+        self, pending: PendingSlot, gone: asyncio.Task[None], send: Send
+    ) -> SlotOutcome | Literal[_Gone.GONE]:
         while True:
             signal = asyncio.create_task(pending.signals.get())
             done, _ = await asyncio.wait({pending.outcome, signal, gone}, return_when=asyncio.FIRST_COMPLETED)

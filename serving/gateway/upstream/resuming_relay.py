@@ -42,10 +42,19 @@ Settle = Callable[[Usage], Awaitable[None]]
 DONE = b"data: [DONE]\n\n"
 
 
-def resuming_relay(resume: ResumableStream, *, request: Callable[..., Awaitable[aiohttp.ClientResponse]],
-                   base_url: str, headers: list[tuple[str, str]], options: dict[str, Any], meter: UsageMeter,
-                   settle: Settle, metrics: GatewayMetrics, model: str | None,
-                   deadline: float) -> Callable[[Callable[[], bool]], ResumingRelay]:
+def resuming_relay(
+    resume: ResumableStream,
+    *,
+    request: Callable[..., Awaitable[aiohttp.ClientResponse]],
+    base_url: str,
+    headers: list[tuple[str, str]],
+    options: dict[str, Any],
+    meter: UsageMeter,
+    settle: Settle,
+    metrics: GatewayMetrics,
+    model: str | None,
+    deadline: float,
+) -> Callable[[Callable[[], bool]], ResumingRelay]:
     """What `UpstreamStream` builds its `ResumingRelay` with, given how it tells the client is gone:
     continuations go to the model's application (`base_url`, its route prefix) with the first
     request's headers and timeouts (`options`), through the same pooled session (`request`)."""
@@ -53,12 +62,27 @@ def resuming_relay(resume: ResumableStream, *, request: Callable[..., Awaitable[
     sent_headers.append(("content-type", "application/json"))
 
     async def post(path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        return await request("POST", URL(base_url + path, encoded=True), data=orjson.dumps(body),
-                             headers=sent_headers, allow_redirects=False, **options)
+        return await request(
+            "POST",
+            URL(base_url + path, encoded=True),
+            data=orjson.dumps(body),
+            headers=sent_headers,
+            allow_redirects=False,
+            **options,
+        )
 
     def build(client_gone: Callable[[], bool]) -> ResumingRelay:
-        return ResumingRelay(resume, post=post, meter=meter, settle=settle, metrics=metrics, model=model,
-                             deadline=deadline, client_gone=client_gone)
+        return ResumingRelay(
+            resume,
+            post=post,
+            meter=meter,
+            settle=settle,
+            metrics=metrics,
+            model=model,
+            deadline=deadline,
+            client_gone=client_gone,
+        )
+
     return build
 
 
@@ -67,9 +91,18 @@ def sse(chunk: dict[str, Any]) -> bytes:
 
 
 class ResumingRelay:
-    def __init__(self, resume: ResumableStream, *, post: Post, meter: UsageMeter, settle: Settle,
-                 metrics: GatewayMetrics, model: str | None, deadline: float,
-                 client_gone: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        resume: ResumableStream,
+        *,
+        post: Post,
+        meter: UsageMeter,
+        settle: Settle,
+        metrics: GatewayMetrics,
+        model: str | None,
+        deadline: float,
+        client_gone: Callable[[], bool],
+    ) -> None:
         self._resume, self._post, self._meter, self._settle = resume, post, meter, settle
         self._metrics, self._model = metrics, metrics.model_label(model)
         self._deadline, self._client_gone = deadline, client_gone
@@ -82,9 +115,17 @@ class ResumingRelay:
         end = self._end(StreamEnd(cut=cut_of(exc)))
         while True:
             self._cut_at = time.monotonic()
-            outcome = after_upstream_end(end, state=resume.recorder.snapshot(), document=resume.document,
-                                         path=resume.path, bound=resume.bound, resumes=resumes,
-                                         now=time.monotonic(), deadline=self._deadline, settings=resume.settings)
+            outcome = after_upstream_end(
+                end,
+                state=resume.recorder.snapshot(),
+                document=resume.document,
+                path=resume.path,
+                bound=resume.bound,
+                resumes=resumes,
+                now=time.monotonic(),
+                deadline=self._deadline,
+                settings=resume.settings,
+            )
             if isinstance(outcome, Stop):
                 return
             if isinstance(outcome, GiveUp):
@@ -98,8 +139,12 @@ class ResumingRelay:
             assert isinstance(outcome, Resume)
             resumes += 1
             self._metrics.stream_resumes.labels(model=self._model, reason=outcome.reason.value).inc()
-            log.warning("upstream stream broke (%s): resuming it, %d of at most %d", outcome.reason.value, resumes,
-                        resume.settings.max_resumes)
+            log.warning(
+                "upstream stream broke (%s): resuming it, %d of at most %d",
+                outcome.reason.value,
+                resumes,
+                resume.settings.max_resumes,
+            )
             if not await self._send(b"".join(self._meter.feed(sse(event)) for event in outcome.events), send):
                 return
             broken = None
@@ -117,8 +162,14 @@ class ResumingRelay:
         """`end` with what the recorder saw: an error event, every choice finished."""
         state, bound = self._resume.recorder.snapshot(), self._resume.bound
         finished = sum(1 for choice in state.choices if choice.finished) == bound.prompts * bound.sequences
-        return StreamEnd(client_gone=end.client_gone or self._client_gone(), saw_done=end.saw_done,
-                         saw_error_event=state.error_event_seen, all_finished=finished, cut=end.cut, status=end.status)
+        return StreamEnd(
+            client_gone=end.client_gone or self._client_gone(),
+            saw_done=end.saw_done,
+            saw_error_event=state.error_event_seen,
+            all_finished=finished,
+            cut=end.cut,
+            status=end.status,
+        )
 
     async def _continue(self, continuation: Continuation, send: Send) -> StreamEnd | None:
         """Relay one continuation's stream, spliced; None when it ended with its [DONE], else how it stopped."""
@@ -134,8 +185,11 @@ class ResumingRelay:
             if done is None:
                 return self._end(StreamEnd(client_gone=True))
             upstream.release()
-            return None if done and not self._resume.recorder.snapshot().error_event_seen \
+            return (
+                None
+                if done and not self._resume.recorder.snapshot().error_event_seen
                 else self._end(StreamEnd(saw_done=done))
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             return self._end(StreamEnd(cut=cut_of(exc)))
         finally:
@@ -158,7 +212,7 @@ class ResumingRelay:
                     done = True  # the continuation's end, not the client's: the stream's comes last
                 elif data.startswith(b"data: {"):
                     try:
-                        parsed = orjson.loads(data[len(b"data: "):])
+                        parsed = orjson.loads(data[len(b"data: ") :])
                     except orjson.JSONDecodeError:
                         continue  # not an event vLLM sends: nothing the client could use
                     if isinstance(parsed, dict):

@@ -40,8 +40,11 @@ def test_the_gateway_is_still_handed_to_the_controller_without_the_webhook() -> 
 
 
 def _pinned_run(tmp_path: Path) -> tuple[ProgramRun, Versions]:
-    pins = Versions(gateway_image="registry.example.com/team/gw:9.9.9",
-                    serving_image="registry.example.com/team/serving:8.8.8", kuberay_operator="1.7.1")
+    pins = Versions(
+        gateway_image="registry.example.com/team/gw:9.9.9",
+        serving_image="registry.example.com/team/serving:8.8.8",
+        kuberay_operator="1.7.1",
+    )
     document = stack_document(versions=pins.model_dump())
     write_stack(tmp_path, "pins", document)
     return run_program("pins", root=tmp_path), pins
@@ -52,8 +55,11 @@ def test_every_pin_in_the_spec_reaches_what_is_installed(tmp_path: Path) -> None
     charts = {c.name: c.inputs for c in run.of_type("kubernetes:helm.sh/v4:Chart")}
     [rayservice] = run.of_type("kubernetes:ray.io/v1:RayService")
     cluster = rayservice.inputs["spec"]["rayClusterConfig"]
-    ray_images = {c["image"] for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
-                  for c in g["template"]["spec"]["containers"]}
+    ray_images = {
+        c["image"]
+        for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+        for c in g["template"]["spec"]["containers"]
+    }
     deployment = run.one("kubernetes:apps/v1:Deployment", "deployment-llmstack-gateway").inputs
     installed = {
         "kuberay_operator": charts["kuberay-operator"]["version"],
@@ -62,5 +68,8 @@ def test_every_pin_in_the_spec_reaches_what_is_installed(tmp_path: Path) -> None
     }
     # A new pin without wiring fails here: every field of Versions must be accounted for.
     assert set(installed) == set(Versions.model_fields)
-    assert installed == {"kuberay_operator": "1.7.1", "serving_image": {pins.serving_image},
-                         "gateway_image": {pins.gateway_image}}
+    assert installed == {
+        "kuberay_operator": "1.7.1",
+        "serving_image": {pins.serving_image},
+        "gateway_image": {pins.gateway_image},
+    }

@@ -38,8 +38,9 @@ def test_no_admin_principals_no_entries_beyond_the_creator() -> None:
     assert cluster_of(run)["accessConfig"]["bootstrapClusterCreatorAdminPermissions"] is True
 
 
-@pytest.mark.parametrize(("stack", "cidrs"), [("dev", ["0.0.0.0/0"]),
-                                              ("karpenter", ["203.0.113.0/24", "198.51.100.0/24"])])
+@pytest.mark.parametrize(
+    ("stack", "cidrs"), [("dev", ["0.0.0.0/0"]), ("karpenter", ["203.0.113.0/24", "198.51.100.0/24"])]
+)
 def test_api_endpoint_public_cidrs_follow_the_spec(stack: str, cidrs: list[str]) -> None:
     assert cluster_of(example_run(stack))["vpcConfig"]["publicAccessCidrs"] == cidrs
 
@@ -52,8 +53,11 @@ def test_upgrade_policy_and_version_come_from_the_spec(stack: str, policy: str) 
 
 
 def test_upgrade_policy_must_be_explicit(tmp_path: Path) -> None:
-    write_stack(tmp_path, "implicit", stack_document(cloud={"provider": "aws",
-                                                            "availability_zones": ["us-east-1a", "us-east-1b"]}))
+    write_stack(
+        tmp_path,
+        "implicit",
+        stack_document(cloud={"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"]}),
+    )
     with pytest.raises(StackRefused, match=r"llmstack:cloud.upgrade_policy: required key is missing"):
         run_program("implicit", root=tmp_path)
 
@@ -67,9 +71,14 @@ def _with_aws_settings(tmp_path: Path, **settings: str) -> ProgramRun:
 
 
 def test_aws_settings_reach_the_explicit_provider(tmp_path: Path) -> None:
-    run = _with_aws_settings(tmp_path, **{
-        "aws:profile": "ops", "aws:assumeRoles": json.dumps([{"roleArn": DEPLOYER, "sessionName": "pulumi"}]),
-        "aws:allowedAccountIds": json.dumps(["111122223333"])})
+    run = _with_aws_settings(
+        tmp_path,
+        **{
+            "aws:profile": "ops",
+            "aws:assumeRoles": json.dumps([{"roleArn": DEPLOYER, "sessionName": "pulumi"}]),
+            "aws:allowedAccountIds": json.dumps(["111122223333"]),
+        },
+    )
     [provider] = run.of_type("pulumi:providers:aws")
     # Provider inputs travel to the engine JSON-encoded when they are not strings.
     decode = {k: json.loads(v) if isinstance(v, str) and v[:1] in "[{" else v for k, v in provider.inputs.items()}
@@ -95,16 +104,23 @@ PLATFORM = "arn:aws:iam::111122223333:role/ops/platform-admins"
 
 
 def _admins_stack(tmp_path: Path, admins: list[str]) -> Path:
-    cloud = {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"], "upgrade_policy": "standard",
-             "admin_principal_arns": admins}
+    cloud = {
+        "provider": "aws",
+        "availability_zones": ["us-east-1a", "us-east-1b"],
+        "upgrade_policy": "standard",
+        "admin_principal_arns": admins,
+    }
     write_stack(tmp_path, "admins", stack_document(cloud=cloud))
     return tmp_path
 
 
-@pytest.mark.parametrize("caller", [
-    "arn:aws:sts::111122223333:assumed-role/platform-admins/laptop-session",  # a session of the role (no path)
-    PLATFORM,
-])
+@pytest.mark.parametrize(
+    "caller",
+    [
+        "arn:aws:sts::111122223333:assumed-role/platform-admins/laptop-session",  # a session of the role (no path)
+        PLATFORM,
+    ],
+)
 def test_the_deploying_identity_among_the_admins_is_refused_before_anything_is_declared(tmp_path, caller) -> None:
     """EKS makes the creator admin itself and refuses a second access entry for it: the deploy
     would stop after the cluster exists. Refused naming the file, the key and the fix."""
@@ -116,11 +132,14 @@ def test_the_deploying_identity_among_the_admins_is_refused_before_anything_is_d
     assert caller in message and "Remove admin_principal_arns[1]" in message
 
 
-@pytest.mark.parametrize("caller", [
-    "arn:aws:sts::444455556666:assumed-role/platform-admins/s",  # same role name, another account
-    "arn:aws:sts::111122223333:assumed-role/platform-admins-ci/s",
-    "arn:aws:iam::111122223333:user/platform-admins",  # a user, not the role
-])
+@pytest.mark.parametrize(
+    "caller",
+    [
+        "arn:aws:sts::444455556666:assumed-role/platform-admins/s",  # same role name, another account
+        "arn:aws:sts::111122223333:assumed-role/platform-admins-ci/s",
+        "arn:aws:iam::111122223333:user/platform-admins",  # a user, not the role
+    ],
+)
 def test_other_identities_deploy_with_every_admin_as_an_entry(tmp_path, caller) -> None:
     run = run_program("admins", root=_admins_stack(tmp_path, [PLATFORM]), caller_arn=caller)
     entries = [e.inputs["principalArn"] for e in run.of_type("aws:eks/accessEntry:AccessEntry")]

@@ -37,12 +37,18 @@ def test_karpenter_replaces_node_groups_and_the_cluster_autoscaler(run: ProgramR
     assert not [r for r in run.of_type("aws:iam/role:Role") if r.name == "addons-cluster-autoscaler"]
     karpenter = charts["karpenter"]
     repo, name, version = versions.KARPENTER_CHART
-    assert (karpenter["chart"], karpenter["version"]) == (f"{repo}/{name}", version) == (
-        "oci://public.ecr.aws/karpenter/karpenter", "1.9.0")
+    assert (
+        (karpenter["chart"], karpenter["version"])
+        == (f"{repo}/{name}", version)
+        == ("oci://public.ecr.aws/karpenter/karpenter", "1.9.0")
+    )
     [queue] = run.of_type("aws:sqs/queue:Queue")
     values = karpenter["values"]
-    assert values["settings"] == {"clusterName": "llmstack-karpenter", "interruptionQueue": queue.name,
-                                  "clusterEndpoint": "https://ABC.gr7.us-east-1.eks.amazonaws.com"}
+    assert values["settings"] == {
+        "clusterName": "llmstack-karpenter",
+        "interruptionQueue": queue.name,
+        "clusterEndpoint": "https://ABC.gr7.us-east-1.eks.amazonaws.com",
+    }
     assert values["serviceAccount"]["annotations"]["eks.amazonaws.com/role-arn"] == mock_arn("karpenter-controller")
     assert values["nodeSelector"] == {"llmstack.dev/node-group": "system"}
 
@@ -75,8 +81,12 @@ def test_one_nodepool_per_gpu_group_with_the_gpu_class_fallbacks(run: ProgramRun
         node_class = classes[template["spec"]["nodeClassRef"]["name"]]
         assert template["spec"]["nodeClassRef"]["kind"] == "EC2NodeClass"
         [volume] = node_class["blockDeviceMappings"]
-        assert volume["ebs"] == {"volumeSize": f"{group.disk_size_gib}Gi", "volumeType": "gp3", "encrypted": True,
-                                 "deleteOnTermination": True}
+        assert volume["ebs"] == {
+            "volumeSize": f"{group.disk_size_gib}Gi",
+            "volumeType": "gp3",
+            "encrypted": True,
+            "deleteOnTermination": True,
+        }
 
 
 def test_node_classes_use_the_stacks_network_profile_and_imdsv2(run: ProgramRun) -> None:
@@ -97,8 +107,11 @@ def test_karpenter_nodes_may_join_the_cluster(run: ProgramRun) -> None:
     assert profile.inputs["role"] == node_role.name
     [entry] = [e for e in run.of_type("aws:eks/accessEntry:AccessEntry") if e.inputs["type"] == "EC2_LINUX"]
     assert entry.inputs["principalArn"] == mock_arn("karpenter-nodes")
-    attached = {a.inputs["policyArn"].rsplit("/", 1)[-1] for a in run.of_type(
-        "aws:iam/rolePolicyAttachment:RolePolicyAttachment") if a.name.startswith("karpenter-nodes-")}
+    attached = {
+        a.inputs["policyArn"].rsplit("/", 1)[-1]
+        for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if a.name.startswith("karpenter-nodes-")
+    }
     assert attached == {"AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryPullOnly"}
 
 
@@ -110,8 +123,11 @@ def test_interruption_queue_gets_every_event_karpenter_handles(run: ProgramRun) 
         pattern = json.loads(rule.inputs["eventPattern"])
         patterns[(pattern["source"][0], pattern["detail-type"][0])] = rule
     assert set(patterns) == {
-        ("aws.health", "AWS Health Event"), ("aws.ec2", "EC2 Spot Instance Interruption Warning"),
-        ("aws.ec2", "EC2 Instance Rebalance Recommendation"), ("aws.ec2", "EC2 Instance State-change Notification")}
+        ("aws.health", "AWS Health Event"),
+        ("aws.ec2", "EC2 Spot Instance Interruption Warning"),
+        ("aws.ec2", "EC2 Instance Rebalance Recommendation"),
+        ("aws.ec2", "EC2 Instance State-change Notification"),
+    }
     targets = run.of_type("aws:cloudwatch/eventTarget:EventTarget")
     assert {t.inputs["rule"] for t in targets} == {r.name for r in patterns.values()}
     assert all(t.inputs["arn"] == mock_arn(queue.name) for t in targets)
@@ -128,8 +144,10 @@ def test_controller_policy_is_scoped_to_this_cluster(run: ProgramRun) -> None:
     [queue] = run.of_type("aws:sqs/queue:Queue")
     assert statements["AllowInterruptionQueueActions"]["Resource"] == mock_arn(queue.name)
     for sid in ("AllowScopedEC2LaunchTemplateAccessActions", "AllowScopedDeletion", "AllowScopedResourceTagging"):
-        assert statements[sid]["Condition"]["StringEquals"][
-            "aws:ResourceTag/kubernetes.io/cluster/llmstack-karpenter"] == "owned"
+        assert (
+            statements[sid]["Condition"]["StringEquals"]["aws:ResourceTag/kubernetes.io/cluster/llmstack-karpenter"]
+            == "owned"
+        )
     actions = {a for s in policy["Statement"] for a in s["Action"]}
     # Reads only: the profile the EC2NodeClasses name is the program's (tests/infra/aws/test_karpenter_policy.py).
     assert {a for a in actions if "InstanceProfile" in a} == {"iam:GetInstanceProfile", "iam:ListInstanceProfiles"}

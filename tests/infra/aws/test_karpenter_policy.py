@@ -37,6 +37,7 @@ def _intrinsic(name: str):
         else:
             value = loader.construct_mapping(node, deep=True)
         return {name: value}
+
     return construct
 
 
@@ -46,30 +47,41 @@ for _tag, _name in (("!Sub", "Fn::Sub"), ("!GetAtt", "Fn::GetAtt"), ("!Ref", "Re
 
 def substitute(template: str, variables: dict[str, str]) -> str:
     """`Fn::Sub`: every `${Name}` replaced; a name the template uses but we did not give fails."""
+
     def replace(match: re.Match[str]) -> str:
         return variables[match.group(1)]
+
     return re.sub(r"\$\{([^}!]+)\}", replace, template)
 
 
 def upstream_statements() -> dict[str, dict[str, Any]]:
     template = yaml.load((KARPENTER_SCHEMAS / "cloudformation.yaml").read_text(), Loader=CloudFormationLoader)
     document = template["Resources"]["KarpenterControllerPolicy"]["Properties"]["PolicyDocument"]["Fn::Sub"]
-    filled = substitute(document, {
-        "AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": MOCK_ACCOUNT, "ClusterName": CLUSTER,
-        # The two resources of the template the policy points at, as this stack's equivalents.
-        "KarpenterInterruptionQueue.Arn": mock_arn("karpenter-interruptions"),
-        "KarpenterNodeRole.Arn": mock_arn("karpenter-nodes")})
+    filled = substitute(
+        document,
+        {
+            "AWS::Partition": "aws",
+            "AWS::Region": REGION,
+            "AWS::AccountId": MOCK_ACCOUNT,
+            "ClusterName": CLUSTER,
+            # The two resources of the template the policy points at, as this stack's equivalents.
+            "KarpenterInterruptionQueue.Arn": mock_arn("karpenter-interruptions"),
+            "KarpenterNodeRole.Arn": mock_arn("karpenter-nodes"),
+        },
+    )
     return {s["Sid"]: s for s in json.loads(filled)["Statement"]}
 
 
 def normalized(statement: dict[str, Any]) -> dict[str, Any]:
     """IAM treats a one-element list and a string alike, and list order does not matter."""
+
     def norm(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: norm(v) for k, v in value.items()}
         if isinstance(value, list):
             return sorted(norm(v) for v in value) if len(value) != 1 else norm(value[0])
         return value
+
     return norm(statement)
 
 
@@ -84,8 +96,10 @@ def test_upstreams_template_is_read_whole() -> None:
     upstream = upstream_statements()
     assert len(upstream) == 17
     assert upstream["AllowUnscopedInstanceProfileListAction"]["Action"] == "iam:ListInstanceProfiles"
-    assert upstream["AllowAPIServerEndpointDiscovery"]["Resource"] == \
-        f"arn:aws:eks:{REGION}:{MOCK_ACCOUNT}:cluster/{CLUSTER}"
+    assert (
+        upstream["AllowAPIServerEndpointDiscovery"]["Resource"]
+        == f"arn:aws:eks:{REGION}:{MOCK_ACCOUNT}:cluster/{CLUSTER}"
+    )
 
 
 def test_every_upstream_statement_is_ours_or_left_out_with_a_reason(ours) -> None:
@@ -100,8 +114,11 @@ def test_every_upstream_statement_is_ours_or_left_out_with_a_reason(ours) -> Non
 
 def test_the_instance_profile_list_the_garbage_collector_calls_is_allowed(ours) -> None:
     assert normalized(ours["AllowUnscopedInstanceProfileListAction"]) == {
-        "Sid": "AllowUnscopedInstanceProfileListAction", "Effect": "Allow", "Resource": "*",
-        "Action": "iam:ListInstanceProfiles"}
+        "Sid": "AllowUnscopedInstanceProfileListAction",
+        "Effect": "Allow",
+        "Resource": "*",
+        "Action": "iam:ListInstanceProfiles",
+    }
 
 
 def test_left_out_statements_grant_nothing_we_need(ours) -> None:
@@ -109,8 +126,13 @@ def test_left_out_statements_grant_nothing_we_need(ours) -> None:
     every EC2NodeClass names the profile the program made, none names a role."""
     upstream = upstream_statements()
     left_out = {a for sid in KARPENTER_OMITTED_STATEMENTS for a in [upstream[sid]["Action"]][0]}
-    assert left_out == {"iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
-                        "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"}
+    assert left_out == {
+        "iam:CreateInstanceProfile",
+        "iam:TagInstanceProfile",
+        "iam:AddRoleToInstanceProfile",
+        "iam:RemoveRoleFromInstanceProfile",
+        "iam:DeleteInstanceProfile",
+    }
     granted = {a for s in ours.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     assert not left_out & granted
     run = example_run("karpenter")

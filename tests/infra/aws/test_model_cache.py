@@ -17,8 +17,18 @@ RAYSERVICE = "kubernetes:ray.io/v1:RayService"
 
 
 def cached_stack(tmp_path, **overrides):
-    doc = stack_document(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 8192, "cached": True}], **overrides)
+    doc = stack_document(
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "cached": True,
+            }
+        ],
+        **overrides,
+    )
     write_stack(tmp_path, "cached", doc)
     return run_program("cached", root=tmp_path)
 
@@ -28,8 +38,10 @@ def test_every_cloud_stack_gets_a_private_encrypted_bucket_named_from_stack_and_
     [bucket] = run.of_type(BUCKET)
     assert bucket.inputs["bucket"] == f"llmstack-prod-models-{MOCK_ACCOUNT}" == run.outputs["model_cache_bucket"]
     [block] = run.of_type("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
-    assert all(block.inputs[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
-                                                 "restrictPublicBuckets"))
+    assert all(
+        block.inputs[k] is True
+        for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    )
     [sse] = run.of_type("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
     assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
     [owner] = run.of_type("aws:s3/bucketOwnershipControls:BucketOwnershipControls")
@@ -45,8 +57,10 @@ def test_ray_pods_read_the_cache_through_a_read_only_irsa_role():
     run = example_run("prod")
     role = run.one("aws:iam/role:Role", "model-cache-reader")
     [trust] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
-    assert trust["Condition"]["StringEquals"]["oidc.eks.us-east-1.amazonaws.com/id/ABC:sub"] == \
-        "system:serviceaccount:llmstack:llmstack-ray"
+    assert (
+        trust["Condition"]["StringEquals"]["oidc.eks.us-east-1.amazonaws.com/id/ABC:sub"]
+        == "system:serviceaccount:llmstack:llmstack-ray"
+    )
     policy = json.loads(run.one("aws:iam/rolePolicy:RolePolicy", "model-cache-reader").inputs["policy"])
     actions = {a for s in policy["Statement"] for a in s["Action"]}
     assert actions == {"s3:ListBucket", "s3:GetObject"}
@@ -69,7 +83,9 @@ def test_a_cached_model_is_served_from_the_stack_bucket(tmp_path):
     spec = rayservice.inputs["spec"]
     [config] = yaml.safe_load(spec["serveConfigV2"])["applications"][0]["args"]["llm_configs"]
     assert config["model_loading_config"] == {
-        "model_id": "llama", "model_source": {"bucket_uri": f"s3://llmstack-cached-models-{MOCK_ACCOUNT}/models/llama"}}
+        "model_id": "llama",
+        "model_source": {"bucket_uri": f"s3://llmstack-cached-models-{MOCK_ACCOUNT}/models/llama"},
+    }
 
 
 def test_a_configured_bucket_name_wins(tmp_path):
@@ -109,10 +125,13 @@ def test_the_gateway_keeps_batch_files_under_batches_with_its_own_irsa_role():
     bucket = f"llmstack-prod-models-{MOCK_ACCOUNT}"
     role = run.one("aws:iam/role:Role", "model-cache-batch-files")
     [trust] = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
-    assert trust["Condition"]["StringEquals"]["oidc.eks.us-east-1.amazonaws.com/id/ABC:sub"] == \
-        "system:serviceaccount:llmstack:llmstack-gateway"
+    assert (
+        trust["Condition"]["StringEquals"]["oidc.eks.us-east-1.amazonaws.com/id/ABC:sub"]
+        == "system:serviceaccount:llmstack:llmstack-gateway"
+    )
     [grant] = json.loads(run.one("aws:iam/rolePolicy:RolePolicy", "model-cache-batch-files").inputs["policy"])[
-        "Statement"]
+        "Statement"
+    ]
     assert set(grant["Action"]) == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
     assert grant["Resource"] == f"arn:aws:s3:::{bucket}/batches/*"  # never models/: the gateway cannot touch weights
     account = run.one("kubernetes:core/v1:ServiceAccount", "llmstack-gateway").inputs

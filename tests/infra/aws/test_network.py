@@ -17,7 +17,11 @@ def test_s3_gateway_endpoint_on_the_private_route_table(stack: str) -> None:
     [private_table] = [t for t in run.of_type("aws:ec2/routeTable:RouteTable") if t.name == "network-private"]
     assert endpoint.inputs["routeTableIds"] == [private_table.id]
     # The private subnets are the ones on that table: nodes and their weight downloads.
-    associations = [a for a in run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
-                    if a.inputs["routeTableId"] == private_table.id]
+    associations = [
+        a
+        for a in run.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+        if a.inputs["routeTableId"] == private_table.id
+    ]
     assert {run.by_id(a.inputs["subnetId"]).name for a in associations} == {
-        s.name for s in run.of_type("aws:ec2/subnet:Subnet") if "private" in s.name}
+        s.name for s in run.of_type("aws:ec2/subnet:Subnet") if "private" in s.name
+    }

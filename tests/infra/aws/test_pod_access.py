@@ -20,8 +20,17 @@ from tests.support.pulumi_program import MOCK_ACCOUNT, ProgramRun, example_run
 
 RAYSERVICE = "kubernetes:ray.io/v1:RayService"
 SERVICE_ACCOUNT = "kubernetes:core/v1:ServiceAccount"
-KUBERAY_AUTOSCALER_ROLE = frozenset({("pods", "get"), ("pods", "list"), ("pods", "watch"), ("pods", "patch"),
-                                     ("pods/resize", "patch"), ("rayclusters", "get"), ("rayclusters", "patch")})
+KUBERAY_AUTOSCALER_ROLE = frozenset(
+    {
+        ("pods", "get"),
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods", "patch"),
+        ("pods/resize", "patch"),
+        ("rayclusters", "get"),
+        ("rayclusters", "patch"),
+    }
+)
 NO_TOKEN = frozenset()
 
 
@@ -48,19 +57,28 @@ def reach(run: ProgramRun) -> dict[str, dict]:
     [rayservice] = run.of_type(RAYSERVICE)
     cluster = rayservice.inputs["spec"]["rayClusterConfig"]
     head_account = cluster["headGroupSpec"]["template"]["spec"]["serviceAccountName"]
-    assert not [b for b in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
-                + run.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
-                if "ray" in json.dumps(b.inputs.get("subjects", []))]
-    pods = {"head": cluster["headGroupSpec"]["template"]["spec"],
-            **{g["groupName"]: g["template"]["spec"] for g in cluster["workerGroupSpecs"]}}
+    assert not [
+        b
+        for b in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+        + run.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+        if "ray" in json.dumps(b.inputs.get("subjects", []))
+    ]
+    pods = {
+        "head": cluster["headGroupSpec"]["template"]["spec"],
+        **{g["groupName"]: g["template"]["spec"] for g in cluster["workerGroupSpecs"]},
+    }
     out = {}
     for pod, spec in pods.items():
         account = spec["serviceAccountName"]
         declared = run.one(SERVICE_ACCOUNT, account).inputs
         token = spec.get("automountServiceAccountToken", declared.get("automountServiceAccountToken", True))
         api = (KUBERAY_AUTOSCALER_ROLE if account == head_account else frozenset()) if token else NO_TOKEN
-        out[pod] = {"service_account": account, "api_token": token, "kubernetes_api": api,
-                    "aws": _aws_reach(run, account, declared["metadata"].get("annotations", {}))}
+        out[pod] = {
+            "service_account": account,
+            "api_token": token,
+            "kubernetes_api": api,
+            "aws": _aws_reach(run, account, declared["metadata"].get("annotations", {})),
+        }
     return out
 
 
@@ -71,13 +89,21 @@ def test_each_ray_pod_reaches_exactly_what_it_needs(stack: str) -> None:
     read_models = frozenset({("s3:ListBucket", bucket), ("s3:GetObject", f"{bucket}/models/*")})
     pods = reach(run)
     # The head: KubeRay's autoscaler needs the API (it patches pods and the RayCluster).
-    assert pods.pop("head") == {"service_account": "llmstack-ray", "api_token": True,
-                                "kubernetes_api": KUBERAY_AUTOSCALER_ROLE, "aws": read_models}
+    assert pods.pop("head") == {
+        "service_account": "llmstack-ray",
+        "api_token": True,
+        "kubernetes_api": KUBERAY_AUTOSCALER_ROLE,
+        "aws": read_models,
+    }
     # Workers run tenant input: no Kubernetes API token at all, still the model cache.
     assert pods, "no worker groups"
     for group, worker in pods.items():
-        assert worker == {"service_account": "llmstack-ray-worker", "api_token": False,
-                          "kubernetes_api": NO_TOKEN, "aws": read_models}, group
+        assert worker == {
+            "service_account": "llmstack-ray-worker",
+            "api_token": False,
+            "kubernetes_api": NO_TOKEN,
+            "aws": read_models,
+        }, group
 
 
 def test_the_workers_account_itself_mounts_no_token() -> None:

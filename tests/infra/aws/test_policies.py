@@ -62,17 +62,21 @@ def test_each_stack_declares_what_the_policies_look_at(graph: ProgramRun) -> Non
     [redis_service] = [s for s in graph.of_type("kubernetes:core/v1:Service") if s.name == "llmstack-redis"]
     assert len(groups) == (1 if redis == "elasticache" else 0)
     # In the cluster, Redis is a ClusterIP Service; managed or external, a name for its endpoint.
-    assert redis_service.inputs["spec"].get("type", "ClusterIP") == ("ClusterIP" if redis == "in_cluster"
-                                                                     else "ExternalName")
+    assert redis_service.inputs["spec"].get("type", "ClusterIP") == (
+        "ClusterIP" if redis == "in_cluster" else "ExternalName"
+    )
     if redis == "elasticache":
         [firewall_id] = groups[0].inputs["securityGroupIds"]
         assert graph.by_id(firewall_id).inputs["ingress"], "ElastiCache's security group admits no one"
     assert len(graph.of_type("aws:ec2/defaultSecurityGroup:DefaultSecurityGroup")) == 1
     # The ingress rule types test_no_open_ingress knows; a new kind must be added there first.
     declared = {r.type for r in graph.resources if "ecurityGroup" in r.type and "elasticache" not in r.type}
-    assert declared <= {"aws:ec2/securityGroup:SecurityGroup", "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup",
-                        "aws:ec2/securityGroupRule:SecurityGroupRule",
-                        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"}, declared
+    assert declared <= {
+        "aws:ec2/securityGroup:SecurityGroup",
+        "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup",
+        "aws:ec2/securityGroupRule:SecurityGroupRule",
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+    }, declared
 
 
 def test_no_public_redis(graph: ProgramRun) -> None:
@@ -133,10 +137,13 @@ def test_nodes_require_imdsv2(graph: ProgramRun) -> None:
 
 
 def _policy_documents(run: ProgramRun) -> list[tuple[str, dict[str, Any]]]:
-    documents = [(r.name, json.loads(r.inputs["policy"]))
-                 for r in run.of_type("aws:iam/rolePolicy:RolePolicy") + run.of_type("aws:iam/policy:Policy")]
-    documents += [(f"{r.name} (trust)", json.loads(r.inputs["assumeRolePolicy"]))
-                  for r in run.of_type("aws:iam/role:Role")]
+    documents = [
+        (r.name, json.loads(r.inputs["policy"]))
+        for r in run.of_type("aws:iam/rolePolicy:RolePolicy") + run.of_type("aws:iam/policy:Policy")
+    ]
+    documents += [
+        (f"{r.name} (trust)", json.loads(r.inputs["assumeRolePolicy"])) for r in run.of_type("aws:iam/role:Role")
+    ]
     return documents
 
 
@@ -222,8 +229,9 @@ def test_no_secret_in_plain_text(graph: ProgramRun) -> None:
     """Generated and configured passwords appear only inside Pulumi secrets."""
     for resource in graph.resources:
         plain = json.dumps(resource.redacted)
-        assert MOCK_PASSWORD not in plain and "ext-pass" not in plain and "ext-ray-pass" not in plain, \
+        assert MOCK_PASSWORD not in plain and "ext-pass" not in plain and "ext-ray-pass" not in plain, (
             f"{resource.type} {resource.name}"
+        )
     secret = graph.one("kubernetes:core/v1:Secret", "llmstack-redis")
     assert secret.redacted["stringData"] == REDACTED
     assert graph.secret_outputs == {"kubeconfig"}

@@ -51,8 +51,11 @@ def gpu_groups(spec: StackSpec) -> list[GpuNodeGroup]:
 ACCELERATOR = {"L4": "nvidia-l4", "A10G": "nvidia-a10g", "L40S": "nvidia-l40s", "A100-80GB": "nvidia-tesla-a100"}
 EXPECTED_GPU_GROUPS = {
     "dev": {"l4": ("g6.2xlarge", "L4", 1)},
-    "prod": {"a100": ("p4de.24xlarge", "A100-80GB", 8), "l40s": ("g6e.xlarge", "L40S", 1),
-             "a10g-spot": ("g5.2xlarge", "A10G", 1)},
+    "prod": {
+        "a100": ("p4de.24xlarge", "A100-80GB", 8),
+        "l40s": ("g6e.xlarge", "L40S", 1),
+        "a10g-spot": ("g5.2xlarge", "A10G", 1),
+    },
 }
 
 
@@ -68,11 +71,17 @@ def test_one_managed_node_group_per_gpu_group(stack: str) -> None:
         assert inputs["amiType"] == "AL2023_x86_64_NVIDIA"
         assert inputs["capacityType"] == ("SPOT" if group.capacity_type is CapacityType.SPOT else "ON_DEMAND")
         assert inputs["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
-        assert inputs["labels"] == {"llmstack.dev/node-group": group.name, "llmstack.dev/gpu-class": gpu_class,
-                                    "nvidia.com/gpu.present": "true",
-                                    "k8s.amazonaws.com/accelerator": ACCELERATOR[gpu_class]}
-        assert inputs["scalingConfig"] == {"minSize": group.min_size, "maxSize": group.max_size,
-                                           "desiredSize": group.desired}
+        assert inputs["labels"] == {
+            "llmstack.dev/node-group": group.name,
+            "llmstack.dev/gpu-class": gpu_class,
+            "nvidia.com/gpu.present": "true",
+            "k8s.amazonaws.com/accelerator": ACCELERATOR[gpu_class],
+        }
+        assert inputs["scalingConfig"] == {
+            "minSize": group.min_size,
+            "maxSize": group.max_size,
+            "desiredSize": group.desired,
+        }
         template = run.by_id(inputs["launchTemplate"]["id"])
         assert template.inputs["blockDeviceMappings"][0]["ebs"]["volumeSize"] == group.disk_size_gib
     assert groups["system"].inputs["labels"] == {"llmstack.dev/node-group": "system"}
@@ -94,8 +103,11 @@ def test_scale_from_zero_tags_are_on_each_autoscaling_group(stack: str) -> None:
         name = node_group.inputs["nodeGroupName"]
         if name == "system":
             continue
-        tags = [t.inputs for t in run.of_type("aws:autoscaling/tag:Tag")
-                if t.inputs["autoscalingGroupName"] == asg_name(node_group.name)]
+        tags = [
+            t.inputs
+            for t in run.of_type("aws:autoscaling/tag:Tag")
+            if t.inputs["autoscalingGroupName"] == asg_name(node_group.name)
+        ]
         _, gpu_class, gpus = EXPECTED_GPU_GROUPS[stack][name]
         template = "k8s.io/cluster-autoscaler/node-template"
         assert {t["tag"]["key"]: t["tag"]["value"] for t in tags} == {
@@ -122,9 +134,16 @@ def test_scale_from_zero_tags_are_on_each_autoscaling_group(stack: str) -> None:
 def test_charts_are_pinned(stack: str) -> None:
     run = example_run(stack)
     charts = {c.name: c.inputs for c in run.of_type("kubernetes:helm.sh/v4:Chart")}
-    pinned = {pin.name: pin for pin in (versions.NVIDIA_DEVICE_PLUGIN_CHART, versions.CLUSTER_AUTOSCALER_CHART,
-                                        versions.LOAD_BALANCER_CONTROLLER_CHART, versions.METRICS_SERVER_CHART,
-                                        versions.KUBERAY_OPERATOR_CHART)}
+    pinned = {
+        pin.name: pin
+        for pin in (
+            versions.NVIDIA_DEVICE_PLUGIN_CHART,
+            versions.CLUSTER_AUTOSCALER_CHART,
+            versions.LOAD_BALANCER_CONTROLLER_CHART,
+            versions.METRICS_SERVER_CHART,
+            versions.KUBERAY_OPERATOR_CHART,
+        )
+    }
     assert set(charts) == set(pinned)
     for name, (repo, chart, version) in pinned.items():
         assert charts[name]["chart"] == chart
@@ -133,14 +152,16 @@ def test_charts_are_pinned(stack: str) -> None:
         assert version[0].isdigit() and not any(c in version for c in "^~*<>x ")
     assert charts["kuberay-operator"]["version"] == KUBERAY_VERSION == "1.7.0"
     assert charts["kuberay-operator"]["namespace"] == "kuberay-operator"
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
-        charts["nvidia-device-plugin"]["values"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in charts["nvidia-device-plugin"][
+        "values"
+    ]["tolerations"]
     autoscaler = charts["cluster-autoscaler"]["values"]
     assert autoscaler["autoDiscovery"]["clusterName"] == f"llmstack-{stack}"
     assert autoscaler["image"]["tag"].startswith(f"v{load_stack(stack).cloud.kubernetes_version}.")
     run.one("aws:iam/role:Role", "addons-cluster-autoscaler")
-    assert autoscaler["rbac"]["serviceAccount"]["annotations"]["eks.amazonaws.com/role-arn"] == \
-        mock_arn("addons-cluster-autoscaler")
+    assert autoscaler["rbac"]["serviceAccount"]["annotations"]["eks.amazonaws.com/role-arn"] == mock_arn(
+        "addons-cluster-autoscaler"
+    )
 
 
 def test_autoscaler_role_is_only_for_its_service_account() -> None:
@@ -150,8 +171,10 @@ def test_autoscaler_role_is_only_for_its_service_account() -> None:
     assert statement["Action"] == "sts:AssumeRoleWithWebIdentity"
     conditions = statement["Condition"]["StringEquals"]
     issuer = "oidc.eks.us-east-1.amazonaws.com/id/ABC"
-    assert conditions == {f"{issuer}:sub": "system:serviceaccount:kube-system:cluster-autoscaler",
-                          f"{issuer}:aud": "sts.amazonaws.com"}
+    assert conditions == {
+        f"{issuer}:sub": "system:serviceaccount:kube-system:cluster-autoscaler",
+        f"{issuer}:aud": "sts.amazonaws.com",
+    }
     policy = json.loads(run.one("aws:iam/rolePolicy:RolePolicy", "addons-cluster-autoscaler").inputs["policy"])
     scale = next(s for s in policy["Statement"] if "autoscaling:SetDesiredCapacity" in s["Action"])
     assert scale["Condition"] == {"StringEquals": {"aws:ResourceTag/k8s.io/cluster-autoscaler/llmstack-prod": "owned"}}
@@ -173,17 +196,26 @@ def test_elasticache_is_encrypted_authenticated_and_reachable_only_from_nodes() 
     assert passwords and all(p.inputs["special"] is False for p in passwords)  # ElastiCache rejects some punctuation
     [firewall_id] = inputs["securityGroupIds"]
     firewall = run.by_id(firewall_id)
-    assert firewall.inputs["ingress"] == [{
-        "protocol": "tcp", "fromPort": 6379, "toPort": 6379, "securityGroups": [NODE_SECURITY_GROUP],
-        "description": "Redis from EKS nodes"}]
+    assert firewall.inputs["ingress"] == [
+        {
+            "protocol": "tcp",
+            "fromPort": 6379,
+            "toPort": 6379,
+            "securityGroups": [NODE_SECURITY_GROUP],
+            "description": "Redis from EKS nodes",
+        }
+    ]
     subnets = run.one("aws:elasticache/subnetGroup:SubnetGroup", inputs["subnetGroupName"]).inputs["subnetIds"]
     assert subnets and all("private" in run.by_id(s).name for s in subnets)
 
 
-@pytest.mark.parametrize(("stack", "url"), [
-    ("dev", f"redis://llmstack-gateway:{MOCK_PASSWORD}@llmstack-redis.llmstack.svc.cluster.local:6379/0"),
-    ("prod", f"rediss://llmstack-gateway:{MOCK_PASSWORD}@master.llmstack.abc123.use1.cache.amazonaws.com:6379/0"),
-])
+@pytest.mark.parametrize(
+    ("stack", "url"),
+    [
+        ("dev", f"redis://llmstack-gateway:{MOCK_PASSWORD}@llmstack-redis.llmstack.svc.cluster.local:6379/0"),
+        ("prod", f"rediss://llmstack-gateway:{MOCK_PASSWORD}@master.llmstack.abc123.use1.cache.amazonaws.com:6379/0"),
+    ],
+)
 def test_redis_secrets_hold_each_users_credentials_as_secrets(stack: str, url: str) -> None:
     run = example_run(stack)
     gateway = run.one("kubernetes:core/v1:Secret", "llmstack-redis")
@@ -236,17 +268,24 @@ EXTERNAL_SECRETS = {"llmstack:redis_password": "ext-pass", "llmstack:redis_ray_p
 
 
 def test_external_redis_uses_the_secret_config_passwords_and_hf_token(tmp_path: Path) -> None:
-    run = run_program("ext", root=_external_stack(tmp_path),
-                      config={**EXTERNAL_SECRETS, "llmstack:hf_token": "hf_abc"},
-                      secret_keys=(*EXTERNAL_SECRETS, "llmstack:hf_token"))
+    run = run_program(
+        "ext",
+        root=_external_stack(tmp_path),
+        config={**EXTERNAL_SECRETS, "llmstack:hf_token": "hf_abc"},
+        secret_keys=(*EXTERNAL_SECRETS, "llmstack:hf_token"),
+    )
     assert not run.of_type("aws:elasticache/replicationGroup:ReplicationGroup")
     assert not run.of_type("random:index/randomPassword:RandomPassword")
     secret = run.one("kubernetes:core/v1:Secret", "llmstack-redis")
     assert secret.inputs["stringData"] == {
-        "username": "llmstack-gateway", "password": "ext-pass",
-        "url": "rediss://llmstack-gateway:ext-pass@redis.internal.example.com:6380/0"}
+        "username": "llmstack-gateway",
+        "password": "ext-pass",
+        "url": "rediss://llmstack-gateway:ext-pass@redis.internal.example.com:6380/0",
+    }
     assert run.one("kubernetes:core/v1:Secret", "llmstack-redis-ray").inputs["stringData"] == {
-        "username": "llmstack-ray", "password": "ext-ray-pass"}
+        "username": "llmstack-ray",
+        "password": "ext-ray-pass",
+    }
     assert secret.redacted["stringData"] == REDACTED
     service = run.one("kubernetes:core/v1:Service", "llmstack-redis").inputs["spec"]
     assert service["externalName"] == "redis.internal.example.com"
@@ -272,16 +311,24 @@ def test_no_hf_token_no_secret() -> None:
 @pytest.mark.parametrize("stack", CLOUD_STACKS)
 def test_applied_objects_equal_render_stack(stack: str) -> None:
     run = example_run(stack)
-    applied = [{key: r.inputs[key] for key in ("apiVersion", "kind", "metadata", "spec", "data") if key in r.inputs}
-               for r in run.resources
-               if r.within("llmstack:aws:Workloads") and r.type.startswith("kubernetes:")]
+    applied = [
+        {key: r.inputs[key] for key in ("apiVersion", "kind", "metadata", "spec", "data") if key in r.inputs}
+        for r in run.resources
+        if r.within("llmstack:aws:Workloads") and r.type.startswith("kubernetes:")
+    ]
     spec = load_stack(stack)
     # Managed Redis: GCS must use ElastiCache's own TLS host name, known only to the program.
     gcs = f"rediss://{ELASTICACHE_HOST}:6379" if spec.redis.mode == "managed" else None
     rendered = render_stack(spec, gcs_redis_address=gcs, model_cache_bucket=bucket_name(spec, MOCK_ACCOUNT))
-    applied.append({key: v for key, v in run.one("kubernetes:core/v1:Namespace", "llmstack").inputs.items()
-                    if key in ("apiVersion", "kind", "metadata")})
+    applied.append(
+        {
+            key: v
+            for key, v in run.one("kubernetes:core/v1:Namespace", "llmstack").inputs.items()
+            if key in ("apiVersion", "kind", "metadata")
+        }
+    )
     assert len(applied) == len(rendered)
+
     def key(obj: dict) -> tuple[str, str]:
         return obj["kind"], obj["metadata"]["name"]
 
@@ -306,15 +353,19 @@ def test_creation_order(stack: str) -> None:
     assert others and all(run.waits_for(c, chart["aws-load-balancer-controller"]) for c in others)
     assert run.waits_for(rayservice, run.one("kubernetes:core/v1:Secret", "llmstack-redis"))
     namespace = run.one("kubernetes:core/v1:Namespace", "llmstack")
-    ours = [r for r in run.resources if r.type.startswith("kubernetes:") and r.inputs.get("metadata", {}).get(
-        "namespace") == "llmstack"]
+    ours = [
+        r
+        for r in run.resources
+        if r.type.startswith("kubernetes:") and r.inputs.get("metadata", {}).get("namespace") == "llmstack"
+    ]
     assert ours and all(run.waits_for(r, namespace) for r in ours)
     assert all(run.waits_for(namespace, c) for c in chart.values())
     [provider] = run.of_type("pulumi:providers:kubernetes")
     system = next(g for g in run.of_type("aws:eks/nodeGroup:NodeGroup") if g.inputs["nodeGroupName"] == "system")
     assert run.waits_for(provider, system)  # charts need nodes to run on
-    node_policies = [a for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                     if a.name.startswith("eks-nodes-")]
+    node_policies = [
+        a for a in run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") if a.name.startswith("eks-nodes-")
+    ]
     for group in run.of_type("aws:eks/nodeGroup:NodeGroup"):
         assert node_policies and all(run.waits_for(group, a) for a in node_policies)  # or nodes never join
     [cluster] = run.of_type("aws:eks/cluster:Cluster")
@@ -333,8 +384,12 @@ def test_outputs(stack: str, scheme: str) -> None:
     assert run.outputs["endpoint_url"] == f"{scheme}://gw-123.elb.us-east-1.amazonaws.com"
     assert run.outputs["cluster_name"] == f"llmstack-{stack}"
     kubeconfig = json.loads(run.outputs["kubeconfig"])
-    assert kubeconfig["users"][0]["user"]["exec"]["args"][:4] == ["eks", "get-token", "--cluster-name",
-                                                                  f"llmstack-{stack}"]
+    assert kubeconfig["users"][0]["user"]["exec"]["args"][:4] == [
+        "eks",
+        "get-token",
+        "--cluster-name",
+        f"llmstack-{stack}",
+    ]
     assert run.secret_outputs == {"kubeconfig"}
     assert run.outputs["redis_endpoint"].endswith(":6379")
     assert MOCK_PASSWORD not in json.dumps({k: v for k, v in run.outputs.items() if k not in run.secret_outputs})
@@ -351,16 +406,28 @@ def test_local_stack_is_refused() -> None:
 def test_stack_that_fails_the_plan_is_refused_naming_the_problem(tmp_path: Path) -> None:
     document = stack_document(
         node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 1}],
-        models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                 "max_model_len": 8192, "autoscaling": {"min_replicas": 1, "max_replicas": 3}}])
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "autoscaling": {"min_replicas": 1, "max_replicas": 3},
+            }
+        ],
+    )
     write_stack(tmp_path, "small", document)
     with pytest.raises(StackRefused, match=r"stack small does not pass `llmctl plan`.*l4: .*raise max_size"):
         run_program("small", root=tmp_path)
 
 
 def test_kubernetes_version_without_a_pinned_autoscaler_is_refused(tmp_path: Path) -> None:
-    cloud = {"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"], "kubernetes_version": "1.29",
-             "upgrade_policy": "standard"}
+    cloud = {
+        "provider": "aws",
+        "availability_zones": ["us-east-1a", "us-east-1b"],
+        "kubernetes_version": "1.29",
+        "upgrade_policy": "standard",
+    }
     write_stack(tmp_path, "old", stack_document(cloud=cloud))
     with pytest.raises(StackRefused, match=r"kubernetes_version 1.29 has no cluster-autoscaler release pinned"):
         run_program("old", root=tmp_path)
@@ -369,14 +436,23 @@ def test_kubernetes_version_without_a_pinned_autoscaler_is_refused(tmp_path: Pat
         run_program("oldk", root=tmp_path)
 
 
-@pytest.mark.parametrize(("group", "message"), [
-    ({"name": "cpu", "kind": "cpu", "max_size": 1}, r"node_groups\[0\] \(cpu\) is kind: cpu"),
-    ({"name": "system", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 2},
-     r"node_groups\[0\].name 'system' is reserved"),
-])
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        ({"name": "cpu", "kind": "cpu", "max_size": 1}, r"node_groups\[0\] \(cpu\) is kind: cpu"),
+        (
+            {"name": "system", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 2},
+            r"node_groups\[0\].name 'system' is reserved",
+        ),
+    ],
+)
 def test_node_groups_the_program_cannot_build_are_refused(tmp_path: Path, group: dict, message: str) -> None:
-    model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": group["name"],
-             "max_model_len": 8192}
+    model = {
+        "id": "llama",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "node_group": group["name"],
+        "max_model_len": 8192,
+    }
     write_stack(tmp_path, "odd", stack_document(node_groups=[group], models=[model]))
     with pytest.raises(StackRefused, match=message):
         run_program("odd", root=tmp_path)

@@ -105,7 +105,8 @@ def test_elasticache_never_evicts() -> None:
 def test_in_cluster_redis_never_evicts_and_fits_its_memory_limit() -> None:
     run = example_run("dev")
     [container] = run.one("kubernetes:apps/v1:Deployment", "llmstack-redis").inputs["spec"]["template"]["spec"][
-        "containers"]
+        "containers"
+    ]
     args = container["args"]
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
     maxmemory_mib = int(args[args.index("--maxmemory") + 1].removesuffix("mb"))

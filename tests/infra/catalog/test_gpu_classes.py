@@ -6,8 +6,14 @@ import pytest
 
 from infra.catalog.gpu_catalog import GpuClass, default_instance_for, gpu_class_info, load_gpu_classes
 
-EC2_MIB = {GpuClass.L4: 22_888, GpuClass.A10G: 22_888, GpuClass.L40S: 45_776, GpuClass.A100_40GB: 40_960,
-           GpuClass.A100_80GB: 81_920, GpuClass.H100_80GB: 81_920}
+EC2_MIB = {
+    GpuClass.L4: 22_888,
+    GpuClass.A10G: 22_888,
+    GpuClass.L40S: 45_776,
+    GpuClass.A100_40GB: 40_960,
+    GpuClass.A100_80GB: 81_920,
+    GpuClass.H100_80GB: 81_920,
+}
 
 
 @pytest.mark.parametrize("gpu", list(GpuClass), ids=lambda g: g.value)

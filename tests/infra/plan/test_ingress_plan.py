@@ -9,16 +9,27 @@ from infra.plan.planner import plan_stack
 from infra.spec.stack_file import load_stack, spec_from_document
 from tests.support.stacks import stack_document
 
-ESTIMATES = ServingEstimates(reference_weight_bytes=16e9, router_cpu_ms_per_output_token=0.1,
-                             router_target_utilization=0.5,
-                             replica_output_tokens_per_s={"L4": 1000, "cpu": 100})  # one router: 5,000 tok/s
+ESTIMATES = ServingEstimates(
+    reference_weight_bytes=16e9,
+    router_cpu_ms_per_output_token=0.1,
+    router_target_utilization=0.5,
+    replica_output_tokens_per_s={"L4": 1000, "cpu": 100},
+)  # one router: 5,000 tok/s
 
 
 def planned(max_replicas: int, max_size: int = 8, estimates: ServingEstimates = ESTIMATES):
-    doc = stack_document(node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge",
-                                       "max_size": max_size}],
-                         models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 8192, "autoscaling": {"max_replicas": max_replicas}}])
+    doc = stack_document(
+        node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": max_size}],
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "autoscaling": {"max_replicas": max_replicas},
+            }
+        ],
+    )
     plan = plan_stack(spec_from_document(doc, name="t", file_label="t"))
     return plan, plan_ingress(plan.models, plan.node_groups, local=False, estimates=estimates)
 
@@ -51,11 +62,21 @@ def test_the_rendered_pods_get_the_planned_router_count():
 
     slow = ESTIMATES.model_copy(update={"router_cpu_ms_per_output_token": 5.0})
     plan, ingress = planned(8, estimates=slow)
-    doc = stack_document(node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 8}],
-                         models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 8192, "autoscaling": {"max_replicas": 8}}])
-    rendered = rayservice(spec_from_document(doc, name="t", file_label="t"),
-                          plan.model_copy(update={"ingress": ingress}))
+    doc = stack_document(
+        node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 8}],
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "autoscaling": {"max_replicas": 8},
+            }
+        ],
+    )
+    rendered = rayservice(
+        spec_from_document(doc, name="t", file_label="t"), plan.model_copy(update={"ingress": ingress})
+    )
     cluster = rendered["spec"]["rayClusterConfig"]
     for pod in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         env = {e["name"]: e.get("value") for e in pod["template"]["spec"]["containers"][0]["env"]}

@@ -37,8 +37,9 @@ def test_defaults_follow_the_gpu_class_from_the_plans_estimate():
     [(name, capacity)] = model_capacities(spec, plan).items()
     assert name == "llama"
     expected_itl = round(3 * 1000 * 64 / ingress.replica_output_tokens_per_s)
-    assert capacity == ModelCapacity(ttft_ms=8 * expected_itl, itl_ms=expected_itl, percentile=90, adaptive=True,
-                                     min_slots=2, max_slots=64)
+    assert capacity == ModelCapacity(
+        ttft_ms=8 * expected_itl, itl_ms=expected_itl, percentile=90, adaptive=True, min_slots=2, max_slots=64
+    )
     # A faster GPU class gets a tighter default, down to the floor.
     h100 = [{"name": "l4", "kind": "gpu", "instance_type": "p5.48xlarge", "max_size": 1}]
     fast = capacities(node_groups=h100)["llama"]
@@ -46,10 +47,15 @@ def test_defaults_follow_the_gpu_class_from_the_plans_estimate():
 
 
 def test_stated_targets_win_and_the_bounds_come_from_autoscaling():
-    model = {**LLAMA, "served_name": "meta/llama", "latency_target": {"itl_ms": 90, "percentile": 99, "min_slots": 4},
-             "autoscaling": {"max_ongoing_requests": 24, "target_ongoing_requests": 8}}
-    assert capacities([model]) == {"meta/llama": ModelCapacity(ttft_ms=720, itl_ms=90, percentile=99, min_slots=4,
-                                                               max_slots=24)}
+    model = {
+        **LLAMA,
+        "served_name": "meta/llama",
+        "latency_target": {"itl_ms": 90, "percentile": 99, "min_slots": 4},
+        "autoscaling": {"max_ongoing_requests": 24, "target_ongoing_requests": 8},
+    }
+    assert capacities([model]) == {
+        "meta/llama": ModelCapacity(ttft_ms=720, itl_ms=90, percentile=99, min_slots=4, max_slots=24)
+    }
     both = {**LLAMA, "latency_target": {"ttft_ms": 500, "itl_ms": 40, "adaptive": False}}
     assert capacities([both])["llama"] == ModelCapacity(ttft_ms=500, itl_ms=40, adaptive=False, max_slots=64)
     # A floor above the ceiling is the ceiling: the capacity then never moves.
@@ -64,8 +70,18 @@ def test_make_devs_stack_states_cpu_sized_targets():
         assert capacity.adaptive and capacity.max_slots == 64
 
 
-@pytest.mark.parametrize("target", [{"percentile": 100}, {"percentile": 50}, {"ttft_ms": 0}, {"itl_ms": -1},
-                                    {"min_slots": 0}, {"ttft": 300}, {"adaptive": "sometimes"}])
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"percentile": 100},
+        {"percentile": 50},
+        {"ttft_ms": 0},
+        {"itl_ms": -1},
+        {"min_slots": 0},
+        {"ttft": 300},
+        {"adaptive": "sometimes"},
+    ],
+)
 def test_a_bad_latency_target_is_refused_at_its_key(target):
     document = stack_document(models=[{**LLAMA, "latency_target": target}])
     with pytest.raises(StackFileError, match="latency_target"):

@@ -38,8 +38,10 @@ def test_parameter_counts_match_model_cards():
     assert LLAMA_8B.parameters == 8_030_261_248
     assert round(BUILTIN["meta-llama/Llama-3.3-70B-Instruct"].parameters / 1e9, 1) == 70.6
     assert round(BUILTIN["Qwen/Qwen2.5-7B-Instruct"].parameters / 1e9, 2) == 7.62
-    assert count_parameters(layers=1, heads=1, kv_heads=1, head_dim=2, hidden=2, intermediate=3, vocab=5,
-                            tied=True) == (2 * 2 * 4) + 3 * 2 * 3 + 2 * 2 + 2 + 5 * 2
+    assert (
+        count_parameters(layers=1, heads=1, kv_heads=1, head_dim=2, hidden=2, intermediate=3, vocab=5, tied=True)
+        == (2 * 2 * 4) + 3 * 2 * 3 + 2 * 2 + 2 + 5 * 2
+    )
 
 
 def test_llama_8b_bf16_needs_128_kib_of_kv_per_token():
@@ -75,8 +77,9 @@ def test_8b_on_one_l4_fits_with_hand_checked_kv_budget():
 
 
 def test_tp_must_divide_attention_heads():
-    plan = plan_of(node_groups=[group("g6.48xlarge")],
-                   models=[model(source="Qwen/Qwen2.5-7B-Instruct", tensor_parallel_size=8)])
+    plan = plan_of(
+        node_groups=[group("g6.48xlarge")], models=[model(source="Qwen/Qwen2.5-7B-Instruct", tensor_parallel_size=8)]
+    )
     assert reasons(plan) == {Reason.TP_DOES_NOT_DIVIDE_HEADS}
     assert "28 attention heads" in plan.problems[0].message and "[1, 2, 4, 28]" in plan.problems[0].message
 
@@ -84,14 +87,16 @@ def test_tp_must_divide_attention_heads():
 def test_replica_larger_than_node_is_refused_unless_pipeline_spans_nodes():
     plan = plan_of(node_groups=[group("g6.12xlarge")], models=[model(tensor_parallel_size=8)])
     assert reasons(plan) == {Reason.REPLICA_EXCEEDS_NODE}
-    spanning = plan_of(node_groups=[group("g6.12xlarge")],
-                       models=[model(tensor_parallel_size=4, pipeline_parallel_size=2)])
+    spanning = plan_of(
+        node_groups=[group("g6.12xlarge")], models=[model(tensor_parallel_size=4, pipeline_parallel_size=2)]
+    )
     assert spanning.ok and spanning.models[0].nodes_per_replica == 2
 
 
 def test_weights_that_do_not_fit():
-    plan = plan_of(node_groups=[group("g6.xlarge")],
-                   models=[model(source="meta-llama/Llama-3.3-70B-Instruct", max_model_len=4096)])
+    plan = plan_of(
+        node_groups=[group("g6.xlarge")], models=[model(source="meta-llama/Llama-3.3-70B-Instruct", max_model_len=4096)]
+    )
     assert Reason.WEIGHTS_DO_NOT_FIT in reasons(plan)
     assert "raise tensor_parallel_size, quantize" in plan.problems[0].message
 
@@ -105,20 +110,25 @@ def test_quantization_shrinks_weights_enough():
 def test_not_even_one_sequence_fits():
     plan = plan_of(node_groups=[group("g6.xlarge")], models=[model(max_model_len=131072)])
     assert reasons(plan) == {Reason.NO_ROOM_FOR_ONE_SEQUENCE}
-    assert plan_of(node_groups=[group("g6.xlarge")], models=[model(max_model_len=131072, kv_cache_dtype="fp8",
-                                                                  tensor_parallel_size=1)]).problems
+    assert plan_of(
+        node_groups=[group("g6.xlarge")],
+        models=[model(max_model_len=131072, kv_cache_dtype="fp8", tensor_parallel_size=1)],
+    ).problems
 
 
 def test_node_group_too_small_for_max_replicas():
-    plan = plan_of(node_groups=[group("g6.xlarge", max_size=2)],
-                   models=[model(autoscaling={"min_replicas": 1, "max_replicas": 3})])
+    plan = plan_of(
+        node_groups=[group("g6.xlarge", max_size=2)], models=[model(autoscaling={"min_replicas": 1, "max_replicas": 3})]
+    )
     assert reasons(plan) == {Reason.NODE_GROUP_TOO_SMALL}
     assert "raise max_size of node group 'g' to 3" in plan.problems[0].message
 
 
 def test_replicas_of_several_models_share_multi_gpu_nodes():
-    models = [model(id="a", autoscaling={"min_replicas": 1, "max_replicas": 3}),
-              model(id="b", autoscaling={"min_replicas": 1, "max_replicas": 1})]
+    models = [
+        model(id="a", autoscaling={"min_replicas": 1, "max_replicas": 3}),
+        model(id="b", autoscaling={"min_replicas": 1, "max_replicas": 1}),
+    ]
     plan = plan_of(node_groups=[group("g6.12xlarge", max_size=1)], models=models)  # 4 GPUs per node
     assert plan.ok
     assert (plan.node_groups[0].nodes_at_min, plan.node_groups[0].nodes_at_max) == (1, 1)
@@ -127,8 +137,11 @@ def test_replicas_of_several_models_share_multi_gpu_nodes():
 def test_blue_green_verdicts():
     def verdict(max_size: int, lo: int, hi: int) -> str:
         scaling = {"min_replicas": lo, "max_replicas": hi}
-        return plan_of(node_groups=[group("g6.xlarge", max_size=max_size)],
-                       models=[model(autoscaling=scaling)]).node_groups[0].blue_green
+        return (
+            plan_of(node_groups=[group("g6.xlarge", max_size=max_size)], models=[model(autoscaling=scaling)])
+            .node_groups[0]
+            .blue_green
+        )
 
     assert verdict(4, 1, 2) == "fits"
     assert verdict(4, 2, 4) == "fits only below peak load"

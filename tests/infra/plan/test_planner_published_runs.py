@@ -21,10 +21,14 @@ from infra.spec.stack_file import spec_from_document
 from tests.support.stacks import stack_document
 
 GIB = 1024**3
-LLM_D = ("llm-d/llm-d-benchmark, config_explorer/empirical-vllm-memory-results.md (H100, 79.18 GiB, "
-         "gpu_memory_utilization 0.9, vllm serve defaults, prefix caching on)")
-RAY_SMALL_LLM = ("ray-project/ray, doc/source/ray-overview/examples/deployment-serve-llm/small-size-llm/"
-                 "README.md (Ray Serve LLM, accelerator_type L4, image ray-llm 2.48.0 with vllm==0.9.2)")
+LLM_D = (
+    "llm-d/llm-d-benchmark, config_explorer/empirical-vllm-memory-results.md (H100, 79.18 GiB, "
+    "gpu_memory_utilization 0.9, vllm serve defaults, prefix caching on)"
+)
+RAY_SMALL_LLM = (
+    "ray-project/ray, doc/source/ray-overview/examples/deployment-serve-llm/small-size-llm/"
+    "README.md (Ray Serve LLM, accelerator_type L4, image ray-llm 2.48.0 with vllm==0.9.2)"
+)
 
 
 @dataclass(frozen=True)
@@ -55,34 +59,92 @@ def _model(source: str, max_model_len: int, **fields) -> dict:
 # before model runner V2 (their activation peaks scale with vocabulary x max_num_seqs). 0.11.0 is
 # the release the llm-d runs are quoted with.
 RUNS = [
-    PublishedRun("llama-3.1-8b-h100-tp1", LLM_D, "0.11.0", "Available KV cache memory: 51.38 GiB",
-                 _model("meta-llama/Llama-3.1-8B-Instruct", 16000), "p5.48xlarge", kv_cache_gib=51.38, fitted=True),
-    PublishedRun("llama-3.3-70b-fp8-h100-tp2", LLM_D, "0.11.0", "Available KV cache memory: 32.0 GiB",
-                 _model("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", 16000, quantization="fp8",
-                        tensor_parallel_size=2), "p5.48xlarge", kv_cache_gib=32.0, fitted=True),
-    PublishedRun("qwen3-32b-h100-tp1", LLM_D, "0.11.0", "Available KV cache memory: 4.45 GiB",
-                 _model("Qwen/Qwen3-32B", 16000), "p5.48xlarge", kv_cache_gib=4.45),
-    PublishedRun("qwen3-32b-h100-tp2", LLM_D + "; figures as quoted by the issue that asked for this table",
-                 "0.11.0", "Available KV cache memory: 34.49 GiB (weights 30.59, activation 5.64, non-torch 0.54)",
-                 _model("Qwen/Qwen3-32B", 16000, tensor_parallel_size=2), "p5.48xlarge", kv_cache_gib=34.49),
-    PublishedRun("qwen3-0.6b-h100-16k", LLM_D, "0.11.0", "Available KV cache memory: 64.45 GiB",
-                 _model("Qwen/Qwen3-0.6B", 16000), "p5.48xlarge", kv_cache_gib=64.45),
-    PublishedRun("qwen3-0.6b-h100-32k", LLM_D, "0.11.0", "Available KV cache memory: 64.45 GiB",
-                 _model("Qwen/Qwen3-0.6B", 32000), "p5.48xlarge", kv_cache_gib=64.45),
-    PublishedRun("qwen3-32b-h100-tp1-32k", LLM_D, "0.11.0",
-                 "Qwen3-32B | FAILED | 61.03 | 5.64 | 0.14 | N/A | N/A | 1 | 32000",
-                 _model("Qwen/Qwen3-32B", 32000), "p5.48xlarge", refused=True),
-    PublishedRun("llama-3.1-8b-l4-ray-serve", RAY_SMALL_LLM, "0.9.2",
-                 "INFO 08-06 20:15:53 [executor_base.py:118] Maximum concurrency for 8192 tokens per request: 3.53x",
-                 _model("meta-llama/Llama-3.1-8B-Instruct", 8192), "g6.xlarge", max_concurrency=3.53),
+    PublishedRun(
+        "llama-3.1-8b-h100-tp1",
+        LLM_D,
+        "0.11.0",
+        "Available KV cache memory: 51.38 GiB",
+        _model("meta-llama/Llama-3.1-8B-Instruct", 16000),
+        "p5.48xlarge",
+        kv_cache_gib=51.38,
+        fitted=True,
+    ),
+    PublishedRun(
+        "llama-3.3-70b-fp8-h100-tp2",
+        LLM_D,
+        "0.11.0",
+        "Available KV cache memory: 32.0 GiB",
+        _model("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", 16000, quantization="fp8", tensor_parallel_size=2),
+        "p5.48xlarge",
+        kv_cache_gib=32.0,
+        fitted=True,
+    ),
+    PublishedRun(
+        "qwen3-32b-h100-tp1",
+        LLM_D,
+        "0.11.0",
+        "Available KV cache memory: 4.45 GiB",
+        _model("Qwen/Qwen3-32B", 16000),
+        "p5.48xlarge",
+        kv_cache_gib=4.45,
+    ),
+    PublishedRun(
+        "qwen3-32b-h100-tp2",
+        LLM_D + "; figures as quoted by the issue that asked for this table",
+        "0.11.0",
+        "Available KV cache memory: 34.49 GiB (weights 30.59, activation 5.64, non-torch 0.54)",
+        _model("Qwen/Qwen3-32B", 16000, tensor_parallel_size=2),
+        "p5.48xlarge",
+        kv_cache_gib=34.49,
+    ),
+    PublishedRun(
+        "qwen3-0.6b-h100-16k",
+        LLM_D,
+        "0.11.0",
+        "Available KV cache memory: 64.45 GiB",
+        _model("Qwen/Qwen3-0.6B", 16000),
+        "p5.48xlarge",
+        kv_cache_gib=64.45,
+    ),
+    PublishedRun(
+        "qwen3-0.6b-h100-32k",
+        LLM_D,
+        "0.11.0",
+        "Available KV cache memory: 64.45 GiB",
+        _model("Qwen/Qwen3-0.6B", 32000),
+        "p5.48xlarge",
+        kv_cache_gib=64.45,
+    ),
+    PublishedRun(
+        "qwen3-32b-h100-tp1-32k",
+        LLM_D,
+        "0.11.0",
+        "Qwen3-32B | FAILED | 61.03 | 5.64 | 0.14 | N/A | N/A | 1 | 32000",
+        _model("Qwen/Qwen3-32B", 32000),
+        "p5.48xlarge",
+        refused=True,
+    ),
+    PublishedRun(
+        "llama-3.1-8b-l4-ray-serve",
+        RAY_SMALL_LLM,
+        "0.9.2",
+        "INFO 08-06 20:15:53 [executor_base.py:118] Maximum concurrency for 8192 tokens per request: 3.53x",
+        _model("meta-llama/Llama-3.1-8B-Instruct", 8192),
+        "g6.xlarge",
+        max_concurrency=3.53,
+    ),
 ]
 
 
 def plan_for(run: PublishedRun) -> StackPlan:
-    document = stack_document(node_groups=[{"name": "g", "kind": "gpu", "instance_type": run.instance_type,
-                                            "max_size": 1}], models=[run.model])
-    return plan_stack(spec_from_document(document, name="published", file_label="Pulumi.published.yaml"),
-                      vllm_version=run.vllm_version)
+    document = stack_document(
+        node_groups=[{"name": "g", "kind": "gpu", "instance_type": run.instance_type, "max_size": 1}],
+        models=[run.model],
+    )
+    return plan_stack(
+        spec_from_document(document, name="published", file_label="Pulumi.published.yaml"),
+        vllm_version=run.vllm_version,
+    )
 
 
 def ratio(run: PublishedRun, plan: StackPlan) -> float:
@@ -132,6 +194,5 @@ def test_plan_refuses_what_vllm_refused(run: PublishedRun):
 def test_older_engine_runs_are_reported(run: PublishedRun, capsys):
     plan = plan_for(run)
     with capsys.disabled():
-        print(f"\n{run.name} (vLLM {run.vllm_version}, older engine, not asserted): "
-              f"plan/vLLM = {ratio(run, plan):.3f}")
+        print(f"\n{run.name} (vLLM {run.vllm_version}, older engine, not asserted): plan/vLLM = {ratio(run, plan):.3f}")
     assert plan.ok

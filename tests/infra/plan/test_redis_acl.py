@@ -45,9 +45,25 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory):
     (folder / "users.acl").write_text(acl_file(PASSWORDS, [gateway_user(), ray_user()]))
     port = free_port()
     process = subprocess.Popen(
-        [redis_server_path(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(folder), "--aclfile", str(folder / "users.acl")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+        [
+            redis_server_path(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+            "--aclfile",
+            str(folder / "users.acl"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=die_with_parent,
+    )
     try:
         client = redis.Redis(port=port, username=GATEWAY_USER, password=PASSWORDS[GATEWAY_USER])
         for _ in range(100):
@@ -81,10 +97,10 @@ def test_ray_cannot_touch_api_keys(acl_redis: int) -> None:
     [record_name] = [n for n in gateway.scan_iter(match="llmstack:*") if "by-id" not in n]
     ray = as_user(acl_redis, RAY_USER)
     attacks = [
-        lambda: ray.get(record_name),                                  # read a key record
-        lambda: ray.set(record_name, '{"revoked_at": null}'),           # un-revoke / rewrite it
-        lambda: ray.set("llmstack:{key:forged}", "{}"),                 # mint one
-        lambda: ray.delete(record_name),                                # delete it
+        lambda: ray.get(record_name),  # read a key record
+        lambda: ray.set(record_name, '{"revoked_at": null}'),  # un-revoke / rewrite it
+        lambda: ray.set("llmstack:{key:forged}", "{}"),  # mint one
+        lambda: ray.delete(record_name),  # delete it
         lambda: ray.eval("return redis.call('GET', KEYS[1])", 1, record_name),
         lambda: ray.keys("*"),
         lambda: ray.flushall(),
@@ -106,13 +122,21 @@ def test_residual_risk_ray_lists_the_gateways_key_names_and_reads_none_of_them(a
     listed = set(ray.scan_iter(match="llmstack:*"))
     assert "llmstack:{tenant:acme}:spend" in listed  # the leak: names (key hashes, tenants, models)
     for name in listed:  # never a value, a type or a TTL
-        for attack in (lambda: ray.get(name), lambda: ray.type(name), lambda: ray.ttl(name),
-                       lambda: ray.hgetall(name), lambda: ray.dump(name)):
+        for attack in (
+            lambda: ray.get(name),
+            lambda: ray.type(name),
+            lambda: ray.ttl(name),
+            lambda: ray.hgetall(name),
+            lambda: ray.dump(name),
+        ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 attack()
     # Of Ray's commands that take no key, only SCAN reveals anything about keys (PING, INFO do not).
-    keyless = [c for c in ray_user().commands.split() if c.startswith("+")
-               and c[1:] in ("scan", "keys", "randomkey", "info", "ping")]
+    keyless = [
+        c
+        for c in ray_user().commands.split()
+        if c.startswith("+") and c[1:] in ("scan", "keys", "randomkey", "info", "ping")
+    ]
     assert keyless == ["+ping", "+info", "+scan"]
     threat_model = " ".join((PROJECT_ROOT / "docs" / "deploying.md").read_text().split())
     assert "SCAN lists every key name" in threat_model and "`+scan`" in threat_model
@@ -121,8 +145,12 @@ def test_residual_risk_ray_lists_the_gateways_key_names_and_reads_none_of_them(a
 def test_the_gateway_cannot_touch_ray_state(acl_redis: int) -> None:
     as_user(acl_redis, RAY_USER).hset(TABLE, "node-1", "alive")
     gateway = as_user(acl_redis, GATEWAY_USER)
-    for attack in (lambda: gateway.hget(TABLE, "node-1"), lambda: gateway.delete(TABLE),
-                   lambda: gateway.flushall(), lambda: gateway.keys("*")):
+    for attack in (
+        lambda: gateway.hget(TABLE, "node-1"),
+        lambda: gateway.delete(TABLE),
+        lambda: gateway.flushall(),
+        lambda: gateway.keys("*"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attack()
 
@@ -173,8 +201,13 @@ def test_the_fair_queue_works_as_the_gateway_user(acl_redis: int) -> None:
     policy = QueuePolicy(tiers=[QueueTier(name="standard", max_queue_length=1, queue_timeout_s=10)])
 
     async def work() -> None:
-        queue = FairQueue(url(acl_redis, GATEWAY_USER), policy, {"acl-model": ModelQueue(max_ongoing_requests=1)},
-                          lease_s=60, heartbeat_s=20)  # a heartbeat this slow cannot be what wakes the waiter
+        queue = FairQueue(
+            url(acl_redis, GATEWAY_USER),
+            policy,
+            {"acl-model": ModelQueue(max_ongoing_requests=1)},
+            lease_s=60,
+            heartbeat_s=20,
+        )  # a heartbeat this slow cannot be what wakes the waiter
         await queue.start()
         try:
             first = await queue.acquire("acl-model", "acme")
@@ -188,8 +221,12 @@ def test_the_fair_queue_works_as_the_gateway_user(acl_redis: int) -> None:
             await second.release()
             assert (await queue.status("acl-model"))["in_flight"] == 0
             # The gateway's own path: the try in the limiter's admit, the release in its settle.
-            limiter = Limiter(url(acl_redis, GATEWAY_USER), "closed", request_timeout_s=60,
-                              on_redis_error=lambda: pytest.fail("the limiter's Redis failed"))
+            limiter = Limiter(
+                url(acl_redis, GATEWAY_USER),
+                "closed",
+                request_timeout_s=60,
+                on_redis_error=lambda: pytest.fail("the limiter's Redis failed"),
+            )
             who = Who(key_id="acl-key", tenant="acme", limits=KeyLimits(), tenant_defaults=TenantLimits())
             attempt = queue.try_slot("acl-model", "acme")
             ticket = await limiter.admit(who, 10, along=attempt.call)
@@ -256,9 +293,23 @@ def elasticache_rules_redis(tmp_path_factory: pytest.TempPathFactory):
     user switched off, as the program's user group does)."""
     port = free_port()
     process = subprocess.Popen(
-        [redis_server_path(), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path_factory.mktemp("redis-elasticache"))],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+        [
+            redis_server_path(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path_factory.mktemp("redis-elasticache")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=die_with_parent,
+    )
     try:
         admin = redis.Redis(port=port)
         for _ in range(100):
@@ -268,8 +319,9 @@ def elasticache_rules_redis(tmp_path_factory: pytest.TempPathFactory):
             except redis.ConnectionError:
                 asyncio.run(asyncio.sleep(0.05))
         for user in (gateway_user(), ray_user()):
-            admin.execute_command("ACL", "SETUSER", user.name, "reset", f">{PASSWORDS[user.name]}",
-                                  *access_string(user).split())
+            admin.execute_command(
+                "ACL", "SETUSER", user.name, "reset", f">{PASSWORDS[user.name]}", *access_string(user).split()
+            )
         admin.execute_command("ACL", "SETUSER", "default", "off")
         yield port
     finally:

@@ -21,13 +21,18 @@ def usage(tenant: str, key: str, tokens: int, model: str = "m", prompt: int = 0)
 
 
 def group(hours: str = "10", price: str | None = "1.00", name: str = "g") -> GroupCost:
-    return GroupCost(node_group=name, node_hours=Decimal(hours),
-                     usd_per_node_hour=None if price is None else Decimal(price))
+    return GroupCost(
+        node_group=name, node_hours=Decimal(hours), usd_per_node_hour=None if price is None else Decimal(price)
+    )
 
 
 def rate(usd_per_million: str | None = "1", model: str = "m", weight: int = 1, node_group: str = "g") -> ModelRate:
-    return ModelRate(model=model, node_group=node_group, weight=weight,
-                     usd_per_token=None if usd_per_million is None else Decimal(usd_per_million) * PER_MILLION)
+    return ModelRate(
+        model=model,
+        node_group=node_group,
+        weight=weight,
+        usd_per_token=None if usd_per_million is None else Decimal(usd_per_million) * PER_MILLION,
+    )
 
 
 def by_kind(report, kind: str) -> list:
@@ -36,17 +41,29 @@ def by_kind(report, kind: str) -> list:
 
 def test_tenants_pay_their_tokens_and_idle_is_the_rest():
     # 10 node-hours at $1 = $10. At $1 per 1M tokens: a's 3M tokens are $3, b's 1M are $1, idle $6.
-    report = showback([usage("a", "k1", 2_000_000, prompt=500_000), usage("a", "k2", 1_000_000),
-                       usage("b", "k3", 1_000_000)], [group()], [rate()])
+    report = showback(
+        [usage("a", "k1", 2_000_000, prompt=500_000), usage("a", "k2", 1_000_000), usage("b", "k3", 1_000_000)],
+        [group()],
+        [rate()],
+    )
     assert [(r.tenant, r.key_id, r.usd) for r in by_kind(report, "usage")] == [
-        ("a", "k1", Decimal("2.00")), ("a", "k2", Decimal("1.00")), ("b", "k3", Decimal("1.00"))]
+        ("a", "k1", Decimal("2.00")),
+        ("a", "k2", Decimal("1.00")),
+        ("b", "k3", Decimal("1.00")),
+    ]
     assert [r.usd for r in by_kind(report, "idle")] == [Decimal("6.00")]
-    assert [(t.tenant, t.usd, t.prompt_tokens) for t in report.tenants] == [("a", Decimal("3.00"), 500_000),
-                                                                          ("b", Decimal("1.00"), 0)]
+    assert [(t.tenant, t.usd, t.prompt_tokens) for t in report.tenants] == [
+        ("a", Decimal("3.00"), 500_000),
+        ("b", Decimal("1.00"), 0),
+    ]
     assert report.total_usd == Decimal("10.00") and report.idle_usd == Decimal("6.00")
     model = report.models[0]
     assert (model.usd, model.attributed_usd, model.idle_usd, model.utilisation) == (
-        Decimal("10.00"), Decimal("4.00"), Decimal("6.00"), Decimal("0.4000"))
+        Decimal("10.00"),
+        Decimal("4.00"),
+        Decimal("6.00"),
+        Decimal("0.4000"),
+    )
 
 
 def test_thirds_round_to_the_cent_and_still_add_up():
@@ -74,11 +91,17 @@ def test_a_model_without_a_rate_is_one_unpriced_row_not_smeared():
 
 def test_groups_split_by_weight_and_unused_groups_are_idle():
     groups = [group("3", "1.00", "shared"), group("5", "2.00", "spare"), group("9", None, "cpu")]
-    rates = [rate("1", "big", weight=2, node_group="shared"), rate("1", "small", weight=1, node_group="shared"),
-             rate("1", "cpu-model", node_group="cpu")]
+    rates = [
+        rate("1", "big", weight=2, node_group="shared"),
+        rate("1", "small", weight=1, node_group="shared"),
+        rate("1", "cpu-model", node_group="cpu"),
+    ]
     report = showback([usage("a", "k", 1_000_000, model="small"), usage("a", "k", 7, model="cpu-model")], groups, rates)
-    assert [(m.model, m.usd) for m in report.models] == [("big", Decimal("2.00")), ("small", Decimal("1.00")),
-                                                         ("cpu-model", Decimal("0.00"))]
+    assert [(m.model, m.usd) for m in report.models] == [
+        ("big", Decimal("2.00")),
+        ("small", Decimal("1.00")),
+        ("cpu-model", Decimal("0.00")),
+    ]
     spare = [r for r in by_kind(report, "idle") if r.node_group == "spare"]
     assert spare[0].usd == Decimal("10.00") and spare[0].model == ""
     assert report.total_usd == Decimal("13.00") == sum(r.usd for r in report.rows)
@@ -114,21 +137,33 @@ tokens = st.integers(min_value=0, max_value=10**12)
 
 
 @settings(max_examples=examples(fast=100, deep=300))
-@given(rows=st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from(["k1", "k2"]),
-                               st.sampled_from(["m1", "m2"]), tokens, tokens), max_size=12),
-       hours=st.decimals(min_value=0, max_value=10**5, places=3),
-       price=st.decimals(min_value=0, max_value=100, places=6),
-       rates=st.tuples(st.decimals(min_value="0.000001", max_value=1000, places=6),
-                       st.decimals(min_value="0.000001", max_value=1000, places=6)),
-       weights=st.tuples(st.integers(0, 8), st.integers(0, 8)))
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from("abcd"), st.sampled_from(["k1", "k2"]), st.sampled_from(["m1", "m2"]), tokens, tokens
+        ),
+        max_size=12,
+    ),
+    hours=st.decimals(min_value=0, max_value=10**5, places=3),
+    price=st.decimals(min_value=0, max_value=100, places=6),
+    rates=st.tuples(
+        st.decimals(min_value="0.000001", max_value=1000, places=6),
+        st.decimals(min_value="0.000001", max_value=1000, places=6),
+    ),
+    weights=st.tuples(st.integers(0, 8), st.integers(0, 8)),
+)
 def test_rows_always_add_up_to_the_bill_to_the_cent(rows, hours, price, rates, weights):
     merged: dict[tuple[str, str, str], tuple[int, int]] = {}
     for tenant, key, model, prompt, completion in rows:
         merged[(tenant, key, model)] = (prompt, completion)
-    use = [Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c)
-           for (t, k, m), (p, c) in merged.items()]
-    report = showback(use, [GroupCost(node_group="g", node_hours=hours, usd_per_node_hour=price)],
-                      [rate(str(rates[0]), "m1", weights[0]), rate(str(rates[1]), "m2", weights[1])])
+    use = [
+        Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c) for (t, k, m), (p, c) in merged.items()
+    ]
+    report = showback(
+        use,
+        [GroupCost(node_group="g", node_hours=hours, usd_per_node_hour=price)],
+        [rate(str(rates[0]), "m1", weights[0]), rate(str(rates[1]), "m2", weights[1])],
+    )
     assert report.total_usd == (hours * price).quantize(Decimal("0.01"), rounding="ROUND_HALF_UP")
     assert sum(r.usd for r in report.rows) == report.total_usd
     assert all(r.usd >= 0 and r.usd == r.usd.quantize(Decimal("0.01")) for r in report.rows)

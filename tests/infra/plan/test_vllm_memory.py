@@ -20,8 +20,17 @@ GIB = 1024**3
 
 
 def memory(version: str, gpu: GpuClass = GpuClass.H100_80GB, **engine_args):
-    return rank_memory(engine_release(version), gpu_class_info(gpu), LLAMA_8B, weights_per_rank=2 * LLAMA_8B.parameters,
-                       dtype_bytes=2, tp=1, gpus=1, gpu_memory_utilization=0.9, engine_args=engine_args)
+    return rank_memory(
+        engine_release(version),
+        gpu_class_info(gpu),
+        LLAMA_8B,
+        weights_per_rank=2 * LLAMA_8B.parameters,
+        dtype_bytes=2,
+        tp=1,
+        gpus=1,
+        gpu_memory_utilization=0.9,
+        engine_args=engine_args,
+    )
 
 
 def test_versions_parse_with_suffixes():
@@ -30,25 +39,31 @@ def test_versions_parse_with_suffixes():
     assert parse_version("0.11.0rc2") == (0, 11, 0)
 
 
-@pytest.mark.parametrize(("version", "v1", "runner", "graphs"), [
-    ("0.7.3", False, ModelRunner.V1, False),
-    ("0.11.0", True, ModelRunner.V1, False),
-    ("0.21.0", True, ModelRunner.V1, True),
-    ("0.25.0", True, ModelRunner.V1, True),
-    ("0.25.1", True, ModelRunner.V2, True),
-    ("0.29.0", True, ModelRunner.V2, True),
-])
+@pytest.mark.parametrize(
+    ("version", "v1", "runner", "graphs"),
+    [
+        ("0.7.3", False, ModelRunner.V1, False),
+        ("0.11.0", True, ModelRunner.V1, False),
+        ("0.21.0", True, ModelRunner.V1, True),
+        ("0.25.0", True, ModelRunner.V1, True),
+        ("0.25.1", True, ModelRunner.V2, True),
+        ("0.29.0", True, ModelRunner.V2, True),
+    ],
+)
 def test_release_behaviour(version, v1, runner, graphs):
     release = engine_release(version)
     assert (release.v1_engine, release.model_runner, release.subtracts_cudagraphs) == (v1, runner, graphs)
 
 
-@pytest.mark.parametrize(("gpu", "tokens", "seqs"), [
-    (GpuClass.H100_80GB, 8192, 1024),
-    (GpuClass.A100_80GB, 2048, 256),  # 80 GB, but vLLM keeps the small defaults for anything named A100
-    (GpuClass.L40S, 2048, 256),
-    (GpuClass.L4, 2048, 256),
-])
+@pytest.mark.parametrize(
+    ("gpu", "tokens", "seqs"),
+    [
+        (GpuClass.H100_80GB, 8192, 1024),
+        (GpuClass.A100_80GB, 2048, 256),  # 80 GB, but vLLM keeps the small defaults for anything named A100
+        (GpuClass.L40S, 2048, 256),
+        (GpuClass.L4, 2048, 256),
+    ],
+)
 def test_openai_server_batch_defaults_follow_the_gpu(gpu, tokens, seqs):
     limits = batch_limits(gpu_class_info(gpu), {})
     assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (tokens, seqs)

@@ -17,8 +17,9 @@ from ops.devstack.edge import haproxy_binary
 def haproxy_accepts(files: dict[str, str], directory) -> subprocess.CompletedProcess:
     for name, text in files.items():
         (directory / name).write_text(text)
-    return subprocess.run([haproxy_binary(), "-c", "-f", str(directory / CONFIG_FILE)], capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        [haproxy_binary(), "-c", "-f", str(directory / CONFIG_FILE)], capture_output=True, text=True, timeout=30
+    )
 
 
 def test_haproxy_accepts_the_pods_config(example_stack, tmp_path):
@@ -35,11 +36,21 @@ def test_haproxy_accepts_the_pods_config(example_stack, tmp_path):
     assert f"req.hdrs,length gt {edge.max_header_bytes}" in config
 
 
-@pytest.mark.parametrize("edge", [Edge(), Edge(header_timeout_s=0.5, max_header_bytes=4096, max_connections=16,
-                                                max_connections_per_client=1)])
+@pytest.mark.parametrize(
+    "edge",
+    [Edge(), Edge(header_timeout_s=0.5, max_header_bytes=4096, max_connections=16, max_connections_per_client=1)],
+)
 def test_haproxy_accepts_the_local_config_at_the_bounds(edge, tmp_path):
-    files = edge_files(edge, directory=str(tmp_path), listen="127.0.0.1:1", gateway="127.0.0.1:2",
-                       health="127.0.0.1:3", request_timeout_s=600, shutdown_grace_s=90, proxy_protocol=False)
+    files = edge_files(
+        edge,
+        directory=str(tmp_path),
+        listen="127.0.0.1:1",
+        gateway="127.0.0.1:2",
+        health="127.0.0.1:3",
+        request_timeout_s=600,
+        shutdown_grace_s=90,
+        proxy_protocol=False,
+    )
     checked = haproxy_accepts(files, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "accept-proxy" not in files[CONFIG_FILE]

@@ -38,5 +38,6 @@ def test_vllm_accepts_every_priority_the_gateway_derives():
     assert worst == tiers * SHARE_BANDS - 1
     for priority in (0, worst):
         request = ChatCompletionRequest.model_validate(
-            {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "priority": priority})
+            {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "priority": priority}
+        )
         assert request.priority == priority

@@ -17,33 +17,50 @@ from infra.spec.stack_file import load_stack
 from tests.support.crds import CrdValidator, crd_schema
 from tests.support.stacks import KARPENTER_SCHEMAS, TEST_CLOUD_STACKS
 
-QUANTITY = re.compile(r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-                      r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+QUANTITY = re.compile(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 DURATION = re.compile(r"^(([0-9]+(s|m|h))+)|(Never)$")
 BUDGET_NODES = re.compile(r"^((100|[0-9]{1,2})%|[0-9]+)$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-WELL_KNOWN_REQUIREMENTS = {"node.kubernetes.io/instance-type", "karpenter.sh/capacity-type",
-                           "topology.kubernetes.io/zone", "kubernetes.io/arch"}
+WELL_KNOWN_REQUIREMENTS = {
+    "node.kubernetes.io/instance-type",
+    "karpenter.sh/capacity-type",
+    "topology.kubernetes.io/zone",
+    "kubernetes.io/arch",
+}
 
 
 def restricted(label: str) -> bool:
     """Karpenter's CEL rules on NodePool template labels (the domains it owns)."""
     domain = label.split("/", 1)[0] if "/" in label else ""
-    return (domain.endswith("kubernetes.io") and not domain.endswith(("node.kubernetes.io",
-                                                                     "node-restriction.kubernetes.io"))
-            or domain.endswith("k8s.io") or domain.endswith("karpenter.sh") or domain.endswith("karpenter.k8s.aws"))
+    return (
+        domain.endswith("kubernetes.io")
+        and not domain.endswith(("node.kubernetes.io", "node-restriction.kubernetes.io"))
+        or domain.endswith("k8s.io")
+        or domain.endswith("karpenter.sh")
+        or domain.endswith("karpenter.k8s.aws")
+    )
 
 
 @pytest.fixture(scope="module")
 def objects() -> list[dict]:
     spec = load_stack(TEST_CLOUD_STACKS[0])
-    return karpenter_objects(spec, cluster_name="llmstack-karpenter", instance_profile="profile",
-                             subnet_ids=["subnet-a", "subnet-b"], security_group_ids=["sg-1"])
+    return karpenter_objects(
+        spec,
+        cluster_name="llmstack-karpenter",
+        instance_profile="profile",
+        subnet_ids=["subnet-a", "subnet-b"],
+        security_group_ids=["sg-1"],
+    )
 
 
 def test_objects_use_the_v1_apis(objects) -> None:
-    assert {(o["apiVersion"], o["kind"]) for o in objects} == {("karpenter.sh/v1", "NodePool"),
-                                                               ("karpenter.k8s.aws/v1", "EC2NodeClass")}
+    assert {(o["apiVersion"], o["kind"]) for o in objects} == {
+        ("karpenter.sh/v1", "NodePool"),
+        ("karpenter.k8s.aws/v1", "EC2NodeClass"),
+    }
     names = {o["kind"]: set() for o in objects}
     for o in objects:
         names[o["kind"]].add(o["metadata"]["name"])
@@ -51,8 +68,9 @@ def test_objects_use_the_v1_apis(objects) -> None:
 
 
 def test_nodepools_pass_karpenters_field_rules(objects) -> None:
-    groups = {f"llmstack-{g.name}": g for g in load_stack(TEST_CLOUD_STACKS[0]).node_groups
-              if isinstance(g, GpuNodeGroup)}
+    groups = {
+        f"llmstack-{g.name}": g for g in load_stack(TEST_CLOUD_STACKS[0]).node_groups if isinstance(g, GpuNodeGroup)
+    }
     for pool in (o for o in objects if o["kind"] == "NodePool"):
         spec = pool["spec"]
         labels = spec["template"]["metadata"]["labels"]
@@ -93,14 +111,23 @@ def rendered_objects() -> list[dict]:
     import yaml
 
     spec = load_stack(TEST_CLOUD_STACKS[0])
-    spot = spec.model_copy(update={"node_groups": [
-        g.model_copy(update={"capacity_type": CapacityType.SPOT}) if isinstance(g, GpuNodeGroup) else g
-        for g in spec.node_groups]})
+    spot = spec.model_copy(
+        update={
+            "node_groups": [
+                g.model_copy(update={"capacity_type": CapacityType.SPOT}) if isinstance(g, GpuNodeGroup) else g
+                for g in spec.node_groups
+            ]
+        }
+    )
     objects = []
     for stack in (spec, spot):
-        objects += karpenter_objects(stack, cluster_name="llmstack-karpenter", instance_profile="KarpenterNodes",
-                                     subnet_ids=["subnet-0a1b2c3d", "subnet-4e5f6a7b"],
-                                     security_group_ids=["sg-0123456789abcdef0"])
+        objects += karpenter_objects(
+            stack,
+            cluster_name="llmstack-karpenter",
+            instance_profile="KarpenterNodes",
+            subnet_ids=["subnet-0a1b2c3d", "subnet-4e5f6a7b"],
+            security_group_ids=["sg-0123456789abcdef0"],
+        )
     return yaml.safe_load(yaml.safe_dump(objects))
 
 
@@ -122,22 +149,31 @@ def _broken(kind: str, change) -> dict:
     return obj
 
 
-@pytest.mark.parametrize(("kind", "change", "rule"), [
-    ("NodePool", lambda s: s["template"]["metadata"]["labels"].update({"karpenter.sh/owned": "x"}),
-     "karpenter.sh"),  # a label in a domain Karpenter owns
-    ("NodePool", lambda s: s["template"]["spec"]["requirements"][0].update(values=[]), "values.size() != 0"),
-    ("EC2NodeClass", lambda s: s["amiSelectorTerms"].append({"id": "ami-0123456789abcdef0"}), "alias"),
-    ("EC2NodeClass", lambda s: s.update(role="KarpenterNodeRole"), "instanceProfile"),
-])
+@pytest.mark.parametrize(
+    ("kind", "change", "rule"),
+    [
+        (
+            "NodePool",
+            lambda s: s["template"]["metadata"]["labels"].update({"karpenter.sh/owned": "x"}),
+            "karpenter.sh",
+        ),  # a label in a domain Karpenter owns
+        ("NodePool", lambda s: s["template"]["spec"]["requirements"][0].update(values=[]), "values.size() != 0"),
+        ("EC2NodeClass", lambda s: s["amiSelectorTerms"].append({"id": "ami-0123456789abcdef0"}), "alias"),
+        ("EC2NodeClass", lambda s: s.update(role="KarpenterNodeRole"), "instanceProfile"),
+    ],
+)
 def test_cel_rules_can_fail(validators, kind, change, rule) -> None:
     report = validators[kind].cel(_broken(kind, change))
     assert report.failures and any(rule in f for f in report.failures), report.failures
 
 
-@pytest.mark.parametrize(("kind", "change"), [
-    ("NodePool", lambda s: s["disruption"].update(consolidationPolicy="WhenIdle")),  # not an enum value
-    ("NodePool", lambda s: s["template"]["spec"].update(expireAfter="30 days")),  # not a duration
-    ("EC2NodeClass", lambda s: s["metadataOptions"].update(httpPutResponseHopLimits=1)),  # misspelled
-])
+@pytest.mark.parametrize(
+    ("kind", "change"),
+    [
+        ("NodePool", lambda s: s["disruption"].update(consolidationPolicy="WhenIdle")),  # not an enum value
+        ("NodePool", lambda s: s["template"]["spec"].update(expireAfter="30 days")),  # not a duration
+        ("EC2NodeClass", lambda s: s["metadataOptions"].update(httpPutResponseHopLimits=1)),  # misspelled
+    ],
+)
 def test_schema_errors_are_caught(validators, kind, change) -> None:
     assert validators[kind].structural_errors(_broken(kind, change))

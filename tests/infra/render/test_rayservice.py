@@ -41,8 +41,10 @@ def test_external_tls_redis_gets_ca_and_server_name() -> None:
 
 def test_external_plain_redis_gets_no_tls_variables() -> None:
     rayservice = rayservice_of({"mode": "external", "host": "redis.example.internal", "tls": False})
-    assert rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] == \
-        "redis.example.internal:6379"
+    assert (
+        rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]
+        == "redis.example.internal:6379"
+    )
     assert "RAY_REDIS_CA_CERT" not in head_env(rayservice)
 
 
@@ -60,10 +62,11 @@ def test_swapping_in_the_real_host_moves_the_server_name_too() -> None:
     head = swapped["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     names = [e["name"] for e in head["env"]]
     assert names.count("RAY_REDIS_SERVER_NAME") == names.count("RAY_REDIS_CA_CERT") == 1
-    assert {e["name"]: e.get("value") for e in head["env"]}["RAY_REDIS_SERVER_NAME"] == \
-        "master.abc.cache.amazonaws.com"
-    assert rendered["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] != \
-        swapped["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]  # a copy, not an edit
+    assert {e["name"]: e.get("value") for e in head["env"]}["RAY_REDIS_SERVER_NAME"] == "master.abc.cache.amazonaws.com"
+    assert (
+        rendered["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]
+        != swapped["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]
+    )  # a copy, not an edit
 
 
 def test_ray_uses_its_own_redis_user() -> None:

@@ -33,8 +33,11 @@ def strict(schema: dict) -> dict:
     misspelled field fails here instead of vanishing silently in the cluster."""
     if isinstance(schema, dict):
         out = {k: strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         if "properties" in schema:
             out["properties"] = {k: strict(v) for k, v in schema["properties"].items()}
@@ -76,8 +79,14 @@ def test_crd_validation_can_fail(rendered):
 def test_core_objects_are_valid_kubernetes(rendered):
     _, objects = rendered
     core = [o for o in objects if o["kind"] != "RayService"]
-    assert {o["kind"] for o in core} >= {"Namespace", "Deployment", "Service", "HorizontalPodAutoscaler",
-                                         "PodDisruptionBudget", "NetworkPolicy"}
+    assert {o["kind"] for o in core} >= {
+        "Namespace",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
     for obj in core:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION + ".0", strict=True)
 
@@ -160,12 +169,16 @@ def test_only_the_gateway_reaches_ray_serve(rendered):
     assert policy["spec"]["podSelector"]["matchLabels"] == {COMPONENT_LABEL: "ray"}
     serve_rule = next(r for r in policy["spec"]["ingress"] if r.get("ports") == [{"protocol": "TCP", "port": 8000}])
     assert serve_rule["from"] == [{"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}}]
-    gateway_rules = [r for r in policy["spec"]["ingress"]
-                     if {"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}} in r.get("from", [])]
+    gateway_rules = [
+        r
+        for r in policy["spec"]["ingress"]
+        if {"podSelector": {"matchLabels": {COMPONENT_LABEL: "gateway"}}} in r.get("from", [])
+    ]
     # Serve's port only; the dashboard's (which also takes job submissions) only when the stack
     # opts in to live replica counts.
     assert sorted(p["port"] for r in gateway_rules for p in r["ports"]) == (
-        [8000, 8265] if spec.gateway.queue.live_replicas else [8000])
+        [8000, 8265] if spec.gateway.queue.live_replicas else [8000]
+    )
     services = by_kind(objects, "Service")
     load_balancers = [s for s in services if s["spec"].get("type") == "LoadBalancer"]
     expected = ["llmstack-gateway"] if spec.cloud.provider == "aws" else []
@@ -187,8 +200,9 @@ def test_local_serve_args_are_ray_serve_llm_serving_args():
 
 
 def test_render_refuses_a_stack_that_fails_its_plan():
-    doc = stack_document(models=[{"id": "m", "source": "meta-llama/Llama-3.3-70B-Instruct", "node_group": "l4",
-                                  "max_model_len": 4096}])
+    doc = stack_document(
+        models=[{"id": "m", "source": "meta-llama/Llama-3.3-70B-Instruct", "node_group": "l4", "max_model_len": 4096}]
+    )
     with pytest.raises(RenderRefused, match="weights"):
         render_stack(spec_from_document(doc, name="t", file_label="t"))
 
@@ -197,7 +211,12 @@ def test_tls_redis_is_addressed_by_its_own_host_name():
     from infra.render.rayservice import redis_address
 
     external = stack_document(redis={"mode": "external", "host": "redis.example.internal", "port": 6380})
-    assert redis_address(spec_from_document(external, name="t", file_label="t")) == "rediss://redis.example.internal:6380"
+    assert (
+        redis_address(spec_from_document(external, name="t", file_label="t")) == "rediss://redis.example.internal:6380"
+    )
     managed = spec_from_document(stack_document(redis={"mode": "managed"}), name="t", file_label="t")
     [rayservice] = by_kind(render_stack(managed, gcs_redis_address="rediss://master.example:6379"), "RayService")
-    assert rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"] == "rediss://master.example:6379"
+    assert (
+        rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]["redisAddress"]
+        == "rediss://master.example:6379"
+    )

@@ -19,15 +19,23 @@ from infra.render.serve_config import (
 from infra.spec.stack_file import PROJECT_ROOT, spec_from_document
 from tests.support.stacks import stack_document
 
-SATURATION = {"policy": "saturation", "min_replicas": 1, "max_replicas": 3,
-              "saturation": {"kv_cache_high": 0.85, "kv_cache_low": 0.4}}
+SATURATION = {
+    "policy": "saturation",
+    "min_replicas": 1,
+    "max_replicas": 3,
+    "saturation": {"kv_cache_high": 0.85, "kv_cache_low": 0.4},
+}
 
 
 def two_models(**gateway):
     base = {"source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192}
-    doc = stack_document(models=[{"id": "hot", **base, "autoscaling": SATURATION},
-                                 {"id": "plain", **base, "served_name": "plain-llama"}],
-                         gateway={"allow_plaintext": True, **gateway})
+    doc = stack_document(
+        models=[
+            {"id": "hot", **base, "autoscaling": SATURATION},
+            {"id": "plain", **base, "served_name": "plain-llama"},
+        ],
+        gateway={"allow_plaintext": True, **gateway},
+    )
     return spec_from_document(doc, name="t", file_label="t")
 
 
@@ -41,8 +49,12 @@ def test_the_policy_and_its_thresholds_are_in_the_deployment_override():
     assert hot["policy"]["policy_function"] == "serving.autoscaling.policy:SaturationPolicy"
     kwargs = hot["policy"]["policy_kwargs"]
     assert kwargs["thresholds"]["kv_cache_high"] == 0.85 and kwargs["thresholds"]["kv_cache_low"] == 0.4
-    assert kwargs["queue"] == {"model": "hot", "tiers": len(spec.gateway.queue.tiers), "max_ongoing_requests": 64,
-                               "max_replicas": 3}
+    assert kwargs["queue"] == {
+        "model": "hot",
+        "tiers": len(spec.gateway.queue.tiers),
+        "max_ongoing_requests": 64,
+        "max_replicas": 3,
+    }
     assert "redis" not in json.dumps(kwargs).lower()  # the URL (a secret) comes from the controller's env
     assert "policy" not in plain  # ongoing: Serve's default policy, config unchanged
 
@@ -85,8 +97,14 @@ print(json.dumps({d.name: hasattr(d.func_or_class, "record_autoscaling_stats") f
 def test_rays_builder_names_the_deployment_as_the_override_and_it_reports():
     spec = two_models()
     app = model_app(serve_config(spec), "hot")
-    out = subprocess.run([sys.executable, "-c", BUILD, json.dumps(app)], capture_output=True, text=True,
-                         env={**os.environ, **serving_env(spec, ServingPath.DIRECT)}, cwd=PROJECT_ROOT, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD, json.dumps(app)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **serving_env(spec, ServingPath.DIRECT)},
+        cwd=PROJECT_ROOT,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     built = json.loads(out.stdout.strip().splitlines()[-1])
     assert built == {app["deployments"][0]["name"]: True}  # `LLMServer:hot`, with the report Serve polls

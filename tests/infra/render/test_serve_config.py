@@ -39,15 +39,30 @@ print(json.dumps(sorted([d.name for d in built.deployments] + router)))
 
 
 def built_deployments(app: dict, env: dict[str, str]) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", BUILD_IN_ENV, json.dumps(app)], capture_output=True, text=True,
-                         env={**os.environ, **env}, cwd=PROJECT_ROOT, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD_IN_ENV, json.dumps(app)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=PROJECT_ROOT,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def spec_with(**model):
-    doc = stack_document(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 8192, **model}])
+    doc = stack_document(
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                **model,
+            }
+        ]
+    )
     return spec_from_document(doc, name="t", file_label="t")
 
 
@@ -62,10 +77,12 @@ def test_direct_path_is_one_application_per_model_and_the_list(stack):
         [config] = app["args"]["llm_configs"]
         assert config["model_loading_config"]["model_id"] == model.model_name
         # Only routing is in the LLMConfig's deployment_config; scaling stays in the overrides.
-        assert config["deployment_config"] == {"request_router_config": {
-            "request_router_class": REQUEST_ROUTERS[model.routing]}}
-    assert apps[-1]["args"]["models"] == [{"id": m.model_name, "route_prefix": f"/{m.id}",
-                                           "max_model_len": m.max_model_len} for m in spec.models]
+        assert config["deployment_config"] == {
+            "request_router_config": {"request_router_class": REQUEST_ROUTERS[model.routing]}
+        }
+    assert apps[-1]["args"]["models"] == [
+        {"id": m.model_name, "route_prefix": f"/{m.id}", "max_model_len": m.max_model_len} for m in spec.models
+    ]
 
 
 def test_override_names_are_the_deployments_ray_builds_under_the_pods_env():
@@ -87,7 +104,9 @@ def test_routing_renders_rays_router_classes_which_import():
         router = config["deployment_config"]["request_router_config"]
         assert router["request_router_class"] == REQUEST_ROUTERS[routing]
         assert RequestRouterConfig(**router).get_request_router_class().__name__ in (
-            "PowerOfTwoChoicesRequestRouter", "PrefixCacheAffinityRouter")
+            "PowerOfTwoChoicesRequestRouter",
+            "PrefixCacheAffinityRouter",
+        )
     assert config["engine_kwargs"]["enable_prefix_caching"] is True
 
 
@@ -97,7 +116,10 @@ def test_serving_env_per_path():
     fast = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
     assert serving_env(pow2, ServingPath.HAPROXY) == fast
     assert serving_env(pow2, routers_per_node=3) == {
-        **fast, "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1", "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "3"}
+        **fast,
+        "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1",
+        "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "3",
+    }
     # A prefix router needs the body HAProxy otherwise keeps from the LLMRouter.
     assert serving_env(prefix)["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"] == "1"
     assert "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY" not in serving_env(pow2)
@@ -110,7 +132,8 @@ def test_the_env_names_are_what_ray_reads():
 
     root = Path(ray.__file__).parent
     sources = (root / "serve" / "_private" / "constants.py").read_text() + (
-        root / "llm" / "_internal" / "serve" / "constants.py").read_text()
+        root / "llm" / "_internal" / "serve" / "constants.py"
+    ).read_text()
     spec = spec_with(routing="prefix", autoscaling={"min_replicas": 0})
     for name in serving_env(spec):
         assert f'"{name}"' in sources, name
@@ -121,16 +144,19 @@ def test_changing_replica_bounds_keeps_the_code_version():
     from ray.serve.schema import ServeApplicationSchema
 
     def version(autoscaling: dict) -> str:
-        return get_app_code_version(ServeApplicationSchema.model_validate(
-            serve_config(spec_with(autoscaling=autoscaling))["applications"][0]))
+        return get_app_code_version(
+            ServeApplicationSchema.model_validate(serve_config(spec_with(autoscaling=autoscaling))["applications"][0])
+        )
 
     assert version({"min_replicas": 1, "max_replicas": 2}) == version(
-        {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 8})
+        {"min_replicas": 2, "max_replicas": 3, "target_ongoing_requests": 8}
+    )
 
     # ...while what the engines load is part of it: a changed model is a rebuild, as it must be.
     other = serve_config(spec_with(max_model_len=4096, autoscaling={"min_replicas": 1, "max_replicas": 2}))
     assert get_app_code_version(ServeApplicationSchema.model_validate(other["applications"][0])) != version(
-        {"min_replicas": 1, "max_replicas": 2})
+        {"min_replicas": 1, "max_replicas": 2}
+    )
 
 
 def test_ingress_scales_to_zero_with_the_models_as_ray_would_make_it():
@@ -141,18 +167,25 @@ def test_ingress_scales_to_zero_with_the_models_as_ray_would_make_it():
     from serving.app import build_app
 
     def app(min_replicas: int) -> dict:
-        return serve_config(spec_with(autoscaling={"min_replicas": min_replicas}),
-                            path=ServingPath.RAY_PROXY)["applications"][0]
+        return serve_config(spec_with(autoscaling={"min_replicas": min_replicas}), path=ServingPath.RAY_PROXY)[
+            "applications"
+        ][0]
 
     [ingress] = [d for d in app(0)["deployments"] if d["name"] == "OpenAiIngress"]
     # What Ray derives when the models' autoscaling is in their LLMConfig (its own input form).
-    args = {"llm_configs": [{**c, "deployment_config": {"autoscaling_config": {"min_replicas": 0}}}
-                            for c in app(0)["args"]["llm_configs"]]}
+    args = {
+        "llm_configs": [
+            {**c, "deployment_config": {"autoscaling_config": {"min_replicas": 0}}}
+            for c in app(0)["args"]["llm_configs"]
+        ]
+    }
     built = build_serve_app(build_app(args), name="llm")
     ray_ingress = next(d for d in built.deployments if d.name == "OpenAiIngress")._deployment_config.autoscaling_config
     assert (ray_ingress.min_replicas, ray_ingress.max_replicas, ray_ingress.target_ongoing_requests) == (
-        ingress["autoscaling_config"]["min_replicas"], ingress["autoscaling_config"]["max_replicas"],
-        ingress["autoscaling_config"]["target_ongoing_requests"])
+        ingress["autoscaling_config"]["min_replicas"],
+        ingress["autoscaling_config"]["max_replicas"],
+        ingress["autoscaling_config"]["target_ongoing_requests"],
+    )
     assert all(d["name"] != "OpenAiIngress" for d in app(1)["deployments"])
     assert app_name(load_stack("local").models[0], ServingPath.RAY_PROXY) == "llm"
 
@@ -181,8 +214,13 @@ def test_engine_priority_turns_on_vllms_priority_scheduling_for_every_model():
 def test_engine_priority_refuses_a_model_that_schedules_first_come_first_served():
     from infra.spec.stack_file import StackFileError
 
-    model = {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
-             "engine_args": {"scheduling_policy": "fcfs"}}
+    model = {
+        "id": "llama",
+        "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "node_group": "l4",
+        "max_model_len": 8192,
+        "engine_args": {"scheduling_policy": "fcfs"},
+    }
     document = stack_document(models=[model], gateway={"allow_plaintext": True, "queue": {"engine_priority": True}})
     with pytest.raises(StackFileError, match="scheduling_policy"):
         spec_from_document(document, name="t", file_label="Pulumi.t.yaml")
@@ -200,34 +238,58 @@ def test_the_engine_fetches_media_only_from_the_hosts_the_gateway_lets_through()
     from infra.render.serve_config import NO_REMOTE_MEDIA
     from serving.gateway.config.settings import load_settings
 
-    models = [{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192},
-              {"id": "pixtral", "source": "mistralai/Pixtral-12B-2409", "node_group": "l4", "max_model_len": 8192,
-               "allowed_media_domains": []}]
-    for gateway_domains, expected in (([], {"llama": [NO_REMOTE_MEDIA], "pixtral": [NO_REMOTE_MEDIA]}),
-                                      (["images.example.com"], {"llama": ["images.example.com"],
-                                                                "pixtral": [NO_REMOTE_MEDIA]})):
-        spec = spec_from_document(stack_document(models=models, gateway={
-            "allow_plaintext": True, "allowed_media_domains": gateway_domains}), name="t", file_label="t")
+    models = [
+        {"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192},
+        {
+            "id": "pixtral",
+            "source": "mistralai/Pixtral-12B-2409",
+            "node_group": "l4",
+            "max_model_len": 8192,
+            "allowed_media_domains": [],
+        },
+    ]
+    for gateway_domains, expected in (
+        ([], {"llama": [NO_REMOTE_MEDIA], "pixtral": [NO_REMOTE_MEDIA]}),
+        (["images.example.com"], {"llama": ["images.example.com"], "pixtral": [NO_REMOTE_MEDIA]}),
+    ):
+        spec = spec_from_document(
+            stack_document(models=models, gateway={"allow_plaintext": True, "allowed_media_domains": gateway_domains}),
+            name="t",
+            file_label="t",
+        )
         configs = {c["model_loading_config"]["model_id"]: c for c in llm_configs(serve_config(spec))}
         assert {m: c["engine_kwargs"]["allowed_media_domains"] for m, c in configs.items()} == expected
         assert all(c["runtime_env"]["env_vars"]["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0" for c in configs.values())
         for config in configs.values():
             LLMConfig.model_validate(config)
-        settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000",
-                                  "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec)})
+        settings = load_settings(
+            {"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": gateway_settings(spec)}
+        )
         for model in ("llama", "pixtral"):  # what the gateway lets through, the engine may fetch
             assert (settings.media_domains(model) or [NO_REMOTE_MEDIA]) == expected[model]
     assert "allowed_media_domains" in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-@pytest.mark.parametrize("domains", [["169.254.169.254"], ["http://images.example.com"], ["*.example.com"],
-                                     ["Images.example.com"], ["images.example.com:443"], ["localhost"]])
+@pytest.mark.parametrize(
+    "domains",
+    [
+        ["169.254.169.254"],
+        ["http://images.example.com"],
+        ["*.example.com"],
+        ["Images.example.com"],
+        ["images.example.com:443"],
+        ["localhost"],
+    ],
+)
 def test_media_domains_must_be_plain_host_names(domains):
     from infra.spec.stack_file import StackFileError
 
     with pytest.raises(StackFileError, match="allowed_media_domains"):
-        spec_from_document(stack_document(gateway={"allow_plaintext": True, "allowed_media_domains": domains}),
-                           name="t", file_label="t")
+        spec_from_document(
+            stack_document(gateway={"allow_plaintext": True, "allowed_media_domains": domains}),
+            name="t",
+            file_label="t",
+        )
     with pytest.raises(StackFileError, match="allowed_media_domains"):
         spec_with(allowed_media_domains=domains)
     with pytest.raises(StackFileError, match="engine_args"):
@@ -246,8 +308,13 @@ def test_the_engine_refuses_remote_media_with_the_list_it_is_rendered_with():
     allowed = "images.example.com"
     for domains in ([NO_REMOTE_MEDIA], [allowed]):
         connector = MediaConnector(allowed_media_domains=domains)
-        for url in ["http://169.254.169.254/latest/meta-data/", "http://0xa9fea9fe/", f"https://{allowed}@169.254.169.254/"]:
+        for url in [
+            "http://169.254.169.254/latest/meta-data/",
+            "http://0xa9fea9fe/",
+            f"https://{allowed}@169.254.169.254/",
+        ]:
             with pytest.raises(ValueError, match="allowed domains"):
                 connector._assert_url_in_allowed_media_domains(parse_url(url))
     MediaConnector(allowed_media_domains=[allowed])._assert_url_in_allowed_media_domains(
-        parse_url(f"https://{allowed}/x.png"))
+        parse_url(f"https://{allowed}/x.png")
+    )

@@ -72,8 +72,9 @@ def test_unknown_instance_type_lists_catalog():
 
 
 def test_typo_key_lists_valid_keys():
-    doc = stack_document(models=[{"id": "llama", "source": "x/y", "node_group": "l4", "max_model_len": 512,
-                                  "tensor_paralel_size": 2}])
+    doc = stack_document(
+        models=[{"id": "llama", "source": "x/y", "node_group": "l4", "max_model_len": 512, "tensor_paralel_size": 2}]
+    )
     message = error_of(doc)
     assert "llmstack:models[0].tensor_paralel_size: unknown key" in message
     assert "tensor_parallel_size" in message
@@ -90,8 +91,9 @@ def test_sizes_out_of_order():
 
 
 def test_zones_outside_region():
-    doc = stack_document(cloud={"provider": "aws", "availability_zones": ["eu-west-1a", "eu-west-1b"],
-                                "upgrade_policy": "standard"})
+    doc = stack_document(
+        cloud={"provider": "aws", "availability_zones": ["eu-west-1a", "eu-west-1b"], "upgrade_policy": "standard"}
+    )
     assert "not in region us-east-1" in error_of(doc)
 
 
@@ -104,8 +106,17 @@ def test_bfloat16_on_cpu_refused_with_reason():
 
 
 def test_engine_args_cannot_shadow_typed_fields():
-    doc = stack_document(models=[{"id": "llama", "source": "x/y", "node_group": "l4", "max_model_len": 512,
-                                  "engine_args": {"tensor_parallel_size": 2}}])
+    doc = stack_document(
+        models=[
+            {
+                "id": "llama",
+                "source": "x/y",
+                "node_group": "l4",
+                "max_model_len": 512,
+                "engine_args": {"tensor_parallel_size": 2},
+            }
+        ]
+    )
     assert "set these with the model's own keys" in error_of(doc)
 
 

@@ -43,44 +43,73 @@ def test_plaintext_said_out_loud_is_allowed_and_warned() -> None:
 def test_tls_stacks_render_an_https_listener() -> None:
     from infra.render import render_stack
 
-    service = next(o for o in render_stack(spec(gateway={"certificate_arn": CERT}))
-                   if o["kind"] == "Service" and o["metadata"]["name"] == "llmstack-gateway")
+    service = next(
+        o
+        for o in render_stack(spec(gateway={"certificate_arn": CERT}))
+        if o["kind"] == "Service" and o["metadata"]["name"] == "llmstack-gateway"
+    )
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "http"}]
     assert service["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-ssl-cert"] == CERT
 
 
 def test_an_open_eks_api_endpoint_warns_and_a_narrowed_one_does_not() -> None:
     assert "cloud.api_public_cidrs" in keys(stack_warnings(spec(), TODAY))
-    narrowed = spec(cloud={"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"],
-                           "upgrade_policy": "standard", "api_public_cidrs": ["203.0.113.0/24"]})
+    narrowed = spec(
+        cloud={
+            "provider": "aws",
+            "availability_zones": ["us-east-1a", "us-east-1b"],
+            "upgrade_policy": "standard",
+            "api_public_cidrs": ["203.0.113.0/24"],
+        }
+    )
     assert "cloud.api_public_cidrs" not in keys(stack_warnings(narrowed, TODAY))
 
 
 @pytest.mark.parametrize("bad", [["10.0.0.1/8"], ["not-a-cidr"], []])
 def test_api_cidrs_are_validated(bad) -> None:
     with pytest.raises(StackFileError, match=r"llmstack:cloud.api_public_cidrs"):
-        spec(cloud={"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"],
-                    "upgrade_policy": "standard", "api_public_cidrs": bad})
+        spec(
+            cloud={
+                "provider": "aws",
+                "availability_zones": ["us-east-1a", "us-east-1b"],
+                "upgrade_policy": "standard",
+                "api_public_cidrs": bad,
+            }
+        )
 
 
 def test_admin_principals_must_be_role_or_user_arns() -> None:
     with pytest.raises(StackFileError, match=r"assumed-role session ARNs"):
-        spec(cloud={"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"],
-                    "upgrade_policy": "standard",
-                    "admin_principal_arns": ["arn:aws:sts::111122223333:assumed-role/Admin/me"]})
+        spec(
+            cloud={
+                "provider": "aws",
+                "availability_zones": ["us-east-1a", "us-east-1b"],
+                "upgrade_policy": "standard",
+                "admin_principal_arns": ["arn:aws:sts::111122223333:assumed-role/Admin/me"],
+            }
+        )
 
 
-@pytest.mark.parametrize(("today", "policy", "warned"), [
-    (date(2026, 12, 1), "standard", False),    # 116 days before 2027-03-27
-    (date(2027, 1, 1), "standard", True),      # within 90 days: EKS will upgrade under our add-ons
-    (date(2027, 4, 1), "standard", True),
-    (date(2027, 1, 1), "extended", False),     # stays, at extended prices, from 2027-03-27
-    (date(2027, 4, 1), "extended", True),
-])
+@pytest.mark.parametrize(
+    ("today", "policy", "warned"),
+    [
+        (date(2026, 12, 1), "standard", False),  # 116 days before 2027-03-27
+        (date(2027, 1, 1), "standard", True),  # within 90 days: EKS will upgrade under our add-ons
+        (date(2027, 4, 1), "standard", True),
+        (date(2027, 1, 1), "extended", False),  # stays, at extended prices, from 2027-03-27
+        (date(2027, 4, 1), "extended", True),
+    ],
+)
 def test_kubernetes_support_calendar(today: date, policy: str, warned: bool) -> None:
-    stack = spec(cloud={"provider": "aws", "availability_zones": ["us-east-1a", "us-east-1b"],
-                        "upgrade_policy": policy, "api_public_cidrs": ["203.0.113.0/24"]},
-                 gateway={"certificate_arn": CERT})
+    stack = spec(
+        cloud={
+            "provider": "aws",
+            "availability_zones": ["us-east-1a", "us-east-1b"],
+            "upgrade_policy": policy,
+            "api_public_cidrs": ["203.0.113.0/24"],
+        },
+        gateway={"certificate_arn": CERT},
+    )
     assert bool(stack_warnings(stack, today)) is warned
 
 

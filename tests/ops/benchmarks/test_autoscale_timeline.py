@@ -34,8 +34,11 @@ def _request(start: float, end: float, error: str | None = None) -> RequestResul
 
 def test_findings():
     results = [_request(s, s + 1) for s in range(10, 150)]
-    results += [_request(79, 80.2, "APIError"), _request(79.5, 80.5, "APIError"),
-                _request(80.1, 84, "InternalServerError (500)")]
+    results += [
+        _request(79, 80.2, "APIError"),
+        _request(79.5, 80.5, "APIError"),
+        _request(80.1, 84, "InternalServerError (500)"),
+    ]
     f = findings(SAMPLES, results, load_start=10, kill_at=80, load_stop=150)
     assert (f.peak_running, f.upscale_decided_s, f.scaled_up_s) == (2, 6.0, 50.0)
     assert (f.kill_detected_s, f.recovered_s) == (2.0, 50.0)
@@ -75,11 +78,14 @@ def test_ray_start_commands_use_private_ports_and_temp_dir(tmp_path):
 def test_replica_titles():
     deployment = "LLMServer:tiny-chat"
     assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat"], deployment)
-    assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat.handle_request_with_rejection", "", "  "],
-                            deployment)
+    assert is_replica_title(
+        ["ray::ServeReplica:llm:LLMServer:tiny-chat.handle_request_with_rejection", "", "  "], deployment
+    )
     assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat" + " " * 300], deployment)
-    assert is_replica_title(["ray::SERVE_REPLICA::llm#LLMServer:tiny-chat#w8kz8qmf:ServeReplica:llm:"
-                             "LLMServer:tiny-chat.__init__"], deployment)
+    assert is_replica_title(
+        ["ray::SERVE_REPLICA::llm#LLMServer:tiny-chat#w8kz8qmf:ServeReplica:llm:LLMServer:tiny-chat.__init__"],
+        deployment,
+    )
     assert not is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat-ngram"], deployment)
     assert not is_replica_title(["ray::ServeReplica:llm:OpenAiIngress"], deployment)
     assert not is_replica_title(["VLLM::EngineCore"], deployment) and not is_replica_title([], deployment)

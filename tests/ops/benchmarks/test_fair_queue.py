@@ -20,10 +20,12 @@ def test_percentile_is_nearest_rank():
 
 
 def test_summary_counts_outcomes_and_serves_within_the_window():
-    records = [{"tenant": "a", "status": 200, "ttft": 0.1, "wait": 0.0, "done": 5.0},
-               {"tenant": "a", "status": 200, "ttft": 0.3, "wait": 0.2, "done": 40.0},
-               {"tenant": "a", "status": 429, "done": 6.0},
-               {"tenant": "a", "status": 0, "error": "ReadError", "done": 7.0}]
+    records = [
+        {"tenant": "a", "status": 200, "ttft": 0.1, "wait": 0.0, "done": 5.0},
+        {"tenant": "a", "status": 200, "ttft": 0.3, "wait": 0.2, "done": 40.0},
+        {"tenant": "a", "status": 429, "done": 6.0},
+        {"tenant": "a", "status": 0, "error": "ReadError", "done": 7.0},
+    ]
     a = summarize(records, ["a"], (1.0, 30.0))["a"]
     assert (a["sent"], a["ok"], a["status_429"], a["status_5xx"], a["served_in_window"]) == (4, 2, 1, 1, 1)
     assert a["ttft_p99_s"] == 0.3

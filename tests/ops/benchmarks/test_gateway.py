@@ -24,8 +24,16 @@ Transfer/sec:    354.60KB
 
 def test_parse_wrk_reads_percentiles_in_every_unit_and_the_errors():
     result = parse_wrk(WRK_REPORT)
-    assert result == {"p50_ms": 0.85, "p75_ms": 1.1, "p90_ms": 1.9, "p99_ms": 1050.0, "requests_per_s": 499.87,
-                      "requests": 7503.0, "non_2xx": 4.0, "socket_errors": 5.0}
+    assert result == {
+        "p50_ms": 0.85,
+        "p75_ms": 1.1,
+        "p90_ms": 1.9,
+        "p99_ms": 1050.0,
+        "requests_per_s": 499.87,
+        "requests": 7503.0,
+        "non_2xx": 4.0,
+        "socket_errors": 5.0,
+    }
 
 
 def test_wrk_script_paces_only_when_asked_and_quotes_the_body_for_lua():
@@ -36,21 +44,31 @@ def test_wrk_script_paces_only_when_asked_and_quotes_the_body_for_lua():
 
 def test_summary_is_gateway_minus_direct_per_pace():
     direct = {"paced": {"1000": {"p50_ms": 1.0, "p99_ms": 4.0}}, "saturated": {"requests_per_s": 1000.0}}
-    gateway = {"paced": {"1000": {"p50_ms": 1.5, "p99_ms": 6.0}}, "saturated": {"requests_per_s": 400.0},
-               "redis_commands_per_request": 3.0}
+    gateway = {
+        "paced": {"1000": {"p50_ms": 1.5, "p99_ms": 6.0}},
+        "saturated": {"requests_per_s": 400.0},
+        "redis_commands_per_request": 3.0,
+    }
     litellm = {"paced": {"1000": {"p50_ms": 30.0, "p99_ms": 90.0}}, "saturated": {"requests_per_s": 100.0}}
     assert summary({"direct": direct, "gateway": gateway, "litellm": litellm}) == {
-        "gateway_added_ms_by_pace": {"1000": {"p50": 0.5, "p99": 2.0}}, "gateway_saturated_over_direct": 0.4,
-        "redis_commands_per_request": 3.0, "gateway_over_litellm_saturated": 4.0,
-        "litellm_added_ms_by_pace": {"1000": {"p50": 29.0, "p99": 86.0}}}
+        "gateway_added_ms_by_pace": {"1000": {"p50": 0.5, "p99": 2.0}},
+        "gateway_saturated_over_direct": 0.4,
+        "redis_commands_per_request": 3.0,
+        "gateway_over_litellm_saturated": 4.0,
+        "litellm_added_ms_by_pace": {"1000": {"p50": 29.0, "p99": 86.0}},
+    }
 
 
 def test_summary_reports_the_edge_hop_against_the_gateway_alone():
     def target(p50: float, p99: float, rps: float) -> dict:
-        return {"paced": {"200": {"p50_ms": p50, "p99_ms": p99}}, "saturated": {"requests_per_s": rps},
-                "redis_commands_per_request": 3.0}
+        return {
+            "paced": {"200": {"p50_ms": p50, "p99_ms": p99}},
+            "saturated": {"requests_per_s": rps},
+            "redis_commands_per_request": 3.0,
+        }
 
-    result = summary({"direct": target(0.3, 0.8, 10_000), "gateway": target(2.3, 6.5, 800),
-                      "gateway_edge": target(2.6, 7.0, 760)})
+    result = summary(
+        {"direct": target(0.3, 0.8, 10_000), "gateway": target(2.3, 6.5, 800), "gateway_edge": target(2.6, 7.0, 760)}
+    )
     assert result["edge_saturated_over_gateway"] == 0.95
     assert result["edge_added_ms_by_pace"] == {"200": {"p50": 0.3, "p99": 0.5}}

@@ -33,11 +33,25 @@ def test_quantile_interpolates_between_ranks():
 
 
 def test_summary_is_the_median_of_per_round_ratios_not_the_ratio_of_medians():
-    rounds = [{"candidate_added_ms": c, "baseline_added_ms": b, "ratio": round(c / b, 4), "candidate_cpu_ms": 2.0,
-               "baseline_cpu_ms": 1.0}
-              for c, b in [(1.0, 1.0), (4.0, 2.0), (1.2, 1.0), (3.0, 4.0), (5.0, 5.0)]]
-    rounds.append({"candidate_added_ms": 1.0, "baseline_added_ms": -0.1, "ratio": float("nan"),
-                   "candidate_cpu_ms": 2.0, "baseline_cpu_ms": 1.0})
+    rounds = [
+        {
+            "candidate_added_ms": c,
+            "baseline_added_ms": b,
+            "ratio": round(c / b, 4),
+            "candidate_cpu_ms": 2.0,
+            "baseline_cpu_ms": 1.0,
+        }
+        for c, b in [(1.0, 1.0), (4.0, 2.0), (1.2, 1.0), (3.0, 4.0), (5.0, 5.0)]
+    ]
+    rounds.append(
+        {
+            "candidate_added_ms": 1.0,
+            "baseline_added_ms": -0.1,
+            "ratio": float("nan"),
+            "candidate_cpu_ms": 2.0,
+            "baseline_cpu_ms": 1.0,
+        }
+    )
     result = summarize(rounds)
     assert result["ratio_median"] == 1.0  # ratios 0.75, 1, 1, 1.2, 2
     assert (result["ratio_min"], result["ratio_q1"], result["ratio_q3"], result["ratio_max"]) == (0.75, 1.0, 1.2, 2.0)

@@ -16,22 +16,47 @@ SAVED_RESULT = PROJECT_ROOT / "tests" / "data" / "vllm_bench_result.json"
 
 
 def test_engine_kwargs_become_vllm_flags():
-    flags = engine_cli_flags({"max_model_len": 512, "dtype": "float32", "enforce_eager": True,
-                              "enable_prefix_caching": False, "quantization": None,
-                              "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
-    assert flags == ["--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
-                     "--no-enable-prefix-caching",
-                     "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']
+    flags = engine_cli_flags(
+        {
+            "max_model_len": 512,
+            "dtype": "float32",
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "quantization": None,
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
+        }
+    )
+    assert flags == [
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":3}',
+    ]
 
 
 def test_local_replica_settings_as_flags():
     spec = load_stack("local")
     flags = engine_cli_flags(llm_config(spec.model("tiny-chat"), spec)["engine_kwargs"])
-    assert flags == ["--tensor-parallel-size", "1", "--pipeline-parallel-size", "1", "--max-model-len", "512",
-                     "--dtype", "float32", "--enforce-eager", "--enable-prefix-caching",
-                     "--enable-prompt-tokens-details",
-                     # no media host allowed: vLLM reads an empty list as "any", so a host that never resolves
-                     "--allowed-media-domains", '["data-urls-only.invalid"]']
+    assert flags == [
+        "--tensor-parallel-size",
+        "1",
+        "--pipeline-parallel-size",
+        "1",
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        # no media host allowed: vLLM reads an empty list as "any", so a host that never resolves
+        "--allowed-media-domains",
+        '["data-urls-only.invalid"]',
+    ]
 
 
 def test_flags_parse_with_vllms_own_parsers():
@@ -69,19 +94,37 @@ def test_parse_saved_vllm_result():
 
 
 def _run(target: str, concurrency: int, tok_s: float | None, serving_cpu: float | None = None) -> dict:
-    run = {"target": target, "concurrency": concurrency, "num_prompts": 64, "completed": 64, "failed": 0,
-           "output_throughput": tok_s, "p50_ttft_ms": 10.0, "p99_ttft_ms": 20.0}
+    run = {
+        "target": target,
+        "concurrency": concurrency,
+        "num_prompts": 64,
+        "completed": 64,
+        "failed": 0,
+        "output_throughput": tok_s,
+        "p50_ttft_ms": 10.0,
+        "p99_ttft_ms": 20.0,
+    }
     if serving_cpu is not None:
         run["cpu_ms_per_output_token"] = {"engine": 0.4, "serving layers": serving_cpu}
     return run
 
 
 def test_ratios_of_a_serving_path_against_bare_vllm():
-    results = [_run("vllm", 1, 250), _run("vllm", 32, 2500), _run("serve:direct", 32, 2400),
-               _run("gateway:direct", 1, 200), _run("gateway:direct", 32, 2000), _run("serve:haproxy", 32, 1000)]
-    assert ratios(results, "direct") == {"gateway_vs_vllm_c32": 0.8, "serve_vs_vllm_c32": 0.96,
-                                         "gateway_vs_serve_c32": 0.833, "gateway_c32_vs_c1": 10.0,
-                                         "vllm_c32_vs_c1": 10.0}
+    results = [
+        _run("vllm", 1, 250),
+        _run("vllm", 32, 2500),
+        _run("serve:direct", 32, 2400),
+        _run("gateway:direct", 1, 200),
+        _run("gateway:direct", 32, 2000),
+        _run("serve:haproxy", 32, 1000),
+    ]
+    assert ratios(results, "direct") == {
+        "gateway_vs_vllm_c32": 0.8,
+        "serve_vs_vllm_c32": 0.96,
+        "gateway_vs_serve_c32": 0.833,
+        "gateway_c32_vs_c1": 10.0,
+        "vllm_c32_vs_c1": 10.0,
+    }
     assert ratios(results, "haproxy")["serve_vs_vllm_c32"] == 0.4
 
 
@@ -92,8 +135,12 @@ def test_ratios_are_none_when_a_run_failed():
 
 
 def test_report_marks_missed_targets_and_splits_cpu_by_layer():
-    results = [_run("vllm", 32, 2500), _run("serve:direct", 32, 2300, serving_cpu=0.2),
-               _run("gateway:direct", 1, 200), _run("gateway:direct", 32, 1900)]
+    results = [
+        _run("vllm", 32, 2500),
+        _run("serve:direct", 32, 2300, serving_cpu=0.2),
+        _run("gateway:direct", 1, 200),
+        _run("gateway:direct", 32, 1900),
+    ]
     report = markdown_report(results, {"direct": ratios(results, "direct")})
     assert "| full path (gateway), direct | 32 | 1,900 | 10.0 | 20.0 | 64/0 |" in report
     assert "- gateway_vs_vllm_c32: 0.760  (target >= 0.8) MISSED" in report
@@ -106,7 +153,8 @@ def test_report_marks_missed_targets_and_splits_cpu_by_layer():
 
 def test_report_shows_how_long_each_layer_waited_to_run():
     serve = _run("serve:direct", 32, 2300, serving_cpu=0.2) | {
-        "run_queue_wait_cores": {"engine": 0.61, "engine worker": 0.27, "client": 0.8}}
+        "run_queue_wait_cores": {"engine": 0.61, "engine worker": 0.27, "client": 0.8}
+    }
     report = markdown_report([_run("vllm", 32, 2500), serve], {})
     assert "| engine | 0.610 |" in report and "| engine worker | 0.270 |" in report
     assert "| client | 0.800 |" in report and "| gateway | n/a |" in report
@@ -116,8 +164,18 @@ def test_llmctl_client_figures_match_the_vllm_names():
     from ops.benchmarks.serving import figures_from_llmctl
     from ops.llmctl.bench.stats import RequestResult, summarise
 
-    results = [RequestResult(start=0, end=1.0, first_token=0.2, chunk_times=[0.2, 0.6, 1.0], prompt_tokens=64,
-                             output_tokens=64, requested_output_tokens=64) for _ in range(4)]
+    results = [
+        RequestResult(
+            start=0,
+            end=1.0,
+            first_token=0.2,
+            chunk_times=[0.2, 0.6, 1.0],
+            prompt_tokens=64,
+            output_tokens=64,
+            requested_output_tokens=64,
+        )
+        for _ in range(4)
+    ]
     results.append(RequestResult(start=0, end=0.5, error="APIConnectionError"))
     report = {"levels": [summarise(results, "concurrency", 32).model_dump()]}
     figures = figures_from_llmctl(report)
@@ -154,8 +212,13 @@ def test_a_target_that_refuses_every_request_shows_its_answer(tmp_path, capsys):
     from ops.benchmarks.serving import bench
     from tests.support.servers import serving
 
-    refusal = {"error": {"message": "ignore_eos: extra inputs are not permitted " + "x" * 400,
-                         "type": "BadRequestError", "code": "invalid_request_body"}}
+    refusal = {
+        "error": {
+            "message": "ignore_eos: extra inputs are not permitted " + "x" * 400,
+            "type": "BadRequestError",
+            "code": "invalid_request_body",
+        }
+    }
 
     async def completions(request):
         await request.json()

@@ -48,8 +48,15 @@ def tokenizer(model_dir):
 
 def test_folder_has_every_file_a_loader_needs(model_dir, cache_dir):
     assert model_dir == cache_dir / "tiny-llama"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "generation_config.json", MARKER_NAME):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+        MARKER_NAME,
+    ):
         assert (model_dir / name).is_file(), name
     assert not [p for p in cache_dir.iterdir() if p.name.startswith(".")], "temp folder left behind"
 
@@ -151,14 +158,21 @@ def test_default_cache_dir_honours_env(tmp_path, monkeypatch):
 
 def test_import_is_cheap():
     """The gateway image imports serving modules without torch or transformers installed."""
-    code = ("import sys, ops.devstack.tiny_model; "
-            "print(sorted({'torch', 'transformers', 'tokenizers'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    code = (
+        "import sys, ops.devstack.tiny_model; print(sorted({'torch', 'transformers', 'tokenizers'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"
 
 
 def test_cli_prints_the_folder(model_dir, cache_dir):
-    out = subprocess.run([sys.executable, "-m", "ops.devstack.tiny_model", "--out", str(cache_dir)],
-                         cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.devstack.tiny_model", "--out", str(cache_dir)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == str(model_dir)

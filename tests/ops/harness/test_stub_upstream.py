@@ -15,7 +15,7 @@ def events(options: dict | None) -> list[dict]:
         body["stream_options"] = options
     with TestClient(app()) as client:
         text = client.post("/v1/chat/completions", json=body).text
-    return [json.loads(line[len("data: "):]) for line in text.split("\n\n") if line.startswith("data: {")]
+    return [json.loads(line[len("data: ") :]) for line in text.split("\n\n") if line.startswith("data: {")]
 
 
 def test_continuous_usage_counts_each_chunks_tokens_so_far():

@@ -18,8 +18,15 @@ from serving.gateway.redis.client import redis_client
 
 
 def llmctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "batches", *args], capture_output=True, text=True,
-                          timeout=60, cwd=PROJECT_ROOT, env=dict(os.environ), check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.main", "batches", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ),
+        check=False,
+    )
 
 
 def store_call(url: str, action):
@@ -39,16 +46,26 @@ def batches(redis_server) -> dict[str, BatchRecord]:
 
     async def make(store: BatchStore) -> None:
         for tenant, status in (("acme", "in_progress"), ("acme", "completed"), ("globex", "validating")):
-            record = BatchRecord(id=new_batch_id(), tenant=tenant, key_id="k1", endpoint="/v1/chat/completions",
-                                 input_file_id="file-0", status=status, created_at=1_800_000_000,
-                                 expires_at=1_800_086_400, seq=await store.next_seq(), total=3)
+            record = BatchRecord(
+                id=new_batch_id(),
+                tenant=tenant,
+                key_id="k1",
+                endpoint="/v1/chat/completions",
+                input_file_id="file-0",
+                status=status,
+                created_at=1_800_000_000,
+                expires_at=1_800_086_400,
+                seq=await store.next_seq(),
+                total=3,
+            )
             await store.create(record)
             if status == "completed":
                 await store.retire(record.id)
             made[f"{tenant}-{status}"] = record
         await store.record(made["acme-in_progress"].id, "a", {"custom_id": "a"}, ok=True)
-        await store.enqueue(made["acme-in_progress"].id, "acme",
-                            [{"custom_id": c, "at": "0", "len": "2"} for c in "bc"])
+        await store.enqueue(
+            made["acme-in_progress"].id, "acme", [{"custom_id": c, "at": "0", "len": "2"} for c in "bc"]
+        )
 
     store_call(redis_server.url, make)
     return made
@@ -56,8 +73,9 @@ def batches(redis_server) -> dict[str, BatchRecord]:
 
 def test_ls_lists_newest_first_by_tenant_or_still_running(redis_server, batches) -> None:
     listed = json.loads(llmctl("ls", "--json", "--redis-url", redis_server.url).stdout)
-    assert [b["id"] for b in listed] == [batches[k].id for k in ("globex-validating", "acme-completed",
-                                                                  "acme-in_progress")]
+    assert [b["id"] for b in listed] == [
+        batches[k].id for k in ("globex-validating", "acme-completed", "acme-in_progress")
+    ]
     assert listed[2]["request_counts"] == {"total": 3, "completed": 1, "failed": 0}
     acme = json.loads(llmctl("ls", "--json", "--tenant", "acme", "--redis-url", redis_server.url).stdout)
     assert {b["tenant"] for b in acme} == {"acme"} and len(acme) == 2

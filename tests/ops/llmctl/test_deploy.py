@@ -39,8 +39,9 @@ def test_credential_sources_are_recognised(tmp_path):
 
 
 def test_failing_plan_stops_before_pulumi(tmp_path, fake_pulumi):
-    doc = stack_document(models=[{"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 131072}])
+    doc = stack_document(
+        models=[{"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 131072}]
+    )
     path = write_stack(tmp_path, "tight", doc)
     env = {"PATH": fake_pulumi, "AWS_PROFILE": "x"}
     problem = preflight("deploy", str(path), environ=env, home=tmp_path)
@@ -50,5 +51,4 @@ def test_failing_plan_stops_before_pulumi(tmp_path, fake_pulumi):
 
 
 def test_ready_cloud_stack_passes(tmp_path, fake_pulumi):
-    assert preflight("deploy", "prod", environ={"PATH": fake_pulumi, "AWS_PROFILE": "x"},
-                     home=tmp_path) is None
+    assert preflight("deploy", "prod", environ={"PATH": fake_pulumi, "AWS_PROFILE": "x"}, home=tmp_path) is None

@@ -25,8 +25,15 @@ def redis_url(redis_server):
 def llmctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # `python -m` from the checkout: the `llmctl` script of an editable install runs whichever
     # checkout was installed, not necessarily this one.
-    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "keys", *args], capture_output=True, text=True,
-                          timeout=60, cwd=PROJECT_ROOT, env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.main", "keys", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def verify(url: str, key: str):
@@ -41,8 +48,19 @@ def verify(url: str, key: str):
 
 
 def test_create_list_show_revoke(redis_url):
-    made = llmctl("create", "--tenant", "acme", "--name", "ci", "--model", "tiny-chat",
-                  "--requests-per-minute", "30", "--redis-url", redis_url)
+    made = llmctl(
+        "create",
+        "--tenant",
+        "acme",
+        "--name",
+        "ci",
+        "--model",
+        "tiny-chat",
+        "--requests-per-minute",
+        "30",
+        "--redis-url",
+        redis_url,
+    )
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
     record = verify(redis_url, key)
@@ -64,8 +82,9 @@ def test_key_is_stored_only_as_a_hash(redis_url):
 
 
 def test_rotate_keeps_settings_and_revokes_old(redis_url):
-    old = llmctl("create", "--tenant", "t", "--name", "bot", "--tokens-per-minute", "500",
-                 "--redis-url", redis_url).stdout.strip()
+    old = llmctl(
+        "create", "--tenant", "t", "--name", "bot", "--tokens-per-minute", "500", "--redis-url", redis_url
+    ).stdout.strip()
     old_id = verify(redis_url, old).key_id
     rotated = llmctl("rotate", old_id, "--redis-url", redis_url)
     assert rotated.returncode == 0, rotated.stderr
@@ -116,8 +135,13 @@ def test_monthly_budget_in_dollars_is_stored_and_survives_rotation(redis_url):
     from infra.spec.stack_file import PROJECT_ROOT
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "keys", *args, "--redis-url", redis_url],
-                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "ops.llmctl.main", "keys", *args, "--redis-url", redis_url],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     made = run("create", "--tenant", "acme", "--name", "budgeted", "--monthly-budget-usd", "250.50")
     assert made.returncode == 0, made.stderr
@@ -137,8 +161,22 @@ def test_tier_and_weight_are_set_at_creation_changed_kept_on_rotation_and_checke
     from ops.llmctl.keys import app
 
     runner = CliRunner()
-    made = runner.invoke(app, ["create", "--tenant", "acme", "--name", "batch-bot", "--tier", "batch",
-                               "--weight", "2", "--redis-url", redis_url])
+    made = runner.invoke(
+        app,
+        [
+            "create",
+            "--tenant",
+            "acme",
+            "--name",
+            "batch-bot",
+            "--tier",
+            "batch",
+            "--weight",
+            "2",
+            "--redis-url",
+            redis_url,
+        ],
+    )
     assert made.exit_code == 0, made.output
     key = made.stdout.strip().splitlines()[-1]
     record = verify(redis_url, key)
@@ -173,32 +211,44 @@ def test_the_password_comes_from_env_or_a_file_never_the_command_line(guarded_re
     refused = llmctl("list", "--redis-url", with_password)
     assert refused.returncode == 2 and "LLMSTACK_REDIS_PASSWORD" in refused.stderr and "s3cret" not in refused.stderr
     assert llmctl("list", "--redis-url", url).returncode == 1  # no password: Redis says no
-    by_env = llmctl("create", "--tenant", "t", "--name", "env", "--redis-url", url,
-                    env={"LLMSTACK_REDIS_PASSWORD": "s3cret/pass"})
+    by_env = llmctl(
+        "create", "--tenant", "t", "--name", "env", "--redis-url", url, env={"LLMSTACK_REDIS_PASSWORD": "s3cret/pass"}
+    )
     assert by_env.returncode == 0, by_env.stderr
     password_file = tmp_path / "redis-password"
     password_file.write_text("s3cret/pass\n")
     listed = llmctl("list", "--json", "--redis-url", url, "--redis-password-file", str(password_file))
     assert listed.returncode == 0, listed.stderr
     assert [r["name"] for r in json.loads(listed.stdout)] == ["env"]
-    from_env_file = llmctl("list", "--json", "--redis-url", url,
-                           env={"LLMSTACK_REDIS_PASSWORD_FILE": str(password_file)})
+    from_env_file = llmctl(
+        "list", "--json", "--redis-url", url, env={"LLMSTACK_REDIS_PASSWORD_FILE": str(password_file)}
+    )
     assert from_env_file.returncode == 0, from_env_file.stderr
 
 
 def tenants(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ops.llmctl.main", "tenants", *args], capture_output=True, text=True,
-                          timeout=60, cwd=PROJECT_ROOT, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.main", "tenants", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=PROJECT_ROOT,
+        check=False,
+    )
 
 
 def test_tenants_set_show_list(redis_url):
-    changed = tenants("set", "acme corp", "--requests-per-minute", "600", "--daily-token-budget", "5000000",
-                      "--redis-url", redis_url)
+    changed = tenants(
+        "set", "acme corp", "--requests-per-minute", "600", "--daily-token-budget", "5000000", "--redis-url", redis_url
+    )
     assert changed.returncode == 0, changed.stderr
     assert "requests_per_minute=600" in changed.stderr
     shown = json.loads(tenants("show", "acme corp", "--redis-url", redis_url).stdout)
-    assert shown == {"tenant": "acme corp", "limits": {"requests_per_minute": 600, "daily_token_budget": 5_000_000},
-                     "tokens_today": 0}
+    assert shown == {
+        "tenant": "acme corp",
+        "limits": {"requests_per_minute": 600, "daily_token_budget": 5_000_000},
+        "tokens_today": 0,
+    }
     assert tenants("set", "acme corp", "--requests-per-minute", "0", "--redis-url", redis_url).returncode == 0
     listed = json.loads(tenants("list", "--json", "--redis-url", redis_url).stdout)
     assert listed["acme corp"] == {"daily_token_budget": 5_000_000}  # 0 cleared the tenant's own rate
@@ -214,5 +264,7 @@ def test_tenants_monthly_budget_is_a_decimal_in_dollars(redis_url):
     assert tenants("set", "budgeted", "--monthly-budget-usd", "0", "--redis-url", redis_url).returncode == 0
     assert "budgeted" not in json.loads(tenants("list", "--json", "--redis-url", redis_url).stdout)
     refused = tenants("set", "budgeted", "--monthly-budget-usd", "0.001", "--redis-url", redis_url)
-    assert refused.returncode == 2 and "--monthly-budget-usd: Decimal input should have no more than 2 decimal places" \
-        in refused.stderr
+    assert (
+        refused.returncode == 2
+        and "--monthly-budget-usd: Decimal input should have no more than 2 decimal places" in refused.stderr
+    )

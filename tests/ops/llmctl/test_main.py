@@ -17,8 +17,7 @@ from tests.support.stacks import stack_document, write_stack
 def llmctl(*args: str) -> subprocess.CompletedProcess[str]:
     # The installed console script, as users run it (an entry point of the package).
     executable = Path(sys.executable).parent / "llmctl"
-    return subprocess.run([str(executable), *args], capture_output=True, text=True,
-                          cwd=PROJECT_ROOT, timeout=120)
+    return subprocess.run([str(executable), *args], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
 
 
 @pytest.mark.parametrize("stack", ["local", "dev", "prod"])
@@ -36,8 +35,9 @@ def test_plan_table_shows_cost():
 
 
 def test_bad_stack_file_exits_2_with_message_not_traceback(tmp_path):
-    path = write_stack(tmp_path, "bad", stack_document(node_groups=[{"name": "l4", "kind": "gpu",
-                                                                      "gpu_class": "T4", "max_size": 1}]))
+    path = write_stack(
+        tmp_path, "bad", stack_document(node_groups=[{"name": "l4", "kind": "gpu", "gpu_class": "T4", "max_size": 1}])
+    )
     result = llmctl("plan", "--stack", str(path))
     assert result.returncode == 2
     assert "Pulumi.bad.yaml" in result.stderr and "llmstack:node_groups[0].gpu_class" in result.stderr
@@ -52,8 +52,9 @@ def test_invalid_yaml_exits_2(tmp_path):
 
 
 def test_impossible_plan_exits_1_with_reason(tmp_path):
-    doc = stack_document(models=[{"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 131072}])
+    doc = stack_document(
+        models=[{"id": "m", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 131072}]
+    )
     path = write_stack(tmp_path, "tight", doc)
     plan = llmctl("plan", "--stack", str(path))
     assert plan.returncode == 1 and "no_room_for_one_sequence" in plan.stderr

@@ -58,8 +58,12 @@ def alert_rules() -> list[dict]:
 
 def dashboard_targets() -> list[tuple[str, str]]:
     dashboard = json.loads(DASHBOARD.read_text())
-    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] if panel["type"] != "row"
-            for target in panel["targets"]]
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]
 
 
 def grafana_free(expr: str) -> str:
@@ -70,7 +74,10 @@ def grafana_free(expr: str) -> str:
 
 def test_metric_names_are_read_from_the_tree():
     assert metric_names('sum(rate(a_total{x="1"}[5m])) / clamp_min(sum(rate(b_total[5m])), 1) > 0 or max(c)') == {
-        "a_total", "b_total", "c"}
+        "a_total",
+        "b_total",
+        "c",
+    }
 
 
 @pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
@@ -91,16 +98,20 @@ def test_alerts_cover_the_issue_list():
     wanted = {  # what the issue asks to alert on -> a metric that shows it
         "error rate": "llmstack_gateway_requests_total",
         "TTFT p99": "llmstack_gateway_time_to_first_token_seconds_bucket",
-        "queue depth": "ray_vllm_num_requests_waiting", "rate-limit rejections": "llmstack_gateway_rate_limited_total",
-        "Redis errors": "llmstack_gateway_redis_errors_total", "GPU pending": "kube_pod_status_unschedulable",
+        "queue depth": "ray_vllm_num_requests_waiting",
+        "rate-limit rejections": "llmstack_gateway_rate_limited_total",
+        "Redis errors": "llmstack_gateway_redis_errors_total",
+        "GPU pending": "kube_pod_status_unschedulable",
         "Redis memory": "llmstack_gateway_redis_memory_used_bytes",
         "Redis refusing writes": "llmstack_gateway_redis_out_of_memory_total",
         "Redis evicting": "llmstack_gateway_redis_evicting",
-        "XID errors": "DCGM_EXP_XID_ERRORS_COUNT", "GPU memory near full": "DCGM_FI_DEV_FB_FREE",
+        "XID errors": "DCGM_EXP_XID_ERRORS_COUNT",
+        "GPU memory near full": "DCGM_FI_DEV_FB_FREE",
         "GPU idle under load": "DCGM_FI_DEV_GPU_UTIL",
         "GPU exporter not ready": "kube_daemonset_status_number_ready",
         "stream resumes rising": "llmstack_gateway_stream_resumes_total",
-        "stream resumes failing": "llmstack_gateway_stream_resume_failures_total"}
+        "stream resumes failing": "llmstack_gateway_stream_resume_failures_total",
+    }
     for concern, metric in wanted.items():
         assert any(metric in metric_names(e) for e in exprs.values()), f"no alert on {concern}"
 
@@ -134,7 +145,7 @@ def test_ray_metric_names_are_the_ones_ray_documents():
 
     ray_root = Path(ray.__file__).parent.parent
     dashboards = "".join(p.read_text() for p in (ray_root / serving_metrics.RAY_DASHBOARDS).glob("*.py"))
-    vllm_loggers = (ray_root / "vllm" / "v1" / "metrics" / "loggers.py")
+    vllm_loggers = ray_root / "vllm" / "v1" / "metrics" / "loggers.py"
     vllm_names = set(re.findall(r'name="vllm:(\w+)"', vllm_loggers.read_text())) if vllm_loggers.is_file() else None
     for metric in serving_metrics.SERVING_METRICS:
         if not metric.name.startswith("ray_"):
@@ -163,89 +174,156 @@ def test_gpu_queries_use_the_node_label_of_the_pinned_exporter():
 PROMTOOL = shutil.which("promtool")
 # On a laptop without it the checks above (promql-parser) still ran; CI must run these too, so
 # there a missing promtool (its `make test` install failed) is a failure, not a skip.
-needs_promtool = pytest.mark.skipif(PROMTOOL is None and os.environ.get("CI") != "true",
-                                    reason="promtool not installed (apt-get install prometheus; `make test` does); "
-                                           "the PromQL checks above ran with promql-parser")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None and os.environ.get("CI") != "true",
+    reason="promtool not installed (apt-get install prometheus; `make test` does); "
+    "the PromQL checks above ran with promql-parser",
+)
 
 
 def test_ci_has_promtool():
     if os.environ.get("CI") == "true":
         assert PROMTOOL, "promtool is missing under CI: `make promtool` could not install Debian's prometheus"
 
+
 EXPORTER = 'namespace="llmstack",daemonset="llmstack-dcgm-exporter"'
 GPU = 'Hostname="n1",gpu="0",modelName="NVIDIA L4",namespace="llmstack",pod="w1",container="ray-worker"'
 # alert -> (series that show the condition, when to evaluate, labels the alert carries)
 FIRING = {
-    "LLMStackHighErrorRate": ([('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+90x30"),
-                               ('llmstack_gateway_requests_total{status="503",model="m",tenant="t"}', "0+10x30")],
-                              "15m", {}),
-    "LLMStackTTFTP99High": ([('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="5"}', "0+0x40"),
-                             ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="30"}', "0+10x40"),
-                             ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+10x40")],
-                            "30m", {"model": "m"}),
-    "LLMStackRateLimitRejections": ([('llmstack_gateway_requests_total{status="429",model="m",tenant="t"}', "0+100x30"),
-                                     ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}',
-                                      "0+50x30")],
-                                    "20m", {}),
+    "LLMStackHighErrorRate": (
+        [
+            ('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+90x30"),
+            ('llmstack_gateway_requests_total{status="503",model="m",tenant="t"}', "0+10x30"),
+        ],
+        "15m",
+        {},
+    ),
+    "LLMStackTTFTP99High": (
+        [
+            ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="5"}', "0+0x40"),
+            ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="30"}', "0+10x40"),
+            ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+10x40"),
+        ],
+        "30m",
+        {"model": "m"},
+    ),
+    "LLMStackRateLimitRejections": (
+        [
+            ('llmstack_gateway_requests_total{status="429",model="m",tenant="t"}', "0+100x30"),
+            ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+50x30"),
+        ],
+        "20m",
+        {},
+    ),
     "LLMStackRedisErrors": ([("llmstack_gateway_degraded", "1x10")], "5m", {}),
-    "LLMStackRedisMemoryHigh": ([("llmstack_gateway_redis_memory_used_bytes", "900x10"),
-                                 ("llmstack_gateway_redis_memory_max_bytes", "1000x10")], "5m", {}),
-    "LLMStackEngineQueueDeep": ([('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "40x20")],
-                                "15m", {"model_name": "m"}),
-    "LLMStackServeQueueDeep": ([('ray_serve_deployment_queued_queries{application="llm",deployment="d",handle="h"}',
-                                 "100x20")], "15m", {"application": "llm", "deployment": "d"}),
-    "LLMStackGPUPodsPending": ([('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "1x30")],
-                               "20m", {"pod": "p"}),
-    "LLMStackReplicaCrashLoop": ([('kube_pod_container_status_waiting_reason{namespace="llmstack",pod="p",'
-                                   'container="c",reason="CrashLoopBackOff"}', "1x20")], "10m", {"pod": "p"}),
+    "LLMStackRedisMemoryHigh": (
+        [
+            ("llmstack_gateway_redis_memory_used_bytes", "900x10"),
+            ("llmstack_gateway_redis_memory_max_bytes", "1000x10"),
+        ],
+        "5m",
+        {},
+    ),
+    "LLMStackEngineQueueDeep": (
+        [('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "40x20")],
+        "15m",
+        {"model_name": "m"},
+    ),
+    "LLMStackServeQueueDeep": (
+        [('ray_serve_deployment_queued_queries{application="llm",deployment="d",handle="h"}', "100x20")],
+        "15m",
+        {"application": "llm", "deployment": "d"},
+    ),
+    "LLMStackGPUPodsPending": (
+        [('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "1x30")],
+        "20m",
+        {"pod": "p"},
+    ),
+    "LLMStackReplicaCrashLoop": (
+        [
+            (
+                'kube_pod_container_status_waiting_reason{namespace="llmstack",pod="p",'
+                'container="c",reason="CrashLoopBackOff"}',
+                "1x20",
+            )
+        ],
+        "10m",
+        {"pod": "p"},
+    ),
     # 3 of 100 requests a minute resumed.
-    "LLMStackStreamResumesRising": ([('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x30"),
-                                     ('llmstack_gateway_stream_resumes_total{model="m",reason="connection_reset"}',
-                                      "0+3x30")], "25m", {"model": "m"}),
-    "LLMStackMonthlyBudgetNearlySpent": ([('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.85x20")],
-                                         "10m", {"tenant": "t", "key_id": "k"}),
+    "LLMStackStreamResumesRising": (
+        [
+            ('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x30"),
+            ('llmstack_gateway_stream_resumes_total{model="m",reason="connection_reset"}', "0+3x30"),
+        ],
+        "25m",
+        {"model": "m"},
+    ),
+    "LLMStackMonthlyBudgetNearlySpent": (
+        [('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.85x20")],
+        "10m",
+        {"tenant": "t", "key_id": "k"},
+    ),
     # GPUs: `pod` on DCGM series is the pod holding the GPU; on ray_vllm_* the pod scraped.
-    "LLMStackGPUXidError": ([(f'DCGM_EXP_XID_ERRORS_COUNT{{{GPU},xid="79",window_size_in_ms="300000"}}', "0 0 1x10")],
-                            "5m", {"Hostname": "n1", "gpu": "0", "xid": "79"}),
-    "LLMStackGPUMemoryNearFull": ([(f"DCGM_FI_DEV_FB_FREE{{{GPU}}}", "200x20"),
-                                   (f"DCGM_FI_DEV_FB_USED{{{GPU}}}", "22800x20")],
-                                  "15m", {"Hostname": "n1", "gpu": "0", "pod": "w1"}),
+    "LLMStackGPUXidError": (
+        [(f'DCGM_EXP_XID_ERRORS_COUNT{{{GPU},xid="79",window_size_in_ms="300000"}}', "0 0 1x10")],
+        "5m",
+        {"Hostname": "n1", "gpu": "0", "xid": "79"},
+    ),
+    "LLMStackGPUMemoryNearFull": (
+        [(f"DCGM_FI_DEV_FB_FREE{{{GPU}}}", "200x20"), (f"DCGM_FI_DEV_FB_USED{{{GPU}}}", "22800x20")],
+        "15m",
+        {"Hostname": "n1", "gpu": "0", "pod": "w1"},
+    ),
     # Requests wait in the engine, none runs, the GPU does nothing: a hung engine.
-    "LLMStackGPUIdleUnderLoad": ([(f"DCGM_FI_DEV_GPU_UTIL{{{GPU}}}", "2x20"),
-                                 ('ray_vllm_num_requests_running{model_name="m",pod="w1"}', "0x20"),
-                                 ('ray_vllm_num_requests_waiting{model_name="m",pod="w1"}', "5x20")],
-                                "15m", {"pod": "w1", "model_name": "m"}),
-    "LLMStackGPUMetricsMissing": ([(f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x30"),
-                                   (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "1x30")],
-                                  "20m", {"daemonset": "llmstack-dcgm-exporter"}),
+    "LLMStackGPUIdleUnderLoad": (
+        [
+            (f"DCGM_FI_DEV_GPU_UTIL{{{GPU}}}", "2x20"),
+            ('ray_vllm_num_requests_running{model_name="m",pod="w1"}', "0x20"),
+            ('ray_vllm_num_requests_waiting{model_name="m",pod="w1"}', "5x20"),
+        ],
+        "15m",
+        {"pod": "w1", "model_name": "m"},
+    ),
+    "LLMStackGPUMetricsMissing": (
+        [
+            (f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x30"),
+            (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "1x30"),
+        ],
+        "20m",
+        {"daemonset": "llmstack-dcgm-exporter"},
+    ),
 }
 # Healthy traffic: nothing fires.
-QUIET = [('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x40"),
-         ('llmstack_gateway_requests_total{status="503",model="m",tenant="t"}', "0+1x40"),
-         ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="0.5"}', "0+100x40"),
-         ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+100x40"),
-         ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+1x40"),
-         ("llmstack_gateway_degraded", "0x40"),
-         # A replica lost now and then: a resume every ten minutes, none failed.
-         ('llmstack_gateway_stream_resumes_total{model="m",reason="connection_reset"}', "0+0.1x40"),
-         ('llmstack_gateway_stream_resume_failures_total{model="m",reason="connection_reset"}', "0x40"),
-         ("llmstack_gateway_redis_memory_used_bytes", "500x40"), ("llmstack_gateway_redis_memory_max_bytes", "1000x40"),
-         ("llmstack_gateway_redis_evicting", "0x40"),
-         ('llmstack_gateway_redis_out_of_memory_total{component="limiter"}', "0x40"),
-         ('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "3x40"),
-         ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40"),
-         ('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.5x40"),
-         # A busy GPU (10% free is what vLLM's default 0.9 leaves), and an idle one with nothing to do.
-         ('DCGM_EXP_XID_ERRORS_COUNT{Hostname="n1",gpu="0",xid="13"}', "0x40"),
-         ('DCGM_FI_DEV_FB_FREE{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "2400x40"),
-         ('DCGM_FI_DEV_FB_USED{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "20600x40"),
-         ('DCGM_FI_DEV_GPU_UTIL{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "85x40"),
-         ('ray_vllm_num_requests_running{model_name="m",pod="busy"}', "4x40"),
-         ('DCGM_FI_DEV_GPU_UTIL{Hostname="n2",gpu="0",namespace="llmstack",pod="idle"}', "0x40"),
-         ('ray_vllm_num_requests_running{model_name="m2",pod="idle"}', "0x40"),
-         ('ray_vllm_num_requests_waiting{model_name="m2",pod="idle"}', "0x40"),
-         (f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x40"),
-         (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "2x40")]
+QUIET = [
+    ('llmstack_gateway_requests_total{status="200",model="m",tenant="t"}', "0+100x40"),
+    ('llmstack_gateway_requests_total{status="503",model="m",tenant="t"}', "0+1x40"),
+    ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="0.5"}', "0+100x40"),
+    ('llmstack_gateway_time_to_first_token_seconds_bucket{model="m",le="+Inf"}', "0+100x40"),
+    ('llmstack_gateway_rate_limited_total{limit="requests",mode="enforced"}', "0+1x40"),
+    ("llmstack_gateway_degraded", "0x40"),
+    # A replica lost now and then: a resume every ten minutes, none failed.
+    ('llmstack_gateway_stream_resumes_total{model="m",reason="connection_reset"}', "0+0.1x40"),
+    ('llmstack_gateway_stream_resume_failures_total{model="m",reason="connection_reset"}', "0x40"),
+    ("llmstack_gateway_redis_memory_used_bytes", "500x40"),
+    ("llmstack_gateway_redis_memory_max_bytes", "1000x40"),
+    ("llmstack_gateway_redis_evicting", "0x40"),
+    ('llmstack_gateway_redis_out_of_memory_total{component="limiter"}', "0x40"),
+    ('ray_vllm_num_requests_waiting{model_name="m",WorkerId="w1"}', "3x40"),
+    ('kube_pod_status_unschedulable{namespace="llmstack",pod="p"}', "0x40"),
+    ('llmstack_gateway_budget_used_ratio{tenant="t",key_id="k"}', "0.5x40"),
+    # A busy GPU (10% free is what vLLM's default 0.9 leaves), and an idle one with nothing to do.
+    ('DCGM_EXP_XID_ERRORS_COUNT{Hostname="n1",gpu="0",xid="13"}', "0x40"),
+    ('DCGM_FI_DEV_FB_FREE{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "2400x40"),
+    ('DCGM_FI_DEV_FB_USED{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "20600x40"),
+    ('DCGM_FI_DEV_GPU_UTIL{Hostname="n1",gpu="0",namespace="llmstack",pod="busy"}', "85x40"),
+    ('ray_vllm_num_requests_running{model_name="m",pod="busy"}', "4x40"),
+    ('DCGM_FI_DEV_GPU_UTIL{Hostname="n2",gpu="0",namespace="llmstack",pod="idle"}', "0x40"),
+    ('ray_vllm_num_requests_running{model_name="m2",pod="idle"}', "0x40"),
+    ('ray_vllm_num_requests_waiting{model_name="m2",pod="idle"}', "0x40"),
+    (f"kube_daemonset_status_desired_number_scheduled{{{EXPORTER}}}", "2x40"),
+    (f"kube_daemonset_status_number_ready{{{EXPORTER}}}", "2x40"),
+]
 
 
 def test_every_alert_has_a_firing_scenario():
@@ -264,10 +342,20 @@ def test_each_alert_fires_on_its_condition_and_not_on_healthy_traffic(tmp_path):
     tests = []
     for alert, (series, at, labels) in FIRING.items():
         expected = {"exp_labels": {**labels, **rules[alert]["labels"]}, "exp_annotations": rules[alert]["annotations"]}
-        tests.append({"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
-                      "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": [expected]}]})
-    tests.append({"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in QUIET],
-                  "alert_rule_test": [{"eval_time": "35m", "alertname": a, "exp_alerts": []} for a in FIRING]})
+        tests.append(
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": [expected]}],
+            }
+        )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [{"series": s, "values": v} for s, v in QUIET],
+            "alert_rule_test": [{"eval_time": "35m", "alertname": a, "exp_alerts": []} for a in FIRING],
+        }
+    )
     test_file = tmp_path / "alerts-test.yaml"
     test_file.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests}))
     result = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True)
@@ -275,6 +363,7 @@ def test_each_alert_fires_on_its_condition_and_not_on_healthy_traffic(tmp_path):
 
 
 # --- the GPU panels' joins, evaluated ------------------------------------------------------------
+
 
 def panel_expr(title: str, ref: str = "A") -> str:
     dashboard = json.loads(DASHBOARD.read_text())
@@ -332,8 +421,11 @@ def test_gpu_panels_join_gpus_to_models_and_tenants(title, tmp_path):
     # Rounded to 1/1024 (exact in binary), so float noise from the token shares cannot fail the test.
     expr = f"round({panel_expr(title)}, 0.0009765625)"
     samples = [{"labels": labels, "value": value} for labels, value in GPU_PANELS[title].items()]
-    test = {"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in GPU_PANEL_SERIES],
-            "promql_expr_test": [{"expr": expr, "eval_time": "60m", "exp_samples": samples}]}
+    test = {
+        "interval": "1m",
+        "input_series": [{"series": s, "values": v} for s, v in GPU_PANEL_SERIES],
+        "promql_expr_test": [{"expr": expr, "eval_time": "60m", "exp_samples": samples}],
+    }
     test_file = tmp_path / "panels-test.yaml"
     test_file.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [test]}))
     result = subprocess.run([PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True)

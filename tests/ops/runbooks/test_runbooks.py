@@ -133,8 +133,9 @@ def check_llmctl(args: list[str], tmp_path: Path, monkeypatch) -> None:
     if stack is not None:
         assert stack in available_stacks(), f"--stack {stack}: no Pulumi.{stack}.yaml"
     if path[1] in ("plan", "render"):
-        result = CliRunner().invoke(app, [*args, *(["--out", str(tmp_path)] if path[1] == "render"
-                                                    and "--out" not in args else [])])
+        result = CliRunner().invoke(
+            app, [*args, *(["--out", str(tmp_path)] if path[1] == "render" and "--out" not in args else [])]
+        )
         assert result.exit_code == 0, result.output
     if path[1] == "scale":
         copy = tmp_path / f"Pulumi.{stack}.yaml"
@@ -149,7 +150,8 @@ def check_llmctl(args: list[str], tmp_path: Path, monkeypatch) -> None:
 # --- kubectl -----------------------------------------------------------------------------------
 
 KINDS = {
-    **dict.fromkeys(["pod", "pods", "po"], "Pod"), **dict.fromkeys(["node", "nodes", "no"], "Node"),
+    **dict.fromkeys(["pod", "pods", "po"], "Pod"),
+    **dict.fromkeys(["node", "nodes", "no"], "Node"),
     **dict.fromkeys(["rayservice", "rayservices", "rayservices.ray.io"], "RayService"),
     **dict.fromkeys(["raycluster", "rayclusters", "rayclusters.ray.io"], "RayCluster"),
     **dict.fromkeys(["deployment", "deployments", "deploy"], "Deployment"),
@@ -157,16 +159,40 @@ KINDS = {
     **dict.fromkeys(["hpa", "horizontalpodautoscaler", "horizontalpodautoscalers"], "HorizontalPodAutoscaler"),
     **dict.fromkeys(["pdb", "poddisruptionbudget", "poddisruptionbudgets"], "PodDisruptionBudget"),
     **dict.fromkeys(["networkpolicy", "networkpolicies", "netpol"], "NetworkPolicy"),
-    **dict.fromkeys(["secret", "secrets"], "Secret"), **dict.fromkeys(["event", "events", "ev"], "Event"),
+    **dict.fromkeys(["secret", "secrets"], "Secret"),
+    **dict.fromkeys(["event", "events", "ev"], "Event"),
     **dict.fromkeys(["daemonset", "daemonsets", "ds"], "DaemonSet"),
 }
 VERBS_WITH_RESOURCES = {"get", "describe", "logs", "delete", "edit", "top", "exec", "patch"}
 VERBS = VERBS_WITH_RESOURCES | {"rollout", "cordon", "uncordon", "drain", "port-forward", "cluster-info", "patch"}
 NAMESPACES = {names.NAMESPACE, names.KUBERAY_NAMESPACE, "kube-system"}
-LABEL_KEYS = {"ray.io/node-type", "ray.io/group", "ray.io/cluster", names.NODE_GROUP_LABEL, names.COMPONENT_LABEL,
-              "app.kubernetes.io/instance", "app.kubernetes.io/name"}
-FLAGS_WITH_VALUE = {"-n", "--namespace", "-l", "--selector", "-o", "--output", "-c", "--container", "--context",
-                    "--sort-by", "--tail", "--since", "--field-selector", "-p", "--patch", "--type"}
+LABEL_KEYS = {
+    "ray.io/node-type",
+    "ray.io/group",
+    "ray.io/cluster",
+    names.NODE_GROUP_LABEL,
+    names.COMPONENT_LABEL,
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/name",
+}
+FLAGS_WITH_VALUE = {
+    "-n",
+    "--namespace",
+    "-l",
+    "--selector",
+    "-o",
+    "--output",
+    "-c",
+    "--container",
+    "--context",
+    "--sort-by",
+    "--tail",
+    "--since",
+    "--field-selector",
+    "-p",
+    "--patch",
+    "--type",
+}
 
 
 def known_objects() -> dict[str, set[str]]:
@@ -183,13 +209,17 @@ def known_objects() -> dict[str, set[str]]:
 
 def label_values() -> dict[str, set[str]]:
     groups = {g.name for s in available_stacks() for g in load_stack(s).node_groups}
-    return {"ray.io/group": groups, names.NODE_GROUP_LABEL: groups,
-            names.COMPONENT_LABEL: {"ray", "gateway", DCGM_COMPONENT}, "ray.io/node-type": {"head", "worker"}}
+    return {
+        "ray.io/group": groups,
+        names.NODE_GROUP_LABEL: groups,
+        names.COMPONENT_LABEL: {"ray", "gateway", DCGM_COMPONENT},
+        "ray.io/node-type": {"head", "worker"},
+    }
 
 
 def check_kubectl(args: list[str]) -> None:
     if "--" in args:
-        args = args[:args.index("--")]  # the command run inside the container is not kubectl's
+        args = args[: args.index("--")]  # the command run inside the container is not kubectl's
     positional, flags, i = [], {}, 0
     while i < len(args):
         token = args[i]
@@ -277,12 +307,14 @@ def check_pulumi(args: list[str]) -> None:
 
 def test_the_checks_can_fail():
     """The checkers refuse what does not exist (so a green run means something)."""
-    for bad in (["kubectl", "-n", "llmstack", "get", "deployment/llmstack-gatewy"],
-                ["kubectl", "-n", "default", "get", "pods"],
-                ["kubectl", "get", "pods", "-l", "ray.io/group=h100"],
-                ["aws", "service-quotas", "get-service-quota", "--service-code", "ec2"],
-                ["aws", "ec2", "describe-gpus"],
-                ["pulumi", "stack", "output", "gpu_count"]):
+    for bad in (
+        ["kubectl", "-n", "llmstack", "get", "deployment/llmstack-gatewy"],
+        ["kubectl", "-n", "default", "get", "pods"],
+        ["kubectl", "get", "pods", "-l", "ray.io/group=h100"],
+        ["aws", "service-quotas", "get-service-quota", "--service-code", "ec2"],
+        ["aws", "ec2", "describe-gpus"],
+        ["pulumi", "stack", "output", "gpu_count"],
+    ):
         checker = {"kubectl": check_kubectl, "aws": check_aws, "pulumi": check_pulumi}[bad[0]]
         with pytest.raises(AssertionError):
             checker(bad[1:])
@@ -291,7 +323,10 @@ def test_the_checks_can_fail():
     with pytest.raises(UsageError):
         check_llmctl(["stauts", "--stack", "prod"], Path("/nonexistent"), None)
     assert commands("```bash\nA=$(llmctl plan --stack dev) && kubectl get pods | head -n 1  # c\n```") == [
-        ["llmctl", "plan", "--stack", "dev"], ["kubectl", "get", "pods"], ["head", "-n", "1"]]
+        ["llmctl", "plan", "--stack", "dev"],
+        ["kubectl", "get", "pods"],
+        ["head", "-n", "1"],
+    ]
     assert shlex.split("x")  # shlex kept for the reader: commands are split the way a shell would
 
 

@@ -23,31 +23,42 @@ QUIET = Signals(ongoing=0.0, engine_waiting=0.0, kv_cache_use=0.0, queue_depth=0
 
 
 def replicas(running: int, target: int | None = None, lo: int = 1, hi: int = 4, per_replica: float = 16):
-    return Replicas(running=running, target=running if target is None else target, min=lo, max=hi,
-                    target_ongoing_requests=per_replica)
+    return Replicas(
+        running=running,
+        target=running if target is None else target,
+        min=lo,
+        max=hi,
+        target_ongoing_requests=per_replica,
+    )
 
 
 def with_(**fields) -> Signals:
     return Signals(**{**QUIET.__dict__, **fields})
 
 
-@pytest.mark.parametrize(("signals", "why"), [
-    (with_(ongoing=2, engine_waiting=2.0), Why.ENGINE_WAITING),  # 1 per replica at 2 replicas
-    (with_(ongoing=2, kv_cache_use=0.9), Why.KV_CACHE),
-    (with_(ongoing=2, queue_depth=8.0), Why.QUEUE_DEPTH),  # 4 per replica at 2 replicas
-    (with_(ongoing=2, queue_depth=1.0, queue_wait_s=2.0), Why.QUEUE_WAIT),
-])
+@pytest.mark.parametrize(
+    ("signals", "why"),
+    [
+        (with_(ongoing=2, engine_waiting=2.0), Why.ENGINE_WAITING),  # 1 per replica at 2 replicas
+        (with_(ongoing=2, kv_cache_use=0.9), Why.KV_CACHE),
+        (with_(ongoing=2, queue_depth=8.0), Why.QUEUE_DEPTH),  # 4 per replica at 2 replicas
+        (with_(ongoing=2, queue_depth=1.0, queue_wait_s=2.0), Why.QUEUE_WAIT),
+    ],
+)
 def test_each_signal_alone_adds_one_replica(signals, why):
     decision = decide(signals, replicas(2), T, now=1000, last_change=None)
     assert (decision.replicas, decision.why) == (3, why)
 
 
-@pytest.mark.parametrize("signals", [
-    with_(ongoing=2, engine_waiting=1.9),
-    with_(ongoing=2, kv_cache_use=0.89),
-    with_(ongoing=2, queue_depth=7.0),
-    with_(ongoing=2, queue_wait_s=1.99),
-])
+@pytest.mark.parametrize(
+    "signals",
+    [
+        with_(ongoing=2, engine_waiting=1.9),
+        with_(ongoing=2, kv_cache_use=0.89),
+        with_(ongoing=2, queue_depth=7.0),
+        with_(ongoing=2, queue_wait_s=1.99),
+    ],
+)
 def test_each_signal_just_under_its_threshold_adds_none(signals):
     # Under the threshold but not quiet either: neither direction.
     assert decide(signals, replicas(2), T, now=1000, last_change=None).replicas == 2
@@ -58,16 +69,19 @@ def test_all_quiet_removes_one_replica():
     assert (decision.replicas, decision.why) == (2, Why.QUIET)
 
 
-@pytest.mark.parametrize("busy", [
-    with_(ongoing=3, engine_waiting=0.5),  # anything waiting in the engine
-    with_(ongoing=3, queue_depth=1.0),  # anyone in the gateway's queue
-    with_(ongoing=3, queue_wait_s=0.1),
-    with_(ongoing=3, kv_cache_use=0.34),  # 0.34 * 3 / 2 = 0.51: over kv_cache_low on one replica fewer
-    with_(ongoing=33.0),  # 33 / 2 replicas over the 16 each the stack aims for
-    with_(ongoing=3, engine_waiting=None),  # unknown is not quiet
-    with_(ongoing=3, kv_cache_use=None),
-    with_(ongoing=3, queue_depth=None),
-])
+@pytest.mark.parametrize(
+    "busy",
+    [
+        with_(ongoing=3, engine_waiting=0.5),  # anything waiting in the engine
+        with_(ongoing=3, queue_depth=1.0),  # anyone in the gateway's queue
+        with_(ongoing=3, queue_wait_s=0.1),
+        with_(ongoing=3, kv_cache_use=0.34),  # 0.34 * 3 / 2 = 0.51: over kv_cache_low on one replica fewer
+        with_(ongoing=33.0),  # 33 / 2 replicas over the 16 each the stack aims for
+        with_(ongoing=3, engine_waiting=None),  # unknown is not quiet
+        with_(ongoing=3, kv_cache_use=None),
+        with_(ongoing=3, queue_depth=None),
+    ],
+)
 def test_one_busy_or_unknown_signal_keeps_every_replica(busy):
     assert decide(busy, replicas(3), T, now=1000, last_change=None).replicas == 3
 
@@ -118,8 +132,14 @@ def test_expected_wait_is_littles_law_on_the_queue_figures():
 # --- properties -----------------------------------------------------------------------------
 
 maybe = st.none() | st.floats(min_value=0, max_value=200, allow_nan=False)
-signals_ = st.builds(Signals, st.floats(min_value=0, max_value=500, allow_nan=False), maybe,
-                     st.none() | st.floats(min_value=0, max_value=1, allow_nan=False), maybe, maybe)
+signals_ = st.builds(
+    Signals,
+    st.floats(min_value=0, max_value=500, allow_nan=False),
+    maybe,
+    st.none() | st.floats(min_value=0, max_value=1, allow_nan=False),
+    maybe,
+    maybe,
+)
 
 
 @st.composite
@@ -164,8 +184,12 @@ def test_constant_signals_never_flap(signals, start, hi):
 
 
 @settings(max_examples=examples(fast=200, deep=3000))
-@given(st.floats(min_value=0, max_value=8, allow_nan=False), st.floats(min_value=0, max_value=40, allow_nan=False),
-       st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=8))
+@given(
+    st.floats(min_value=0, max_value=8, allow_nan=False),
+    st.floats(min_value=0, max_value=40, allow_nan=False),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=8),
+)
 def test_a_steady_load_spread_over_the_replicas_never_flaps(kv_total, ongoing, start, hi):
     # The load splits over the replicas: KV use per replica is the total over n. A scale-up
     # (KV over 0.9 on n) cannot be followed by a scale-down (needs under 0.5 on n), nor the reverse.

@@ -34,6 +34,7 @@ async def with_waiters(url: str, model: str, waiting: int, check) -> None:
             await asyncio.to_thread(check)
         finally:
             await blocker.release()
+
         async def served(task: asyncio.Task) -> None:
             await (await task).release()
 

@@ -32,10 +32,24 @@ DEPLOYMENT = DeploymentID(name="LLMServer:llama", app_name="llama")
 def rendered_config(**saturation) -> AutoscalingConfig:
     """The model's `autoscaling_config` as `llmctl render` writes it, parsed by Ray (no delays:
     this tests the decision, not Serve's timers)."""
-    doc = stack_document(models=[{
-        "id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4", "max_model_len": 8192,
-        "autoscaling": {"policy": "saturation", "min_replicas": 1, "max_replicas": 4, "upscale_delay_s": 0,
-                        "downscale_delay_s": 0, "saturation": {"cooldown_s": 0, **saturation}}}])
+    doc = stack_document(
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "autoscaling": {
+                    "policy": "saturation",
+                    "min_replicas": 1,
+                    "max_replicas": 4,
+                    "upscale_delay_s": 0,
+                    "downscale_delay_s": 0,
+                    "saturation": {"cooldown_s": 0, **saturation},
+                },
+            }
+        ]
+    )
     spec = spec_from_document(doc, name="t", file_label="t")
     return AutoscalingConfig(**deployment_overrides(spec.models[0], spec)["autoscaling_config"])
 
@@ -45,18 +59,36 @@ def policy_as_serve_runs_it(config: AutoscalingConfig):
     return _apply_autoscaling_config(_resolve_policy_callable(config.policy))
 
 
-def context(config: AutoscalingConfig, *, running: int, target: int | None = None, ongoing: float = 2.0,
-            metrics: dict[str, list[float]] | None = None, state: dict | None = None) -> AutoscalingContext:
+def context(
+    config: AutoscalingConfig,
+    *,
+    running: int,
+    target: int | None = None,
+    ongoing: float = 2.0,
+    metrics: dict[str, list[float]] | None = None,
+    state: dict | None = None,
+) -> AutoscalingContext:
     replicas = [ReplicaID(unique_id=f"r{i}", deployment_id=DEPLOYMENT) for i in range(running)]
     aggregated = {name: dict(zip(replicas, values)) for name, values in (metrics or {}).items()}
     return AutoscalingContext(
-        deployment_id=DEPLOYMENT, deployment_name=DEPLOYMENT.name, app_name=DEPLOYMENT.app_name,
-        current_num_replicas=running, target_num_replicas=running if target is None else target,
-        running_replicas=replicas, total_num_requests=lambda: ongoing, total_queued_requests=lambda: 0.0,
-        aggregated_metrics=lambda: aggregated, raw_metrics=lambda: {},
-        capacity_adjusted_min_replicas=config.min_replicas, capacity_adjusted_max_replicas=config.max_replicas,
-        policy_state=state or {}, last_scale_up_time=None, last_scale_down_time=None, current_time=time.time(),
-        config=config)
+        deployment_id=DEPLOYMENT,
+        deployment_name=DEPLOYMENT.name,
+        app_name=DEPLOYMENT.app_name,
+        current_num_replicas=running,
+        target_num_replicas=running if target is None else target,
+        running_replicas=replicas,
+        total_num_requests=lambda: ongoing,
+        total_queued_requests=lambda: 0.0,
+        aggregated_metrics=lambda: aggregated,
+        raw_metrics=lambda: {},
+        capacity_adjusted_min_replicas=config.min_replicas,
+        capacity_adjusted_max_replicas=config.max_replicas,
+        policy_state=state or {},
+        last_scale_up_time=None,
+        last_scale_down_time=None,
+        current_time=time.time(),
+        config=config,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -71,10 +103,13 @@ def test_the_rendered_policy_is_a_custom_policy_ray_serializes():
     assert config.policy.get_serialized_policy_def()  # Serve ships it to the controller pickled
 
 
-@pytest.mark.parametrize("metrics", [
-    {ENGINE_WAITING: [1.0, 2.0], KV_CACHE_USE: [0.2, 0.2]},  # 3 waiting over 2 replicas
-    {ENGINE_WAITING: [0.0, 0.0], KV_CACHE_USE: [0.95, 0.9]},  # long prompts: KV full at 2 in flight
-])
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        {ENGINE_WAITING: [1.0, 2.0], KV_CACHE_USE: [0.2, 0.2]},  # 3 waiting over 2 replicas
+        {ENGINE_WAITING: [0.0, 0.0], KV_CACHE_USE: [0.95, 0.9]},  # long prompts: KV full at 2 in flight
+    ],
+)
 def test_an_engine_signal_adds_a_replica_where_ongoing_requests_would_not(metrics):
     config = rendered_config()
     ctx = context(config, running=2, ongoing=2.0, metrics=metrics)
@@ -83,8 +118,12 @@ def test_an_engine_signal_adds_a_replica_where_ongoing_requests_would_not(metric
     assert state[STATE_KEY] in ("engine_waiting", "kv_cache")
     # Serve's default policy on the same context: 2 ongoing over 2 replicas at 16 each wants 1.
     default = AutoscalingConfig(min_replicas=1, max_replicas=4, upscale_delay_s=0, downscale_delay_s=0)
-    assert _apply_autoscaling_config(_resolve_policy_callable(default.policy))(
-        context(default, running=2, ongoing=2.0, metrics=metrics))[0] < 2
+    assert (
+        _apply_autoscaling_config(_resolve_policy_callable(default.policy))(
+            context(default, running=2, ongoing=2.0, metrics=metrics)
+        )[0]
+        < 2
+    )
 
 
 def test_all_quiet_removes_one_and_a_replica_without_figures_holds():
@@ -108,12 +147,12 @@ def test_serve_keeps_its_bounds_around_the_policy():
 
 
 def tap_record(tap: SchedulerLoadTap, waiting: int, kv: float, engine: int = 0) -> None:
-    tap.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=waiting, kv_cache_usage=kv), None,
-               engine_idx=engine)
+    tap.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=waiting, kv_cache_usage=kv), None, engine_idx=engine)
 
 
 def test_a_replica_reports_its_engine_figures_under_the_policys_names():
     engine_stats.forget()
+
     def report() -> dict[str, float]:
         # The report reads the process's engine figures, none of the (engine-starting) server's state.
         return asyncio.run(LLMServer.record_autoscaling_stats(SimpleNamespace()))

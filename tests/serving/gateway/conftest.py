@@ -65,8 +65,7 @@ def key(redis_server) -> str:
 @pytest.fixture(scope="module")
 def make_key(redis_server) -> Callable[..., str]:
     """`make_key(tenant="acme", **fields)`: a new key with generous limits."""
-    return lambda tenant="acme", **fields: create_key_sync(redis_server.url, tenant, "test", limits=GENEROUS,
-                                                           **fields)
+    return lambda tenant="acme", **fields: create_key_sync(redis_server.url, tenant, "test", limits=GENEROUS, **fields)
 
 
 @pytest.fixture(scope="module")

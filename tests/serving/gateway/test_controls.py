@@ -34,8 +34,12 @@ from tests.support.servers import serving
 
 @pytest.fixture(scope="module")
 def gateway_urls(redis_server, stream_recording_upstream):
-    settings = settings_for(stream_recording_upstream.url, redis_server.url, max_tokens_ceiling=100,
-                            model_context_lengths={"tiny": 4096, "other": 64})
+    settings = settings_for(
+        stream_recording_upstream.url,
+        redis_server.url,
+        max_tokens_ceiling=100,
+        model_context_lengths={"tiny": 4096, "other": 64},
+    )
     with serving_gateway(settings, RedisKeyStore(redis_server.url)) as urls:
         yield urls
 
@@ -54,8 +58,11 @@ def admin(gateway_urls) -> str:
 def samples(admin: str) -> dict[tuple[str, frozenset], float]:
     """/metrics parsed with prometheus_client's own parser: {(name, labels): value}."""
     text = httpx.get(f"{admin}/metrics").text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(admin: str, name: str, **labels: str) -> float:
@@ -92,8 +99,12 @@ def test_max_tokens_is_added_only_when_needed(gateway, stream_recording_upstream
     stream_recording_upstream.bodies.clear()
     for model in ("tiny", "other"):
         body = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
-        assert httpx.post(f"{gateway}/v1/chat/completions", json=body,
-                          headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert (
+            httpx.post(
+                f"{gateway}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ).status_code
+            == 200
+        )
     assert chat_raw(gateway, key, max_tokens=7).status_code == 200
     sent = [(b["model"], b.get("max_tokens")) for b in stream_recording_upstream.bodies]
     assert sent == [("tiny", 100), ("other", None), ("tiny", 7)]
@@ -142,20 +153,33 @@ def test_metrics_count_requests_tokens_and_ttft(gateway, admin, redis_server):
     key = new_key(redis_server)
     llm = client(gateway, key)
     tenant = {"model": "tiny", "tenant": "acme"}
-    before = {name: value(admin, name, **labels) for name, labels in [
-        ("llmstack_gateway_requests_total", {"status": "200", **tenant}),
-        ("llmstack_gateway_tokens_total", {"kind": "completion", **tenant}),
-        ("llmstack_gateway_time_to_first_token_seconds_count", {"model": "tiny"})]}
+    before = {
+        name: value(admin, name, **labels)
+        for name, labels in [
+            ("llmstack_gateway_requests_total", {"status": "200", **tenant}),
+            ("llmstack_gateway_tokens_total", {"kind": "completion", **tenant}),
+            ("llmstack_gateway_time_to_first_token_seconds_count", {"model": "tiny"}),
+        ]
+    }
     llm.chat.completions.create(model="tiny", max_tokens=20, messages=[{"role": "user", "content": PROMPT}])
-    list(llm.chat.completions.create(model="tiny", max_tokens=20, stream=True,
-                                     messages=[{"role": "user", "content": PROMPT}]))
+    list(
+        llm.chat.completions.create(
+            model="tiny", max_tokens=20, stream=True, messages=[{"role": "user", "content": PROMPT}]
+        )
+    )
     chat_raw(gateway, key, model="no-such-model-" + "x" * 50, max_tokens=5)  # junk names share one label
-    assert value(admin, "llmstack_gateway_requests_total", status="200", **tenant) == \
-        before["llmstack_gateway_requests_total"] + 2
-    assert value(admin, "llmstack_gateway_tokens_total", kind="completion", **tenant) == \
-        before["llmstack_gateway_tokens_total"] + 2 * USAGE["completion_tokens"]
-    assert value(admin, "llmstack_gateway_time_to_first_token_seconds_count", model="tiny") == \
-        before["llmstack_gateway_time_to_first_token_seconds_count"] + 1  # the stream only
+    assert (
+        value(admin, "llmstack_gateway_requests_total", status="200", **tenant)
+        == before["llmstack_gateway_requests_total"] + 2
+    )
+    assert (
+        value(admin, "llmstack_gateway_tokens_total", kind="completion", **tenant)
+        == before["llmstack_gateway_tokens_total"] + 2 * USAGE["completion_tokens"]
+    )
+    assert (
+        value(admin, "llmstack_gateway_time_to_first_token_seconds_count", model="tiny")
+        == before["llmstack_gateway_time_to_first_token_seconds_count"] + 1
+    )  # the stream only
     assert value(admin, "llmstack_gateway_requests_total", status="200", model="other", tenant="acme") >= 1
     assert not any("no-such-model" in str(labels) for _, labels in samples(admin))
     assert value(admin, "llmstack_gateway_in_flight_requests") == 0
@@ -166,19 +190,29 @@ def test_idle_and_total_timeouts(redis_server, stream_recording_upstream):  # no
     idle = settings_for(stream_recording_upstream.url, redis_server.url, upstream_idle_timeout_s=0.5)
     with serving_gateway(idle, RedisKeyStore(redis_server.url)) as (gw, admin):
         silent = httpx.post(
-            f"{gw}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "x-test-scenario": "silent"},
-            json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": PROMPT}]}, timeout=30)
+            f"{gw}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}", "x-test-scenario": "silent"},
+            json={"model": "tiny", "stream": True, "messages": [{"role": "user", "content": PROMPT}]},
+            timeout=30,
+        )
         assert silent.status_code == 504 and silent.json()["error"]["code"] == "upstream_timeout"
         llm = client(gw, key)  # its timeout (HANG_BOUND_S) is far above the gateway's 0.5 s
-        stream = llm.chat.completions.create(model="tiny", stream=True, messages=[{"role": "user", "content": PROMPT}],
-                                             extra_headers={"x-test-scenario": "stall"})
+        stream = llm.chat.completions.create(
+            model="tiny",
+            stream=True,
+            messages=[{"role": "user", "content": PROMPT}],
+            extra_headers={"x-test-scenario": "stall"},
+        )
         assert_cut_not_timed_out(lambda: list(stream))
         assert value(admin, "llmstack_gateway_upstream_errors_total", kind="idle_timeout") == 2
     total = settings_for(stream_recording_upstream.url, redis_server.url, request_timeout_s=1)
     with serving_gateway(total, RedisKeyStore(redis_server.url)) as (gw, admin):
         stream = client(gw, key).chat.completions.create(
-            model="tiny", stream=True, messages=[{"role": "user", "content": PROMPT}],
-            extra_headers={"x-test-scenario": "slow"})  # would run for 50 s
+            model="tiny",
+            stream=True,
+            messages=[{"role": "user", "content": PROMPT}],
+            extra_headers={"x-test-scenario": "slow"},
+        )  # would run for 50 s
         assert_cut_not_timed_out(lambda: list(stream))
         assert value(admin, "llmstack_gateway_upstream_errors_total", kind="total_timeout") == 1
         assert chat_raw(gw, key, max_tokens=5).status_code == 200  # the slot and pool are fine afterwards

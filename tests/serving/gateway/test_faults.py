@@ -41,23 +41,30 @@ PROMPT = [{"role": "user", "content": "What is a KV cache?"}]  # estimate: 5 tok
 @contextmanager
 def stub_upstream(tmp_path: Path, port: int | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
     port = port or free_port()
-    with background([sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(port)],
-                    tmp_path / f"upstream-{port}.log") as proc:
+    with background(
+        [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(port)], tmp_path / f"upstream-{port}.log"
+    ) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/v1/models", proc, HANG_BOUND_S)
         yield url, proc
 
 
 @contextmanager
-def gateway(tmp_path: Path, upstream: str, redis_url: str, metrics_port: int | None = None,
-            **settings) -> Iterator[tuple[str, subprocess.Popen]]:
+def gateway(
+    tmp_path: Path, upstream: str, redis_url: str, metrics_port: int | None = None, **settings
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """A gateway process; /readyz and /metrics are on `metrics_port` (a free one when not given)."""
     port = free_port()
-    env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port or free_port()),
-           # the stub upstream is steered by headers, which the gateway forwards only when listed
-           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "forward_request_headers": [
-               "x-stub-chunks", "x-stub-interval-ms"], **settings})}
+    env = {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port or free_port()),
+        # the stub upstream is steered by headers, which the gateway forwards only when listed
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
+            {"models": ["tiny"], "forward_request_headers": ["x-stub-chunks", "x-stub-interval-ms"], **settings}
+        ),
+    }
     with gateway_process(env, tmp_path / f"gateway-{port}.log") as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/healthz", proc, HANG_BOUND_S)
@@ -71,12 +78,19 @@ def redis_time(url: str) -> float:
 
 def fire(urls: list[str], key: str, count: int, body: bytes) -> list[httpx.Response]:
     """`count` requests at once, spread over the gateways, on up to 200 connections."""
+
     async def go() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=HANG_BOUND_S, limits=httpx.Limits(max_connections=200)) as http:
-            return await asyncio.gather(*[
-                http.post(f"{urls[i % len(urls)]}/v1/chat/completions", content=body,
-                          headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-                for i in range(count)])
+            return await asyncio.gather(
+                *[
+                    http.post(
+                        f"{urls[i % len(urls)]}/v1/chat/completions",
+                        content=body,
+                        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+                    )
+                    for i in range(count)
+                ]
+            )
 
     return asyncio.run(go())
 
@@ -85,6 +99,7 @@ def body_billed_its_reservation(reserved: int, max_tokens: int = 20) -> bytes:
     """A chat body that reserves exactly `reserved` tokens, to which the stub reports exactly that
     usage, so settlement refunds nothing. The reservation, by hand: the body's bytes, 4 tokens
     for each of its 7 JSON values, 256 for the chat template (the default), and max_tokens."""
+
     def body(padding: int, prompt_tokens: int) -> bytes:
         steer = json.dumps({"chunks": max_tokens, "prompt_tokens": f"{prompt_tokens:05d}"})
         message = {"role": "user", "content": f"#stub {steer}\n" + "x" * padding}
@@ -101,14 +116,24 @@ def test_two_gateway_processes_200_clients_never_exceed_the_gcra_allowance(redis
     # Each request reserves 500 tokens and is billed exactly that (the stub reports it), so no
     # refund adds capacity: GCRA alone bounds what is admitted. 60e6 us / 12,500 is a whole 4,800 us.
     rpm, tpm, reserved = 50, 12_500, 500
-    by_requests = create_key_sync(redis_server.url, "acme", "rpm", limits={
-        "requests_per_minute": rpm, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 1000})
-    by_tokens = create_key_sync(redis_server.url, "acme", "tpm", limits={
-        "requests_per_minute": 100_000, "tokens_per_minute": tpm, "max_concurrent_requests": 1000})
+    by_requests = create_key_sync(
+        redis_server.url,
+        "acme",
+        "rpm",
+        limits={"requests_per_minute": rpm, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 1000},
+    )
+    by_tokens = create_key_sync(
+        redis_server.url,
+        "acme",
+        "tpm",
+        limits={"requests_per_minute": 100_000, "tokens_per_minute": tpm, "max_concurrent_requests": 1000},
+    )
     body = body_billed_its_reservation(reserved)
-    with stub_upstream(tmp_path) as (upstream, _), \
-            gateway(tmp_path, upstream, redis_server.url) as (gw1, _), \
-            gateway(tmp_path, upstream, redis_server.url) as (gw2, _):
+    with (
+        stub_upstream(tmp_path) as (upstream, _),
+        gateway(tmp_path, upstream, redis_server.url) as (gw1, _),
+        gateway(tmp_path, upstream, redis_server.url) as (gw2, _),
+    ):
         for key, burst, per_second in [(by_requests, rpm, rpm / 60), (by_tokens, tpm // reserved, tpm / 60 / reserved)]:
             started = redis_time(redis_server.url)
             responses = fire([gw1, gw2], key, 200, body)
@@ -123,8 +148,11 @@ def test_two_gateway_processes_200_clients_never_exceed_the_gcra_allowance(redis
         for key in (by_requests, by_tokens):
             assert asyncio.run(revoke(redis_server.url, key))
             for gw in (gw1, gw2):
-                answer = httpx.post(f"{gw}/v1/chat/completions", content=body,
-                                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+                answer = httpx.post(
+                    f"{gw}/v1/chat/completions",
+                    content=body,
+                    headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+                )
                 assert answer.status_code == 401, answer.text
 
 
@@ -139,22 +167,25 @@ async def revoke(redis_url: str, key: str) -> bool:
 def test_redis_killed_and_restarted_mid_load(tmp_path):
     own = start_redis()
     try:
-        key = create_key_sync(own.url, "acme", "outage", limits={
-            "requests_per_minute": 100_000, "tokens_per_minute": 10_000_000})
+        key = create_key_sync(
+            own.url, "acme", "outage", limits={"requests_per_minute": 100_000, "tokens_per_minute": 10_000_000}
+        )
         served: list[tuple[float, float, str]] = []  # (started, ended, outcome) of every request, by monotonic clock
         stop = threading.Event()
         metrics_port = free_port()
         admin = f"http://127.0.0.1:{metrics_port}"
-        with stub_upstream(tmp_path) as (upstream, _), \
-                gateway(tmp_path, upstream, own.url, metrics_port) as (gw, _):
+        with stub_upstream(tmp_path) as (upstream, _), gateway(tmp_path, upstream, own.url, metrics_port) as (gw, _):
             llm = openai.OpenAI(base_url=f"{gw}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
 
             def load() -> None:
                 while not stop.is_set():
                     started = time.monotonic()
                     try:
-                        text = "".join(c.choices[0].delta.content or "" for c in llm.chat.completions.create(
-                            model="tiny", messages=PROMPT, stream=True) if c.choices)
+                        text = "".join(
+                            c.choices[0].delta.content or ""
+                            for c in llm.chat.completions.create(model="tiny", messages=PROMPT, stream=True)
+                            if c.choices
+                        )
                         outcome = "whole" if text == " tok" * 8 else "truncated"
                     except openai.APIStatusError as exc:
                         outcome = str(exc.status_code)
@@ -200,8 +231,10 @@ def test_redis_killed_and_restarted_mid_load(tmp_path):
 def test_upstream_killed_mid_stream(redis_server, tmp_path):
     key = create_key_sync(redis_server.url, "acme", "kill", limits={"max_concurrent_requests": 1})
     port = free_port()
-    with stub_upstream(tmp_path, port) as (upstream, upstream_proc), \
-            gateway(tmp_path, upstream, redis_server.url, upstream_idle_timeout_s=10) as (gw, _):
+    with (
+        stub_upstream(tmp_path, port) as (upstream, upstream_proc),
+        gateway(tmp_path, upstream, redis_server.url, upstream_idle_timeout_s=10) as (gw, _),
+    ):
         # The client waits far longer than the gateway would: a gateway that hung shows as a timeout.
         llm = openai.OpenAI(base_url=f"{gw}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
         endless = [{"role": "user", "content": '#stub {"chunks": 1000, "interval_ms": 20}'}]
@@ -223,11 +256,22 @@ def test_upstream_killed_mid_stream(redis_server, tmp_path):
 def test_sigterm_finishes_every_stream_in_flight(redis_server, tmp_path):
     streams = 20
     key = create_key_sync(redis_server.url, "acme", "drain", limits={"max_concurrent_requests": streams})
-    with stub_upstream(tmp_path) as (upstream, _), \
-            gateway(tmp_path, upstream, redis_server.url, shutdown_grace_s=60) as (gw, gw_proc):
+    with (
+        stub_upstream(tmp_path) as (upstream, _),
+        gateway(tmp_path, upstream, redis_server.url, shutdown_grace_s=60) as (gw, gw_proc),
+    ):
         llm = openai.OpenAI(base_url=f"{gw}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
-        opened = [iter(llm.chat.completions.create(model="tiny", messages=PROMPT, stream=True, extra_headers={
-            "x-stub-chunks": "40", "x-stub-interval-ms": "50"})) for _ in range(streams)]  # each runs ~2 s
+        opened = [
+            iter(
+                llm.chat.completions.create(
+                    model="tiny",
+                    messages=PROMPT,
+                    stream=True,
+                    extra_headers={"x-stub-chunks": "40", "x-stub-interval-ms": "50"},
+                )
+            )
+            for _ in range(streams)
+        ]  # each runs ~2 s
         texts = ["".join(c.delta.content or "" for c in next(s).choices) for s in opened]  # all in flight
         gw_proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + HANG_BOUND_S

@@ -59,14 +59,16 @@ class Recorder:
         self.request_lines.append(f"{request.method} {target.decode('latin-1')}")
         self.seen.append((request.url.path, body))
         if not isinstance(body, dict):
-            return JSONResponse({"error": {"message": "bad body", "type": "invalid_request_error", "code": None}},
-                                status_code=400)
+            return JSONResponse(
+                {"error": {"message": "bad body", "type": "invalid_request_error", "code": None}}, status_code=400
+            )
         return JSONResponse({"object": "x", "choices": [], "usage": USAGE})
 
     def app(self) -> Starlette:
         # Every path and method: whatever the gateway sends is recorded, served or not.
-        return Starlette(routes=[Route("/{path:path}", self.handle,
-                                       methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])])
+        return Starlette(
+            routes=[Route("/{path:path}", self.handle, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +78,14 @@ def recorder():
 
 @pytest.fixture(scope="module")
 def fuzzed_gateway(redis_server, recorder):
-    upstream_settings = {"max_tokens_ceiling": CEILING, "max_n": MAX_N, "max_top_logprobs": MAX_TOP_LOGPROBS,
-                         "model_context_lengths": {"tiny": 4096},
-                         # vLLM extensions the policy bounds: allowed here so the fuzzing reaches those bounds
-                         "allowed_body_extensions": ["min_tokens", "prompt_logprobs"]}
+    upstream_settings = {
+        "max_tokens_ceiling": CEILING,
+        "max_n": MAX_N,
+        "max_top_logprobs": MAX_TOP_LOGPROBS,
+        "model_context_lengths": {"tiny": 4096},
+        # vLLM extensions the policy bounds: allowed here so the fuzzing reaches those bounds
+        "allowed_body_extensions": ["min_tokens", "prompt_logprobs"],
+    }
     with serving(recorder.app()) as upstream:
         recorder.url = upstream
         app = create_app(settings_for(upstream, redis_server.url, **upstream_settings), RedisKeyStore(redis_server.url))
@@ -89,32 +95,49 @@ def fuzzed_gateway(redis_server, recorder):
 
 @pytest.fixture(scope="module")
 def key(redis_server):
-    return create_key_sync(redis_server.url, "fuzz", "fuzz", limits={
-        "requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "daily_token_budget": 10**12,
-        "max_concurrent_requests": 100})
+    return create_key_sync(
+        redis_server.url,
+        "fuzz",
+        "fuzz",
+        limits={
+            "requests_per_minute": 1_000_000,
+            "tokens_per_minute": 1_000_000_000,
+            "daily_token_budget": 10**12,
+            "max_concurrent_requests": 100,
+        },
+    )
 
 
 # Any JSON value, small; and values that look like numbers in other types.
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 numberish = st.integers(-5, 10**6) | st.sampled_from(["5", "1e9", 5.0, True, None, [], {}]) | json_values
 FIELDS = {
     "model": st.sampled_from(["tiny", "other", ""]) | json_values,
     "messages": st.just([{"role": "user", "content": "hi"}]) | json_values,
     "prompt": st.text(max_size=20) | json_values,
-    "max_tokens": numberish, "max_completion_tokens": numberish, "min_tokens": numberish,
-    "n": numberish, "best_of": numberish, "top_logprobs": numberish, "logprobs": numberish,
+    "max_tokens": numberish,
+    "max_completion_tokens": numberish,
+    "min_tokens": numberish,
+    "n": numberish,
+    "best_of": numberish,
+    "top_logprobs": numberish,
+    "logprobs": numberish,
     "prompt_logprobs": numberish,
-    "logit_bias": st.just({}) | st.dictionaries(st.text(string.digits, min_size=1, max_size=4), st.integers(-100, 100),
-                                                max_size=3) | json_values,
+    "logit_bias": st.just({})
+    | st.dictionaries(st.text(string.digits, min_size=1, max_size=4), st.integers(-100, 100), max_size=3)
+    | json_values,
     "stream": st.booleans() | json_values,
     "stream_options": st.just({"include_usage": False}) | json_values,
 }
-bodies = (st.fixed_dictionaries({}, optional=FIELDS).map(lambda d: json.dumps(d).encode())
-          | json_values.map(lambda v: json.dumps(v).encode())
-          | st.binary(max_size=64))
+bodies = (
+    st.fixed_dictionaries({}, optional=FIELDS).map(lambda d: json.dumps(d).encode())
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=64)
+)
 
 
 def _int(value) -> int | None:
@@ -136,14 +159,20 @@ def assert_obeys_policy(path: str, body: dict | list | bytes) -> None:
         assert body["stream_options"]["include_usage"] is True, body
 
 
-def check_request(fuzzed_gateway: str, recorder: Recorder, key: str, path: str, body: bytes, with_key: bool,
-                  method: str) -> list[tuple[str, dict]]:
+def check_request(
+    fuzzed_gateway: str, recorder: Recorder, key: str, path: str, body: bytes, with_key: bool, method: str
+) -> list[tuple[str, dict]]:
     """One request through `gateway`, checked: no 5xx, OpenAI-shaped refusals, and whatever
     reached the upstream obeys the policy. Returns what reached the upstream."""
     recorder.seen.clear()
     headers = {"Authorization": f"Bearer {key}"} if with_key else {}
-    response = httpx.request(method, f"{fuzzed_gateway}{path}", content=body if method == "POST" else None,
-                             headers={**headers, "content-type": "application/json"}, timeout=30)
+    response = httpx.request(
+        method,
+        f"{fuzzed_gateway}{path}",
+        content=body if method == "POST" else None,
+        headers={**headers, "content-type": "application/json"},
+        timeout=30,
+    )
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()["error"]) >= {"message", "type", "code"}
@@ -160,8 +189,12 @@ def output_bound_added(sent: bytes, forwarded: list[tuple[str, dict]]) -> bool:
         body = json.loads(sent)
     except ValueError:
         return False
-    return (isinstance(body, dict) and body.get("max_tokens") is None and body.get("max_completion_tokens") is None
-            and any(isinstance(b, dict) and b.get("max_tokens") == CEILING for _, b in forwarded))
+    return (
+        isinstance(body, dict)
+        and body.get("max_tokens") is None
+        and body.get("max_completion_tokens") is None
+        and any(isinstance(b, dict) and b.get("max_tokens") == CEILING for _, b in forwarded)
+    )
 
 
 def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(fuzzed_gateway, recorder, key):
@@ -169,8 +202,12 @@ def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(fuzz
 
     @settings(max_examples=examples(fast=100, deep=300))
     @given(path=st.sampled_from(PATHS), body=bodies, with_key=st.booleans(), method=st.sampled_from(["POST", "GET"]))
-    @example(path="/v1/chat/completions", method="POST", with_key=True,
-             body=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode())
+    @example(
+        path="/v1/chat/completions",
+        method="POST",
+        with_key=True,
+        body=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    )
     def any_request(path, body, with_key, method):
         forwarded = check_request(fuzzed_gateway, recorder, key, path, body, with_key, method)
         tally["requests"] += 1
@@ -186,22 +223,41 @@ def test_any_request_gets_no_5xx_and_nothing_forbidden_reaches_the_upstream(fuzz
 def test_fuzzing_can_fail(recorder, key):
     """The check above must be able to fail: a body the policy forbids, sent straight to the
     upstream recorder (a gateway that enforces nothing), is caught by the same check."""
-    for body in ({"model": "tiny", "max_tokens": CEILING + 1},
-                 {"model": "tiny", "max_tokens": 5, "logit_bias": {"1": 1}},
-                 {"model": "tiny", "messages": []}):  # no output bound
+    for body in (
+        {"model": "tiny", "max_tokens": CEILING + 1},
+        {"model": "tiny", "max_tokens": 5, "logit_bias": {"1": 1}},
+        {"model": "tiny", "messages": []},
+    ):  # no output bound
         with pytest.raises(AssertionError):
             check_request(recorder.url, recorder, key, "/v1/chat/completions", json.dumps(body).encode(), True, "POST")
 
 
 # --- request targets ---------------------------------------------------------------------------------
 
-SERVED = {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
-          ("GET", "/v1/models"), ("GET", "/v1/models/tiny"), ("GET", "/v1/models/other")}
-BASES = [path for _, path in sorted(SERVED)] + ["/tokenize", "/detokenize", "/v1/score", "/openapi.json", "/-/routes",
-                                                 "/docs", "/v1/audio/transcriptions", "/metrics", "/readyz"]
-BODIES = {"/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
-          "/v1/completions": {"model": "tiny", "prompt": "hi", "max_tokens": 5},
-          "/v1/embeddings": {"model": "tiny", "input": "hi"}}
+SERVED = {
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/embeddings"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/tiny"),
+    ("GET", "/v1/models/other"),
+}
+BASES = [path for _, path in sorted(SERVED)] + [
+    "/tokenize",
+    "/detokenize",
+    "/v1/score",
+    "/openapi.json",
+    "/-/routes",
+    "/docs",
+    "/v1/audio/transcriptions",
+    "/metrics",
+    "/readyz",
+]
+BODIES = {
+    "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+    "/v1/completions": {"model": "tiny", "prompt": "hi", "max_tokens": 5},
+    "/v1/embeddings": {"model": "tiny", "input": "hi"},
+}
 
 
 def percent(char: str, depth: int, upper: bool) -> str:
@@ -246,8 +302,9 @@ def send(base_url: str, method: str, target: str, key: str) -> int:
     parts = urlsplit(base_url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     try:
-        connection.request(method, target, body=body,
-                           headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        connection.request(
+            method, target, body=body, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        )
         return connection.getresponse().status
     finally:
         connection.close()

@@ -22,11 +22,20 @@ pytestmark = pytest.mark.slow  # starts gateway processes
 
 def test_cli_serves_from_env_and_finishes_streams_on_sigterm(redis_server, fake_upstream, tmp_path):
     port = free_port()
-    env = {"LLMSTACK_UPSTREAM_URL": fake_upstream.url, "LLMSTACK_REDIS_URL": redis_server.url,
-           "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"port": port, "models": ["tiny"], "max_body_bytes": 100_000}),
-           "LLMSTACK_GATEWAY_HOST": "127.0.0.1", "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port())}
-    made = subprocess.run([sys.executable, "-m", "serving.gateway", "create-key", "--tenant", "cli", "--name", "n"],
-                          cwd=PROJECT_ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    env = {
+        "LLMSTACK_UPSTREAM_URL": fake_upstream.url,
+        "LLMSTACK_REDIS_URL": redis_server.url,
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"port": port, "models": ["tiny"], "max_body_bytes": 100_000}),
+        "LLMSTACK_GATEWAY_HOST": "127.0.0.1",
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+    }
+    made = subprocess.run(
+        [sys.executable, "-m", "serving.gateway", "create-key", "--tenant", "cli", "--name", "n"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
     log_path = tmp_path / "gateway.log"
@@ -54,10 +63,19 @@ def test_cli_serves_from_env_and_finishes_streams_on_sigterm(redis_server, fake_
 
 def test_cli_in_memory_mode_warns_and_writes_a_dev_key(fake_upstream, tmp_path):
     port = free_port()
-    env = {"LLMSTACK_UPSTREAM_URL": fake_upstream.url, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port())}  # not the default: tests run side by side
-    refused = subprocess.run([sys.executable, "-m", "serving.gateway", "create-key", "--tenant", "t", "--name", "n"],
-                             cwd=PROJECT_ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    env = {
+        "LLMSTACK_UPSTREAM_URL": fake_upstream.url,
+        "LLMSTACK_REDIS_URL": "",
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+    }  # not the default: tests run side by side
+    refused = subprocess.run(
+        [sys.executable, "-m", "serving.gateway", "create-key", "--tenant", "t", "--name", "n"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode == 2 and "LLMSTACK_REDIS_URL" in refused.stderr
     key_file = tmp_path / "dev.key"
     with gateway_process(env, tmp_path / "gateway.log", "--dev-key-file", str(key_file)) as process:

@@ -18,14 +18,35 @@ ROOT = PROJECT_ROOT
 def _report() -> BenchReport:
     levels = []
     for level in (1, 4, 16):
-        results = [RequestResult(start=i * 0.1, end=i * 0.1 + 0.05 * level, first_token=i * 0.1 + 0.01 * level,
-                                 chunk_times=[i * 0.1 + 0.01 * level, i * 0.1 + 0.05 * level], prompt_tokens=8,
-                                 output_tokens=2, requested_output_tokens=2) for i in range(8)]
+        results = [
+            RequestResult(
+                start=i * 0.1,
+                end=i * 0.1 + 0.05 * level,
+                first_token=i * 0.1 + 0.01 * level,
+                chunk_times=[i * 0.1 + 0.01 * level, i * 0.1 + 0.05 * level],
+                prompt_tokens=8,
+                output_tokens=2,
+                requested_output_tokens=2,
+            )
+            for i in range(8)
+        ]
         results.append(RequestResult(start=0, end=0.01, error="RateLimitError (429)", error_message="slow down"))
         levels.append(summarise(results, "concurrency", level))
-    return BenchReport(command="llmctl bench", started_at="2026-01-01T00:00:00+00:00", base_url="http://x/v1",
-                       model="m", api="chat", mode="concurrency", prompt_tokens="fixed:8", output_tokens="fixed:2",
-                       requests_per_level=9, duration_s_per_level=None, ignore_eos=True, seed=0, levels=levels)
+    return BenchReport(
+        command="llmctl bench",
+        started_at="2026-01-01T00:00:00+00:00",
+        base_url="http://x/v1",
+        model="m",
+        api="chat",
+        mode="concurrency",
+        prompt_tokens="fixed:8",
+        output_tokens="fixed:2",
+        requests_per_level=9,
+        duration_s_per_level=None,
+        ignore_eos=True,
+        seed=0,
+        levels=levels,
+    )
 
 
 def test_plot_is_a_png(tmp_path):
@@ -41,16 +62,49 @@ def test_report_round_trips_through_json():
 
 def test_unreachable_endpoint_is_one_line_exit_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    run = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "bench", "--url", f"http://127.0.0.1:{free_port()}/v1",
-                          "-m", "x", "-n", "1", "--out", str(tmp_path / "x.json")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ops.llmctl.main",
+            "bench",
+            "--url",
+            f"http://127.0.0.1:{free_port()}/v1",
+            "-m",
+            "x",
+            "-n",
+            "1",
+            "--out",
+            str(tmp_path / "x.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and "APIConnectionError" in run.stderr and "running" in run.stderr
     assert not (tmp_path / "x.json").exists()
 
 
 def test_bad_distribution_is_one_line_exit_2(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "bench", "--url", "http://127.0.0.1:1/v1",
-                          "--prompt-tokens", "zipf:3", "--out", str(tmp_path / "x.json")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ops.llmctl.main",
+            "bench",
+            "--url",
+            "http://127.0.0.1:1/v1",
+            "--prompt-tokens",
+            "zipf:3",
+            "--out",
+            str(tmp_path / "x.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "--prompt-tokens" in run.stderr and "uniform:32-128" in run.stderr

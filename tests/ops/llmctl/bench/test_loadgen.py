@@ -36,8 +36,12 @@ class Conversations:
         self.requests.append(body["messages"])
         n = len(self.requests)
         prompt = 10 * len(body["messages"])
-        usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1,
-                 "prompt_tokens_details": {"cached_tokens": prompt // 2}}
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": 1,
+            "total_tokens": prompt + 1,
+            "prompt_tokens_details": {"cached_tokens": prompt // 2},
+        }
 
         async def stream():
             yield sse(chunk(body["model"], {"role": "assistant", "content": f"answer-{n}"}))
@@ -68,9 +72,17 @@ def serving(app) -> Iterator[str]:
 def test_multiturn_conversations_resend_their_history():
     fake = Conversations()
     with serving(Starlette(routes=[Route("/v1/chat/completions", fake.chat, methods=["POST"])])) as url:
-        spec = LoadSpec(base_url=url, model="m", prompt_tokens=LengthDistribution.parse("fixed:3"),
-                        output_tokens=LengthDistribution.parse("fixed:1"), requests=6, workload="multiturn", turns=3,
-                        system_prompt_tokens=5, timeout_s=HANG_BOUND_S)
+        spec = LoadSpec(
+            base_url=url,
+            model="m",
+            prompt_tokens=LengthDistribution.parse("fixed:3"),
+            output_tokens=LengthDistribution.parse("fixed:1"),
+            requests=6,
+            workload="multiturn",
+            turns=3,
+            system_prompt_tokens=5,
+            timeout_s=HANG_BOUND_S,
+        )
         results = asyncio.run(run_level(spec, "concurrency", 1))
     assert len(results) == len(fake.requests) == 6  # two conversations of three turns, one at a time
     first, second, third = fake.requests[:3]

@@ -18,10 +18,16 @@ from ops.llmctl.bench.stats import (
 )
 
 
-@pytest.mark.parametrize("text, kind, a, b", [
-    ("fixed:64", "fixed", 64, 0), ("64", "fixed", 64, 0), ("uniform:32-128", "uniform", 32, 128),
-    ("normal:64,16", "normal", 64, 16), (" normal: 64.5, 8 ", "normal", 64.5, 8),
-])
+@pytest.mark.parametrize(
+    "text, kind, a, b",
+    [
+        ("fixed:64", "fixed", 64, 0),
+        ("64", "fixed", 64, 0),
+        ("uniform:32-128", "uniform", 32, 128),
+        ("normal:64,16", "normal", 64, 16),
+        (" normal: 64.5, 8 ", "normal", 64.5, 8),
+    ],
+)
 def test_distribution_forms(text, kind, a, b):
     dist = LengthDistribution.parse(text)
     assert (dist.kind, dist.a, dist.b) == (kind, a, b)
@@ -47,8 +53,15 @@ def test_samples_are_seeded_and_in_range():
 
 def _ok(start: float, ttft: float, chunks: int, gap: float, prompt: int = 10) -> RequestResult:
     times = [start + ttft + i * gap for i in range(chunks)]
-    return RequestResult(start=start, end=times[-1], first_token=times[0], chunk_times=times,
-                         prompt_tokens=prompt, output_tokens=chunks, requested_output_tokens=chunks)
+    return RequestResult(
+        start=start,
+        end=times[-1],
+        first_token=times[0],
+        chunk_times=times,
+        prompt_tokens=prompt,
+        output_tokens=chunks,
+        requested_output_tokens=chunks,
+    )
 
 
 def _failed(start: float, end: float, kind: str, message: str = "boom") -> RequestResult:
@@ -72,8 +85,12 @@ def test_summary_throughput_and_percentiles():
 
 
 def test_failures_are_counted_by_type_and_kept_out_of_latency():
-    results = [_ok(0, 0.1, 5, 0.01), _failed(0, 0.01, "RateLimitError (429)", "Rate limit reached for requests"),
-               _failed(0.1, 0.2, "RateLimitError (429)", "again"), _failed(0.2, 1.0, "APIConnectionError")]
+    results = [
+        _ok(0, 0.1, 5, 0.01),
+        _failed(0, 0.01, "RateLimitError (429)", "Rate limit reached for requests"),
+        _failed(0.1, 0.2, "RateLimitError (429)", "again"),
+        _failed(0.2, 1.0, "APIConnectionError"),
+    ]
     summary = summarise(results, "rate", 2.5)
     assert summary.ok == 1 and summary.requests == 4
     assert summary.errors == {"RateLimitError (429)": 2, "APIConnectionError": 1}

@@ -24,14 +24,33 @@ def _write_bench(path: Path, model: str, levels: dict[int, tuple[int, int]]) -> 
     summaries = []
     for level, (prompt_per_s, output_per_s) in levels.items():
         # the first request carries the remainder, so the level's totals are exactly the figures
-        results = [RequestResult(start=0.0, end=1.0, first_token=0.1, chunk_times=[0.1, 1.0],
-                                 prompt_tokens=prompt_per_s // 10 + (prompt_per_s % 10 if i == 0 else 0),
-                                 output_tokens=output_per_s // 10 + (output_per_s % 10 if i == 0 else 0),
-                                 requested_output_tokens=output_per_s // 10) for i in range(10)]
+        results = [
+            RequestResult(
+                start=0.0,
+                end=1.0,
+                first_token=0.1,
+                chunk_times=[0.1, 1.0],
+                prompt_tokens=prompt_per_s // 10 + (prompt_per_s % 10 if i == 0 else 0),
+                output_tokens=output_per_s // 10 + (output_per_s % 10 if i == 0 else 0),
+                requested_output_tokens=output_per_s // 10,
+            )
+            for i in range(10)
+        ]
         summaries.append(summarise(results, "concurrency", level))
-    report = BenchReport(command="llmctl bench", started_at="2026-11-20T10:00:00+00:00", base_url="http://gw/v1",
-                         model=model, api="chat", mode="concurrency", prompt_tokens="fixed:50",
-                         output_tokens="fixed:50", requests_per_level=10, duration_s_per_level=None, ignore_eos=True,
-                         seed=0, levels=summaries)
+    report = BenchReport(
+        command="llmctl bench",
+        started_at="2026-11-20T10:00:00+00:00",
+        base_url="http://gw/v1",
+        model=model,
+        api="chat",
+        mode="concurrency",
+        prompt_tokens="fixed:50",
+        output_tokens="fixed:50",
+        requests_per_level=10,
+        duration_s_per_level=None,
+        ignore_eos=True,
+        seed=0,
+        levels=summaries,
+    )
     path.write_text(report.model_dump_json(indent=2))
     return path

@@ -20,8 +20,9 @@ class StubbedSession:
     """A boto3 session whose EC2 client answers from a Stubber (credentials are fake)."""
 
     def __init__(self) -> None:
-        self.session = boto3.session.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="x",
-                                             region_name="us-east-1")
+        self.session = boto3.session.Session(
+            aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="x", region_name="us-east-1"
+        )
         self.ec2 = self.session.client("ec2")
         self.stubber = Stubber(self.ec2)
 
@@ -34,20 +35,39 @@ class StubbedSession:
 
 
 def history(*entries: tuple[str, str, timedelta]) -> dict:
-    return {"SpotPriceHistory": [{"AvailabilityZone": zone, "SpotPrice": price, "InstanceType": "g5.2xlarge",
-                                  "ProductDescription": "Linux/UNIX", "Timestamp": NOW - ago}
-                                 for zone, price, ago in entries]}
+    return {
+        "SpotPriceHistory": [
+            {
+                "AvailabilityZone": zone,
+                "SpotPrice": price,
+                "InstanceType": "g5.2xlarge",
+                "ProductDescription": "Linux/UNIX",
+                "Timestamp": NOW - ago,
+            }
+            for zone, price, ago in entries
+        ]
+    }
 
 
 def test_prod_spot_group_is_priced_from_the_history():
     spec = load_stack("prod")  # a10g-spot: g5.2xlarge in us-east-1a/b/c
     aws = StubbedSession()
     start = NOW - timedelta(hours=4)
-    aws.stubber.add_response("describe_spot_price_history", history(
-        ("us-east-1a", "0.5000", timedelta(hours=10)), ("us-east-1a", "0.7000", timedelta(hours=2)),
-        ("us-east-1b", "0.4000", timedelta(days=1))),
-        {"InstanceTypes": ["g5.2xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": ANY, "EndTime": ANY,
-         "Filters": [{"Name": "availability-zone", "Values": ["us-east-1a", "us-east-1b", "us-east-1c"]}]})
+    aws.stubber.add_response(
+        "describe_spot_price_history",
+        history(
+            ("us-east-1a", "0.5000", timedelta(hours=10)),
+            ("us-east-1a", "0.7000", timedelta(hours=2)),
+            ("us-east-1b", "0.4000", timedelta(days=1)),
+        ),
+        {
+            "InstanceTypes": ["g5.2xlarge"],
+            "ProductDescriptions": ["Linux/UNIX"],
+            "StartTime": ANY,
+            "EndTime": ANY,
+            "Filters": [{"Name": "availability-zone", "Values": ["us-east-1a", "us-east-1b", "us-east-1c"]}],
+        },
+    )
     with aws.stubber:
         prices = spot_prices(spec, start, NOW, session=aws)
     aws.stubber.assert_no_pending_responses()
@@ -59,8 +79,9 @@ def test_prod_spot_group_is_priced_from_the_history():
 
 def test_an_aws_error_becomes_the_reason():
     aws = StubbedSession()
-    aws.stubber.add_client_error("describe_spot_price_history", service_error_code="UnauthorizedOperation",
-                                 service_message="not allowed")
+    aws.stubber.add_client_error(
+        "describe_spot_price_history", service_error_code="UnauthorizedOperation", service_message="not allowed"
+    )
     with aws.stubber:
         prices = spot_prices(load_stack("prod"), NOW - timedelta(days=7), NOW, session=aws)
     assert "ec2:DescribeSpotPriceHistory" in prices["a10g-spot"] and "access denied" in prices["a10g-spot"]

@@ -44,8 +44,9 @@ class DockerHub(BaseHTTPRequestHandler):
         parts = self.path.split("/")
         reference = f"{parts[3]}/{parts[5]}:{parts[7]}" if len(parts) == 8 else ""
         found = reference in self.published
-        body = json.dumps({"name": parts[7], "tag_status": "active"} if found else
-                          {"message": "httperror 404: tag not found"}).encode()
+        body = json.dumps(
+            {"name": parts[7], "tag_status": "active"} if found else {"message": "httperror 404: tag not found"}
+        ).encode()
         self.send_response(200 if found else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -76,8 +77,9 @@ class Aws:
     """Real boto3 clients (region us-east-1) with a Stubber each; `stub_*` queue answers in call order."""
 
     def __init__(self) -> None:
-        session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="testing",
-                                        aws_secret_access_key="testing")
+        session = boto3.session.Session(
+            region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+        )
         ecr = session.client("ecr")
         self.regions_asked: list[str] = []
 
@@ -85,11 +87,20 @@ class Aws:
             self.regions_asked.append(region)
             return ecr
 
-        self.clients = AwsClients(sts=session.client("sts"), ec2=session.client("ec2"),
-                                  service_quotas=session.client("service-quotas"), ecr=ecr_for,
-                                  iam=session.client("iam"), ssm=session.client("ssm"))
-        self.sts, self.ec2, self.quotas, self.ecr = (Stubber(self.clients.sts), Stubber(self.clients.ec2),
-                                                     Stubber(self.clients.service_quotas), Stubber(ecr))
+        self.clients = AwsClients(
+            sts=session.client("sts"),
+            ec2=session.client("ec2"),
+            service_quotas=session.client("service-quotas"),
+            ecr=ecr_for,
+            iam=session.client("iam"),
+            ssm=session.client("ssm"),
+        )
+        self.sts, self.ec2, self.quotas, self.ecr = (
+            Stubber(self.clients.sts),
+            Stubber(self.clients.ec2),
+            Stubber(self.clients.service_quotas),
+            Stubber(ecr),
+        )
         self.iam, self.ssm = Stubber(self.clients.iam), Stubber(self.clients.ssm)
         self.identity_answered = self.ami_answered = False
         self.hub = UNREACHABLE
@@ -101,59 +112,105 @@ class Aws:
     def stub_ami(self, release: str | None = "1.35.2-20261119") -> None:
         self.ami_answered = True
         if release is None:
-            self.ssm.add_client_error("get_parameter", service_error_code="ParameterNotFound", http_status_code=400,
-                                      expected_params={"Name": AMI_PARAMETER})
+            self.ssm.add_client_error(
+                "get_parameter",
+                service_error_code="ParameterNotFound",
+                http_status_code=400,
+                expected_params={"Name": AMI_PARAMETER},
+            )
         else:
-            self.ssm.add_response("get_parameter", {"Parameter": {"Name": AMI_PARAMETER, "Type": "String",
-                                                                  "Value": release, "Version": 1}},
-                                  {"Name": AMI_PARAMETER})
+            self.ssm.add_response(
+                "get_parameter",
+                {"Parameter": {"Name": AMI_PARAMETER, "Type": "String", "Value": release, "Version": 1}},
+                {"Name": AMI_PARAMETER},
+            )
 
     def stub_spot_role(self, *, exists: bool) -> None:
         if exists:
-            self.iam.add_response("get_role", {"Role": {
-                "Path": "/aws-service-role/spot.amazonaws.com/", "RoleName": "AWSServiceRoleForEC2Spot",
-                "RoleId": "AROAEXAMPLEEXAMPLE01", "Arn": f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/"
-                "spot.amazonaws.com/AWSServiceRoleForEC2Spot", "CreateDate": "2026-01-01T00:00:00Z"}},
-                {"RoleName": "AWSServiceRoleForEC2Spot"})
+            self.iam.add_response(
+                "get_role",
+                {
+                    "Role": {
+                        "Path": "/aws-service-role/spot.amazonaws.com/",
+                        "RoleName": "AWSServiceRoleForEC2Spot",
+                        "RoleId": "AROAEXAMPLEEXAMPLE01",
+                        "Arn": f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/"
+                        "spot.amazonaws.com/AWSServiceRoleForEC2Spot",
+                        "CreateDate": "2026-01-01T00:00:00Z",
+                    }
+                },
+                {"RoleName": "AWSServiceRoleForEC2Spot"},
+            )
         else:
-            self.iam.add_client_error("get_role", service_error_code="NoSuchEntity", http_status_code=404,
-                                      expected_params={"RoleName": "AWSServiceRoleForEC2Spot"})
+            self.iam.add_client_error(
+                "get_role",
+                service_error_code="NoSuchEntity",
+                http_status_code=404,
+                expected_params={"RoleName": "AWSServiceRoleForEC2Spot"},
+            )
 
     def stub_zones(self, zones: list[str]) -> None:
-        self.ec2.add_response("describe_availability_zones", {"AvailabilityZones": [
-            {"ZoneName": z, "State": "available", "RegionName": "us-east-1"} for z in zones]})
+        self.ec2.add_response(
+            "describe_availability_zones",
+            {"AvailabilityZones": [{"ZoneName": z, "State": "available", "RegionName": "us-east-1"} for z in zones]},
+        )
 
     def stub_quota(self, code: str, value: float) -> None:
-        self.quotas.add_response("get_service_quota", {"Quota": {"QuotaCode": code, "Value": value,
-                                                                 "ServiceCode": "ec2"}},
-                                 {"ServiceCode": "ec2", "QuotaCode": code})
+        self.quotas.add_response(
+            "get_service_quota",
+            {"Quota": {"QuotaCode": code, "Value": value, "ServiceCode": "ec2"}},
+            {"ServiceCode": "ec2", "QuotaCode": code},
+        )
 
-    def stub_image(self, repository: str, tag: str, *, found: bool = True, error: str = "ImageNotFoundException"
-                   ) -> None:
+    def stub_image(
+        self, repository: str, tag: str, *, found: bool = True, error: str = "ImageNotFoundException"
+    ) -> None:
         expected = {"registryId": ACCOUNT, "repositoryName": repository, "imageIds": [{"imageTag": tag}]}
         if found:
-            self.ecr.add_response("describe_images", {"imageDetails": [{
-                "registryId": ACCOUNT, "repositoryName": repository, "imageDigest": "sha256:" + "0" * 64,
-                "imageTags": [tag]}]}, expected)
+            self.ecr.add_response(
+                "describe_images",
+                {
+                    "imageDetails": [
+                        {
+                            "registryId": ACCOUNT,
+                            "repositoryName": repository,
+                            "imageDigest": "sha256:" + "0" * 64,
+                            "imageTags": [tag],
+                        }
+                    ]
+                },
+                expected,
+            )
         else:
-            self.ecr.add_client_error("describe_images", service_error_code=error, http_status_code=400,
-                                      expected_params=expected)
+            self.ecr.add_client_error(
+                "describe_images", service_error_code=error, http_status_code=400, expected_params=expected
+            )
 
     def stub_images(self, *, gateway: bool = True, serving: bool = True) -> None:
         self.stub_image("llmstack-gateway", "0.1.0", found=gateway)
         self.stub_image("llmstack-serving", "0.1.0", found=serving)
 
     def stub_offerings(self, pairs: list[tuple[str, str]]) -> None:
-        self.ec2.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": [
-            {"InstanceType": t, "LocationType": "availability-zone", "Location": z} for t, z in pairs]})
+        self.ec2.add_response(
+            "describe_instance_type_offerings",
+            {
+                "InstanceTypeOfferings": [
+                    {"InstanceType": t, "LocationType": "availability-zone", "Location": z} for t, z in pairs
+                ]
+            },
+        )
 
     def run(self, spec):
         if self.identity_answered and not self.ami_answered:
             self.stub_ami()  # every AWS stack asks for its GPU AMI once the identity answered
         stubbers = (self.sts, self.ec2, self.quotas, self.ecr, self.iam, self.ssm)
         with self.sts, self.ec2, self.quotas, self.ecr, self.iam, self.ssm:
-            checks = run_doctor(spec, clients=self.clients, which=everything,
-                                tag_exists=lambda reference: docker_hub_tag_exists(reference, self.hub))
+            checks = run_doctor(
+                spec,
+                clients=self.clients,
+                which=everything,
+                tag_exists=lambda reference: docker_hub_tag_exists(reference, self.hub),
+            )
             for stubber in stubbers:
                 stubber.assert_no_pending_responses()
         return {c.name: c for c in checks}
@@ -183,8 +240,13 @@ def test_quota_needs_sum_vcpus_at_max_replicas_per_quota():
 
 
 def test_quota_families_follow_the_instance_family():
-    assert [quota_family(t) for t in ("g6.xlarge", "g6e.2xlarge", "g5.48xlarge", "p4d.24xlarge", "p5.48xlarge")] == \
-        ["G", "G", "G", "P", "P"]
+    assert [quota_family(t) for t in ("g6.xlarge", "g6e.2xlarge", "g5.48xlarge", "p4d.24xlarge", "p5.48xlarge")] == [
+        "G",
+        "G",
+        "G",
+        "P",
+        "P",
+    ]
     assert QUOTAS[("P", CapacityType.SPOT)].code == "L-7212CCBC"
 
 
@@ -195,14 +257,42 @@ def test_strict_turns_checks_that_could_not_run_into_failures():
     assert exit_code(checks) == 0 and exit_code(checks, strict=True) == 1
 
 
-@pytest.mark.parametrize(("stack", "expected"), [
-    ("dev", ["AWS identity", "admin principals", "region and zones", f"quota {ON_DEMAND_G}", "g6.2xlarge offered",
-             "image versions.gateway_image", "image versions.serving_image", AMI_135, "image ray-llm base"]),
-    (KARPENTER_STACK, ["AWS identity", "admin principals", "region and zones", f"quota {SPOT_G}",
-                       f"quota {ON_DEMAND_G}", "g5.2xlarge offered", "g6.xlarge offered",
-                       "image versions.gateway_image", "image versions.serving_image", "EC2 Spot service-linked role",
-                       AMI_135, "image ray-llm base"]),
-])
+@pytest.mark.parametrize(
+    ("stack", "expected"),
+    [
+        (
+            "dev",
+            [
+                "AWS identity",
+                "admin principals",
+                "region and zones",
+                f"quota {ON_DEMAND_G}",
+                "g6.2xlarge offered",
+                "image versions.gateway_image",
+                "image versions.serving_image",
+                AMI_135,
+                "image ray-llm base",
+            ],
+        ),
+        (
+            KARPENTER_STACK,
+            [
+                "AWS identity",
+                "admin principals",
+                "region and zones",
+                f"quota {SPOT_G}",
+                f"quota {ON_DEMAND_G}",
+                "g5.2xlarge offered",
+                "g6.xlarge offered",
+                "image versions.gateway_image",
+                "image versions.serving_image",
+                "EC2 Spot service-linked role",
+                AMI_135,
+                "image ray-llm base",
+            ],
+        ),
+    ],
+)
 def test_offline_lists_every_check_it_could_not_run_by_name(stack, expected):
     checks = run_doctor(load_stack(stack), offline=True, which=everything)
     not_run = [c for c in checks if c.status is Status.NOT_RUN]
@@ -249,8 +339,11 @@ def test_quota_never_applied_falls_back_to_the_aws_default():
     aws.stub_identity()
     aws.stub_zones(["us-east-1a", "us-east-1b"])
     aws.quotas.add_client_error("get_service_quota", service_error_code="NoSuchResourceException")
-    aws.quotas.add_response("get_aws_default_service_quota", {"Quota": {"QuotaCode": ON_DEMAND_G, "Value": 0.0}},
-                            {"ServiceCode": "ec2", "QuotaCode": ON_DEMAND_G})
+    aws.quotas.add_response(
+        "get_aws_default_service_quota",
+        {"Quota": {"QuotaCode": ON_DEMAND_G, "Value": 0.0}},
+        {"ServiceCode": "ec2", "QuotaCode": ON_DEMAND_G},
+    )
     aws.stub_offerings([("g6.2xlarge", "us-east-1a"), ("g6.2xlarge", "us-east-1b")])
     aws.stub_images()
     check = aws.run(load_stack("dev"))[f"quota {ON_DEMAND_G}"]
@@ -281,10 +374,16 @@ def test_zone_outside_the_account_fails_with_the_key_to_change(tmp_path):
     assert "llmstack:cloud.availability_zones" in check.fix
 
 
-@pytest.mark.parametrize(("code", "expected"), [
-    ("ExpiredToken", "AWS credentials are expired or invalid (ExpiredToken)"),
-    ("AccessDenied", "access denied (GetCallerIdentity): the identity needs the IAM permission sts:GetCallerIdentity"),
-])
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("ExpiredToken", "AWS credentials are expired or invalid (ExpiredToken)"),
+        (
+            "AccessDenied",
+            "access denied (GetCallerIdentity): the identity needs the IAM permission sts:GetCallerIdentity",
+        ),
+    ],
+)
 def test_identity_errors_are_one_line_and_stop_the_aws_checks(code, expected):
     aws = Aws()
     aws.sts.add_client_error("get_caller_identity", service_error_code=code, http_status_code=403)
@@ -299,8 +398,9 @@ def test_a_missing_permission_or_throttling_marks_only_that_check_not_run():
     aws.stub_identity()
     aws.stub_zones(["us-east-1a", "us-east-1b"])
     aws.quotas.add_client_error("get_service_quota", service_error_code="AccessDeniedException")
-    aws.ec2.add_client_error("describe_instance_type_offerings", service_error_code="RequestLimitExceeded",
-                             http_status_code=503)
+    aws.ec2.add_client_error(
+        "describe_instance_type_offerings", service_error_code="RequestLimitExceeded", http_status_code=503
+    )
     aws.stub_image("llmstack-gateway", "0.1.0")
     aws.ecr.add_client_error("describe_images", service_error_code="AccessDeniedException", http_status_code=403)
     checks = aws.run(load_stack("dev"))
@@ -337,9 +437,10 @@ def test_images_outside_ecr_are_not_checked_but_said(tmp_path):
     aws.stub_zones(["us-east-1a", "us-east-1b"])
     aws.stub_quota(ON_DEMAND_G, 64)
     aws.stub_offerings([("g6.2xlarge", "us-east-1a"), ("g6.2xlarge", "us-east-1b")])
-    document = stack_document(versions={"gateway_image": "ghcr.io/acme/gw:1", "serving_image": "ghcr.io/acme/sv:1"},
-                              node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.2xlarge",
-                                            "max_size": 2}])
+    document = stack_document(
+        versions={"gateway_image": "ghcr.io/acme/gw:1", "serving_image": "ghcr.io/acme/sv:1"},
+        node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.2xlarge", "max_size": 2}],
+    )
     document["config"]["llmstack:models"][0]["node_group"] = "l4"
     checks = aws.run(load_stack(write_stack(tmp_path, "ghcr", document)))
     assert checks["image versions.gateway_image"].status is Status.WARN
@@ -348,17 +449,35 @@ def test_images_outside_ecr_are_not_checked_but_said(tmp_path):
 
 def test_without_network_local_checks_run_and_aws_checks_say_not_run(tmp_path, fake_pulumi):
     """Real clients, nothing listening: what an offline laptop gets."""
-    env = {"AWS_ENDPOINT_URL": UNREACHABLE, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1", "LLMCTL_DOCKER_HUB_URL": UNREACHABLE,
-           "PATH": f"{fake_pulumi}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    env = {
+        "AWS_ENDPOINT_URL": UNREACHABLE,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_MAX_ATTEMPTS": "1",
+        "LLMCTL_DOCKER_HUB_URL": UNREACHABLE,
+        "PATH": f"{fake_pulumi}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Traceback" not in result.stderr + result.stdout
     assert "could not run: AWS identity, admin principals, region and zones" in result.stderr
     assert "image ray-llm base" in result.stderr  # Docker Hub, unreachable here too
     assert "stack plan" in result.stdout and result.returncode == 0, result.stdout + result.stderr
-    strict = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev", "--strict"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=120)
+    strict = subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.main", "doctor", "--stack", "dev", "--strict"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert strict.returncode == 1
 
 
@@ -366,13 +485,25 @@ def test_make_deploy_runs_doctor_first_and_stops_before_pulumi(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     called = tmp_path / "pulumi-was-called"
-    (bin_dir / "pulumi").write_text(f"#!/bin/sh\necho \"$@\" >> {called}\nexit 0\n")
+    (bin_dir / "pulumi").write_text(f'#!/bin/sh\necho "$@" >> {called}\nexit 0\n')
     (bin_dir / "pulumi").chmod(0o755)
-    env = {"AWS_ENDPOINT_URL": UNREACHABLE, "AWS_ACCESS_KEY_ID": "testing", "LLMCTL_DOCKER_HUB_URL": UNREACHABLE,
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1", "HOME": str(tmp_path),
-           "PATH": f"{bin_dir}:/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, "-m", "ops.llmctl.deploy", "deploy", "--stack", "dev"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    env = {
+        "AWS_ENDPOINT_URL": UNREACHABLE,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "LLMCTL_DOCKER_HUB_URL": UNREACHABLE,
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_MAX_ATTEMPTS": "1",
+        "HOME": str(tmp_path),
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.llmctl.deploy", "deploy", "--stack", "dev"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and "stopped by llmctl doctor" in result.stderr
     assert "llmctl doctor: stack dev" in result.stdout
     assert not called.exists()
@@ -391,8 +522,14 @@ def karpenter_answers(aws: Aws, *, identity: str = f"arn:aws:iam::{ACCOUNT}:user
     aws.stub_quota(ON_DEMAND_G, 512)
     aws.stub_offerings([(t, z) for t in ("g5.2xlarge", "g6.xlarge") for z in KARPENTER_ZONES])
     for repository in ("llmstack-gateway", "llmstack-serving"):
-        aws.ecr.add_response("describe_images", {"imageDetails": [{
-            "registryId": ACCOUNT, "repositoryName": repository, "imageDigest": "sha256:" + "0" * 64}]})
+        aws.ecr.add_response(
+            "describe_images",
+            {
+                "imageDetails": [
+                    {"registryId": ACCOUNT, "repositoryName": repository, "imageDigest": "sha256:" + "0" * 64}
+                ]
+            },
+        )
 
 
 @pytest.mark.parametrize("exists", [False, True])
@@ -411,8 +548,11 @@ def test_karpenter_spot_pools_need_the_ec2_spot_service_linked_role(exists):
 def test_managed_node_groups_do_not_ask_for_the_spot_role(tmp_path):
     """EC2 Auto Scaling creates the role itself at the first spot launch: no IAM call (the Stubber
     would fail one)."""
-    document = stack_document(node_groups=[{"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge",
-                                            "max_size": 2, "capacity_type": "spot"}])
+    document = stack_document(
+        node_groups=[
+            {"name": "l4", "kind": "gpu", "instance_type": "g6.xlarge", "max_size": 2, "capacity_type": "spot"}
+        ]
+    )
     aws = Aws()
     aws.stub_identity()
     aws.stub_zones(["us-east-1a", "us-east-1b"])
@@ -423,10 +563,13 @@ def test_managed_node_groups_do_not_ask_for_the_spot_role(tmp_path):
     assert "EC2 Spot service-linked role" not in checks
 
 
-@pytest.mark.parametrize("identity", [
-    "arn:aws:sts::111122223333:assumed-role/platform-admins/laptop",
-    "arn:aws:iam::111122223333:role/platform-admins",
-])
+@pytest.mark.parametrize(
+    "identity",
+    [
+        "arn:aws:sts::111122223333:assumed-role/platform-admins/laptop",
+        "arn:aws:iam::111122223333:role/platform-admins",
+    ],
+)
 def test_deploying_as_one_of_the_admin_principals_fails_with_the_key_to_change(identity):
     aws = Aws()
     karpenter_answers(aws, identity=identity)

@@ -26,7 +26,7 @@ def test_composite_checksum_is_the_sha256_of_part_digests(tmp_path):
     assert sha == hashlib.sha256(data).hexdigest()
     assert single == base64.b64encode(hashlib.sha256(data).digest()).decode()
     _, composite = digest_file(path, part_size=10_000, multipart_threshold=10_000)
-    parts = b"".join(hashlib.sha256(data[i:i + 10_000]).digest() for i in range(0, len(data), 10_000))
+    parts = b"".join(hashlib.sha256(data[i : i + 10_000]).digest() for i in range(0, len(data), 10_000))
     assert composite == base64.b64encode(hashlib.sha256(parts).digest()).decode() + "-3"
 
 
@@ -37,9 +37,11 @@ def test_s3_reports_composites_with_or_without_the_part_count():
 
 def test_plan_uploads_missing_and_different_files_only():
     a, b, c = digest("a", b"aaa"), digest("b", b"bbb"), digest("c", b"ccc")
-    remote = {"a": RemoteObject(size=3, s3_checksum=a.s3_checksum),
-              "b": RemoteObject(size=3, s3_checksum=digest("b", b"BBB").s3_checksum),  # same size, other bytes
-              "stale": RemoteObject(size=1, s3_checksum=None)}
+    remote = {
+        "a": RemoteObject(size=3, s3_checksum=a.s3_checksum),
+        "b": RemoteObject(size=3, s3_checksum=digest("b", b"BBB").s3_checksum),  # same size, other bytes
+        "stale": RemoteObject(size=1, s3_checksum=None),
+    }
     plan = plan_sync([a, b, c], remote)
     assert [f.path for f in plan.unchanged] == ["a"]
     assert [f.path for f in plan.upload] == ["b", "c"] and plan.changed == ["b"] and plan.upload_bytes == 6
@@ -54,20 +56,26 @@ def test_part_size_grows_like_s3transfer_for_huge_files():
 
 
 def client_error(code: str, operation: str, status: int = 400) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                       operation)
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation
+    )
 
 
-@pytest.mark.parametrize(("exc", "expected"), [
-    (NoCredentialsError(), "no usable AWS credentials: run `aws sso login`"),
-    (client_error("ExpiredToken", "GetCallerIdentity"), "AWS credentials are expired or invalid (ExpiredToken)"),
-    (client_error("AccessDenied", "PutObject", 403), "access denied (PutObject): the identity needs the IAM "
-                                                      "permission s3:PutObject"),
-    (client_error("SlowDown", "UploadPart", 503), "AWS throttled UploadPart even after retries (SlowDown)"),
-    (client_error("NoSuchBucket", "ListObjectsV2", 404), "the model cache bucket does not exist: `make deploy`"),
-    (client_error("InternalError", "HeadObject", 500), "AWS error: HeadObject failed with InternalError: m"),
-    (EndpointConnectionError(endpoint_url="https://s3.example"), "cannot reach AWS"),
-])
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (NoCredentialsError(), "no usable AWS credentials: run `aws sso login`"),
+        (client_error("ExpiredToken", "GetCallerIdentity"), "AWS credentials are expired or invalid (ExpiredToken)"),
+        (
+            client_error("AccessDenied", "PutObject", 403),
+            "access denied (PutObject): the identity needs the IAM permission s3:PutObject",
+        ),
+        (client_error("SlowDown", "UploadPart", 503), "AWS throttled UploadPart even after retries (SlowDown)"),
+        (client_error("NoSuchBucket", "ListObjectsV2", 404), "the model cache bucket does not exist: `make deploy`"),
+        (client_error("InternalError", "HeadObject", 500), "AWS error: HeadObject failed with InternalError: m"),
+        (EndpointConnectionError(endpoint_url="https://s3.example"), "cannot reach AWS"),
+    ],
+)
 def test_aws_errors_become_one_line(exc, expected):
     line = describe_aws_error(exc)
     assert line.startswith(expected) and "\n" not in line

@@ -52,8 +52,17 @@ def aws_env(local_s3, monkeypatch, tmp_path):
 def stack(tmp_path, aws_env):
     """A cloud stack whose model is cached, its bucket (as `pulumi up` would make it), and a client."""
     name = f"cache-{uuid.uuid4().hex[:8]}"  # one bucket per test on the shared server
-    doc = stack_document(models=[{"id": "llama", "source": "meta-llama/Llama-3.1-8B-Instruct", "node_group": "l4",
-                                  "max_model_len": 8192, "cached": True}])
+    doc = stack_document(
+        models=[
+            {
+                "id": "llama",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "node_group": "l4",
+                "max_model_len": 8192,
+                "cached": True,
+            }
+        ]
+    )
     path = write_stack(tmp_path, name, doc)
     spec = load_stack(path)
     bucket = bucket_name(spec, MOTO_ACCOUNT)
@@ -69,8 +78,9 @@ def make_model(folder: Path, *, files: int = 10) -> Path:
     (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"vocab": {"a": 0}}}))
     for i in range(files - 2):
         size = 11 * MIB + i if i < 2 else 64 * 1024 + i  # two shards in three parts each
-        (folder / f"model-{i:05d}.safetensors").write_bytes(hashlib.sha256(str(i).encode()).digest() * (size // 32)
-                                                            + os.urandom(size % 32))
+        (folder / f"model-{i:05d}.safetensors").write_bytes(
+            hashlib.sha256(str(i).encode()).digest() * (size // 32) + os.urandom(size % 32)
+        )
     (folder / ".cache").mkdir(exist_ok=True)
     (folder / ".cache" / "download-state").write_text("hf bookkeeping, not a model file")
     return folder
@@ -78,19 +88,28 @@ def make_model(folder: Path, *, files: int = 10) -> Path:
 
 def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-    return {o["Key"][len(prefix):]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
+    return {o["Key"][len(prefix) :]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
 
 
 def run_sync(spec, bucket, s3, folder, tmp_path, **hooks):
-    return sync_model(s3, stack=spec.name, bucket=bucket, model_id="llama", folder=folder, settings=SETTINGS,
-                      cache_dir=tmp_path / "hashes", **hooks)
+    return sync_model(
+        s3,
+        stack=spec.name,
+        bucket=bucket,
+        model_id="llama",
+        folder=folder,
+        settings=SETTINGS,
+        cache_dir=tmp_path / "hashes",
+        **hooks,
+    )
 
 
 def test_cli_sync_uploads_every_file_and_writes_the_manifest(stack, tmp_path):
     path, spec, bucket, s3 = stack
     folder = make_model(tmp_path / "llama")
-    result = CliRunner().invoke(app, ["models", "sync", "--stack", str(path), "--model", "llama", "--from",
-                                      str(folder), "--part-size-mib", "5"])
+    result = CliRunner().invoke(
+        app, ["models", "sync", "--stack", str(path), "--model", "llama", "--from", str(folder), "--part-size-mib", "5"]
+    )
     assert result.exit_code == 0, result.output
     assert "0 file(s) already cached, 10 to upload" in result.output
     assert f"s3://{bucket}/models/llama" in result.output
@@ -100,7 +119,8 @@ def test_cli_sync_uploads_every_file_and_writes_the_manifest(stack, tmp_path):
     assert stored == local  # byte for byte; the hidden .cache folder is not uploaded
     manifest = Manifest.model_validate_json(s3.get_object(Bucket=bucket, Key=manifest_key("llama"))["Body"].read())
     assert {f.path: (f.size, f.sha256) for f in manifest.files} == {
-        name: (len(data), hashlib.sha256(data).hexdigest()) for name, data in local.items()}
+        name: (len(data), hashlib.sha256(data).hexdigest()) for name, data in local.items()
+    }
     assert manifest.total_bytes == sum(map(len, local.values())) and manifest.uri() == f"s3://{bucket}/models/llama"
     assert sum(f.s3_checksum.endswith("-3") for f in manifest.files) == 2  # the two multipart shards
 
@@ -163,15 +183,32 @@ def test_interrupted_sync_resumes_without_uploading_finished_files_again(stack, 
 
     settings = SyncSettings(part_size=PART, max_concurrency=2)
     with pytest.raises(Interrupted):
-        sync_model(s3, stack=spec.name, bucket=bucket, model_id="llama", folder=folder, settings=settings,
-                   cache_dir=tmp_path / "hashes", on_bytes=cut_off, on_file=finished.append)
+        sync_model(
+            s3,
+            stack=spec.name,
+            bucket=bucket,
+            model_id="llama",
+            folder=folder,
+            settings=settings,
+            cache_dir=tmp_path / "hashes",
+            on_bytes=cut_off,
+            on_file=finished.append,
+        )
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="manifests/")  # no manifest: not complete
     stored = set(objects(s3, bucket, model_prefix("llama")))
     assert finished and set(finished) <= stored and len(stored) < 10
 
     resumed: list[str] = []
-    result = sync_model(s3, stack=spec.name, bucket=bucket, model_id="llama", folder=folder, settings=settings,
-                        cache_dir=tmp_path / "hashes", on_file=resumed.append)
+    result = sync_model(
+        s3,
+        stack=spec.name,
+        bucket=bucket,
+        model_id="llama",
+        folder=folder,
+        settings=settings,
+        cache_dir=tmp_path / "hashes",
+        on_file=resumed.append,
+    )
     assert not set(resumed) & set(finished)
     assert {f.path for f in result.plan.unchanged} == stored
     assert set(resumed) | stored == {p.name for p in folder.iterdir() if p.is_file()}
@@ -202,8 +239,9 @@ def test_ray_downloads_the_synced_folder_from_the_cache(stack, tmp_path):
     run_sync(spec, bucket, s3, folder, tmp_path)
     target = tmp_path / "downloaded"
     CloudFileSystem.download_files(path=str(target), bucket_uri=f"s3://{bucket}/models/llama")
-    assert {p.name: p.read_bytes() for p in target.iterdir()} == \
-        {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == {
+        p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()
+    }
 
 
 def test_aws_errors_are_one_line_without_a_traceback(stack, tmp_path, monkeypatch):

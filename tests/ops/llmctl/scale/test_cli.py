@@ -18,8 +18,14 @@ from ops.llmctl.scale.cli import applied, scale_changes
 
 def llmctl(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LLMSTACK_STATE_DIR": str(state_dir)}
-    return subprocess.run([str(Path(sys.executable).parent / "llmctl"), *args], capture_output=True, text=True,
-                          cwd=PROJECT_ROOT, env=env, timeout=120)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "llmctl"), *args],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -28,6 +34,7 @@ def copy_of(tmp_path):
         target = tmp_path / f"Pulumi.{stack}.yaml"
         shutil.copy(PROJECT_ROOT / f"Pulumi.{stack}.yaml", target)
         return target
+
     return copy
 
 
@@ -74,8 +81,19 @@ def test_unknown_model_and_nothing_to_change(copy_of, tmp_path):
 def test_dry_run_changes_nothing(copy_of, tmp_path):
     path = copy_of("prod")
     before = path.read_text()
-    result = llmctl("scale", "--stack", str(path), "--model", "mistral-7b", "--min", "1", "--target-ongoing", "8",
-                    "--dry-run", state_dir=tmp_path)
+    result = llmctl(
+        "scale",
+        "--stack",
+        str(path),
+        "--model",
+        "mistral-7b",
+        "--min",
+        "1",
+        "--target-ongoing",
+        "8",
+        "--dry-run",
+        state_dir=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "min_replicas 0 -> 1, target_ongoing_requests 16 -> 8" in result.stdout and "dry run" in result.stdout
     assert path.read_text() == before
@@ -83,8 +101,16 @@ def test_dry_run_changes_nothing(copy_of, tmp_path):
 
 def test_local_stack_without_make_dev_is_written_for_the_next_start(copy_of, tmp_path):
     path = copy_of("local")
-    result = llmctl("scale", "--stack", str(path), "--model", "tiny-chat", "--target-ongoing", "8",
-                    state_dir=tmp_path / "no-dev-here")
+    result = llmctl(
+        "scale",
+        "--stack",
+        str(path),
+        "--model",
+        "tiny-chat",
+        "--target-ongoing",
+        "8",
+        state_dir=tmp_path / "no-dev-here",
+    )
     assert result.returncode == 0, result.stderr
     assert "make dev is not running" in result.stdout and "next `make dev` uses the new values" in result.stdout
     assert load_stack(path).model("tiny-chat").autoscaling.target_ongoing_requests == 8
@@ -100,10 +126,20 @@ def test_applied_waits_for_bounds_and_replicas():
     name = "LLMServer:tiny-chat"
 
     def app(min_r: int, running: int) -> dict:
-        return {"deployments": {name: {
-            "deployment_config": {"autoscaling_config": {"min_replicas": min_r, "max_replicas": 1,
-                                                          "target_ongoing_requests": 16.0}},
-            "replicas": [{"state": "RUNNING"}] * running + [{"state": "STARTING"}]}}}
+        return {
+            "deployments": {
+                name: {
+                    "deployment_config": {
+                        "autoscaling_config": {
+                            "min_replicas": min_r,
+                            "max_replicas": 1,
+                            "target_ongoing_requests": 16.0,
+                        }
+                    },
+                    "replicas": [{"state": "RUNNING"}] * running + [{"state": "STARTING"}],
+                }
+            }
+        }
 
     assert applied(app(1, 1), name, model)
     assert not applied(app(2, 1), name, model)  # Serve still has the old bounds

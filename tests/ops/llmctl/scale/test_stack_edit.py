@@ -45,10 +45,15 @@ def test_only_the_changed_values_change_comments_kept(path: Path):
 def test_creates_the_autoscaling_block_in_the_files_indentation(tmp_path):
     text = (PROJECT_ROOT / "tests" / "stacks" / "Pulumi.draft.yaml").read_text()
     model_id = yaml.safe_load(text)["config"]["llmstack:models"][0]["id"]
-    after = set_model_autoscaling(text, file_label="Pulumi.draft.yaml", model_id=model_id,
-                                  changes={"min_replicas": 0, "target_ongoing_requests": 4.5})
-    block = after.splitlines()[after.splitlines().index(next(line for line in after.splitlines()
-                                                           if line.strip() == "autoscaling:")):][:3]
+    after = set_model_autoscaling(
+        text,
+        file_label="Pulumi.draft.yaml",
+        model_id=model_id,
+        changes={"min_replicas": 0, "target_ongoing_requests": 4.5},
+    )
+    block = after.splitlines()[
+        after.splitlines().index(next(line for line in after.splitlines() if line.strip() == "autoscaling:")) :
+    ][:3]
     key_indent = len(block[0]) - len(block[0].lstrip())
     assert [len(line) - len(line.lstrip()) for line in block[1:]] == [key_indent + 2, key_indent + 2]
     scaling = spec_from_text(after, name="draft", file_label="x").model(model_id).autoscaling

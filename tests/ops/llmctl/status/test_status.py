@@ -33,15 +33,34 @@ def ready_rayservice(stack: str = "dev") -> dict:
     obj = rendered("RayService", stack)
     obj["status"] = {
         "conditions": [
-            {"type": "Ready", "status": "True", "reason": "NonZeroServeEndpoints",
-             "message": "Number of serve endpoints is greater than 0", "lastTransitionTime": "2026-11-30T08:00:00Z"},
-            {"type": "UpgradeInProgress", "status": "False", "reason": "NoPendingCluster",
-             "message": "Active Ray cluster exists and no pending Ray cluster",
-             "lastTransitionTime": "2026-11-30T08:00:00Z"}],
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "NonZeroServeEndpoints",
+                "message": "Number of serve endpoints is greater than 0",
+                "lastTransitionTime": "2026-11-30T08:00:00Z",
+            },
+            {
+                "type": "UpgradeInProgress",
+                "status": "False",
+                "reason": "NoPendingCluster",
+                "message": "Active Ray cluster exists and no pending Ray cluster",
+                "lastTransitionTime": "2026-11-30T08:00:00Z",
+            },
+        ],
         "numServeEndpoints": 1,
-        "activeServiceStatus": {"rayClusterName": "llmstack-abcde", "applicationStatuses": {"llm": {
-            "status": "RUNNING", "serveDeploymentStatuses": {
-                "LLMServer:llama-3_1-8b-instruct": {"status": "HEALTHY"}, "OpenAiIngress": {"status": "HEALTHY"}}}}},
+        "activeServiceStatus": {
+            "rayClusterName": "llmstack-abcde",
+            "applicationStatuses": {
+                "llm": {
+                    "status": "RUNNING",
+                    "serveDeploymentStatuses": {
+                        "LLMServer:llama-3_1-8b-instruct": {"status": "HEALTHY"},
+                        "OpenAiIngress": {"status": "HEALTHY"},
+                    },
+                }
+            },
+        },
     }
     return obj
 
@@ -49,12 +68,23 @@ def ready_rayservice(stack: str = "dev") -> dict:
 def worker_pod(rayservice: dict, group: str, phase: str, **status) -> dict:
     spec = next(g for g in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == group)
     template = copy.deepcopy(spec["template"])
-    labels = {**template["metadata"]["labels"], "ray.io/group": group, "ray.io/node-type": "worker",
-              "ray.io/cluster": "llmstack-abcde"}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"llmstack-abcde-{group}-worker-{phase.lower()[:5]}", "namespace": "llmstack",
-                         "labels": labels},
-            "spec": template["spec"], "status": {"phase": phase, **status}}
+    labels = {
+        **template["metadata"]["labels"],
+        "ray.io/group": group,
+        "ray.io/node-type": "worker",
+        "ray.io/cluster": "llmstack-abcde",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"llmstack-abcde-{group}-worker-{phase.lower()[:5]}",
+            "namespace": "llmstack",
+            "labels": labels,
+        },
+        "spec": template["spec"],
+        "status": {"phase": phase, **status},
+    }
 
 
 def unschedulable(message: str) -> dict:
@@ -62,11 +92,18 @@ def unschedulable(message: str) -> dict:
 
 
 def gpu_node(name: str, group: str, gpus: int) -> dict:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {NODE_GROUP_LABEL: group,
-                                                  "node.kubernetes.io/instance-type": "g6.2xlarge"}},
-            "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(gpus)},
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {NODE_GROUP_LABEL: group, "node.kubernetes.io/instance-type": "g6.2xlarge"},
+        },
+        "status": {
+            "allocatable": {"cpu": "8", "nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
 def gateway(ready: int) -> dict:
@@ -84,9 +121,12 @@ def live_cluster(rayservice: dict, **bounds: tuple[int, int]) -> dict:
     for group in spec["workerGroupSpecs"]:
         if group["groupName"] in bounds:
             group["minReplicas"], group["maxReplicas"] = bounds[group["groupName"]]
-    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": spec,
-            "metadata": {"name": rayservice["status"]["activeServiceStatus"]["rayClusterName"],
-                         "namespace": "llmstack"}}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "spec": spec,
+        "metadata": {"name": rayservice["status"]["activeServiceStatus"]["rayClusterName"], "namespace": "llmstack"},
+    }
 
 
 def test_worker_bounds_kuberay_did_not_copy_are_shown_with_the_patch():
@@ -96,33 +136,49 @@ def test_worker_bounds_kuberay_did_not_copy_are_shown_with_the_patch():
     [check] = checks
     assert check.component == "worker group l40s" and check.health is sm.Health.DEGRADED
     patch = json.loads(check.detail.split("-p '")[1].rstrip("'"))
-    assert patch == [{"op": "replace", "path": "/spec/workerGroupSpecs/1/minReplicas", "value": wanted["minReplicas"]},
-                     {"op": "replace", "path": "/spec/workerGroupSpecs/1/maxReplicas", "value": wanted["maxReplicas"]}]
+    assert patch == [
+        {"op": "replace", "path": "/spec/workerGroupSpecs/1/minReplicas", "value": wanted["minReplicas"]},
+        {"op": "replace", "path": "/spec/workerGroupSpecs/1/maxReplicas", "value": wanted["maxReplicas"]},
+    ]
     assert "kubectl -n llmstack patch raycluster llmstack-abcde --type=json" in check.detail
     assert sm.worker_bound_checks(rs, live_cluster(rs)) == []
 
 
 def test_healthy_cloud_stack_is_ok():
     rs = ready_rayservice()
-    report = interpret_cloud(load_stack("dev"), where="t", rayservice=rs, nodes=[gpu_node("ip-1", "l4", 1)],
-                             pods=[worker_pod(rs, "l4", "Running")], events=[], gateway=gateway(1))
+    report = interpret_cloud(
+        load_stack("dev"),
+        where="t",
+        rayservice=rs,
+        nodes=[gpu_node("ip-1", "l4", 1)],
+        pods=[worker_pod(rs, "l4", "Running")],
+        events=[],
+        gateway=gateway(1),
+    )
     assert report.health is sm.Health.OK, report.checks
     rows = [(g.group, g.min_pods, g.max_pods, g.running, g.pending) for g in report.worker_groups]
     assert rows == [("l4", 1, 2, 1, 0)]
     assert {d.deployment for d in report.deployments} == {"LLMServer:llama-3_1-8b-instruct", "OpenAiIngress"}
 
 
-@pytest.mark.parametrize("message, expect", [
-    ("0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.",
-     "no free GPU"),
-    ("0/2 nodes are available: 2 node(s) had untolerated taint {nvidia.com/gpu: true}.", "taint"),
-    ("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.", "llmstack.dev/node-group"),
-])
+@pytest.mark.parametrize(
+    "message, expect",
+    [
+        (
+            "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node "
+            "affinity/selector.",
+            "no free GPU",
+        ),
+        ("0/2 nodes are available: 2 node(s) had untolerated taint {nvidia.com/gpu: true}.", "taint"),
+        ("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.", "llmstack.dev/node-group"),
+    ],
+)
 def test_pending_gpu_pods_get_the_scheduler_reason_and_a_hint(message, expect):
     rs = ready_rayservice()
     pod = worker_pod(rs, "l4", "Pending", **unschedulable(message))
-    report = interpret_cloud(load_stack("dev"), where="t", rayservice=rs, nodes=[], pods=[pod], events=[],
-                             gateway=gateway(1))
+    report = interpret_cloud(
+        load_stack("dev"), where="t", rayservice=rs, nodes=[], pods=[pod], events=[], gateway=gateway(1)
+    )
     [pending] = report.pending_pods
     assert pending.group == "l4" and pending.reason == message and expect in pending.hint
     assert report.health is sm.Health.DEGRADED
@@ -132,25 +188,51 @@ def test_pending_gpu_pods_get_the_scheduler_reason_and_a_hint(message, expect):
 def test_autoscaler_refusal_is_shown_from_events():
     rs = ready_rayservice()
     pod = worker_pod(rs, "l4", "Pending", **unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."))
-    event = {"involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"]}, "reason": "NotTriggerScaleUp",
-             "message": "pod didn't trigger scale-up: 1 max node group size reached"}
+    event = {
+        "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"]},
+        "reason": "NotTriggerScaleUp",
+        "message": "pod didn't trigger scale-up: 1 max node group size reached",
+    }
     [pending] = sm.pending_pods([pod], [event])
     assert "max node group size reached" in pending.reason and "max_size" in pending.hint
 
 
 def test_not_ready_and_crash_looping_replicas_are_down():
     rs = ready_rayservice()
-    rs["status"]["conditions"][0] = {"type": "Ready", "status": "False", "reason": "ZeroServeEndpoints",
-                                     "message": "Number of serve endpoints dropped to 0"}
+    rs["status"]["conditions"][0] = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "ZeroServeEndpoints",
+        "message": "Number of serve endpoints dropped to 0",
+    }
     app = rs["status"]["activeServiceStatus"]["applicationStatuses"]["llm"]
     app["status"] = "UNHEALTHY"
     app["serveDeploymentStatuses"]["LLMServer:llama-3_1-8b-instruct"] = {
-        "status": "UNHEALTHY", "message": "The deployment failed to start 3 times in a row."}
-    pod = worker_pod(rs, "l4", "Running", containerStatuses=[{
-        "name": "ray-worker", "restartCount": 7, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
-    report = interpret_cloud(load_stack("dev"), where="t", rayservice=rs, nodes=[gpu_node("ip-1", "l4", 1)],
-                             pods=[pod], events=[], gateway=gateway(1))
+        "status": "UNHEALTHY",
+        "message": "The deployment failed to start 3 times in a row.",
+    }
+    pod = worker_pod(
+        rs,
+        "l4",
+        "Running",
+        containerStatuses=[
+            {
+                "name": "ray-worker",
+                "restartCount": 7,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+            }
+        ],
+    )
+    report = interpret_cloud(
+        load_stack("dev"),
+        where="t",
+        rayservice=rs,
+        nodes=[gpu_node("ip-1", "l4", 1)],
+        pods=[pod],
+        events=[],
+        gateway=gateway(1),
+    )
     down = {c.component: c for c in report.checks if c.health is sm.Health.DOWN}
     assert "ZeroServeEndpoints" in down["rayservice llmstack"].detail
     assert "failed to start 3 times" in down["deployment LLMServer:llama-3_1-8b-instruct"].detail
@@ -160,11 +242,22 @@ def test_not_ready_and_crash_looping_replicas_are_down():
 
 def test_gpu_node_without_device_plugin_and_upgrade_in_progress():
     rs = ready_rayservice("prod")
-    rs["status"]["conditions"][1] = {"type": "UpgradeInProgress", "status": "True",
-                                     "reason": "BothActivePendingClustersExist", "message": ""}
+    rs["status"]["conditions"][1] = {
+        "type": "UpgradeInProgress",
+        "status": "True",
+        "reason": "BothActivePendingClustersExist",
+        "message": "",
+    }
     rs["status"]["pendingServiceStatus"] = {"rayClusterName": "llmstack-fghij"}
-    report = interpret_cloud(load_stack("prod"), where="t", rayservice=rs, pods=[], events=[], gateway=gateway(3),
-                             nodes=[gpu_node("ip-2", "l40s", 0)])
+    report = interpret_cloud(
+        load_stack("prod"),
+        where="t",
+        rayservice=rs,
+        pods=[],
+        events=[],
+        gateway=gateway(3),
+        nodes=[gpu_node("ip-2", "l40s", 0)],
+    )
     details = " ".join(c.detail for c in report.checks)
     assert "no nvidia.com/gpu" in details and "llmstack-fghij" in details
     assert {g.group for g in report.worker_groups} == {"a100", "l40s", "a10g-spot"}
@@ -177,12 +270,28 @@ def test_missing_rayservice_and_gateway_say_deploy():
 
 
 def test_local_serve_details_rows_and_failures():
-    details = {"applications": {"llm": {"status": "DEPLOYING", "message": "", "deployments": {
-        "LLMServer:tiny-chat": {"status": "UPDATING", "message": "Deploying new version.", "target_num_replicas": 2,
-                                "deployment_config": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}},
-                                "replicas": [{"state": "RUNNING"}, {"state": "STARTING"}]},
-        "LLMServer:tiny-chat-ngram": {"status": "DEPLOY_FAILED", "message": "Replica crashed: engine died",
-                                      "replicas": []}}}}}
+    details = {
+        "applications": {
+            "llm": {
+                "status": "DEPLOYING",
+                "message": "",
+                "deployments": {
+                    "LLMServer:tiny-chat": {
+                        "status": "UPDATING",
+                        "message": "Deploying new version.",
+                        "target_num_replicas": 2,
+                        "deployment_config": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2}},
+                        "replicas": [{"state": "RUNNING"}, {"state": "STARTING"}],
+                    },
+                    "LLMServer:tiny-chat-ngram": {
+                        "status": "DEPLOY_FAILED",
+                        "message": "Replica crashed: engine died",
+                        "replicas": [],
+                    },
+                },
+            }
+        }
+    }
     rows = sm.serve_rows(details)
     assert rows[0].replicas == {"RUNNING": 1, "STARTING": 1} and (rows[0].min_replicas, rows[0].target) == (2, 2)
     checks = {c.component: c for c in sm.serve_checks(details["applications"], where="local")}
@@ -226,33 +335,63 @@ class FakeApiServer:
 
 def kubeconfig(tmp_path: Path, server: str) -> Path:
     path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": server}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-        "users": [{"name": "t", "user": {"token": "not-a-real-token"}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "t",
+                "clusters": [{"name": "t", "cluster": {"server": server}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                "users": [{"name": "t", "user": {"token": "not-a-real-token"}}],
+            }
+        )
+    )
     return path
 
 
 def llmctl_status(stack: str, kube: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(kube)}
-    return subprocess.run([str(Path(sys.executable).parent / "llmctl"), "status", "--stack", stack, "--json"],
-                          capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=60)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "llmctl"), "status", "--stack", stack, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_cloud_status_through_the_kubernetes_client(tmp_path):
     rs = ready_rayservice()
-    pending = worker_pod(rs, "l4", "Pending",
-                         **unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."))
-    server = FakeApiServer({
-        "/apis/ray.io/v1/namespaces/llmstack/rayservices/llmstack": rs,
-        "/api/v1/namespaces/llmstack/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                                             "items": [worker_pod(rs, "l4", "Running"), pending]},
-        "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [gpu_node("ip-1", "l4", 1)]},
-        "/api/v1/namespaces/llmstack/events": {"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": []},
-        "/apis/apps/v1/namespaces/llmstack/deployments/llmstack-gateway": gateway(1),
-        "/apis/ray.io/v1/namespaces/llmstack/rayclusters/llmstack-abcde": live_cluster(rs, l4=(1, 1)),
-    })
+    pending = worker_pod(
+        rs, "l4", "Pending", **unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    )
+    server = FakeApiServer(
+        {
+            "/apis/ray.io/v1/namespaces/llmstack/rayservices/llmstack": rs,
+            "/api/v1/namespaces/llmstack/pods": {
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {},
+                "items": [worker_pod(rs, "l4", "Running"), pending],
+            },
+            "/api/v1/nodes": {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {},
+                "items": [gpu_node("ip-1", "l4", 1)],
+            },
+            "/api/v1/namespaces/llmstack/events": {
+                "kind": "EventList",
+                "apiVersion": "v1",
+                "metadata": {},
+                "items": [],
+            },
+            "/apis/apps/v1/namespaces/llmstack/deployments/llmstack-gateway": gateway(1),
+            "/apis/ray.io/v1/namespaces/llmstack/rayclusters/llmstack-abcde": live_cluster(rs, l4=(1, 1)),
+        }
+    )
     result = llmctl_status("dev", kubeconfig(tmp_path, server.url))
     assert result.returncode == 1, result.stderr  # degraded: one pod pending
     report = json.loads(result.stdout)
@@ -281,22 +420,37 @@ def test_no_kubeconfig_says_how_to_get_one(tmp_path):
 
 def test_local_status_without_make_dev_says_so(tmp_path):
     env = {**os.environ, "LLMSTACK_STATE_DIR": str(tmp_path)}
-    result = subprocess.run([str(Path(sys.executable).parent / "llmctl"), "status", "--stack", "local"],
-                            capture_output=True, text=True, cwd=PROJECT_ROOT, env=env, timeout=60)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "llmctl"), "status", "--stack", "local"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env=env,
+        timeout=60,
+    )
     assert result.returncode == 3 and result.stderr.startswith("not running: make dev is not running")
 
 
 def test_deploy_progress_shows_failures_and_scheduling_waits_not_routine_updates():
     from ops.devstack.serve import app_line, deployment_messages
 
-    app = {"status": "DEPLOYING", "deployments": {
-        "LLMServer:a": {"status": "UPDATING", "message": "Deploying new version."},
-        "LLMServer:b": {"status": "UPSCALING", "message": "Deployment 'b' has 1 replicas that have taken more than "
-                                                          "30s to be scheduled.\nResources required: {CPU: 2}"},
-        "LLMServer:c": {"status": "DEPLOY_FAILED", "message": "The deployment failed to start 3 times in a row."},
-        "OpenAiIngress": {"status": "HEALTHY", "message": ""}}}
+    app = {
+        "status": "DEPLOYING",
+        "deployments": {
+            "LLMServer:a": {"status": "UPDATING", "message": "Deploying new version."},
+            "LLMServer:b": {
+                "status": "UPSCALING",
+                "message": "Deployment 'b' has 1 replicas that have taken more than "
+                "30s to be scheduled.\nResources required: {CPU: 2}",
+            },
+            "LLMServer:c": {"status": "DEPLOY_FAILED", "message": "The deployment failed to start 3 times in a row."},
+            "OpenAiIngress": {"status": "HEALTHY", "message": ""},
+        },
+    }
     assert deployment_messages(app) == {
         "LLMServer:b: Deployment 'b' has 1 replicas that have taken more than 30s to be scheduled.",
-        "LLMServer:c: The deployment failed to start 3 times in a row."}
-    assert app_line(app) == ("deploying (LLMServer:a: updating, LLMServer:b: upscaling, LLMServer:c: deploy_failed, "
-                             "OpenAiIngress: healthy)")
+        "LLMServer:c: The deployment failed to start 3 times in a row.",
+    }
+    assert app_line(app) == (
+        "deploying (LLMServer:a: updating, LLMServer:b: upscaling, LLMServer:c: deploy_failed, OpenAiIngress: healthy)"
+    )

@@ -23,14 +23,25 @@ BODY = json.dumps({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user
 
 def request(key: str, messages: list[dict]) -> Request:
     """A POST of undeclared length (so its key's slot is taken before the body is read)."""
+
     async def receive() -> dict:
         return messages.pop(0) if messages else {"type": "http.disconnect"}
 
-    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "root_path": "",
-                    "raw_path": b"/v1/chat/completions", "query_string": b"", "scheme": "http",
-                    "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
-                    "headers": [(b"authorization", f"Bearer {key}".encode()),
-                                (b"content-type", b"application/json")]}, receive)
+    return Request(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "root_path": "",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "scheme": "http",
+            "server": ("127.0.0.1", 80),
+            "client": ("127.0.0.1", 5000),
+            "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
+        },
+        receive,
+    )
 
 
 def test_a_client_gone_mid_body_gives_its_slot_back():

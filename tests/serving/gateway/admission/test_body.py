@@ -30,13 +30,16 @@ def parse(body: bytes, max_depth: int = DEPTH):
 # --- the parse ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body", [
-    b"[" * 100_000 + b"]" * 100_000,  # deep enough for RecursionError in json.loads
-    b"[" * 100_000,  # unclosed
-    b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
-    b"[" * 33 + b"]" * 33,
-    b'{"messages": ' + b"[" * 40 + b"]" * 40 + b"}",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # deep enough for RecursionError in json.loads
+        b"[" * 100_000,  # unclosed
+        b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+        b"[" * 33 + b"]" * 33,
+        b'{"messages": ' + b"[" * 40 + b"]" * 40 + b"}",
+    ],
+)
 def test_deep_nesting_is_a_body_error_never_a_recursion_error(body):
     result = parse(body)
     assert isinstance(result, BodyError) and result.code in ("json_too_deep", "invalid_json")
@@ -53,17 +56,20 @@ def test_brackets_inside_strings_do_not_count():
     assert parse(body) == {"content": "[" * 10_000 + '\\"{' * 100}
 
 
-@pytest.mark.parametrize(("body", "code"), [
-    (b'{"max_tokens": 1, "max_tokens": 100000}', "invalid_json"),  # read two ways by two parsers: refused
-    (b'{"temperature": NaN}', "invalid_json"),
-    (b'{"temperature": Infinity}', "invalid_json"),
-    (b'{"model": "\xff"}', "invalid_json"),  # not UTF-8
-    (b"\xef\xbb\xbf{}", "invalid_json"),  # a BOM
-    ('{"a": 1}'.encode("utf-16"), "invalid_json"),  # json.loads(bytes) would accept UTF-16; the upstream too
-    (b"1" * 5000, "invalid_json"),  # past Python's int digit limit
-    (b"", "invalid_json"),
-    (b"{" + b" " * 2_000_000 + b"}", "request_too_large"),
-])
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"max_tokens": 1, "max_tokens": 100000}', "invalid_json"),  # read two ways by two parsers: refused
+        (b'{"temperature": NaN}', "invalid_json"),
+        (b'{"temperature": Infinity}', "invalid_json"),
+        (b'{"model": "\xff"}', "invalid_json"),  # not UTF-8
+        (b"\xef\xbb\xbf{}", "invalid_json"),  # a BOM
+        ('{"a": 1}'.encode("utf-16"), "invalid_json"),  # json.loads(bytes) would accept UTF-16; the upstream too
+        (b"1" * 5000, "invalid_json"),  # past Python's int digit limit
+        (b"", "invalid_json"),
+        (b"{" + b" " * 2_000_000 + b"}", "request_too_large"),
+    ],
+)
 def test_strict_json_only(body, code):
     result = parse(body)
     assert isinstance(result, BodyError) and result.code == code, result
@@ -72,7 +78,8 @@ def test_strict_json_only(body, code):
 json_documents = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=30)
+    max_leaves=30,
+)
 
 
 def depth_of(value) -> int:
@@ -140,8 +147,21 @@ def test_openai_field_lists_match_the_openai_sdk():
     assert EMBEDDING_FIELDS == fields(embedding_create_params.EmbeddingCreateParams)
 
 
-@pytest.mark.parametrize("field", ["priority", "request_id", "chat_template", "kv_transfer_params", "ignore_eos",
-                                   "top_k", "min_tokens", "logits_processors", "cache_salt", "Model"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "priority",
+        "request_id",
+        "chat_template",
+        "kv_transfer_params",
+        "ignore_eos",
+        "top_k",
+        "min_tokens",
+        "logits_processors",
+        "cache_salt",
+        "Model",
+    ],
+)
 def test_fields_beyond_openai_are_refused_by_default(field):
     result = request_document(json.dumps({**CHAT, field: 1}).encode(), "/v1/chat/completions", SETTINGS)
     assert isinstance(result, BodyError) and result.code == "unknown_parameter" and result.param == field
@@ -165,17 +185,21 @@ def test_get_routes_take_no_body():
 
 
 def post(raw, gateway: str, key: str, body: bytes, path: str = "/v1/chat/completions"):
-    status, _, answer = raw(gateway, "POST", path, body=body,
-                            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    status, _, answer = raw(
+        gateway, "POST", path, body=body, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    )
     return status, json.loads(answer)
 
 
-@pytest.mark.parametrize("body", [
-    b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
-    b'{"model": "tiny", "messages": [{"content": ' + b"[" * 30_000 + b"}",
-    b'{"model": "tiny", "max_tokens": 1, "max_tokens": 100000, "messages": []}',
-    b'{"model": "tiny", "messages": [], "temperature": NaN}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "tiny", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"model": "tiny", "messages": [{"content": ' + b"[" * 30_000 + b"}",
+        b'{"model": "tiny", "max_tokens": 1, "max_tokens": 100000, "messages": []}',
+        b'{"model": "tiny", "messages": [], "temperature": NaN}',
+    ],
+)
 def test_hostile_bodies_are_400_not_500_and_never_reach_the_upstream(start_gateway, recorded, key, raw, body):
     with start_gateway(max_body_bytes=1_000_000) as (gateway, _):
         status, answer = post(raw, gateway, key, body)
@@ -183,10 +207,17 @@ def test_hostile_bodies_are_400_not_500_and_never_reach_the_upstream(start_gatew
     assert recorded.seen == []
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("priority", -1000), ("request_id", "another-tenants-request"), ("kv_transfer_params", {"do_remote_decode": True}),
-    ("chat_template", "{{ cycler.__init__.__globals__ }}"), ("ignore_eos", True), ("vllm_xargs", {"a": 1}),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("priority", -1000),
+        ("request_id", "another-tenants-request"),
+        ("kv_transfer_params", {"do_remote_decode": True}),
+        ("chat_template", "{{ cycler.__init__.__globals__ }}"),
+        ("ignore_eos", True),
+        ("vllm_xargs", {"a": 1}),
+    ],
+)
 def test_vllm_extension_fields_are_refused_unless_the_stack_allows_them(gateway, recorded, key, raw, field, value):
     status, answer = post(raw, gateway, key, json.dumps({**CHAT, field: value}).encode())
     assert status == 400 and answer["error"]["code"] == "unknown_parameter" and answer["error"]["param"] == field

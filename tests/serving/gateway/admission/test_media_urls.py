@@ -24,14 +24,20 @@ def image(url) -> dict:
 
 
 def chat(*parts, model: str = "tiny") -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"},
-                                                                      *parts]}]}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, *parts]}],
+    }
 
 
 def post(base: str, key: str, body: dict | bytes, path: str = "/v1/chat/completions") -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(f"{base}{path}", content=content, timeout=HANG_BOUND_S,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    return httpx.post(
+        f"{base}{path}",
+        content=content,
+        timeout=HANG_BOUND_S,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +55,18 @@ def with_domain(start_gateway):
 
 
 REMOTE_SPELLINGS = [
-    METADATA, "HTTP://169.254.169.254/", "Http://169.254.169.254/", " http://169.254.169.254/",
-    "\thttp://169.254.169.254/", "http:/169.254.169.254/", "//169.254.169.254/latest", "file:///etc/passwd",
-    "FILE:///proc/self/environ", "ftp://169.254.169.254/", f"https://{ALLOWED}/cat.png", "http://[fd00:ec2::254]/",
+    METADATA,
+    "HTTP://169.254.169.254/",
+    "Http://169.254.169.254/",
+    " http://169.254.169.254/",
+    "\thttp://169.254.169.254/",
+    "http:/169.254.169.254/",
+    "//169.254.169.254/latest",
+    "file:///etc/passwd",
+    "FILE:///proc/self/environ",
+    "ftp://169.254.169.254/",
+    f"https://{ALLOWED}/cat.png",
+    "http://[fd00:ec2::254]/",
     " data:image/png;base64,AAAA",  # vLLM's data: test is on the first five characters: a space makes it a URL
 ]
 
@@ -87,12 +102,15 @@ def test_every_part_that_carries_a_url_is_checked(data_only, recorded, key, name
 
 
 def test_urls_in_any_message_are_checked(data_only, recorded, key):
-    body = {"model": "tiny", "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "look"}]},
-        {"role": "assistant", "content": "ok"},
-        {"role": "tool", "tool_call_id": "t", "content": [image(METADATA)]},
-    ]}
+    body = {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "look"}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "tool", "tool_call_id": "t", "content": [image(METADATA)]},
+        ],
+    }
     refused = post(data_only, key, body)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages[3].content[0].image_url.url"
     assert recorded.seen == []
@@ -108,27 +126,38 @@ def test_a_url_that_is_not_a_string_is_refused(data_only, recorded, key, url):
 def test_a_repeated_url_key_is_refused_so_both_parsers_read_one_url(data_only, recorded, key):
     """Python keeps the last of two keys, other parsers the first. Already refused at 68f58cc
     (the body parser refuses repeated keys): kept so that no parser change can reopen it."""
-    body = (b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": '
-            b'{"url": "' + PNG.encode() + b'", "url": "' + METADATA.encode() + b'"}}]}]}')
+    body = (
+        b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": '
+        b'{"url": "' + PNG.encode() + b'", "url": "' + METADATA.encode() + b'"}}]}]}'
+    )
     refused = post(data_only, key, body)
     assert refused.status_code == 400 and "repeats the key" in refused.json()["error"]["message"]
     assert recorded.seen == []
 
 
-@pytest.mark.parametrize("part", [
-    b'{"type": "image_url", "image\\u005furl": {"url": "http://169.254.169.254/"}}',  # an escaped key
-    b'{"type": "image_url", "image_url": {"\\u0075rl": "\\u0068ttp://169.254.169.254/"}}',  # escaped key and URL
-    b'{"type": "image_url", "image_url": {"url": "http:\\/\\/169.254.169.254\\/"}}',  # escaped slashes
-])
+@pytest.mark.parametrize(
+    "part",
+    [
+        b'{"type": "image_url", "image\\u005furl": {"url": "http://169.254.169.254/"}}',  # an escaped key
+        b'{"type": "image_url", "image_url": {"\\u0075rl": "\\u0068ttp://169.254.169.254/"}}',  # escaped key and URL
+        b'{"type": "image_url", "image_url": {"url": "http:\\/\\/169.254.169.254\\/"}}',  # escaped slashes
+    ],
+)
 def test_json_escapes_are_read_as_the_engine_reads_them(data_only, recorded, key, part):
-    body = b'{"model": "tiny", "messages": [{"role": "user", "content": [' + part + b']}]}'
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": [' + part + b"]}]}"
     refused = post(data_only, key, body)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "media_url_not_allowed"
     assert recorded.seen == []
 
 
-@pytest.mark.parametrize("extra", [{"mm_payload": "tensors"}, {"multi_modal_data": {"image": METADATA}},
-                                   {"prompt": [{"prompt": "hi", "multi_modal_data": {"image": METADATA}}]}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"mm_payload": "tensors"},
+        {"multi_modal_data": {"image": METADATA}},
+        {"prompt": [{"prompt": "hi", "multi_modal_data": {"image": METADATA}}]},
+    ],
+)
 def test_completions_carry_no_media(data_only, recorded, key, extra):
     """/v1/completions takes text or token ids only. Already refused at 68f58cc (unknown field,
     strict prompt types): kept as the attack."""
@@ -137,11 +166,15 @@ def test_completions_carry_no_media(data_only, recorded, key, extra):
     assert recorded.seen == []
 
 
-@pytest.mark.parametrize("part", [
-    image(PNG), image("DATA:image/png;base64,iVBORw0KGgo="),
-    {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},  # vLLM makes it a data: URL
-    {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
-])
+@pytest.mark.parametrize(
+    "part",
+    [
+        image(PNG),
+        image("DATA:image/png;base64,iVBORw0KGgo="),
+        {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},  # vLLM makes it a data: URL
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
+    ],
+)
 def test_inline_media_reaches_the_upstream_as_sent(data_only, recorded, key, part):
     body = json.dumps(chat(part)).encode()
     assert post(data_only, key, body).status_code == 200
@@ -150,20 +183,39 @@ def test_inline_media_reaches_the_upstream_as_sent(data_only, recorded, key, par
 
 
 def test_an_allowed_host_passes_written_plainly(with_domain, recorded, key):
-    body = json.dumps(chat(image(f"https://{ALLOWED}/cats/1.png?size=2"),
-                           {"type": "audio_url", "audio_url": {"url": f"http://{ALLOWED}:8443/a.wav"}})).encode()
+    body = json.dumps(
+        chat(
+            image(f"https://{ALLOWED}/cats/1.png?size=2"),
+            {"type": "audio_url", "audio_url": {"url": f"http://{ALLOWED}:8443/a.wav"}},
+        )
+    ).encode()
     assert post(with_domain, key, body).status_code == 200
     [seen] = recorded.seen
     assert json.loads(seen.body)["messages"] == json.loads(body)["messages"]
 
 
 ALLOWED_HOST_TRICKS = [
-    f"https://{ALLOWED}@169.254.169.254/", f"https://user:pw@{ALLOWED}/x", f"https://{ALLOWED}:443@169.254.169.254/",
-    f"https://{ALLOWED}\\@169.254.169.254/", f"https://{ALLOWED}.evil.com/", f"https://evil.com/{ALLOWED}",
-    f"https://{ALLOWED}./x", "https://IMAGES.example.com/x", f"HTTPS://{ALLOWED}/x", f" https://{ALLOWED}/x",
-    f"https://{ALLOWED}/x\ny", f"https://{ALLOWED}/x y", f"//{ALLOWED}/x", f"https:{ALLOWED}/x",
-    f"https://{ALLOWED}%2e169.254.169.254/", "https://169.254.169.254/", "http://0xa9fea9fe/", "http://2852039166/",
-    "http://0251.0376.0251.0376/", "http://[::ffff:a9fe:a9fe]/", "http://169.254.169.254.nip.io/",
+    f"https://{ALLOWED}@169.254.169.254/",
+    f"https://user:pw@{ALLOWED}/x",
+    f"https://{ALLOWED}:443@169.254.169.254/",
+    f"https://{ALLOWED}\\@169.254.169.254/",
+    f"https://{ALLOWED}.evil.com/",
+    f"https://evil.com/{ALLOWED}",
+    f"https://{ALLOWED}./x",
+    "https://IMAGES.example.com/x",
+    f"HTTPS://{ALLOWED}/x",
+    f" https://{ALLOWED}/x",
+    f"https://{ALLOWED}/x\ny",
+    f"https://{ALLOWED}/x y",
+    f"//{ALLOWED}/x",
+    f"https:{ALLOWED}/x",
+    f"https://{ALLOWED}%2e169.254.169.254/",
+    "https://169.254.169.254/",
+    "http://0xa9fea9fe/",
+    "http://2852039166/",
+    "http://0251.0376.0251.0376/",
+    "http://[::ffff:a9fe:a9fe]/",
+    "http://169.254.169.254.nip.io/",
 ]
 
 
@@ -187,7 +239,17 @@ def test_the_openai_client_gets_the_refusal_as_a_bad_request(data_only, recorded
 
     client = OpenAI(base_url=f"{data_only}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
     with pytest.raises(BadRequestError) as refused:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
-            {"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": METADATA}}]}])
+        client.chat.completions.create(
+            model="tiny",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is it?"},
+                        {"type": "image_url", "image_url": {"url": METADATA}},
+                    ],
+                }
+            ],
+        )
     assert refused.value.code == "media_url_not_allowed"
     assert recorded.seen == []

@@ -129,11 +129,18 @@ def _admitted_within_ceilings(document: dict, path: str, settings: GatewaySettin
         return v is None or (type(v) is int and v <= high)
 
     ceiling = settings.max_tokens_ceiling
-    return (ok_int("max_tokens", ceiling) and ok_int("max_completion_tokens", ceiling)
-            and ok_int("n", settings.max_n) and ok_int("top_logprobs", settings.max_top_logprobs)
-            and (ok_int("logprobs", settings.max_top_logprobs) if path == LEGACY
-                 else document.get("logprobs") is None or type(document.get("logprobs")) is bool)
-            and (settings.allow_logit_bias or not document.get("logit_bias")))
+    return (
+        ok_int("max_tokens", ceiling)
+        and ok_int("max_completion_tokens", ceiling)
+        and ok_int("n", settings.max_n)
+        and ok_int("top_logprobs", settings.max_top_logprobs)
+        and (
+            ok_int("logprobs", settings.max_top_logprobs)
+            if path == LEGACY
+            else document.get("logprobs") is None or type(document.get("logprobs")) is bool
+        )
+        and (settings.allow_logit_bias or not document.get("logit_bias"))
+    )
 
 
 def test_sweep_never_raises_and_admits_only_what_fits():
@@ -173,10 +180,13 @@ def test_refused_request_never_reaches_upstream_and_costs_no_quota(stack):
     before = int(first.headers["x-ratelimit-remaining-requests"])
     seen = len(upstream.bodies)
 
-    for bad, param in [({"max_tokens": 4097}, "max_tokens"), ({"n": 5}, "n"),
-                       ({"logit_bias": {"50256": -100}}, "logit_bias"),
-                       ({"top_logprobs": 6, "logprobs": True}, "top_logprobs"),
-                       ({"max_tokens": 5, "extra_body": {"max_tokens": "ten"}}, "max_tokens")]:
+    for bad, param in [
+        ({"max_tokens": 4097}, "max_tokens"),
+        ({"n": 5}, "n"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"top_logprobs": 6, "logprobs": True}, "top_logprobs"),
+        ({"max_tokens": 5, "extra_body": {"max_tokens": "ten"}}, "max_tokens"),
+    ]:
         with pytest.raises(openai.BadRequestError) as caught:
             llm.chat.completions.create(model="tiny", messages=MESSAGES, **bad)
         assert caught.value.status_code == 400 and caught.value.param == param
@@ -185,8 +195,14 @@ def test_refused_request_never_reaches_upstream_and_costs_no_quota(stack):
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     raw = httpx.post(f"{gateway}/v1/chat/completions", content=b"[1, 2]", headers=headers, timeout=HANG_BOUND_S)
     assert raw.status_code == 400
-    assert raw.json() == {"error": {"message": "The request body must be a JSON object.",
-                                    "type": "invalid_request_error", "param": None, "code": "invalid_request_body"}}
+    assert raw.json() == {
+        "error": {
+            "message": "The request body must be a JSON object.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_request_body",
+        }
+    }
     assert len(upstream.bodies) == seen  # nothing refused reached the upstream
 
     # Six refusals against a 3-per-minute key, and the next request is admitted with exactly one

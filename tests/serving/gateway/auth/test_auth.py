@@ -61,8 +61,9 @@ def test_revoked_and_expired_keys_are_401(fake_upstream_gateway, redis_server):
             await store.aclose()
 
     assert asyncio.run(revoke())
-    expired = create_key_sync(redis_server.url, "acme", "expired",
-                              expires_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+    expired = create_key_sync(
+        redis_server.url, "acme", "expired", expires_at=datetime.now(timezone.utc) - timedelta(seconds=1)
+    )
     for key in (revoked, expired):
         with pytest.raises(openai.AuthenticationError):
             chat(client(fake_upstream_gateway, key))
@@ -80,31 +81,40 @@ def test_allowed_models_are_enforced(fake_upstream_gateway, redis_server):
 def test_body_too_large_is_413(fake_upstream_gateway, api_key):
     with pytest.raises(openai.APIStatusError) as caught:
         client(fake_upstream_gateway, api_key).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "x" * 10_000}])
+            model="tiny", messages=[{"role": "user", "content": "x" * 10_000}]
+        )
     assert caught.value.status_code == 413
-    chunked = httpx.post(f"{fake_upstream_gateway}/v1/chat/completions", headers={"Authorization": f"Bearer {api_key}"},
-                         content=iter([b"{" + b" " * 3000, b" " * 3000 + b"}"]))  # no Content-Length
+    chunked = httpx.post(
+        f"{fake_upstream_gateway}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {api_key}"},
+        content=iter([b"{" + b" " * 3000, b" " * 3000 + b"}"]),
+    )  # no Content-Length
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
 
 
 def test_a_restricted_key_must_name_its_model(fake_upstream_gateway, redis_server):
     key = create_key_sync(redis_server.url, "acme", "restricted", allowed_models=["tiny"])
-    nameless = httpx.post(f"{fake_upstream_gateway}/v1/chat/completions", headers={"X-API-Key": key},
-                          json={"messages": []})
+    nameless = httpx.post(
+        f"{fake_upstream_gateway}/v1/chat/completions", headers={"X-API-Key": key}, json={"messages": []}
+    )
     assert nameless.status_code == 403 and nameless.json()["error"]["code"] == "model_not_allowed"
-    unreadable = httpx.post(f"{fake_upstream_gateway}/v1/chat/completions", headers={"X-API-Key": key},
-                            content=b"not json")
+    unreadable = httpx.post(
+        f"{fake_upstream_gateway}/v1/chat/completions", headers={"X-API-Key": key}, content=b"not json"
+    )
     assert unreadable.status_code == 400 and unreadable.json()["error"]["code"] == "invalid_json"
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({"authorization": "Bearer sk-llm-a"}, "sk-llm-a"),
-    ({"authorization": "bearer  sk-llm-a "}, "sk-llm-a"),
-    ({"x-api-key": "sk-llm-b"}, "sk-llm-b"),
-    ({"authorization": "Basic abc", "x-api-key": "sk-llm-b"}, "sk-llm-b"),
-    ({"authorization": "Bearer "}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"authorization": "Bearer sk-llm-a"}, "sk-llm-a"),
+        ({"authorization": "bearer  sk-llm-a "}, "sk-llm-a"),
+        ({"x-api-key": "sk-llm-b"}, "sk-llm-b"),
+        ({"authorization": "Basic abc", "x-api-key": "sk-llm-b"}, "sk-llm-b"),
+        ({"authorization": "Bearer "}, None),
+        ({}, None),
+    ],
+)
 def test_presented_key(headers, expected):
     assert presented_key(headers) == expected
 

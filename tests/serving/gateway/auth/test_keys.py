@@ -24,6 +24,7 @@ from tests.support.vllm_upstream import running_gateway
 def race(store_factory) -> list:
     """Many `set`-style updates of one key at once, with one revocation among them; the
     records each round ends with."""
+
     async def rounds() -> list:
         store = store_factory()
         finals = []
@@ -67,11 +68,14 @@ def test_recently_verified_keys_expire(monkeypatch):
     assert never.recall(key) is None
 
 
-@pytest.mark.parametrize(("ttl_s", "outage_s", "status"), [
-    (3600, 0, 200),  # within the TTL, however slow the machine
-    (1, 1.2, 503),  # past it
-    (0, 0, 503),  # a TTL of 0 remembers nothing
-])
+@pytest.mark.parametrize(
+    ("ttl_s", "outage_s", "status"),
+    [
+        (3600, 0, 200),  # within the TTL, however slow the machine
+        (1, 1.2, 503),  # past it
+        (0, 0, 503),  # a TTL of 0 remembers nothing
+    ],
+)
 def test_the_outage_key_cache_forgets_keys_after_its_ttl(upstream, ttl_s, outage_s, status):
     """While Redis is down, a key verified within key_cache_ttl_s still works; after that (and
     at once with 0) it gets 503, so a key revoked during an outage stops working."""

@@ -23,8 +23,9 @@ def batch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def start_gateway(start_gateway, batch_dir):
     """`with start_gateway(batch={...}, **settings) as (api, metrics):` the parent's gateway with the Batch API."""
-    return lambda batch=None, **overrides: start_gateway(batch_storage_url=f"file://{batch_dir}",
-                                                         batch={**FAST, **(batch or {})}, **overrides)
+    return lambda batch=None, **overrides: start_gateway(
+        batch_storage_url=f"file://{batch_dir}", batch={**FAST, **(batch or {})}, **overrides
+    )
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,12 @@ from tests.support.servers import HANG_BOUND_S
 
 
 def chat_line(custom_id: str, model: str = "tiny", **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}], **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": f"say {custom_id}"}], **body},
+    }
 
 
 def jsonl(lines: list[dict]) -> bytes:
@@ -37,8 +41,9 @@ def test_upload_create_poll_download_each_custom_id_once(client_for, make_key, r
     assert isinstance(uploaded, FileObject) and uploaded.purpose == "batch" and uploaded.bytes > 0
     assert client.files.retrieve(uploaded.id).id == uploaded.id
 
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h", metadata={"job": "nightly"})
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"job": "nightly"}
+    )
     assert batch.status == "validating" and batch.metadata == {"job": "nightly"}
     done = batch_reaching(client, batch.id, {"completed", "failed"})
     assert done.status == "completed", done
@@ -58,12 +63,17 @@ def test_upload_create_poll_download_each_custom_id_once(client_for, make_key, r
 
 def test_lines_the_gateway_would_refuse_go_to_the_error_file(client_for, make_key, recorded) -> None:
     client = client_for(make_key(allowed_models=["tiny"]))
-    lines = [chat_line("good"), chat_line("other-model", model="other"), chat_line("streams", stream=True),
-             chat_line("unknown-field", bogus=1), {**chat_line("wrong-url"), "url": "/v1/completions"},
-             chat_line("not-served", model="nope"), chat_line("good-2")]
+    lines = [
+        chat_line("good"),
+        chat_line("other-model", model="other"),
+        chat_line("streams", stream=True),
+        chat_line("unknown-field", bogus=1),
+        {**chat_line("wrong-url"), "url": "/v1/completions"},
+        chat_line("not-served", model="nope"),
+        chat_line("good-2"),
+    ]
     uploaded = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     done = batch_reaching(client, batch.id, {"completed", "failed"})
     assert done.status == "completed" and done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (2, 5)
@@ -81,8 +91,7 @@ def test_a_file_that_cannot_be_a_batch_fails_it_naming_the_lines(client_for, mak
     client = client_for(make_key())
     lines = [chat_line("a"), {"method": "POST", "url": "/v1/chat/completions", "body": {}}, chat_line("a")]
     uploaded = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     failed = batch_reaching(client, batch.id, {"failed", "completed"})
     assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
     assert [(e.code, e.line) for e in failed.errors.data] == [("invalid_custom_id", 2), ("duplicate_custom_id", 3)]
@@ -101,8 +110,7 @@ def test_cancel_stops_new_lines_and_finalizes_what_completed(client_for, make_ke
     client = client_for(make_key())
     ids = [f"c-{n}" for n in range(200)]
     uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(i) for i in ids])), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + HANG_BOUND_S
     while (client.batches.retrieve(batch.id).request_counts.completed or 0) < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -128,8 +136,9 @@ def test_a_batch_past_its_window_expires_and_its_unfinished_lines_fail(start_gat
         client = openai.OpenAI(base_url=f"{api}/v1", api_key=make_key(), max_retries=0, timeout=HANG_BOUND_S)
         ids = [f"e-{n}" for n in range(200)]
         uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(i) for i in ids])), purpose="batch")
-        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         assert batch.expires_at is not None and batch.expires_at - batch.created_at == 1
         expired = batch_reaching(client, batch.id, {"expired", "completed"})
         output, errors = lines_of(client, expired.output_file_id), lines_of(client, expired.error_file_id)
@@ -143,15 +152,20 @@ def test_a_batch_past_its_window_expires_and_its_unfinished_lines_fail(start_gat
 def test_another_tenants_key_sees_nothing(client_for, make_key) -> None:
     owner, other = client_for(make_key("owner-co")), client_for(make_key("other-co"))
     uploaded = owner.files.create(file=("in.jsonl", jsonl([chat_line("x")])), purpose="batch")
-    batch = owner.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                 completion_window="24h")
+    batch = owner.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     done = batch_reaching(owner, batch.id, {"completed"})
     assert done.output_file_id is not None
-    for call in (lambda: other.batches.retrieve(batch.id), lambda: other.batches.cancel(batch.id),
-                 lambda: other.files.retrieve(uploaded.id), lambda: other.files.content(uploaded.id),
-                 lambda: other.files.content(done.output_file_id), lambda: other.files.delete(uploaded.id),
-                 lambda: other.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                              completion_window="24h")):
+    for call in (
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+        lambda: other.files.retrieve(uploaded.id),
+        lambda: other.files.content(uploaded.id),
+        lambda: other.files.content(done.output_file_id),
+        lambda: other.files.delete(uploaded.id),
+        lambda: other.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert [b.id for b in other.batches.list()] == []
@@ -161,8 +175,10 @@ def test_another_tenants_key_sees_nothing(client_for, make_key) -> None:
 def test_list_is_newest_first_with_openai_cursor_pagination(client_for, make_key) -> None:
     client = client_for(make_key("pager-co"))
     uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line("x")])), purpose="batch")
-    made = [client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h").id for _ in range(3)]
+    made = [
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id
+        for _ in range(3)
+    ]
     first = client.batches.list(limit=2)
     assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
     assert [b.id for b in client.batches.list(limit=2, after=first.data[-1].id).data] == made[:1]
@@ -171,8 +187,9 @@ def test_list_is_newest_first_with_openai_cursor_pagination(client_for, make_key
 
 def test_files_list_like_openai_and_only_the_tenants_own(client_for, make_key) -> None:
     client, other = client_for(make_key("lister-co")), client_for(make_key("nosy-co"))
-    made = [client.files.create(file=(f"in{i}.jsonl", jsonl([chat_line(str(i))])), purpose="batch").id
-            for i in range(3)]
+    made = [
+        client.files.create(file=(f"in{i}.jsonl", jsonl([chat_line(str(i))])), purpose="batch").id for i in range(3)
+    ]
     other.files.create(file=("theirs.jsonl", jsonl([chat_line("t")])), purpose="batch")
     first = client.files.list(limit=2)
     assert [f.id for f in first.data] == made[::-1][:2] and first.has_more
@@ -196,10 +213,10 @@ def test_a_spent_daily_budget_stops_the_batch_and_fails_the_rest(client_for, red
     key = create_key_sync(redis_server.url, "thrifty-co", "budget", limits={**GENEROUS, "daily_token_budget": 1000})
     client = client_for(key)
     ids = [f"b-{n}" for n in range(60)]
-    uploaded = client.files.create(file=("in.jsonl", jsonl([chat_line(i, max_tokens=10) for i in ids])),
-                                   purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    uploaded = client.files.create(
+        file=("in.jsonl", jsonl([chat_line(i, max_tokens=10) for i in ids])), purpose="batch"
+    )
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     done = batch_reaching(client, batch.id, {"completed", "failed"})
     assert done.status == "completed" and done.request_counts is not None
     assert 0 < done.request_counts.completed < 60 and done.request_counts.failed > 0

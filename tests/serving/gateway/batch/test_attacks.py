@@ -16,15 +16,25 @@ from tests.support.gateway import raw_request
 from tests.support.servers import HANG_BOUND_S
 from tests.support.waiting import eventually
 
-LINE = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}}
+LINE = {
+    "custom_id": "a",
+    "method": "POST",
+    "url": "/v1/chat/completions",
+    "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+}
 
 
 def multipart(content: bytes, purpose: str = "batch", field: str = "file") -> tuple[bytes, str]:
     boundary = "llmstackboundary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n"
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"in.jsonl\"\r\n"
-            "Content-Type: application/jsonl\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{purpose}\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="in.jsonl"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n"
+        ).encode()
+        + content
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return body, f"multipart/form-data; boundary={boundary}"
 
 
@@ -35,8 +45,9 @@ def owned(gateway, make_key) -> dict[str, str]:
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
     uploaded = client.files.create(file=("in.jsonl", (json.dumps(LINE) + "\n").encode()), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
-    done = eventually(lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b,
-                      f"batch {batch.id} completed")
+    done = eventually(
+        lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b, f"batch {batch.id} completed"
+    )
     return {"key": key, "file": uploaded.id, "batch": batch.id, "output": str(done.output_file_id)}
 
 
@@ -46,10 +57,16 @@ def attacker(make_key) -> dict[str, str]:
 
 
 def test_every_route_wants_a_key(gateway, owned, recorded) -> None:
-    for method, target in (("POST", "/v1/files"), ("GET", f"/v1/files/{owned['file']}"),
-                           ("GET", f"/v1/files/{owned['file']}/content"), ("DELETE", f"/v1/files/{owned['file']}"),
-                           ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", f"/v1/batches/{owned['batch']}"),
-                           ("POST", f"/v1/batches/{owned['batch']}/cancel")):
+    for method, target in (
+        ("POST", "/v1/files"),
+        ("GET", f"/v1/files/{owned['file']}"),
+        ("GET", f"/v1/files/{owned['file']}/content"),
+        ("DELETE", f"/v1/files/{owned['file']}"),
+        ("POST", "/v1/batches"),
+        ("GET", "/v1/batches"),
+        ("GET", f"/v1/batches/{owned['batch']}"),
+        ("POST", f"/v1/batches/{owned['batch']}/cancel"),
+    ):
         for headers in ({}, {"Authorization": "Bearer sk-llmstack-not-a-key"}):
             status, _, _ = raw_request(gateway, method, target, headers=headers)
             assert status == 401, (method, target, headers)
@@ -59,12 +76,25 @@ def test_every_route_wants_a_key(gateway, owned, recorded) -> None:
 def test_other_spellings_of_a_path_or_id_reach_no_lookup(gateway, owned, recorded) -> None:
     file_id, batch_id = owned["file"], owned["batch"]
     victim = {"Authorization": f"Bearer {owned['key']}"}
-    for target in (f"/v1/files/%2566{file_id[1:]}", f"/v1/files/{file_id}/", f"/v1/files//{file_id}",
-                   f"/v1/files/{file_id.upper()}", f"/v1/files/{file_id}%252Fcontent",
-                   f"/v1/files/./{file_id}", f"/v1/batches/../files/{file_id}", f"/v1/files/{file_id};x/content",
-                   f"/v1/files/{file_id}/content/", f"/v1/files/{file_id}x", f"/v1/batches/{batch_id}/cancel/",
-                   f"/v1/batches/%2e%2e/files/{file_id}", f"/v1/Batches/{batch_id}", f"/V1/batches/{batch_id}",
-                   f"/v1/batches/{batch_id}%00", "/v1/files/file-*", f"/v1/batches/{batch_id}/../../files/{file_id}"):
+    for target in (
+        f"/v1/files/%2566{file_id[1:]}",
+        f"/v1/files/{file_id}/",
+        f"/v1/files//{file_id}",
+        f"/v1/files/{file_id.upper()}",
+        f"/v1/files/{file_id}%252Fcontent",
+        f"/v1/files/./{file_id}",
+        f"/v1/batches/../files/{file_id}",
+        f"/v1/files/{file_id};x/content",
+        f"/v1/files/{file_id}/content/",
+        f"/v1/files/{file_id}x",
+        f"/v1/batches/{batch_id}/cancel/",
+        f"/v1/batches/%2e%2e/files/{file_id}",
+        f"/v1/Batches/{batch_id}",
+        f"/V1/batches/{batch_id}",
+        f"/v1/batches/{batch_id}%00",
+        "/v1/files/file-*",
+        f"/v1/batches/{batch_id}/../../files/{file_id}",
+    ):
         status, _, body = raw_request(gateway, "GET", target, headers=victim)
         assert status == 404, (target, status)
         assert file_id.encode() not in body or b"Unknown path" in body
@@ -80,15 +110,22 @@ def test_a_once_encoded_path_is_the_route_it_decodes_to_with_its_tenant_check(ga
 
 
 def test_another_tenants_ids_are_not_found_for_it(gateway, owned, attacker, recorded) -> None:
-    for method, target in (("GET", f"/v1/files/{owned['file']}"), ("GET", f"/v1/files/{owned['file']}/content"),
-                           ("GET", f"/v1/files/{owned['output']}/content"), ("DELETE", f"/v1/files/{owned['file']}"),
-                           ("GET", f"/v1/batches/{owned['batch']}"), ("POST", f"/v1/batches/{owned['batch']}/cancel")):
+    for method, target in (
+        ("GET", f"/v1/files/{owned['file']}"),
+        ("GET", f"/v1/files/{owned['file']}/content"),
+        ("GET", f"/v1/files/{owned['output']}/content"),
+        ("DELETE", f"/v1/files/{owned['file']}"),
+        ("GET", f"/v1/batches/{owned['batch']}"),
+        ("POST", f"/v1/batches/{owned['batch']}/cancel"),
+    ):
         status, _, body = raw_request(gateway, method, target, headers=attacker)
         assert status == 404 and json.loads(body)["error"]["code"] == "not_found", (method, target)
-    create = json.dumps({"input_file_id": owned["file"], "endpoint": "/v1/chat/completions",
-                         "completion_window": "24h"}).encode()
-    status, _, _ = raw_request(gateway, "POST", "/v1/batches", headers={**attacker, "Content-Type": "application/json"},
-                               body=create)
+    create = json.dumps(
+        {"input_file_id": owned["file"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    ).encode()
+    status, _, _ = raw_request(
+        gateway, "POST", "/v1/batches", headers={**attacker, "Content-Type": "application/json"}, body=create
+    )
     assert status == 404
     status, _, body = raw_request(gateway, "GET", "/v1/batches?limit=100", headers=attacker)
     assert status == 200 and owned["batch"].encode() not in body
@@ -110,9 +147,13 @@ def test_uploads_past_the_cap_are_refused_declared_or_chunked(start_gateway, mak
         parts = urlsplit(api)
         connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HANG_BOUND_S)
         try:
-            connection.request("POST", "/v1/files", body=iter([huge[i:i + 65536] for i in range(0, len(huge), 65536)]),
-                               headers={**headers, "Content-Type": kind, "Transfer-Encoding": "chunked"},
-                               encode_chunked=True)
+            connection.request(
+                "POST",
+                "/v1/files",
+                body=iter([huge[i : i + 65536] for i in range(0, len(huge), 65536)]),
+                headers={**headers, "Content-Type": kind, "Transfer-Encoding": "chunked"},
+                encode_chunked=True,
+            )
             response = connection.getresponse()
             assert response.status == 413
         except (BrokenPipeError, ConnectionResetError):
@@ -129,66 +170,121 @@ def test_uploads_past_the_cap_are_refused_declared_or_chunked(start_gateway, mak
     assert recorded.seen == []
 
 
-@pytest.mark.parametrize("content", [
-    b"\xff\xfe not utf-8\n", b'[{"custom_id": "a"}]\n', b"just text\n", b"", b"\n\n",
-    b'{"custom_id": "a"}\n' + b"[" * 5000 + b"]" * 5000 + b"\n", b'{"a": NaN}\n', b'{"a": 1, "a": 2}\n',
-], ids=["not-utf8", "array", "text", "empty", "blank", "depth-bomb", "nan", "duplicate-key"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe not utf-8\n",
+        b'[{"custom_id": "a"}]\n',
+        b"just text\n",
+        b"",
+        b"\n\n",
+        b'{"custom_id": "a"}\n' + b"[" * 5000 + b"]" * 5000 + b"\n",
+        b'{"a": NaN}\n',
+        b'{"a": 1, "a": 2}\n',
+    ],
+    ids=["not-utf8", "array", "text", "empty", "blank", "depth-bomb", "nan", "duplicate-key"],
+)
 def test_uploads_that_are_not_jsonl_are_refused(gateway, attacker, content) -> None:
     body, kind = multipart(content)
-    status, _, answer = raw_request(gateway, "POST", "/v1/files", headers={**attacker, "Content-Type": kind},
-                                    body=body)
+    status, _, answer = raw_request(gateway, "POST", "/v1/files", headers={**attacker, "Content-Type": kind}, body=body)
     assert status == 400 and json.loads(answer)["error"]["code"] == "invalid_file_format"
 
 
 def test_malformed_upload_forms_are_refused(gateway, attacker) -> None:
     line = (json.dumps(LINE) + "\n").encode()
-    for body, kind in (multipart(line, purpose="fine-tune"), multipart(line, field="document"),
-                       (line, "application/jsonl"), (b"--x\r\ngarbage", "multipart/form-data; boundary=x")):
-        status, _, answer = raw_request(gateway, "POST", "/v1/files", headers={**attacker, "Content-Type": kind},
-                                        body=body)
+    for body, kind in (
+        multipart(line, purpose="fine-tune"),
+        multipart(line, field="document"),
+        (line, "application/jsonl"),
+        (b"--x\r\ngarbage", "multipart/form-data; boundary=x"),
+    ):
+        status, _, answer = raw_request(
+            gateway, "POST", "/v1/files", headers={**attacker, "Content-Type": kind}, body=body
+        )
         assert status == 400, (kind, answer)
 
 
-@pytest.mark.parametrize("document", [
-    {"input_file_id": "file-000000000000000000000000", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
-    {"endpoint": "/v1/chat/completions", "completion_window": "24h"},
-    {"input_file_id": ["x"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
-], ids=["unknown-file", "no-file", "file-not-a-string"])
+@pytest.mark.parametrize(
+    "document",
+    [
+        {
+            "input_file_id": "file-000000000000000000000000",
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+        {"endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        {"input_file_id": ["x"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ],
+    ids=["unknown-file", "no-file", "file-not-a-string"],
+)
 def test_batches_of_files_that_do_not_exist_are_not_found(gateway, attacker, document) -> None:
-    status, _, _ = raw_request(gateway, "POST", "/v1/batches", headers={**attacker, "Content-Type": "application/json"},
-                               body=json.dumps(document).encode())
+    status, _, _ = raw_request(
+        gateway,
+        "POST",
+        "/v1/batches",
+        headers={**attacker, "Content-Type": "application/json"},
+        body=json.dumps(document).encode(),
+    )
     assert status == 404
 
 
 def test_create_refuses_what_openai_would(gateway, owned) -> None:
     victim = {"Authorization": f"Bearer {owned['key']}", "Content-Type": "application/json"}
     good = {"input_file_id": owned["file"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
-    for change, param in (({"endpoint": "/v1/embeddings"}, "endpoint"), ({"endpoint": "/v1/models"}, "endpoint"),
-                          ({"completion_window": "48h"}, "completion_window"), ({"priority": 0}, "priority"),
-                          ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
-                          ({"metadata": {"k": "v" * 513}}, "metadata"), ({"metadata": {"k": 1}}, "metadata")):
-        status, _, body = raw_request(gateway, "POST", "/v1/batches", headers=victim,
-                                      body=json.dumps({**good, **change}).encode())
+    for change, param in (
+        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"endpoint": "/v1/models"}, "endpoint"),
+        ({"completion_window": "48h"}, "completion_window"),
+        ({"priority": 0}, "priority"),
+        ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
+        ({"metadata": {"k": 1}}, "metadata"),
+    ):
+        status, _, body = raw_request(
+            gateway, "POST", "/v1/batches", headers=victim, body=json.dumps({**good, **change}).encode()
+        )
         assert status == 400 and json.loads(body)["error"]["param"] == param, change
     output_as_input = {**good, "input_file_id": owned["output"]}
-    status, _, _ = raw_request(gateway, "POST", "/v1/batches", headers=victim,
-                               body=json.dumps(output_as_input).encode())
+    status, _, _ = raw_request(
+        gateway, "POST", "/v1/batches", headers=victim, body=json.dumps(output_as_input).encode()
+    )
     assert status == 404  # results are not batch input
     # Every spelling a lax parser reads as a number: a clear 400, never a 500 or a huge page.
-    lax_limits = ("0", "abc", "-1", "+5", "%2B5", "%205", "5%20", "1e2", "5.0", "0x10", "%C2%B2", "%D9%A3",
-                  "9" * 5000, "")
-    for target in ("/v1/batches?limit=101", *(f"/v1/batches?limit={v}" for v in lax_limits),
-                   "/v1/files?limit=10001", *(f"/v1/files?limit={v}" for v in lax_limits),
-                   "/v1/files?order=sideways", "/v1/files?order=DESC"):
+    lax_limits = (
+        "0",
+        "abc",
+        "-1",
+        "+5",
+        "%2B5",
+        "%205",
+        "5%20",
+        "1e2",
+        "5.0",
+        "0x10",
+        "%C2%B2",
+        "%D9%A3",
+        "9" * 5000,
+        "",
+    )
+    for target in (
+        "/v1/batches?limit=101",
+        *(f"/v1/batches?limit={v}" for v in lax_limits),
+        "/v1/files?limit=10001",
+        *(f"/v1/files?limit={v}" for v in lax_limits),
+        "/v1/files?order=sideways",
+        "/v1/files?order=DESC",
+    ):
         assert raw_request(gateway, "GET", target, headers=victim)[0] == 400, target
 
 
 def test_methods_outside_the_allowlist_get_405(gateway, owned) -> None:
     victim = {"Authorization": f"Bearer {owned['key']}"}
-    for method, target, allow in (("PUT", "/v1/files", "GET, POST"),
-                                  ("DELETE", f"/v1/batches/{owned['batch']}", "GET"),
-                                  ("GET", f"/v1/batches/{owned['batch']}/cancel", "POST"),
-                                  ("PATCH", "/v1/batches", "GET, POST")):
+    for method, target, allow in (
+        ("PUT", "/v1/files", "GET, POST"),
+        ("DELETE", f"/v1/batches/{owned['batch']}", "GET"),
+        ("GET", f"/v1/batches/{owned['batch']}/cancel", "POST"),
+        ("PATCH", "/v1/batches", "GET, POST"),
+    ):
         status, headers, _ = raw_request(gateway, method, target, headers=victim)
         assert (status, headers.get("allow")) == (405, allow), (method, target)
 
@@ -224,8 +320,11 @@ def test_a_held_open_upload_holds_one_of_the_keys_concurrent_slots(gateway, redi
     parts = urlsplit(gateway)
     slow = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HANG_BOUND_S)
     slow.putrequest("POST", "/v1/files")
-    for name, value in (("Authorization", f"Bearer {key}"), ("Content-Type", content_type),
-                        ("Content-Length", str(len(body)))):
+    for name, value in (
+        ("Authorization", f"Bearer {key}"),
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+    ):
         slow.putheader(name, value)
     slow.endheaders()
     slow.send(body[:10])  # and hold the rest
@@ -265,14 +364,16 @@ def test_a_held_open_upload_does_not_hold_other_tenants_uploads(gateway, make_ke
     parts = urlsplit(gateway)
     slow = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HANG_BOUND_S)
     slow.putrequest("POST", "/v1/files")
-    for name, value in (("Authorization", f"Bearer {make_key('slow-uploader-co')}"), ("Content-Type", content_type),
-                        ("Content-Length", str(len(body)))):
+    for name, value in (
+        ("Authorization", f"Bearer {make_key('slow-uploader-co')}"),
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+    ):
         slow.putheader(name, value)
     slow.endheaders()
     slow.send(body[:100])
     in_flight = redis.Redis.from_url(redis_server.url)
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=make_key("prompt-co"), max_retries=0,
-                           timeout=HANG_BOUND_S)
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=make_key("prompt-co"), max_retries=0, timeout=HANG_BOUND_S)
     events: list[str] = []
     finished = threading.Event()
 
@@ -321,8 +422,15 @@ def test_slow_downloads_hold_a_chunk_each_not_the_file(start_gateway, make_key) 
 
     def held(metrics: str) -> float:
         text = httpx.get(f"{metrics}/metrics").text
-        return next((s.value for family in text_string_to_metric_families(text) for s in family.samples
-                     if s.name == "llmstack_gateway_batch_memory_bytes"), -1.0)
+        return next(
+            (
+                s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+                if s.name == "llmstack_gateway_batch_memory_bytes"
+            ),
+            -1.0,
+        )
 
     line = {**LINE, "body": {**LINE["body"], "messages": [{"role": "user", "content": "x" * 50_000}]}}
     content = b"".join((json.dumps({**line, "custom_id": f"c{n}"}) + "\n").encode() for n in range(240))
@@ -337,8 +445,9 @@ def test_slow_downloads_hold_a_chunk_each_not_the_file(start_gateway, make_key) 
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)  # before connect: a small window
             sock.connect((parts.hostname, parts.port))
-            sock.sendall(f"GET /v1/files/{file_id}/content HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                         "\r\n".encode())
+            sock.sendall(
+                f"GET /v1/files/{file_id}/content HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+            )
             connections.append(sock)
         heads = []
         for sock in connections:
@@ -379,5 +488,5 @@ def _dechunk(body: bytes) -> bytes:
         size = int(body[at:end], 16)
         if size == 0:
             return bytes(out)
-        out += body[end + 2:end + 2 + size]
+        out += body[end + 2 : end + 2 + size]
         at = end + 2 + size + 2

@@ -16,8 +16,13 @@ CHAT = "/v1/chat/completions"
 
 
 def line(custom_id: object, **changes) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}, **changes}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        **changes,
+    }
 
 
 def jsonl(*lines: object) -> bytes:
@@ -32,13 +37,19 @@ def test_good_lines_keep_their_order_and_become_the_body_sent() -> None:
 
 
 def test_file_level_problems_name_their_lines() -> None:
-    checked = check_input(jsonl(line("a"), "{not json", "[1]", line(""), line(7), line("x" * 513), line("a")),
-                          CHAT, KEY, FIVE_LINES)
+    checked = check_input(
+        jsonl(line("a"), "{not json", "[1]", line(""), line(7), line("x" * 513), line("a")), CHAT, KEY, FIVE_LINES
+    )
     assert [(p.code, p.line) for p in checked.problems] == [
-        ("invalid_json_line", 2), ("invalid_json_line", 3), ("invalid_custom_id", 4), ("invalid_custom_id", 5),
-        ("too_many_requests", 6)]
+        ("invalid_json_line", 2),
+        ("invalid_json_line", 3),
+        ("invalid_custom_id", 4),
+        ("invalid_custom_id", 5),
+        ("too_many_requests", 6),
+    ]
     assert [(p.code, p.line) for p in check_input(jsonl(line("a"), line("a")), CHAT, KEY, SETTINGS).problems] == [
-        ("duplicate_custom_id", 2)]
+        ("duplicate_custom_id", 2)
+    ]
     assert [p.code for p in check_input(b"\xff", CHAT, KEY, SETTINGS).problems] == ["invalid_file_format"]
     assert [p.code for p in check_input(b"\n \n", CHAT, KEY, SETTINGS).problems] == ["empty_file"]
 

@@ -17,12 +17,32 @@ def test_file_object_matches_the_sdk() -> None:
 
 def test_batch_object_matches_the_sdk_in_every_status() -> None:
     sdk_only = {"model", "usage"}  # optional in the SDK; this gateway does not set them
-    for status in ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                   "cancelled"):
-        record = BatchRecord(id="batch_0", tenant="t", key_id="k", endpoint="/v1/chat/completions",
-                             input_file_id="file-0", status=status, created_at=1, expires_at=2, seq=1,
-                             metadata={"a": "b"}, total=3, completed=1, failed=2,
-                             errors=[LineError(code="c", message="m", line=1)])
+    for status in (
+        "validating",
+        "failed",
+        "in_progress",
+        "finalizing",
+        "completed",
+        "expired",
+        "cancelling",
+        "cancelled",
+    ):
+        record = BatchRecord(
+            id="batch_0",
+            tenant="t",
+            key_id="k",
+            endpoint="/v1/chat/completions",
+            input_file_id="file-0",
+            status=status,
+            created_at=1,
+            expires_at=2,
+            seq=1,
+            metadata={"a": "b"},
+            total=3,
+            completed=1,
+            failed=2,
+            errors=[LineError(code="c", message="m", line=1)],
+        )
         answer = record.api((5, 6))
         assert set(answer) == set(Batch.model_fields) - sdk_only
         batch = Batch.model_validate(answer, strict=True)

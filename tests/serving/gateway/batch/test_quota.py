@@ -26,8 +26,12 @@ from tests.support.servers import HANG_BOUND_S
 
 
 def line(custom_id: str, **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **body},
+    }
 
 
 def jsonl(lines: list[dict]) -> bytes:
@@ -44,8 +48,12 @@ def refusal(client: openai.OpenAI, lines: list[dict]) -> tuple[int, str | None, 
     with pytest.raises(openai.APIStatusError) as refused:
         create(client, lines)
     body = refused.value.body if isinstance(refused.value.body, dict) else {}
-    return (refused.value.status_code, body.get("code"), refused.value.response.headers.get("x-should-retry"),
-            len(client.batches.list().data))
+    return (
+        refused.value.status_code,
+        body.get("code"),
+        refused.value.response.headers.get("x-should-retry"),
+        len(client.batches.list().data),
+    )
 
 
 @pytest.mark.parametrize("custom_id_length", [1, 40, 512])
@@ -55,8 +63,9 @@ def test_the_footprint_bounds_what_a_batch_holds_in_redis(redis_server, custom_i
     from serving.gateway.config.settings import GatewaySettings
 
     settings = GatewaySettings(upstream_url="http://upstream:8000", models=["tiny"])
-    key = KeyRecord.model_validate({"key_id": "k", "tenant": "quota-co", "name": "k",
-                                    "created_at": "2026-01-01T00:00:00+00:00"})
+    key = KeyRecord.model_validate(
+        {"key_id": "k", "tenant": "quota-co", "name": "k", "created_at": "2026-01-01T00:00:00+00:00"}
+    )
     lines = [line(f"a{n}".zfill(custom_id_length)) for n in range(300)]
     lines += [{**line(f"r{n}".zfill(custom_id_length)), "url": "/v1/embeddings"} for n in range(100)]
     checked = check_input(jsonl(lines), "/v1/chat/completions", key, settings)
@@ -69,8 +78,12 @@ def test_the_footprint_bounds_what_a_batch_holds_in_redis(redis_server, custom_i
             store = BatchStore(client)
             await store.set_ids(batch_id, checked.custom_ids)
             for rejected in checked.rejected:
-                await store.record(batch_id, rejected.custom_id, output_line(rejected.custom_id, rejected.status,
-                                                                             None, rejected.body), ok=False)
+                await store.record(
+                    batch_id,
+                    rejected.custom_id,
+                    output_line(rejected.custom_id, rejected.status, None, rejected.body),
+                    ok=False,
+                )
             at = 0
             refs = []
             for x in checked.lines:
@@ -94,15 +107,28 @@ def capped(redis_server, recording_upstream, batch_dir):
     and a new key of a tenant per call."""
     from tests.support.gateway import serving_gateway
 
-    settings = gateway_settings(recording_upstream.url, redis_server.url, batch_storage_url=f"file://{batch_dir}",
-                                batch={"sweep_interval_s": 0.1, "workers": 0, "lease_s": 2,
-                                       "max_active_batches_per_tenant": 2, "max_queued_bytes_per_tenant": 20_000,
-                                       "max_active_batches": 4, "max_queued_bytes": 1_000_000},
-                                model_usd_per_million_tokens={"tiny": Decimal("10000")})
+    settings = gateway_settings(
+        recording_upstream.url,
+        redis_server.url,
+        batch_storage_url=f"file://{batch_dir}",
+        batch={
+            "sweep_interval_s": 0.1,
+            "workers": 0,
+            "lease_s": 2,
+            "max_active_batches_per_tenant": 2,
+            "max_queued_bytes_per_tenant": 20_000,
+            "max_active_batches": 4,
+            "max_queued_bytes": 1_000_000,
+        },
+        model_usd_per_million_tokens={"tiny": Decimal("10000")},
+    )
     with serving_gateway(settings) as (api, _):
         yield lambda tenant, **limits: openai.OpenAI(
-            base_url=f"{api}/v1", api_key=create_key_sync(redis_server.url, tenant, "k", limits={**GENEROUS, **limits}),
-            max_retries=0, timeout=HANG_BOUND_S)
+            base_url=f"{api}/v1",
+            api_key=create_key_sync(redis_server.url, tenant, "k", limits={**GENEROUS, **limits}),
+            max_retries=0,
+            timeout=HANG_BOUND_S,
+        )
 
 
 def test_a_tenant_has_at_most_its_active_batches_and_queued_bytes(capped) -> None:
@@ -132,8 +158,7 @@ def test_the_gateway_has_at_most_its_active_batches(capped) -> None:
 
 def test_a_batch_that_cannot_complete_within_the_budget_left_is_refused_at_create(capped, redis_server) -> None:
     # A 1-token daily budget: no line can ever run.
-    assert refusal(capped("stingy-co", daily_token_budget=1), [line("a")])[:2] == (429,
-                                                                                  "daily_token_budget_exceeded")
+    assert refusal(capped("stingy-co", daily_token_budget=1), [line("a")])[:2] == (429, "daily_token_budget_exceeded")
     # Its largest line reserves more than the budget (max_tokens alone): it could never run.
     big = refusal(capped("big-ask-co", daily_token_budget=3000), [line("a"), line("b", max_tokens=3000)])
     assert big[:2] == (429, "daily_token_budget_exceeded")
@@ -153,8 +178,11 @@ def test_a_batch_that_cannot_complete_within_the_budget_left_is_refused_at_creat
     assert refusal(spent, [line("a")])[:2] == (429, "monthly_budget_exceeded")
     plain = redis.Redis.from_url(redis_server.url)
     try:
-        stored = [n for n in plain.scan_iter(match="llmstack:{batch:*", _type="hash")
-                  if b"spent-co" in (plain.hget(n, "tenant") or b"")]
+        stored = [
+            n
+            for n in plain.scan_iter(match="llmstack:{batch:*", _type="hash")
+            if b"spent-co" in (plain.hget(n, "tenant") or b"")
+        ]
     finally:
         plain.close()
     assert stored == []  # refused: nothing of it was kept

@@ -44,8 +44,12 @@ def jsonl(lines: list[dict]) -> bytes:
 
 
 def line(custom_id: str, content: str = "hi") -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4},
+    }
 
 
 def client(api: str, key: str) -> openai.OpenAI:
@@ -53,8 +57,9 @@ def client(api: str, key: str) -> openai.OpenAI:
 
 
 def chat_status(api: str, key: str) -> tuple[int, str | None]:
-    response = httpx.post(f"{api}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"},
-                          timeout=HANG_BOUND_S)
+    response = httpx.post(
+        f"{api}/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"}, timeout=HANG_BOUND_S
+    )
     code = response.json().get("error", {}).get("code") if response.status_code != 200 else None
     return response.status_code, code
 
@@ -63,8 +68,10 @@ def victim_state(plain: redis.Redis, file_id: str) -> dict[bytes, bytes | None]:
     """The victim tenant's budget state in Redis (daily counters, spend, ledger, limits) and its
     file record, dumped. Not its rate state (request and token TATs, slots): that expires by design."""
     pattern = tenant_tag(VICTIM).replace("{", "\\{").replace("}", "\\}") + "*"
-    names = [*(n for n in plain.scan_iter(match=pattern) if not n.endswith((b":rpm", b":tpm", b":slots"))),
-             file_key(file_id).encode()]
+    names = [
+        *(n for n in plain.scan_iter(match=pattern) if not n.endswith((b":rpm", b":tpm", b":slots"))),
+        file_key(file_id).encode(),
+    ]
     return {name: plain.dump(name) for name in names}
 
 
@@ -72,11 +79,19 @@ def victim_state(plain: redis.Redis, file_id: str) -> dict[bytes, bytes | None]:
 def gateway_on(tmp_path, recorded) -> Iterator:
     """`with gateway_on(redis_url, workers=n) as (api, metrics):` a gateway with the Batch API,
     its model priced (budgets in dollars)."""
+
     def start(redis_url: str, workers: int):
-        return serving_gateway(gateway_settings(
-            recorded.url, redis_url, batch_storage_url=f"file://{tmp_path}", max_body_bytes=256_000,
-            batch={"sweep_interval_s": 0.1, "workers": workers, "lease_s": 2},
-            model_usd_per_million_tokens={"tiny": Decimal("10000")}))  # 8 tokens: $0.08
+        return serving_gateway(
+            gateway_settings(
+                recorded.url,
+                redis_url,
+                batch_storage_url=f"file://{tmp_path}",
+                max_body_bytes=256_000,
+                batch={"sweep_interval_s": 0.1, "workers": workers, "lease_s": 2},
+                model_usd_per_million_tokens={"tiny": Decimal("10000")},
+            )
+        )  # 8 tokens: $0.08
+
     yield start
 
 
@@ -102,8 +117,10 @@ def spend_the_victims_budget(redis_url: str, api: str) -> tuple[str, str]:
 def test_under_volatile_lru_one_tenant_cannot_fill_redis(gateway_on, recorded) -> None:
     # As the issue found it (a 48 MB Redis, a 4.5 MB upload, 14 creates), at half the scale. No
     # worker runs the attacker's lines, as on a saturated model: its batches stay queued.
-    with running_redis(maxmemory="24mb", policy="volatile-lru") as server, \
-            gateway_on(server.url, workers=0) as (api, _):
+    with (
+        running_redis(maxmemory="24mb", policy="volatile-lru") as server,
+        gateway_on(server.url, workers=0) as (api, _),
+    ):
         plain = redis.Redis.from_url(server.url)
         try:
             victim_key, victim_file = spend_the_victims_budget(server.url, api)
@@ -114,9 +131,11 @@ def test_under_volatile_lru_one_tenant_cannot_fill_redis(gateway_on, recorded) -
             accepted, refused = [], []
             for _ in range(7):
                 try:
-                    accepted.append(attacker.batches.create(input_file_id=uploaded.id,
-                                                            endpoint="/v1/chat/completions",
-                                                            completion_window="24h").id)
+                    accepted.append(
+                        attacker.batches.create(
+                            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+                        ).id
+                    )
                 except openai.APIStatusError as exc:
                     refused.append(exc.status_code)
             deadline = time.monotonic() + HANG_BOUND_S
@@ -154,11 +173,13 @@ def test_a_full_redis_refuses_writes_and_admission_fails_closed(gateway_on) -> N
         content = jsonl([line(f"{long_id}{n}") for n in range(2_000)])
         uploaded = attacker.files.create(file=("a.jsonl", content), purpose="batch")
         deadline = time.monotonic() + HANG_BOUND_S
-        while (memory := plain.info("memory"))["used_memory"] < 0.9 * memory["maxmemory"] and \
-                time.monotonic() < deadline:
+        while (memory := plain.info("memory"))["used_memory"] < 0.9 * memory[
+            "maxmemory"
+        ] and time.monotonic() < deadline:
             try:
-                attacker.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                        completion_window="24h")
+                attacker.batches.create(
+                    input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+                )
             except openai.APIStatusError:
                 pass
             time.sleep(0.2)

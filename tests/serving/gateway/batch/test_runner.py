@@ -23,15 +23,18 @@ from tests.support.waiting import eventually
 
 
 def chat_line(custom_id: str) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    }
 
 
 def create_batch(client: openai.OpenAI, ids: list[str]):
     content = "".join(json.dumps(chat_line(i)) + "\n" for i in ids).encode()
     uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
-    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                 completion_window="24h")
+    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
 
 
 def run_batch(client: openai.OpenAI, ids: list[str], until: set[str]):
@@ -40,8 +43,11 @@ def run_batch(client: openai.OpenAI, ids: list[str], until: set[str]):
 
 def samples(metrics_url: str) -> dict[tuple[str, tuple], float]:
     text = httpx.get(f"{metrics_url}/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def interactive_key(redis_url: str, tenant: str) -> str:
@@ -73,10 +79,14 @@ def test_lines_run_at_the_lowest_tier_billed_to_the_tenant(start_gateway, redis_
     assert {json.loads(s.body)["priority"] for s in recorded.seen} == {2}  # batch: the third of three tiers
     assert seen[("llmstack_gateway_batch_lines_total", (("outcome", "queued"), ("tenant", "metered-co")))] == 5
     assert seen[("llmstack_gateway_batch_lines_total", (("outcome", "completed"), ("tenant", "metered-co")))] == 5
-    assert seen[("llmstack_gateway_requests_total", (("model", "tiny"), ("status", "200"),
-                                                     ("tenant", "metered-co")))] == 5 + 1
-    assert seen[("llmstack_gateway_tokens_total", (("kind", "completion"), ("model", "tiny"),
-                                                   ("tenant", "metered-co")))] == 6 * 3  # the upstream's usage
+    assert (
+        seen[("llmstack_gateway_requests_total", (("model", "tiny"), ("status", "200"), ("tenant", "metered-co")))]
+        == 5 + 1
+    )
+    assert (
+        seen[("llmstack_gateway_tokens_total", (("kind", "completion"), ("model", "tiny"), ("tenant", "metered-co")))]
+        == 6 * 3
+    )  # the upstream's usage
 
 
 def test_revoking_the_key_stops_its_batch(start_gateway, redis_server, recorded) -> None:
@@ -93,8 +103,9 @@ def test_revoking_the_key_stops_its_batch(start_gateway, redis_server, recorded)
         ids = [f"r-{n}" for n in range(200)]
         content = "".join(json.dumps(chat_line(i)) + "\n" for i in ids).encode()
         uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
-        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         deadline = time.monotonic() + HANG_BOUND_S
         while (client.batches.retrieve(batch.id).request_counts.completed or 0) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -108,9 +119,12 @@ def test_revoking_the_key_stops_its_batch(start_gateway, redis_server, recorded)
                 await store.aclose()
 
         asyncio.run(revoke())
-        owner = openai.OpenAI(base_url=f"{api}/v1", api_key=create_key_sync(redis_server.url, "revoked-co", "reader",
-                                                                             limits=GENEROUS),
-                              max_retries=0, timeout=HANG_BOUND_S)
+        owner = openai.OpenAI(
+            base_url=f"{api}/v1",
+            api_key=create_key_sync(redis_server.url, "revoked-co", "reader", limits=GENEROUS),
+            max_retries=0,
+            timeout=HANG_BOUND_S,
+        )
         while (done := owner.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < deadline:
             time.sleep(0.05)
         errors = [json.loads(x) for x in owner.files.content(str(done.error_file_id)).text.splitlines()]
@@ -154,8 +168,9 @@ def test_the_group_forgets_processes_gone_without_lines_and_keeps_their_lines(re
 
 
 @pytest.mark.parametrize("small_tenant", ["fair-co", "other-co"], ids=["same-tenant", "another-tenant"])
-def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, redis_server, recorded,
-                                                                 small_tenant) -> None:
+def test_a_small_batch_created_after_a_big_one_runs_alongside_it(
+    start_gateway, redis_server, recorded, small_tenant
+) -> None:
     # The upstream holds every line until both batches are enqueued, so the big one has the
     # workers and its lines all wait before the small one arrives: first in, first out would
     # finish the big one first.
@@ -169,18 +184,22 @@ def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, 
         return default_answer(seen)
 
     recorded.answer = gated
-    big_key, small_key = (create_key_sync(redis_server.url, tenant, "batch", limits=GENEROUS)
-                          for tenant in ("fair-co", small_tenant))
+    big_key, small_key = (
+        create_key_sync(redis_server.url, tenant, "batch", limits=GENEROUS) for tenant in ("fair-co", small_tenant)
+    )
     plain = redis.Redis.from_url(redis_server.url, decode_responses=True)
 
     def enqueued(batch_id: str) -> bool:
-        return eventually(lambda: json.loads(plain.hget(batch_key(batch_id), "enqueued") or "false"),
-                          f"batch {batch_id} enqueued")
+        return eventually(
+            lambda: json.loads(plain.hget(batch_key(batch_id), "enqueued") or "false"), f"batch {batch_id} enqueued"
+        )
 
     try:
         with start_gateway(batch={"workers": 2}) as (api, _):
-            big_client, small_client = (openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0,
-                                                      timeout=HANG_BOUND_S) for key in (big_key, small_key))
+            big_client, small_client = (
+                openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+                for key in (big_key, small_key)
+            )
             big = create_batch(big_client, [f"big-{n}" for n in range(60)])
             assert enqueued(big.id)
             small = create_batch(small_client, [f"small-{n}" for n in range(3)])
@@ -203,7 +222,8 @@ def test_a_small_batch_created_after_a_big_one_runs_alongside_it(start_gateway, 
     assert big_meanwhile.status == "in_progress" and big_meanwhile.request_counts is not None
     assert big_meanwhile.request_counts.completed <= 30  # first in, first out: 58 or more
     assert big_done.status == "completed" and sorted(line["custom_id"] for line in output) == sorted(
-        f"big-{n}" for n in range(60))
+        f"big-{n}" for n in range(60)
+    )
     assert left == 0 and big.id not in rotation  # a retired batch's stream goes, and it leaves the rotation
 
 
@@ -212,25 +232,34 @@ def test_a_rate_limited_tenant_does_not_hold_the_workers(start_gateway, redis_se
     # its burst of 6, 4 lines run, the 6 others are refused by its rate for ~10 s each. Another
     # tenant's 1-line batch created once the refusals began must run before any of those: a
     # worker that slept on a refused line held one of the 2 workers for each.
-    throttled = create_key_sync(redis_server.url, "throttled-co", "batch",
-                                limits={**GENEROUS, "requests_per_minute": 6})
+    throttled = create_key_sync(
+        redis_server.url, "throttled-co", "batch", limits={**GENEROUS, "requests_per_minute": 6}
+    )
     reader = create_key_sync(redis_server.url, "throttled-co", "reader", limits=GENEROUS)
     prompt = create_key_sync(redis_server.url, "prompt-co", "batch", limits=GENEROUS)
 
     def line(custom_id: str) -> dict:
-        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": "tiny", "messages": [{"role": "user", "content": custom_id}], "max_tokens": 4}}
+        return {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": custom_id}], "max_tokens": 4},
+        }
 
     def batch_of(client: openai.OpenAI, ids: list[str]):
-        uploaded = client.files.create(file=("in.jsonl", "".join(json.dumps(line(i)) + "\n" for i in ids).encode()),
-                                       purpose="batch")
-        return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                     completion_window="24h")
+        uploaded = client.files.create(
+            file=("in.jsonl", "".join(json.dumps(line(i)) + "\n" for i in ids).encode()), purpose="batch"
+        )
+        return client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
 
     refused = ("llmstack_gateway_rate_limited_total", (("limit", "requests"), ("mode", "enforced")))
     with start_gateway(batch={"workers": 2}) as (api, metrics):
-        a_client, a_reader, b_client = (openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0,
-                                                      timeout=HANG_BOUND_S) for key in (throttled, reader, prompt))
+        a_client, a_reader, b_client = (
+            openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
+            for key in (throttled, reader, prompt)
+        )
         a = batch_of(a_client, [f"a-{n}" for n in range(10)])
         deadline = time.monotonic() + HANG_BOUND_S
         while samples(metrics).get(refused, 0) < 1 and time.monotonic() < deadline:
@@ -243,7 +272,7 @@ def test_a_rate_limited_tenant_does_not_hold_the_workers(start_gateway, redis_se
         a_reader.batches.cancel(a.id)
         batch_reaching(a_reader, a.id, {"cancelled"})
     assert b_done.status == "completed"
-    a_before_b = [c for c in contents[:contents.index("b-0")] if c.startswith("a-")]
+    a_before_b = [c for c in contents[: contents.index("b-0")] if c.startswith("a-")]
     assert len(a_before_b) <= 4  # A's burst only: none of its refused lines ran before B's line
     assert a_meanwhile.status == "in_progress" and a_meanwhile.request_counts is not None
     assert a_meanwhile.request_counts.completed <= 4  # and A's refused lines wait, not fail

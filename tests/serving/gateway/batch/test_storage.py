@@ -15,7 +15,7 @@ async def round_trip(storage) -> None:
     await storage.put("file-a", b'{"x": 2}\n')  # a redone write replaces
     assert await storage.get("file-a") == b'{"x": 2}\n'
     assert await storage.get_range("file-a", 2, 3) == b'x":'  # one line's body of a lines file
-    assert [chunk async for chunk in storage.chunks("file-a", 4)] == [b'{"x"', b': 2}', b"\n"]
+    assert [chunk async for chunk in storage.chunks("file-a", 4)] == [b'{"x"', b": 2}", b"\n"]
     await storage.delete("file-a")
     await storage.delete("file-a")  # already gone: no error
     with pytest.raises(StorageError):
@@ -45,8 +45,7 @@ def test_s3_under_a_prefix(monkeypatch) -> None:
         storage = storage_for("s3://models/batches/")
         assert isinstance(storage, S3Storage)
         asyncio.run(storage.put("file-b", b"line\n"))
-        assert [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="models")["Contents"]] == [
-            "batches/file-b"]
+        assert [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="models")["Contents"]] == ["batches/file-b"]
         asyncio.run(round_trip(storage))
         with pytest.raises(StorageError, match="s3://nope/batches/file-c"):
             asyncio.run(storage_for("s3://nope/batches").get("file-c"))

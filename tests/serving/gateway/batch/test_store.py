@@ -90,8 +90,9 @@ def test_lines_left_in_the_single_stream_of_an_earlier_version_move_to_their_bat
             store = BatchStore(client)
             await client.sadd(ACTIVE, "old-running")  # "old-final" is no longer active: its line is dropped
             for batch_id, custom_id in (("old-running", "x"), ("old-final", "y"), ("old-running", "z")):
-                await client.xadd(LEGACY_STREAM, {"batch": batch_id, "tenant": "acme", "custom_id": custom_id,
-                                                  "body": "{}"})
+                await client.xadd(
+                    LEGACY_STREAM, {"batch": batch_id, "tenant": "acme", "custom_id": custom_id, "body": "{}"}
+                )
             moved = await store.adopt_legacy_lines("me")
             claimed = []
             while (line := (await store.claim("w"))[0]) is not None:

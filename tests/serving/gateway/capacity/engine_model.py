@@ -52,8 +52,9 @@ class Window:
     state_after: CapacityState
 
 
-def simulate(model: ModelCapacity, prompt_tokens: list[int], *, seed: int, demand: int = 80,
-             tuning: Tuning = Tuning()) -> list[Window]:
+def simulate(
+    model: ModelCapacity, prompt_tokens: list[int], *, seed: int, demand: int = 80, tuning: Tuning = Tuning()
+) -> list[Window]:
     """One window per entry of `prompt_tokens` (the prompt length during that window)."""
     rng = random.Random(seed)
     state = initial_state(model)
@@ -64,8 +65,9 @@ def simulate(model: ModelCapacity, prompt_tokens: list[int], *, seed: int, deman
         admitted = min(state.slots, demand)
         in_flight = admitted if admitted >= in_flight else max(admitted, math.floor(in_flight / 2))
         ttft, itl = Histogram(), Histogram()
-        ttft.extend(mean_ttft_ms(in_flight, prompt) * rng.lognormvariate(0, NOISE_SIGMA)
-                    for _ in range(max(1, in_flight // 2)))
+        ttft.extend(
+            mean_ttft_ms(in_flight, prompt) * rng.lognormvariate(0, NOISE_SIGMA) for _ in range(max(1, in_flight // 2))
+        )
         itl.extend(mean_itl_ms(in_flight) * rng.lognormvariate(0, NOISE_SIGMA) for _ in range(20 * in_flight))
         recent[index] = WindowCounts(ttft.counts, itl.counts, in_flight)
         recent.pop(index - tuning.max_windows, None)
@@ -79,20 +81,30 @@ def figures(seeds: tuple[int, ...] = (1, 2, 3, 7, 11, 13, 17, 19)) -> list[str]:
     """The simulation's figures: 60 windows of 1,000-token prompts, 60 of 10,000, 60 of 1,000 again,
     against a 400 ms p90 TTFT / 50 ms p90 ITL target, capacity 2..64."""
     model = ModelCapacity(ttft_ms=400, itl_ms=50, percentile=90, min_slots=2, max_slots=64)
-    lines = [f"knee (most in flight within target): {most_in_flight_within(400, 1000):.1f} at 1,000-token prompts, "
-             f"{most_in_flight_within(400, 10_000):.1f} at 10,000"]
+    lines = [
+        f"knee (most in flight within target): {most_in_flight_within(400, 1000):.1f} at 1,000-token prompts, "
+        f"{most_in_flight_within(400, 10_000):.1f} at 10,000"
+    ]
     for seed in seeds:
         trace = simulate(model, [1000] * 60 + [10_000] * 60 + [1000] * 60, seed=seed)
         band = [w.capacity for w in trace[20:60]]
-        fell = next(w.index for w in trace[60:] if true_p90_ttft_ms(w.in_flight, 10_000) <= 400
-                    or w.capacity == model.min_slots) - 60
-        long_band = [w.capacity for w in trace[60 + fell:120]]
+        fell = (
+            next(
+                w.index
+                for w in trace[60:]
+                if true_p90_ttft_ms(w.in_flight, 10_000) <= 400 or w.capacity == model.min_slots
+            )
+            - 60
+        )
+        long_band = [w.capacity for w in trace[60 + fell : 120]]
         back = next(w.index for w in trace[120:] if w.capacity >= min(band)) - 120
-        late = [w.capacity for w in trace[120 + back:]]
-        lines.append(f"seed {seed}: settled {min(band)}-{max(band)} ({sum(a != b for a, b in zip(band, band[1:]))} "
-                     f"moves in 40 windows); 10x prompts: within target after {fell} windows, then "
-                     f"{min(long_band)}-{max(long_band)}; back in the band {back} windows after they shrink, "
-                     f"then {min(late)}-{max(late)}")
+        late = [w.capacity for w in trace[120 + back :]]
+        lines.append(
+            f"seed {seed}: settled {min(band)}-{max(band)} ({sum(a != b for a, b in zip(band, band[1:]))} "
+            f"moves in 40 windows); 10x prompts: within target after {fell} windows, then "
+            f"{min(long_band)}-{max(long_band)}; back in the band {back} windows after they shrink, "
+            f"then {min(late)}-{max(late)}"
+        )
     return lines
 
 

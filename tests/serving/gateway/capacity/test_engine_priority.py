@@ -31,8 +31,13 @@ def test_a_tenant_alone_holds_no_more_than_half_before_it_counts_as_over():
 
 
 @settings(max_examples=examples(fast=300, deep=5000), deadline=None)
-@given(rank=st.integers(0, 8), held=st.integers(0, 10_000), capacity=st.integers(0, 10_000),
-       holders=st.integers(0, 1000), more=st.integers(0, 10_000))
+@given(
+    rank=st.integers(0, 8),
+    held=st.integers(0, 10_000),
+    capacity=st.integers(0, 10_000),
+    holders=st.integers(0, 1000),
+    more=st.integers(0, 10_000),
+)
 def test_priority_orders_by_tier_then_by_what_the_tenant_holds(rank, held, capacity, holders, more):
     priority = engine_priority(rank, held, capacity, holders)
     assert rank * SHARE_BANDS <= priority < (rank + 1) * SHARE_BANDS

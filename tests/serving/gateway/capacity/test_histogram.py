@@ -23,8 +23,7 @@ def test_a_sample_counts_in_the_bucket_whose_range_holds_it(value):
 
 
 @settings(max_examples=examples(fast=200, deep=2000))
-@given(st.lists(ms, min_size=1, max_size=200), st.lists(ms, max_size=200),
-       st.floats(min_value=1, max_value=99.9))
+@given(st.lists(ms, min_size=1, max_size=200), st.lists(ms, max_size=200), st.floats(min_value=1, max_value=99.9))
 def test_the_percentile_of_merged_counts_is_the_pooled_samples_within_one_bucket(first, second, percentile):
     a, b = Histogram(), Histogram()
     a.extend(first)

@@ -53,8 +53,11 @@ def test_tenfold_prompts_cut_the_capacity_and_shorter_ones_bring_it_back(seed):
     before = [w.capacity for w in trace[30:60]]
     # Falls: within 10 windows the engine meets the target again (or the floor is reached), and
     # stays within it while the prompts stay long.
-    met = next(w.index for w in trace[60:] if true_p90_ttft_ms(w.in_flight, LONG) <= MODEL.ttft_ms
-               or w.capacity == MODEL.min_slots)
+    met = next(
+        w.index
+        for w in trace[60:]
+        if true_p90_ttft_ms(w.in_flight, LONG) <= MODEL.ttft_ms or w.capacity == MODEL.min_slots
+    )
     assert met - 60 <= 10
     long_run = trace[met:120]
     assert all(w.capacity <= math.ceil(most_in_flight_within(MODEL.ttft_ms, LONG)) + 1 for w in long_run)
@@ -134,9 +137,15 @@ latency = st.none() | st.floats(min_value=0.1, max_value=1e6, allow_nan=False)
 
 
 @settings(max_examples=examples(fast=300, deep=5000), deadline=None)
-@given(low=st.integers(1, 64), span=st.integers(0, 256), slots=st.integers(-10, 400),
-       ttft=latency, itl=latency, peak=st.floats(min_value=0, max_value=1000, allow_nan=False),
-       adaptive=st.booleans())
+@given(
+    low=st.integers(1, 64),
+    span=st.integers(0, 256),
+    slots=st.integers(-10, 400),
+    ttft=latency,
+    itl=latency,
+    peak=st.floats(min_value=0, max_value=1000, allow_nan=False),
+    adaptive=st.booleans(),
+)
 def test_the_capacity_never_leaves_its_bounds_and_moves_by_bounded_steps(low, span, slots, ttft, itl, peak, adaptive):
     model = MODEL.model_copy(update={"min_slots": low, "max_slots": low + span, "adaptive": adaptive})
     tuning = Tuning()
@@ -156,8 +165,11 @@ def test_the_capacity_never_leaves_its_bounds_and_moves_by_bounded_steps(low, sp
 
 
 @settings(max_examples=examples(fast=100, deep=1000), deadline=None)
-@given(st.lists(st.tuples(latency, latency, st.floats(min_value=0, max_value=500, allow_nan=False)),
-                min_size=1, max_size=60))
+@given(
+    st.lists(
+        st.tuples(latency, latency, st.floats(min_value=0, max_value=500, allow_nan=False)), min_size=1, max_size=60
+    )
+)
 def test_any_sequence_of_windows_keeps_the_capacity_within_bounds(windows):
     state = initial_state(MODEL)
     for index, (ttft, itl, peak) in enumerate(windows):

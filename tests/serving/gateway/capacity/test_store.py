@@ -34,8 +34,10 @@ NOTHING = WindowReport({}, {}, 0)
 
 
 def two_gateways(url: str, model: str, **options) -> tuple[CapacityStore, CapacityStore]:
-    return (CapacityStore(url, {model: TARGETS}, window_s=WINDOW_S, **options),
-            CapacityStore(url, {model: TARGETS}, window_s=WINDOW_S, **options))
+    return (
+        CapacityStore(url, {model: TARGETS}, window_s=WINDOW_S, **options),
+        CapacityStore(url, {model: TARGETS}, window_s=WINDOW_S, **options),
+    )
 
 
 async def decided(store: CapacityStore, model: str, move: Move) -> bool:
@@ -45,10 +47,12 @@ async def decided(store: CapacityStore, model: str, move: Move) -> bool:
 
 async def ticking(stores, model: str, until, what: str, replicas: int = 1):
     """Every store ticks with no new samples until `until()` holds (the windows keep closing)."""
+
     async def check():
         for store in stores:
             await store.tick(model, NOTHING, replicas=replicas)
         return await until()
+
     return await eventually_async(check, what, poll_s=WINDOW_S / 4)
 
 
@@ -96,8 +100,9 @@ def test_one_gateway_runs_the_law_per_window_and_only_the_lease_holder_stores(re
         a, b = two_gateways(redis_server.url, model, lease_s=60)  # a claimant that stalls keeps it
         try:
             # Ticks in the same window: the first claims the closed window, the other is told no.
-            replies = await asyncio.gather(a._call(model, "tick", 0, a.owner, 60_000, 8),
-                                           b._call(model, "tick", 0, b.owner, 60_000, 8))
+            replies = await asyncio.gather(
+                a._call(model, "tick", 0, a.owner, 60_000, 8), b._call(model, "tick", 0, b.owner, 60_000, 8)
+            )
             assert sorted(int(r[0]) for r in replies) == [0, 1]
             winner, loser = (a, b) if int(replies[0][0]) == 1 else (b, a)
             closed = int(next(r for r in replies if int(r[0]) == 1)[5])
@@ -175,10 +180,13 @@ def test_the_recorder_times_first_tokens_and_gaps_of_served_models_only():
 
 def test_two_gateway_processes_timing_slow_streams_agree_on_a_lower_capacity(redis_server):
     """What the relay and the fair queue will call: stream timers in, capacity per replica out."""
+
     async def scenario() -> None:
         model = fresh_model()
-        gateways = [AdaptiveCapacity(redis_server.url, {model: TARGETS}, replicas=lambda _: 1, window_s=WINDOW_S)
-                    for _ in range(2)]
+        gateways = [
+            AdaptiveCapacity(redis_server.url, {model: TARGETS}, replicas=lambda _: 1, window_s=WINDOW_S)
+            for _ in range(2)
+        ]
         for gateway in gateways:
             await gateway.start()
         try:

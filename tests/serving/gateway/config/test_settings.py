@@ -26,17 +26,22 @@ def test_the_rendered_deployment_env_loads(example_stack):
     assert settings.default_limits.model_dump() == example_stack.gateway.default_limits.model_dump()
 
 
-@pytest.mark.parametrize(("env", "named"), [
-    ({}, "LLMSTACK_UPSTREAM_URL"),
-    ({"LLMSTACK_UPSTREAM_URL": "serve:8000"}, "LLMSTACK_UPSTREAM_URL"),
-    ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": "{port: 1"}, "LLMSTACK_GATEWAY_SETTINGS"),
-    ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": '{"prot": 1}'}, "'prot'"),
-    ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": '{"redis_url": "redis://x"}'},
-     "LLMSTACK_REDIS_URL"),
-    ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_PORT": "eighty"}, "LLMSTACK_GATEWAY_PORT"),
-    ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_REDIS_URL": "http://not-redis"}, "LLMSTACK_REDIS_URL"),
-    ({"LLMSTACK_UPSTREAM_URL": "http://serve:8000/v1"}, "LLMSTACK_UPSTREAM_URL"),
-])
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, "LLMSTACK_UPSTREAM_URL"),
+        ({"LLMSTACK_UPSTREAM_URL": "serve:8000"}, "LLMSTACK_UPSTREAM_URL"),
+        ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": "{port: 1"}, "LLMSTACK_GATEWAY_SETTINGS"),
+        ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": '{"prot": 1}'}, "'prot'"),
+        (
+            {"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": '{"redis_url": "redis://x"}'},
+            "LLMSTACK_REDIS_URL",
+        ),
+        ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_PORT": "eighty"}, "LLMSTACK_GATEWAY_PORT"),
+        ({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_REDIS_URL": "http://not-redis"}, "LLMSTACK_REDIS_URL"),
+        ({"LLMSTACK_UPSTREAM_URL": "http://serve:8000/v1"}, "LLMSTACK_UPSTREAM_URL"),
+    ],
+)
 def test_bad_settings_name_the_variable(env, named):
     with pytest.raises(SettingsError, match=re.escape(named)) as caught:
         load_settings(env)

@@ -20,9 +20,14 @@ pytestmark = pytest.mark.slow  # starts gateway processes
 
 
 def env_for(upstream: str, redis_url: str, port: int, metrics_port: int) -> dict[str, str]:
-    return {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_HOST": "127.0.0.1",
-            "LLMSTACK_GATEWAY_PORT": str(port), "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
-            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]})}
+    return {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_HOST": "127.0.0.1",
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
+    }
 
 
 def test_metrics_and_readiness_are_only_on_the_metrics_port(recording_upstream, redis_server, key, tmp_path):
@@ -54,8 +59,12 @@ def test_a_metrics_port_in_use_stops_the_start_naming_it(recording_upstream, red
 
 
 def dev_env(upstream: str, port: int) -> dict[str, str]:
-    return {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": "", "LLMSTACK_GATEWAY_PORT": str(port),
-            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port())}
+    return {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": "",
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+    }
 
 
 def test_the_dev_key_file_is_never_written_through_a_symlink(recording_upstream, tmp_path):
@@ -64,8 +73,9 @@ def test_the_dev_key_file_is_never_written_through_a_symlink(recording_upstream,
     elsewhere.chmod(0o644)
     key_file = tmp_path / "dev.key"
     key_file.symlink_to(elsewhere)
-    with gateway_process(dev_env(recording_upstream.url, free_port()), tmp_path / "gw.log", "--dev-key-file",
-                         str(key_file)) as process:
+    with gateway_process(
+        dev_env(recording_upstream.url, free_port()), tmp_path / "gw.log", "--dev-key-file", str(key_file)
+    ) as process:
         assert process.wait(HANG_BOUND_S) == 2
     assert elsewhere.read_text() == "untouched\n"  # the old gateway wrote the key through the link
     assert "symlink" in (tmp_path / "gw.log").read_text()
@@ -76,8 +86,9 @@ def test_an_existing_dev_key_file_becomes_owner_only(recording_upstream, tmp_pat
     key_file.write_text("an old key\n")
     key_file.chmod(0o644)
     port = free_port()
-    with gateway_process(dev_env(recording_upstream.url, port), tmp_path / "gw.log", "--dev-key-file",
-                         str(key_file)) as process:
+    with gateway_process(
+        dev_env(recording_upstream.url, port), tmp_path / "gw.log", "--dev-key-file", str(key_file)
+    ) as process:
         wait_answering(f"http://127.0.0.1:{port}/healthz", process)
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # the old gateway kept 0644
         assert key_file.read_text().startswith("sk-llm-")

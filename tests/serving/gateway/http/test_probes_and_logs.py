@@ -61,7 +61,8 @@ def test_access_log_has_key_id_never_key_or_prompt(fake_upstream_gateway, api_ke
     monkeypatch.setattr(access, "propagate", True)
     caplog.set_level(logging.INFO, logger="llmstack.gateway.access")
     client(fake_upstream_gateway, api_key).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "secret prompt text"}])
+        model="tiny", messages=[{"role": "user", "content": "secret prompt text"}]
+    )
     # The access line is written after the last body byte is sent, so the client can finish
     # first: wait for it (bounded), rather than racing the server thread.
     mine: list[dict] = []
@@ -76,8 +77,11 @@ def test_access_log_has_key_id_never_key_or_prompt(fake_upstream_gateway, api_ke
     assert api_key not in caplog.text and "secret prompt text" not in caplog.text
     caplog.clear()
     huge = "m" * 3000  # a model name is body data: the log keeps 200 characters of it
-    httpx.post(f"{fake_upstream_gateway}/v1/chat/completions", json={"model": huge, "messages": []},
-               headers={"Authorization": f"Bearer {api_key}"})
+    httpx.post(
+        f"{fake_upstream_gateway}/v1/chat/completions",
+        json={"model": huge, "messages": []},
+        headers={"Authorization": f"Bearer {api_key}"},
+    )
     for _ in range(100):
         logged = [json.loads(r.getMessage())["model"] for r in caplog.records if r.name == "llmstack.gateway.access"]
         if logged:
@@ -93,8 +97,10 @@ def test_client_leaving_while_sending_its_body_is_logged_as_499(fake_upstream_ga
     caplog.set_level(logging.INFO, logger="llmstack.gateway.access")
     host, port = fake_upstream_gateway.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:  # promises 1000 bytes, sends 10, leaves
-        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n"
-                     "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":".encode())
+        sock.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n"
+            'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model":'.encode()
+        )
         time.sleep(0.2)
     deadline = time.monotonic() + HANG_BOUND_S
     while time.monotonic() < deadline and not any('"status": 499' in r.getMessage() for r in caplog.records):

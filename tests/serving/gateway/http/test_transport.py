@@ -38,8 +38,11 @@ def connect(base_url: str, source: str = "127.0.0.1") -> socket.socket:
 
 def start_post(sock: socket.socket, key: str, length: int, first: bytes) -> None:
     """Headers promising `length` body bytes, then only `first`."""
-    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode() + first)
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
+        + first
+    )
 
 
 def status_of(sock: socket.socket) -> int:
@@ -88,8 +91,11 @@ def test_a_trickled_body_gets_408_though_every_byte_is_on_time(start_gateway, re
 
 def test_a_whole_body_in_time_is_served(start_gateway, recorded, key):
     with start_gateway(body_timeout_s=5) as (gateway, _):
-        response = httpx.post(f"{gateway}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        response = httpx.post(
+            f"{gateway}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert response.status_code == 200 and len(recorded.seen) == 1
 
 
@@ -104,8 +110,9 @@ def test_connections_past_the_cap_get_503_and_cost_nothing(start_gateway, record
         assert refused.status_code == 503  # the old gateway took every connection it was offered
         held.close()
         deadline = time.monotonic() + HANG_BOUND_S
-        while (served := httpx.post(f"{gateway}/v1/chat/completions", headers=auth, json=body,
-                                    timeout=HANG_BOUND_S)).status_code == 503 and time.monotonic() < deadline:
+        while (
+            served := httpx.post(f"{gateway}/v1/chat/completions", headers=auth, json=body, timeout=HANG_BOUND_S)
+        ).status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.05)  # the server notices the closed sockets on its next loop turns
         assert served.status_code == 200
     assert len(recorded.seen) == 1  # only the one served after the slow ones left
@@ -174,11 +181,13 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(public
 def test_a_slow_client_within_the_deadlines_is_served(public_port, recorded, key):
     """The other side of the bound: headers in pieces, well inside the deadline, then the body."""
     body = json.dumps(CHAT).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with public_port(Edge(header_timeout_s=10)) as edge, connect(edge.url) as sock:
         for start in range(0, len(head), 40):
-            sock.sendall(head[start:start + 40])
+            sock.sendall(head[start : start + 40])
             time.sleep(0.05)
         sock.sendall(body)
         assert status_of(sock) == 200
@@ -190,8 +199,10 @@ def test_idle_connections_past_the_per_address_cap_are_refused_and_others_are_se
     another address (the kubelet's node, another client) still gets /healthz and its answers.
     The gateway's own connection cap (3) is not touched by connections that sent no request."""
     auth = {"Authorization": f"Bearer {key}"}
-    with (public_port(Edge(max_connections_per_client=3, header_timeout_s=HANG_BOUND_S), max_connections=3) as edge,
-          ExitStack() as held):
+    with (
+        public_port(Edge(max_connections_per_client=3, header_timeout_s=HANG_BOUND_S), max_connections=3) as edge,
+        ExitStack() as held,
+    ):
         idle = [held.enter_context(connect(edge.url)) for _ in range(3)]
         assert all(sock.fileno() >= 0 for sock in idle)
         try:
@@ -211,11 +222,13 @@ def test_idle_connections_past_the_per_address_cap_are_refused_and_others_are_se
 def test_oversized_headers_get_431_and_megabytes_of_them_hold_no_memory(public_port, recorded, key):
     auth = {"Authorization": f"Bearer {key}"}
     with public_port(Edge(max_header_bytes=16_384)) as edge:
-        within = httpx.post(f"{edge.url}/v1/chat/completions", json=CHAT, timeout=HANG_BOUND_S,
-                            headers={**auth, "X-Pad": "a" * 15_000})
+        within = httpx.post(
+            f"{edge.url}/v1/chat/completions", json=CHAT, timeout=HANG_BOUND_S, headers={**auth, "X-Pad": "a" * 15_000}
+        )
         assert within.status_code == 200  # the other side of the bound
-        over = httpx.post(f"{edge.url}/v1/chat/completions", json=CHAT, timeout=HANG_BOUND_S,
-                          headers={**auth, "X-Pad": "a" * 20_000})
+        over = httpx.post(
+            f"{edge.url}/v1/chat/completions", json=CHAT, timeout=HANG_BOUND_S, headers={**auth, "X-Pad": "a" * 20_000}
+        )
         assert over.status_code == 431  # the old gateway served it
         assert over.json()["error"]["code"] == "request_header_fields_too_large"
 
@@ -255,8 +268,11 @@ def test_a_stream_flows_through_the_edge_chunk_by_chunk(upstream, redis_server, 
     with serving_gateway(settings) as (api, _), edge_in_front(api, Edge(header_timeout_s=1), tmp_path) as edge:
         client = OpenAI(base_url=f"{edge.url}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
         stream = client.chat.completions.create(
-            model="tiny", stream=True, stream_options={"include_usage": True},
-            messages=[{"role": "user", "content": '#stub {"id": "edge-stream", "tokens": 6, "per_chunk": 1}'}])
+            model="tiny",
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": '#stub {"id": "edge-stream", "tokens": 6, "per_chunk": 1}'}],
+        )
         chunks = list(stream)
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 6
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
@@ -273,8 +289,11 @@ def test_behind_the_load_balancer_the_cap_counts_the_address_in_the_proxy_header
         return sock
 
     edge_settings = Edge(max_connections_per_client=2, header_timeout_s=HANG_BOUND_S)
-    with (start_gateway() as (api, _), edge_in_front(api, edge_settings, tmp_path, proxy_protocol=True) as edge,
-          ExitStack() as held):
+    with (
+        start_gateway() as (api, _),
+        edge_in_front(api, edge_settings, tmp_path, proxy_protocol=True) as edge,
+        ExitStack() as held,
+    ):
         for _ in range(2):
             held.enter_context(via_nlb(edge, "203.0.113.7"))
         time.sleep(0.2)  # both sessions registered (no timing is asserted)

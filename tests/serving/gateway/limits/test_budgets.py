@@ -30,12 +30,15 @@ from serving.gateway.limits.budgets import (
 UTC = timezone.utc
 # How an admit script uses the budget: check, refuse with the scope, or charge the reservation.
 # KEYS[1]: spend_key; ARGV: key_id, cost, key budget, tenant budget (nano-USD), expire_at.
-ADMIT = BUDGET_LUA + """
+ADMIT = (
+    BUDGET_LUA
+    + """
 local r = budget_check(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 if r[1] ~= '' then return {0, r[1], r[2], r[3]} end
 budget_charge(KEYS[1], ARGV[1], ARGV[2], ARGV[5])
 return {1, '', r[2], r[3]}
 """
+)
 # Settlement: billed cost minus reserved cost (negative refunds), into the month charged.
 SETTLE = BUDGET_LUA + "budget_charge(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) return 1"
 RATE = Decimal("0.25")  # USD per 1M tokens
@@ -64,12 +67,17 @@ def test_dollars_and_tokens_at_a_rate():
         tokens_for_usd(Decimal("1"), Decimal("0"))
 
 
-
-
-
 def admit(empty_redis, key_id: str, tokens: int, key_budget_usd: str = "0", tenant_budget_usd: str = "0") -> list:
-    return empty_redis.eval(ADMIT, 1, spend_key("acme", "2026-11"), key_id, cost_nano_usd(tokens, RATE),
-                   nano_usd(Decimal(key_budget_usd)), nano_usd(Decimal(tenant_budget_usd)), spend_expire_at("2026-11"))
+    return empty_redis.eval(
+        ADMIT,
+        1,
+        spend_key("acme", "2026-11"),
+        key_id,
+        cost_nano_usd(tokens, RATE),
+        nano_usd(Decimal(key_budget_usd)),
+        nano_usd(Decimal(tenant_budget_usd)),
+        spend_expire_at("2026-11"),
+    )
 
 
 def test_key_budget_refuses_then_settlement_refunds(empty_redis):
@@ -118,8 +126,12 @@ print(admitted)
 def test_two_gateway_processes_share_one_budget(empty_redis, redis_server):
     # Two processes race 60 admissions each of $0.25 against one $10 budget: exactly 40 fit.
     key = spend_key("acme", "2026-11")
-    runs = [subprocess.Popen([sys.executable, "-c", CHARGER, redis_server.url, key], cwd=PROJECT_ROOT,
-                             stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHARGER, redis_server.url, key], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     deadline = time.monotonic() + 60
     while empty_redis.get("ready") != "2" and time.monotonic() < deadline:
         time.sleep(0.05)

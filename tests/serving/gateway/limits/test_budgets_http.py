@@ -49,20 +49,43 @@ def chat(url: str, key: str, rid: str, tokens: int, *, max_tokens: int = 50) -> 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
     try:
         return client.chat.completions.create(
-            model="llama", max_tokens=max_tokens,
-            messages=[{"role": "user", "content": directive(id=rid, tokens=tokens) + "\nHow big is a KV cache?"}])
+            model="llama",
+            max_tokens=max_tokens,
+            messages=[{"role": "user", "content": directive(id=rid, tokens=tokens) + "\nHow big is a KV cache?"}],
+        )
     finally:
         client.close()
 
 
 def bench(path: Path) -> Path:
     """`llmctl bench --out` of the test model: 10 prompt + 10 output tokens/s at concurrency 1."""
-    results = [RequestResult(start=0.0, end=1.0, first_token=0.1, chunk_times=[0.1, 1.0], prompt_tokens=1,
-                             output_tokens=1, requested_output_tokens=1) for _ in range(10)]
-    report = BenchReport(command="llmctl bench", started_at="2026-11-20T10:00:00+00:00", base_url="http://gw/v1",
-                         model="llama", api="chat", mode="concurrency", prompt_tokens="fixed:1",
-                         output_tokens="fixed:1", requests_per_level=10, duration_s_per_level=None, ignore_eos=True,
-                         seed=0, levels=[summarise(results, "concurrency", 1)])
+    results = [
+        RequestResult(
+            start=0.0,
+            end=1.0,
+            first_token=0.1,
+            chunk_times=[0.1, 1.0],
+            prompt_tokens=1,
+            output_tokens=1,
+            requested_output_tokens=1,
+        )
+        for _ in range(10)
+    ]
+    report = BenchReport(
+        command="llmctl bench",
+        started_at="2026-11-20T10:00:00+00:00",
+        base_url="http://gw/v1",
+        model="llama",
+        api="chat",
+        mode="concurrency",
+        prompt_tokens="fixed:1",
+        output_tokens="fixed:1",
+        requests_per_level=10,
+        duration_s_per_level=None,
+        ignore_eos=True,
+        seed=0,
+        levels=[summarise(results, "concurrency", 1)],
+    )
     path.write_text(report.model_dump_json(indent=2))
     return path
 
@@ -70,12 +93,16 @@ def bench(path: Path) -> Path:
 def most_reserved() -> int:
     """Tokens one request of the budget test reserves at most (serving.gateway.metering.reservation): its
     prompt bound from a body no shorter than the client sends, plus its max_tokens."""
-    document = {"model": "llama", "max_tokens": 30, "messages": [
-        {"role": "user", "content": directive(id="budget-99", tokens=30) + "\nHow big is a KV cache?"}]}
+    document = {
+        "model": "llama",
+        "max_tokens": 30,
+        "messages": [{"role": "user", "content": directive(id="budget-99", tokens=30) + "\nHow big is a KV cache?"}],
+    }
     body_size = len(json.dumps(document).encode())  # spaced JSON: longer than the client's compact body
     output = output_bound(document, "/v1/chat/completions", context_length=None, ceiling=10**6)  # max_tokens: 30
-    return reserve(document, body_size, "/v1/chat/completions", output=output, context_length=None,
-                   template_tokens=0).total
+    return reserve(
+        document, body_size, "/v1/chat/completions", output=output, context_length=None, template_tokens=0
+    ).total
 
 
 def ledger(url: str, tenant: str) -> dict[str, tuple[int, int, int]]:
@@ -99,17 +126,22 @@ def spent(url: str, tenant: str, field: str = "tenant") -> int:
 
 def test_two_tenants_are_billed_and_reported_in_proportion(redis_server, upstream, tmp_path):
     stack = write_stack(tmp_path, "costs", stack_document())
-    keys = {name: create_key_sync(redis_server.url, tenant, name, limits=GENEROUS)
-            for name, tenant in (("a1", "team-a"), ("a2", "team-a"), ("b1", "team-b"))}
+    keys = {
+        name: create_key_sync(redis_server.url, tenant, name, limits=GENEROUS)
+        for name, tenant in (("a1", "team-a"), ("a2", "team-a"), ("b1", "team-b"))
+    }
     sent = {"a1": [("p-a1-1", 120), ("p-a1-2", 80)], "a2": [("p-a2-1", 40)], "b1": [("p-b1-1", 60)]}
-    with running_gateway(upstream.url, redis_server.url, models=["llama"],
-                         model_usd_per_million_tokens={"llama": RATE}) as url:
+    with running_gateway(
+        upstream.url, redis_server.url, models=["llama"], model_usd_per_million_tokens={"llama": RATE}
+    ) as url:
         for name, requests in sent.items():
             for rid, tokens in requests:
                 answer = chat(url, keys[name], rid, tokens, max_tokens=tokens)
                 generated = upstream.generated[rid]
                 assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (
-                    generated["prompt"], generated["completion"]) and generated["completion"] == tokens
+                    generated["prompt"],
+                    generated["completion"],
+                ) and generated["completion"] == tokens
 
     def used(name: str) -> tuple[int, int]:
         rids = [rid for rid, _ in sent[name]]
@@ -123,10 +155,32 @@ def test_two_tenants_are_billed_and_reported_in_proportion(redis_server, upstrea
     assert spent(redis_server.url, "team-a") == sum(cost_nano_usd(sum(used(n)), RATE) for n in ("a1", "a2"))
 
     run = subprocess.run(
-        [sys.executable, "-m", "ops.llmctl.main", "cost", "report", "--stack", str(stack), "--month",
-         month_of(datetime.now(timezone.utc)), "--json", "--redis-url", redis_server.url, "--offline",
-         "--usd-per-hour", "l4=72", "--node-hours", "l4=10", "--bench", str(bench(tmp_path / "bench.json"))],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "ops.llmctl.main",
+            "cost",
+            "report",
+            "--stack",
+            str(stack),
+            "--month",
+            month_of(datetime.now(timezone.utc)),
+            "--json",
+            "--redis-url",
+            redis_server.url,
+            "--offline",
+            "--usd-per-hour",
+            "l4=72",
+            "--node-hours",
+            "l4=10",
+            "--bench",
+            str(bench(tmp_path / "bench.json")),
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     tenants = {t["tenant"]: t for t in report["tenants"]}
@@ -145,11 +199,20 @@ def budget_gateway_process(upstream_url: str, redis_url: str, log: Path) -> Iter
     """`python -m serving.gateway` as a pod runs it (settings from the environment)."""
     port, metrics_port = free_port(), free_port()
     # No chat-template allowance: the reservation stays close to what a request bills.
-    settings = {"models": ["llama"], "model_usd_per_million_tokens": {"llama": str(RATE)},
-                "upstream_idle_timeout_s": 30, "chat_template_tokens": 0}
-    env = {"LLMSTACK_UPSTREAM_URL": upstream_url, "LLMSTACK_REDIS_URL": redis_url,
-           "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings), "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port), "PYTHONPATH": str(PROJECT_ROOT)}
+    settings = {
+        "models": ["llama"],
+        "model_usd_per_million_tokens": {"llama": str(RATE)},
+        "upstream_idle_timeout_s": 30,
+        "chat_template_tokens": 0,
+    }
+    env = {
+        "LLMSTACK_UPSTREAM_URL": upstream_url,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
+        "PYTHONPATH": str(PROJECT_ROOT),
+    }
     with gateway_process({**os.environ, **env}, log) as process:
         try:
             url = f"http://127.0.0.1:{port}"
@@ -167,8 +230,10 @@ def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstr
     budget = Decimal("1.00")
     key = create_key_sync(redis_server.url, "team-c", "tiny-budget", limits={**GENEROUS, "monthly_budget_usd": budget})
     with ExitStack() as stack:
-        urls = [stack.enter_context(budget_gateway_process(upstream.url, redis_server.url, tmp_path / f"gw{i}.log"))
-                for i in range(2)]
+        urls = [
+            stack.enter_context(budget_gateway_process(upstream.url, redis_server.url, tmp_path / f"gw{i}.log"))
+            for i in range(2)
+        ]
 
         def send(n: int) -> tuple[int, str, httpx.Response | None]:
             rid = f"budget-{n}"
@@ -184,8 +249,9 @@ def test_a_monthly_budget_is_shared_by_two_gateway_processes(redis_server, upstr
         refusals = [refusal for _, _, refusal in outcomes if refusal is not None]
         served_by = {n % 2 for n, _, refusal in outcomes if refusal is None}
 
-        billed = sum(cost_nano_usd(upstream.generated[r]["prompt"] + upstream.generated[r]["completion"], RATE)
-                     for r in admitted)
+        billed = sum(
+            cost_nano_usd(upstream.generated[r]["prompt"] + upstream.generated[r]["completion"], RATE) for r in admitted
+        )
         # Every admission fit the budget with its whole reservation, and no request bills more than
         # it reserved: the two replicas together never spend more than the budget. And they stop only
         # when one more reservation no longer fits (the requests after the run are refused): what
@@ -213,13 +279,23 @@ def test_the_ledger_is_written_by_the_settlement_itself(redis_server, upstream):
     the other. An unwritable ledger (a key of another type) cannot keep a slot taken."""
     key = create_key_sync(redis_server.url, "team-d", "ledger", limits={**GENEROUS, "max_concurrent_requests": 1})
     key_id = key_id_of(key)
-    with running_gateway(upstream.url, redis_server.url, models=["llama"],
-                         model_usd_per_million_tokens={"llama": RATE}) as url:
+    with running_gateway(
+        upstream.url, redis_server.url, models=["llama"], model_usd_per_million_tokens={"llama": RATE}
+    ) as url:
         chat(url, key, "l-1", 7)
-        body = {"model": "llama", "max_tokens": 20, "stream": True,
-                "messages": [{"role": "user", "content": directive(id="l-2", tokens=12, pause_after=3)}]}
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=HANG_BOUND_S,
-                          headers={"authorization": f"Bearer {key}"}) as cut:
+        body = {
+            "model": "llama",
+            "max_tokens": 20,
+            "stream": True,
+            "messages": [{"role": "user", "content": directive(id="l-2", tokens=12, pause_after=3)}],
+        }
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json=body,
+            timeout=HANG_BOUND_S,
+            headers={"authorization": f"Bearer {key}"},
+        ) as cut:
             for n, _ in enumerate(cut.iter_lines()):
                 if n >= 4:
                     break  # the client goes away mid-stream
@@ -244,29 +320,54 @@ def test_the_ledger_is_written_by_the_settlement_itself(redis_server, upstream):
 
 
 def test_a_tenant_budget_set_with_llmctl_covers_all_its_keys(redis_server, upstream):
-    run = subprocess.run([sys.executable, "-m", "ops.llmctl.main", "tenants", "set", "team-e", "--redis-url",
-                          redis_server.url, "--monthly-budget-usd", "0.50"],
-                         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ops.llmctl.main",
+            "tenants",
+            "set",
+            "team-e",
+            "--redis-url",
+            redis_server.url,
+            "--monthly-budget-usd",
+            "0.50",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     first, second = (create_key_sync(redis_server.url, "team-e", name, limits=GENEROUS) for name in ("e1", "e2"))
-    with running_gateway(upstream.url, redis_server.url, models=["llama"], chat_template_tokens=0,
-                         model_usd_per_million_tokens={"llama": RATE}) as url:
+    with running_gateway(
+        upstream.url,
+        redis_server.url,
+        models=["llama"],
+        chat_template_tokens=0,
+        model_usd_per_million_tokens={"llama": RATE},
+    ) as url:
         served = 0
         with pytest.raises(openai.RateLimitError) as refused:
             while served < 40:
                 chat(url, first, f"e-{served}", 30, max_tokens=30)
                 served += 1
         error = refused.value.response.json()["error"]
-        assert error["code"] == REFUSAL_CODE and "this API key's tenant (all its keys together) ($0.50)" in \
-            error["message"]
+        assert (
+            error["code"] == REFUSAL_CODE
+            and "this API key's tenant (all its keys together) ($0.50)" in error["message"]
+        )
         assert 0 < served < 40 and spent(redis_server.url, "team-e") <= 500_000_000
         with pytest.raises(openai.RateLimitError):  # the tenant's other key draws on the same budget
             chat(url, second, "e-other", 30, max_tokens=30)
         metrics = httpx.get(f"{url.metrics}/metrics").text
     assert 'llmstack_gateway_model_usd_per_million_tokens{model="llama"} 1000.0' in metrics
     assert 'llmstack_gateway_rate_limited_total{limit="monthly_budget",mode="enforced"} 2.0' in metrics
-    ratio = next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                 if line.startswith('llmstack_gateway_budget_used_ratio{key_id="",tenant="team-e"}'))
+    ratio = next(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('llmstack_gateway_budget_used_ratio{key_id="",tenant="team-e"}')
+    )
     # As the last admission saw it: the refused one, after every earlier request had settled.
     assert ratio == pytest.approx(spent(redis_server.url, "team-e") / 500_000_000) and ratio > 0.5
 
@@ -277,15 +378,21 @@ def test_a_shadow_key_over_its_budget_is_served_and_still_billed(redis_server, u
     async def make() -> str:
         store = RedisKeyStore(redis_server.url)
         try:
-            key, _ = await store.create("team-f", "trial", limits={**GENEROUS, "monthly_budget_usd": Decimal("0.10")},
-                                        shadow=True)
+            key, _ = await store.create(
+                "team-f", "trial", limits={**GENEROUS, "monthly_budget_usd": Decimal("0.10")}, shadow=True
+            )
             return key
         finally:
             await store.aclose()
 
     key = asyncio.run(make())
-    with running_gateway(upstream.url, redis_server.url, models=["llama"], chat_template_tokens=0,
-                         model_usd_per_million_tokens={"llama": RATE}) as url:
+    with running_gateway(
+        upstream.url,
+        redis_server.url,
+        models=["llama"],
+        chat_template_tokens=0,
+        model_usd_per_million_tokens={"llama": RATE},
+    ) as url:
         for n in range(5):
             chat(url, key, f"f-{n}", 30, max_tokens=30)  # never refused: shadow mode only counts
         metrics = httpx.get(f"{url.metrics}/metrics").text

@@ -36,8 +36,12 @@ def shadow_limited_gateway(redis_server, upstream):
 
 def chat(shadow_limited_gateway: str, key: str, text: str = "hi", **fields) -> httpx.Response:
     body = json.dumps({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": text}], **fields})
-    return httpx.post(f"{shadow_limited_gateway}/v1/chat/completions", content=body, timeout=HANG_BOUND_S,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    return httpx.post(
+        f"{shadow_limited_gateway}/v1/chat/completions",
+        content=body,
+        timeout=HANG_BOUND_S,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
 
 
 def set_tenant(redis_url: str, tenant: str, **limits: int) -> None:
@@ -56,12 +60,21 @@ class HeldStream:
     until closed."""
 
     def __init__(self, shadow_limited_gateway: str, key: str, rid: str) -> None:
-        body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 5,
-                           "messages": [{"role": "user", "content": directive(id=rid, pause_after=1)}]})
+        body = json.dumps(
+            {
+                "model": "tiny",
+                "stream": True,
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": directive(id=rid, pause_after=1)}],
+            }
+        )
         self._client = httpx.Client(timeout=HANG_BOUND_S)
-        self._stream = self._client.stream("POST", f"{shadow_limited_gateway}/v1/chat/completions", content=body,
-                                           headers={"Authorization": f"Bearer {key}",
-                                                    "Content-Type": "application/json"})
+        self._stream = self._client.stream(
+            "POST",
+            f"{shadow_limited_gateway}/v1/chat/completions",
+            content=body,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         self.response = self._stream.__enter__()
 
     def close(self) -> None:
@@ -75,8 +88,7 @@ class HeldStream:
 def test_a_tenants_keys_share_its_limits(shadow_limited_gateway, redis_server):
     """The attack: a tenant with k keys had k times every limit."""
     set_tenant(redis_server.url, "shared", requests_per_minute=3)
-    keys = [create_key_sync(redis_server.url, "shared", f"k{i}", limits={"requests_per_minute": 100})
-            for i in range(3)]
+    keys = [create_key_sync(redis_server.url, "shared", f"k{i}", limits={"requests_per_minute": 100}) for i in range(3)]
     other = create_key_sync(redis_server.url, "another", "k", limits={"requests_per_minute": 100})
     statuses = [chat(shadow_limited_gateway, keys[i % 3]).status_code for i in range(4)]
     assert statuses == [200, 200, 200, 429]
@@ -126,6 +138,7 @@ def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_serv
     counter, handing out today's budget twice. Redis's clock cannot be set, so "yesterday" is the
     day before the one both admissions were charged to; should a real UTC midnight fall between
     the two, the scenario runs again under a fresh tenant (it cannot happen twice in a row)."""
+
     async def go(tenant: str) -> tuple[int, int]:
         limiter = Limiter(redis_server.url, "closed", request_timeout_s=60, on_redis_error=lambda: None)
         try:
@@ -152,8 +165,9 @@ def test_settling_after_utc_midnight_refunds_the_day_that_was_charged(redis_serv
 def test_the_local_limiter_carries_the_admission_day_too():
     clock = [86_400 * 20_000 - 1.0]  # one second before a UTC midnight
     local = LocalLimiter(slot_ttl_s=60, concurrency_wait_s=1.0, clock=lambda: clock[0])
-    budget = Who(key_id="local", tenant="night", limits=KeyLimits(daily_token_budget=1_300),
-                 tenant_defaults=TenantLimits())
+    budget = Who(
+        key_id="local", tenant="night", limits=KeyLimits(daily_token_budget=1_300), tenant_defaults=TenantLimits()
+    )
 
     def admit(reserved: int) -> tuple[Ticket, bool]:
         ticket = Ticket(who=budget, reserved=reserved, slot_id=str(reserved))
@@ -180,12 +194,12 @@ def test_an_admit_carries_another_script_in_its_round_trip_only_when_redis_decid
         script = client.register_script("return redis.call('INCR', KEYS[1])")
         in_redis = Limiter(redis_server.url, "closed", request_timeout_s=60, on_redis_error=lambda: None)
         local = Limiter(None, "local", request_timeout_s=60, on_redis_error=lambda: None)
-        capped = Who(key_id="along", tenant="along", limits=KeyLimits(requests_per_minute=1),
-                     tenant_defaults=TenantLimits())
+        capped = Who(
+            key_id="along", tenant="along", limits=KeyLimits(requests_per_minute=1), tenant_defaults=TenantLimits()
+        )
         seen = []
         try:
-            for limiter, phases in [(in_redis, "all"), (in_redis, "slot+tokens"), (in_redis, "all"),
-                                    (local, "all")]:
+            for limiter, phases in [(in_redis, "all"), (in_redis, "slot+tokens"), (in_redis, "all"), (local, "all")]:
                 call = ScriptCall(script, [counter], [])
                 if phases == "all":
                     ticket = await limiter.admit(capped, 10, along=call)
@@ -243,8 +257,10 @@ def send_headers(shadow_limited_gateway: str, key: str, length: int) -> socket.s
     """Open a request that promises a `length`-byte body and send none of it."""
     host, port = shadow_limited_gateway.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=HANG_BOUND_S)
-    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode())
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
+    )
     return sock
 
 

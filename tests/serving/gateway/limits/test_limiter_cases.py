@@ -47,41 +47,77 @@ class Case:
     shadow: bool = False
 
 
-BIG = dict(requests_per_minute=1_000, tokens_per_minute=1_000_000, daily_token_budget=100_000_000,
-           max_concurrent_requests=100)
+BIG = dict(
+    requests_per_minute=1_000, tokens_per_minute=1_000_000, daily_token_budget=100_000_000, max_concurrent_requests=100
+)
 
 CASES = {
-    "requests per minute, burst of the whole minute": Case(KeyLimits(**{**BIG, "requests_per_minute": 2}), [
-        Step("admit"), Step("admit"), Step("admit", allowed=False, refused="requests", scope="key")]),
-    "a released request is given back": Case(KeyLimits(**{**BIG, "requests_per_minute": 1}), [
-        Step("admit"), Step("release", ticket=0), Step("admit"),
-        Step("admit", allowed=False, refused="requests", scope="key")]),
-    "tokens per minute, weighted by the reservation": Case(KeyLimits(**{**BIG, "tokens_per_minute": 100}), [
-        Step("admit", cost=60), Step("admit", cost=60, allowed=False, refused="tokens", scope="key")]),
-    "unused tokens are refunded at settlement": Case(KeyLimits(**{**BIG, "tokens_per_minute": 100}), [
-        Step("admit", cost=60), Step("settle", ticket=0, billed=10), Step("admit", cost=60)]),
-    "more than a whole minute of tokens never fits": Case(KeyLimits(**{**BIG, "tokens_per_minute": 100}), [
-        Step("admit", cost=101, allowed=False, refused="tokens", scope="key", can_wait=False)]),
-    "concurrency frees at settlement": Case(KeyLimits(**{**BIG, "max_concurrent_requests": 1}), [
-        Step("admit"), Step("admit", allowed=False, refused="concurrency", scope="key"),
-        Step("settle", ticket=0, billed=5), Step("admit")]),
-    "daily budget, refunded to the day charged": Case(KeyLimits(**{**BIG, "daily_token_budget": 100}), [
-        Step("admit", cost=60), Step("admit", cost=60, allowed=False, refused="daily_tokens", scope="key"),
-        Step("settle", ticket=0, billed=10), Step("admit", cost=60)]),
-    "more than a day's budget never fits": Case(KeyLimits(**{**BIG, "daily_token_budget": 100}), [
-        Step("admit", cost=101, allowed=False, refused="daily_tokens", scope="key", can_wait=False)]),
+    "requests per minute, burst of the whole minute": Case(
+        KeyLimits(**{**BIG, "requests_per_minute": 2}),
+        [Step("admit"), Step("admit"), Step("admit", allowed=False, refused="requests", scope="key")],
+    ),
+    "a released request is given back": Case(
+        KeyLimits(**{**BIG, "requests_per_minute": 1}),
+        [
+            Step("admit"),
+            Step("release", ticket=0),
+            Step("admit"),
+            Step("admit", allowed=False, refused="requests", scope="key"),
+        ],
+    ),
+    "tokens per minute, weighted by the reservation": Case(
+        KeyLimits(**{**BIG, "tokens_per_minute": 100}),
+        [Step("admit", cost=60), Step("admit", cost=60, allowed=False, refused="tokens", scope="key")],
+    ),
+    "unused tokens are refunded at settlement": Case(
+        KeyLimits(**{**BIG, "tokens_per_minute": 100}),
+        [Step("admit", cost=60), Step("settle", ticket=0, billed=10), Step("admit", cost=60)],
+    ),
+    "more than a whole minute of tokens never fits": Case(
+        KeyLimits(**{**BIG, "tokens_per_minute": 100}),
+        [Step("admit", cost=101, allowed=False, refused="tokens", scope="key", can_wait=False)],
+    ),
+    "concurrency frees at settlement": Case(
+        KeyLimits(**{**BIG, "max_concurrent_requests": 1}),
+        [
+            Step("admit"),
+            Step("admit", allowed=False, refused="concurrency", scope="key"),
+            Step("settle", ticket=0, billed=5),
+            Step("admit"),
+        ],
+    ),
+    "daily budget, refunded to the day charged": Case(
+        KeyLimits(**{**BIG, "daily_token_budget": 100}),
+        [
+            Step("admit", cost=60),
+            Step("admit", cost=60, allowed=False, refused="daily_tokens", scope="key"),
+            Step("settle", ticket=0, billed=10),
+            Step("admit", cost=60),
+        ],
+    ),
+    "more than a day's budget never fits": Case(
+        KeyLimits(**{**BIG, "daily_token_budget": 100}),
+        [Step("admit", cost=101, allowed=False, refused="daily_tokens", scope="key", can_wait=False)],
+    ),
     "a tenant's limits are shared by its keys": Case(
-        KeyLimits(**BIG), [Step("admit", key="a"), Step("admit", key="b", allowed=False, refused="requests",
-                                                          scope="tenant")],
-        tenant_defaults=TenantLimits(requests_per_minute=1)),
+        KeyLimits(**BIG),
+        [Step("admit", key="a"), Step("admit", key="b", allowed=False, refused="requests", scope="tenant")],
+        tenant_defaults=TenantLimits(requests_per_minute=1),
+    ),
     "a shadow key over its limit is served, and says so": Case(
-        KeyLimits(**{**BIG, "requests_per_minute": 1}), [
-            Step("admit"), Step("admit", allowed=True, refused="requests", scope="shadow")], shadow=True),
+        KeyLimits(**{**BIG, "requests_per_minute": 1}),
+        [Step("admit"), Step("admit", allowed=True, refused="requests", scope="shadow")],
+        shadow=True,
+    ),
     "a token refusal gives back the slot phase": Case(
-        KeyLimits(**{**BIG, "max_concurrent_requests": 1, "tokens_per_minute": 100}), [
-            Step("slot"), Step("tokens", ticket=0, cost=101, allowed=False, refused="tokens", scope="key",
-                                can_wait=False),
-            Step("slot"), Step("tokens", ticket=2, cost=50)]),
+        KeyLimits(**{**BIG, "max_concurrent_requests": 1, "tokens_per_minute": 100}),
+        [
+            Step("slot"),
+            Step("tokens", ticket=0, cost=101, allowed=False, refused="tokens", scope="key", can_wait=False),
+            Step("slot"),
+            Step("tokens", ticket=2, cost=50),
+        ],
+    ),
 }
 
 
@@ -100,8 +136,14 @@ def test_both_limiters_agree(limiter, name):
     tenant = f"cases-{next(_names)}"  # the Redis server outlives one case: each gets fresh counters
 
     def who(key: str) -> Who:
-        return Who(key_id=f"{tenant}-{key}", tenant=tenant, limits=case.key_limits,
-                   tenant_defaults=case.tenant_defaults, shadow=case.shadow, shadow_max_concurrent=8)
+        return Who(
+            key_id=f"{tenant}-{key}",
+            tenant=tenant,
+            limits=case.key_limits,
+            tenant_defaults=case.tenant_defaults,
+            shadow=case.shadow,
+            shadow_max_concurrent=8,
+        )
 
     async def run() -> None:
         tickets: list[Ticket] = []

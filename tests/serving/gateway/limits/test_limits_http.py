@@ -47,17 +47,11 @@ from tests.support.waiting import eventually
 USAGE = {"prompt_tokens": 5, "completion_tokens": len(WORDS), "total_tokens": 5 + len(WORDS)}
 
 
-
-
 @pytest.fixture(scope="module")
 def limits_gateway(redis_server, stream_recording_upstream):
     settings = settings_for(stream_recording_upstream.url, redis_server.url)
     with serving_apps(settings, RedisKeyStore(redis_server.url)) as url:
         yield url
-
-
-
-
 
 
 def reserved_for(payload: bytes) -> int:
@@ -75,8 +69,6 @@ def max_tokens_reserving(total: int, **body) -> int:
         if guess > 0 and len(str(guess)) == digits and reserved_for(chat_payload(max_tokens=guess, **body)) == total:
             return guess
     raise AssertionError(f"no max_tokens reserves {total}")
-
-
 
 
 def key_id_of(key: str) -> str:
@@ -116,20 +108,35 @@ def test_reservation_of_this_modules_requests():
     assert reserved_for(payload) == len(payload) + 4 * 7 + 256 + 100
     document = json.loads(payload)
     output = output_bound(document, "/v1/chat/completions", context_length=None, ceiling=4096)
-    assert reserve(document, len(payload), "/v1/chat/completions", output=output, context_length=None,
-                   template_tokens=256).total == reserved_for(payload)
+    assert reserve(
+        document, len(payload), "/v1/chat/completions", output=output, context_length=None, template_tokens=256
+    ).total == reserved_for(payload)
     assert reserved_for(chat_payload(max_tokens=max_tokens_reserving(905))) == 905
 
 
 def test_reset_format_and_headers():
     assert [format_reset(s) for s in (0.012, 1, 1.5, 360, 3725)] == ["12ms", "1s", "1.5s", "6m0s", "1h2m5s"]
-    refused = LimitDecision(allowed=False, refused="requests", limit_requests=20, remaining_requests=0,
-                            reset_requests_s=60, limit_tokens=1000, remaining_tokens=900, reset_tokens_s=6,
-                            retry_after_s=2.01)
+    refused = LimitDecision(
+        allowed=False,
+        refused="requests",
+        limit_requests=20,
+        remaining_requests=0,
+        reset_requests_s=60,
+        limit_tokens=1000,
+        remaining_tokens=900,
+        reset_tokens_s=6,
+        retry_after_s=2.01,
+    )
     headers = rate_limit_headers(refused)
-    assert headers == {"x-ratelimit-limit-requests": "20", "x-ratelimit-remaining-requests": "0",
-                       "x-ratelimit-reset-requests": "1m0s", "x-ratelimit-limit-tokens": "1000",
-                       "x-ratelimit-remaining-tokens": "900", "x-ratelimit-reset-tokens": "6s", "retry-after": "3"}
+    assert headers == {
+        "x-ratelimit-limit-requests": "20",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1m0s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "900",
+        "x-ratelimit-reset-tokens": "6s",
+        "retry-after": "3",
+    }
 
 
 def test_usage_meter_strips_usage_chunk_unless_asked():
@@ -140,12 +147,12 @@ def test_usage_meter_strips_usage_chunk_unless_asked():
     reservation = Reservation(prompt=5, output=95)
     for strip in (True, False):
         meter = UsageMeter(stream=True, reservation=reservation, client_final_usage=not strip)
-        out = b"".join(meter.feed(raw[i:i + 7]) for i in range(0, len(raw), 7)) + meter.finish()
+        out = b"".join(meter.feed(raw[i : i + 7]) for i in range(0, len(raw), 7)) + meter.finish()
         assert meter.billed() == USAGE["total_tokens"]
         assert out == (events[0] + events[2] if strip else raw)
     crlf = raw.replace(b"\n\n", b"\r\n\r\n")  # some servers end SSE events with CRLF
     meter = UsageMeter(stream=True, reservation=reservation, client_final_usage=False)
-    out = b"".join(meter.feed(crlf[i:i + 5]) for i in range(0, len(crlf), 5)) + meter.finish()
+    out = b"".join(meter.feed(crlf[i : i + 5]) for i in range(0, len(crlf), 5)) + meter.finish()
     assert out == (events[0] + events[2]).replace(b"\n\n", b"\r\n\r\n") and meter.billed() == 13
     cut = UsageMeter(stream=True, reservation=reservation, client_final_usage=False)
     cut.feed(events[0] + events[0])
@@ -165,15 +172,24 @@ def test_exact_admission_under_contention_across_two_gateways(redis_server, stre
     n = 20
     key = new_key(redis_server, requests_per_minute=n, max_concurrent_requests=1000, tokens_per_minute=10_000_000)
     settings = settings_for(stream_recording_upstream.url, redis_server.url)
-    with serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw1, \
-            serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw2:
+    with (
+        serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw1,
+        serving(create_app(settings, RedisKeyStore(redis_server.url))) as gw2,
+    ):
 
         async def fire() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=HANG_BOUND_S, limits=httpx.Limits(max_connections=200)) as http:
                 payload = {"model": "tiny", "max_tokens": 10, "messages": [{"role": "user", "content": PROMPT}]}
-                return await asyncio.gather(*[
-                    http.post(f"{(gw1, gw2)[i % 2]}/v1/chat/completions", json=payload,
-                              headers={"Authorization": f"Bearer {key}"}) for i in range(100)])
+                return await asyncio.gather(
+                    *[
+                        http.post(
+                            f"{(gw1, gw2)[i % 2]}/v1/chat/completions",
+                            json=payload,
+                            headers={"Authorization": f"Bearer {key}"},
+                        )
+                        for i in range(100)
+                    ]
+                )
 
         started = redis_clock(redis_server.url)
         responses = asyncio.run(fire())
@@ -228,21 +244,29 @@ def test_tokens_are_reserved_then_settled_to_reported_usage(limits_gateway, redi
     assert too_big.status_code == 429 and too_big.json()["error"]["type"] == "tokens"
 
 
-def test_concurrency_slot_is_released_when_the_client_disconnects(limits_gateway, stream_recording_upstream,
-                                                                  redis_server):
+def test_concurrency_slot_is_released_when_the_client_disconnects(
+    limits_gateway, stream_recording_upstream, redis_server
+):
     key = new_key(redis_server, max_concurrent_requests=1)
     llm = client(limits_gateway, key)
     stream_recording_upstream.slow_ended.clear()
-    stream = llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}], stream=True,
-                                         max_tokens=50, extra_headers={"x-test-scenario": "slow"})
+    stream = llm.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": PROMPT}],
+        stream=True,
+        max_tokens=50,
+        extra_headers={"x-test-scenario": "slow"},
+    )
     next(iter(stream))
     busy = chat_raw(limits_gateway, key, max_tokens=5)
     assert busy.status_code == 429 and busy.json()["error"]["type"] == "requests"
     assert busy.headers["retry-after"] == "1"
     stream.close()  # disconnect mid-stream
     assert stream_recording_upstream.slow_ended.wait(HANG_BOUND_S)
-    eventually(lambda: chat_raw(limits_gateway, key, max_tokens=5).status_code == 200,
-               "the slot was not released after the disconnect")
+    eventually(
+        lambda: chat_raw(limits_gateway, key, max_tokens=5).status_code == 200,
+        "the slot was not released after the disconnect",
+    )
 
 
 def test_daily_budget_exhausted_is_429_naming_the_budget(limits_gateway, redis_server):
@@ -263,20 +287,28 @@ def test_daily_budget_exhausted_is_429_naming_the_budget(limits_gateway, redis_s
     midnight = (day + 1) * 86_400  # by Redis's clock, the one the script uses
     assert math.ceil(midnight - after) <= int(refused.headers["retry-after"]) <= math.ceil(midnight - before)
     with pytest.raises(openai.RateLimitError):
-        client(limits_gateway, key).chat.completions.create(model="tiny",
-                                                             max_tokens=max_tokens_reserving(second_reserves),
-                                                             messages=[{"role": "user", "content": PROMPT}])
+        client(limits_gateway, key).chat.completions.create(
+            model="tiny",
+            max_tokens=max_tokens_reserving(second_reserves),
+            messages=[{"role": "user", "content": PROMPT}],
+        )
 
 
-def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(limits_gateway, stream_recording_upstream,
-                                                                      redis_server):
+def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(
+    limits_gateway, stream_recording_upstream, redis_server
+):
     llm = client(limits_gateway, new_key(redis_server))
     for asked in (False, True):
         extra = {"stream_options": {"include_usage": True}} if asked else {}
-        chunks = list(llm.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
-                                                  stream=True, **extra))
-        assert stream_recording_upstream.bodies[-1]["stream_options"] == {"include_usage": True,
-                                                                       "continuous_usage_stats": True}
+        chunks = list(
+            llm.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": PROMPT}], stream=True, **extra
+            )
+        )
+        assert stream_recording_upstream.bodies[-1]["stream_options"] == {
+            "include_usage": True,
+            "continuous_usage_stats": True,
+        }
         usage = [c.usage for c in chunks if c.usage is not None]
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(WORDS)
         if asked:
@@ -288,8 +320,13 @@ def test_stream_usage_is_requested_upstream_and_stripped_unless_asked(limits_gat
 def test_streamed_response_carries_headers_and_is_settled(limits_gateway, redis_server):
     key = new_key(redis_server, tokens_per_minute=1000)
     payload = chat_payload(stream=True, max_tokens=max_tokens_reserving(905, stream=True))
-    with httpx.stream("POST", f"{limits_gateway}/v1/chat/completions", content=payload, timeout=HANG_BOUND_S,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{limits_gateway}/v1/chat/completions",
+        content=payload,
+        timeout=HANG_BOUND_S,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    ) as response:
         assert response.headers["x-ratelimit-remaining-tokens"] == "95"  # set before streaming started
         response.read()
     # Settled before the last bytes were sent: the day's counter holds what was billed, not the
@@ -309,18 +346,24 @@ def test_refused_requests_charge_no_limit_at_all(limits_gateway, redis_server):
     assert [counter(redis_server.url, key, i) for i in range(4)] == state  # request TAT, tokens, slots, day
 
 
-@pytest.mark.parametrize(("prompt", "commands"), [
-    # A small body is read first, then all limits at once: the key lookup, admit, settle.
-    (PROMPT, ["GET", "EVALSHA", "EVALSHA"]),
-    # A large one takes its request and concurrency allowance before it is read: one more.
-    ("x" * 70_000, ["GET", "EVALSHA", "EVALSHA", "EVALSHA"]),
-])
+@pytest.mark.parametrize(
+    ("prompt", "commands"),
+    [
+        # A small body is read first, then all limits at once: the key lookup, admit, settle.
+        (PROMPT, ["GET", "EVALSHA", "EVALSHA"]),
+        # A large one takes its request and concurrency allowance before it is read: one more.
+        ("x" * 70_000, ["GET", "EVALSHA", "EVALSHA", "EVALSHA"]),
+    ],
+)
 def test_redis_commands_per_admitted_request(stream_recording_upstream, prompt, commands):
     own = start_redis()
     try:
         key = create_key_sync(own.url, "acme", "count")
-        with serving(create_app(settings_for(stream_recording_upstream.url, own.url, max_body_bytes=200_000),
-                                RedisKeyStore(own.url))) as gw:
+        with serving(
+            create_app(
+                settings_for(stream_recording_upstream.url, own.url, max_body_bytes=200_000), RedisKeyStore(own.url)
+            )
+        ) as gw:
             assert chat_raw(gateway=gw, key=key, max_tokens=5).status_code == 200  # loads the scripts
             watcher = redis.Redis.from_url(own.url, decode_responses=True)
             ender = redis.Redis.from_url(own.url)
@@ -342,8 +385,12 @@ def test_redis_commands_per_admitted_request(stream_recording_upstream, prompt, 
             assert ready.wait(HANG_BOUND_S)
             time.sleep(0.2)  # let MONITOR take effect before the counted request (not a speed assertion)
             body = json.dumps({"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": prompt}]})
-            counted = httpx.post(f"{gw}/v1/chat/completions", content=body, timeout=HANG_BOUND_S,
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+            counted = httpx.post(
+                f"{gw}/v1/chat/completions",
+                content=body,
+                timeout=HANG_BOUND_S,
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
             assert counted.status_code == 200, counted.text
             ender.get("end-of-count")
             thread.join(HANG_BOUND_S)

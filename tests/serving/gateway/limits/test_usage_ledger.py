@@ -26,16 +26,19 @@ NOV_5 = datetime(2026, 11, 5, 13, 30, tzinfo=timezone.utc)
 # How a settle script uses the ledger: its own work first, then ledger_record last, so that an
 # error in the ledger (a script is not rolled back) can never keep a slot from being freed.
 # Here KEYS[1] stands for the limiter's in-flight slots; KEYS[2] and ARGV[2..6] are record_call's.
-SETTLE_WITH_LEDGER = LEDGER_LUA + """
+SETTLE_WITH_LEDGER = (
+    LEDGER_LUA
+    + """
 redis.call('ZREM', KEYS[1], ARGV[1])
 ledger_record(KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
 """
+)
 
 
-
-def settle(empty_redis, tenant: str, key_id: str, model: str, prompt: int, completion: int,
-           moment: datetime = NOV_5) -> None:
+def settle(
+    empty_redis, tenant: str, key_id: str, model: str, prompt: int, completion: int, moment: datetime = NOV_5
+) -> None:
     keys, args = record_call(tenant, key_id, model, prompt, completion, moment)
     slots = f"llmstack:{{tenant:{tenant}}}:key:{key_id}:slots"
     empty_redis.zadd(slots, {"slot-1": 1})
@@ -68,7 +71,8 @@ def test_settlement_records_tokens_per_key_and_model(empty_redis):
     assert empty_redis.zcard("llmstack:{tenant:acme}:key:k1:slots") == 0  # the settle's own work ran too
     assert parse_usage_hash("acme", NOV_5.date(), empty_redis.hgetall(name)) == [
         DailyUsage(NOV_5.date(), "acme", "k1", "llama", 105, 20, 2),
-        DailyUsage(NOV_5.date(), "acme", "k2", "org/model|v2", 7, 3, 1)]
+        DailyUsage(NOV_5.date(), "acme", "k2", "org/model|v2", 7, 3, 1),
+    ]
     assert empty_redis.hget(usage_key("beta", NOV_5.date()), "k9|prompt|llama") == str(10**15)
     assert empty_redis.expiretime(name) == expire_at(NOV_5.date())
     day_end = int(datetime(2026, 11, 6, tzinfo=timezone.utc).timestamp())
@@ -79,8 +83,10 @@ def test_days_are_separate_hashes_found_by_pattern(empty_redis):
     settle(empty_redis, "acme", "k1", "llama", 1, 1, NOV_5)
     settle(empty_redis, "beta", "k2", "llama", 1, 1, NOV_5)
     settle(empty_redis, "acme", "k1", "llama", 1, 1, datetime(2026, 11, 6, 0, 0, 1, tzinfo=timezone.utc))
-    assert sorted(empty_redis.scan_iter(match=day_pattern(NOV_5.date()))) == [usage_key("acme", NOV_5.date()),
-                                                                      usage_key("beta", NOV_5.date())]
+    assert sorted(empty_redis.scan_iter(match=day_pattern(NOV_5.date()))) == [
+        usage_key("acme", NOV_5.date()),
+        usage_key("beta", NOV_5.date()),
+    ]
 
 
 def test_concurrent_settlements_lose_nothing(empty_redis, redis_server):
@@ -96,4 +102,6 @@ def test_concurrent_settlements_lose_nothing(empty_redis, redis_server):
         list(pool.map(worker, range(4)))
     rows = parse_usage_hash("acme", NOV_5.date(), empty_redis.hgetall(usage_key("acme", NOV_5.date())))
     assert [(r.key_id, r.prompt_tokens, r.completion_tokens, r.requests) for r in rows] == [
-        ("k0", 600, 400, 200), ("k1", 600, 400, 200)]
+        ("k0", 600, 400, 200),
+        ("k1", 600, 400, 200),
+    ]

@@ -37,28 +37,32 @@ MAX_TOKENS = 12
 CONTEXT_LENGTH = 4096
 TEMPLATE_TOKENS = 256  # GatewayPolicy's default chat_template_tokens
 
-requests = st.fixed_dictionaries({
-    "key": st.sampled_from(["a1", "a2", "b1"]),  # tenants: a (two keys), b
-    "path": st.sampled_from([CHAT, LEGACY]),
-    "stream": st.sampled_from([True, True, False, "true"]),  # "true": refused (vLLM would stream it)
-    "n": st.integers(1, 2),
-    "prompts": st.integers(1, 2),
-    "tokens": st.integers(1, MAX_TOKENS),
-    "per_chunk": st.integers(1, 3),  # several tokens in one chunk, as speculative decoding sends them
-    # How the chat body states its limit (completions: max_tokens only); "both": vLLM reads max_completion_tokens.
-    "limit": st.sampled_from(["max_tokens", "max_completion_tokens", "both"]),
-    "ending": st.sampled_from(["whole", "cut", "headers", "slow"]),
-    "cut_after": st.integers(1, 4),
-    "usage": st.sampled_from([None, {"include_usage": True},
-                              {"include_usage": True, "continuous_usage_stats": True}]),
-})
+requests = st.fixed_dictionaries(
+    {
+        "key": st.sampled_from(["a1", "a2", "b1"]),  # tenants: a (two keys), b
+        "path": st.sampled_from([CHAT, LEGACY]),
+        "stream": st.sampled_from([True, True, False, "true"]),  # "true": refused (vLLM would stream it)
+        "n": st.integers(1, 2),
+        "prompts": st.integers(1, 2),
+        "tokens": st.integers(1, MAX_TOKENS),
+        "per_chunk": st.integers(1, 3),  # several tokens in one chunk, as speculative decoding sends them
+        # How the chat body states its limit (completions: max_tokens only); "both": vLLM reads max_completion_tokens.
+        "limit": st.sampled_from(["max_tokens", "max_completion_tokens", "both"]),
+        "ending": st.sampled_from(["whole", "cut", "headers", "slow"]),
+        "cut_after": st.integers(1, 4),
+        "usage": st.sampled_from(
+            [None, {"include_usage": True}, {"include_usage": True, "continuous_usage_stats": True}]
+        ),
+    }
+)
 
 
 @pytest.fixture(scope="module")
 def gateway(redis_server, upstream):
     # A short idle timeout: an upstream too slow for it (the "slow" ending) is cut by the gateway.
-    with running_gateway(upstream.url, redis_server.url, upstream_idle_timeout_s=0.5,
-                         model_context_lengths={"tiny": CONTEXT_LENGTH}) as url:
+    with running_gateway(
+        upstream.url, redis_server.url, upstream_idle_timeout_s=0.5, model_context_lengths={"tiny": CONTEXT_LENGTH}
+    ) as url:
         yield url
 
 
@@ -85,8 +89,9 @@ def document_of(request: dict, rid: str) -> dict:
 def reservation_of(request: dict, body: bytes) -> int:
     document = json.loads(body)
     output = output_bound(document, request["path"], context_length=CONTEXT_LENGTH, ceiling=4096)
-    return output.total + prompt_bound(document, len(body), request["path"], context_length=CONTEXT_LENGTH,
-                                       template_tokens=TEMPLATE_TOKENS)
+    return output.total + prompt_bound(
+        document, len(body), request["path"], context_length=CONTEXT_LENGTH, template_tokens=TEMPLATE_TOKENS
+    )
 
 
 def content_events(lines):
@@ -119,16 +124,26 @@ def send(gateway: str, key: str, request: dict, body: bytes) -> bool:
         return False  # the gateway cut the answer (the upstream went silent past its idle timeout)
 
 
-@settings(max_examples=examples(fast=25, deep=200), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=examples(fast=25, deep=200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(mix=st.lists(requests, min_size=1, max_size=5))
 def test_each_request_is_billed_what_was_generated_and_never_more_than_it_reserved(
-        gateway, upstream, redis_server, access_lines, mix):
+    gateway, upstream, redis_server, access_lines, mix
+):
     run = uuid.uuid4().hex[:8]
     tenants = {"a": f"tenant-a-{run}", "b": f"tenant-b-{run}"}
-    keys = {name: create_key_sync(redis_server.url, tenants[name[0]], name, limits={
-        "requests_per_minute": 10_000, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 100})
-        for name in ("a1", "a2", "b1")}
+    keys = {
+        name: create_key_sync(
+            redis_server.url,
+            tenants[name[0]],
+            name,
+            limits={"requests_per_minute": 10_000, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 100},
+        )
+        for name in ("a1", "a2", "b1")
+    }
     day = redis_day(redis_server.url)
     billed_by_key = dict.fromkeys(keys, 0)
     for request in mix:
@@ -140,8 +155,12 @@ def test_each_request_is_billed_what_was_generated_and_never_more_than_it_reserv
         # One request at a time: its access line is written once it has ended (and settled).
         line = eventually(lambda k=key_id, n=ended: access_lines.of(k)[n:], "the request never ended")[0]
         billed = line.get("prompt_tokens", 0) + line.get("completion_tokens", 0)
-        eventually(lambda r=rid: request["stream"] is not True or whole or r not in upstream.generated
-                   or r in upstream.stopped, "the engine never stopped")
+        eventually(
+            lambda r=rid: (
+                request["stream"] is not True or whole or r not in upstream.generated or r in upstream.stopped
+            ),
+            "the engine never stopped",
+        )
         used = upstream.generated.get(rid, {"prompt": 0, "completion": 0})
         generated = used["prompt"] + used["completion"]
         if whole:
@@ -156,4 +175,5 @@ def test_each_request_is_billed_what_was_generated_and_never_more_than_it_reserv
             counted = daily_used(redis_server.url, key_daily_key(tenants[tenant], key_id_of(keys[name])))
             assert counted == billed_by_key[name]  # the limiter's counter holds exactly what was billed
         assert daily_used(redis_server.url, tenant_daily_key(tenants[tenant])) == sum(
-            billed_by_key[name] for name in names)
+            billed_by_key[name] for name in names
+        )

@@ -37,9 +37,12 @@ from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.metering.output_bound import CHAT, COMPLETIONS, OutputBound, output_bound
 
 CEILING = 4096
-SETTINGS = GatewaySettings(upstream_url="http://u:1", max_tokens_ceiling=CEILING, max_n=4,
-                           allowed_body_extensions=["min_tokens", "ignore_eos", "echo", "use_beam_search",
-                                                    "max_completion_tokens"])
+SETTINGS = GatewaySettings(
+    upstream_url="http://u:1",
+    max_tokens_ceiling=CEILING,
+    max_n=4,
+    allowed_body_extensions=["min_tokens", "ignore_eos", "echo", "use_beam_search", "max_completion_tokens"],
+)
 
 # Every spelling of a limit a lax parser might read as a number: JSON integers (small, at and
 # past the ceiling, past 64 bits), null, booleans, floats with and without a fraction, numeric strings.
@@ -52,8 +55,14 @@ def mostly(valid: st.SearchStrategy, invalid: st.SearchStrategy) -> st.SearchStr
 
 limits = mostly(
     st.one_of(st.integers(1, 5), st.integers(1, CEILING), st.just(CEILING), st.none()),
-    st.one_of(st.integers(-2, 0), st.just(CEILING + 1), st.integers(2**63, 2**70), st.booleans(),
-              st.sampled_from([4.0, 4096.0, 0.5, 1e3]), st.sampled_from(["4096", "1", "4.0", "x"])),
+    st.one_of(
+        st.integers(-2, 0),
+        st.just(CEILING + 1),
+        st.integers(2**63, 2**70),
+        st.booleans(),
+        st.sampled_from([4.0, 4096.0, 0.5, 1e3]),
+        st.sampled_from(["4096", "1", "4.0", "x"]),
+    ),
 )
 flags = mostly(st.one_of(st.booleans(), st.none()), st.sampled_from(["true", "yes", 1, 0, "false"]))
 ABSENT = object()
@@ -64,7 +73,8 @@ def maybe(strategy: st.SearchStrategy) -> st.SearchStrategy:
 
 
 prompts = st.one_of(
-    st.just("hello"), st.lists(st.sampled_from(["a", "b c"]), min_size=1, max_size=3),
+    st.just("hello"),
+    st.lists(st.sampled_from(["a", "b c"]), min_size=1, max_size=3),
     st.lists(st.integers(0, 99), min_size=1, max_size=3),
     st.lists(st.lists(st.integers(0, 99), min_size=1, max_size=2), min_size=1, max_size=3),
 )
@@ -73,25 +83,42 @@ contexts = st.sampled_from([None, 64, 2048, 100_000])  # the model's context len
 prompt_lengths = st.integers(0, 40)  # the prompt's length in tokens as vLLM counts it
 any_body = st.tuples(
     st.sampled_from([CHAT, COMPLETIONS]),
-    st.fixed_dictionaries({}, optional={
-        "max_tokens": limits, "max_completion_tokens": limits,
-        "n": mostly(st.one_of(st.integers(1, 4), st.none()), st.sampled_from([0, 5, 2.0, "2", True])),
-        "min_tokens": st.one_of(st.integers(0, 3), st.integers(0, 40), st.none()), "ignore_eos": flags,
-        "echo": flags, "use_beam_search": mostly(st.just(False), flags), "stream": st.booleans(),
-    }),
-    prompts, contexts, prompt_lengths,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "max_tokens": limits,
+            "max_completion_tokens": limits,
+            "n": mostly(st.one_of(st.integers(1, 4), st.none()), st.sampled_from([0, 5, 2.0, "2", True])),
+            "min_tokens": st.one_of(st.integers(0, 3), st.integers(0, 40), st.none()),
+            "ignore_eos": flags,
+            "echo": flags,
+            "use_beam_search": mostly(st.just(False), flags),
+            "stream": st.booleans(),
+        },
+    ),
+    prompts,
+    contexts,
+    prompt_lengths,
 )
 # The attack's shape, drawn often: chat with both limits, valid and (mostly) different.
 both_limits = st.tuples(
     st.just(CHAT),
-    st.fixed_dictionaries({"max_tokens": st.integers(1, CEILING), "max_completion_tokens": st.integers(1, CEILING)},
-                          optional={"n": st.integers(1, 4), "stream": st.booleans(), "min_tokens": st.integers(0, 3)}),
-    prompts, contexts, prompt_lengths,
+    st.fixed_dictionaries(
+        {"max_tokens": st.integers(1, CEILING), "max_completion_tokens": st.integers(1, CEILING)},
+        optional={"n": st.integers(1, 4), "stream": st.booleans(), "min_tokens": st.integers(0, 3)},
+    ),
+    prompts,
+    contexts,
+    prompt_lengths,
 )
 # No limit at all: vLLM's defaults, the context's end, the gateway's ceiling.
-no_limit = st.tuples(st.sampled_from([CHAT, COMPLETIONS]),
-                     st.fixed_dictionaries({}, optional={"n": st.integers(1, 4), "stream": st.booleans()}),
-                     prompts, contexts, prompt_lengths)
+no_limit = st.tuples(
+    st.sampled_from([CHAT, COMPLETIONS]),
+    st.fixed_dictionaries({}, optional={"n": st.integers(1, 4), "stream": st.booleans()}),
+    prompts,
+    contexts,
+    prompt_lengths,
+)
 bodies = st.one_of(any_body, any_body, both_limits, no_limit)
 
 
@@ -116,8 +143,9 @@ def engine_output(path: str, upstream_body: dict[str, Any], max_model_len: int, 
             limit = request.max_tokens
         if request.use_beam_search:
             return -1  # beam search: no SamplingParams at all
-        max_tokens = get_max_tokens(max_model_len, limit, prompt_length, {}, None,
-                                    truncate_prompt_tokens=request.truncate_prompt_tokens)
+        max_tokens = get_max_tokens(
+            max_model_len, limit, prompt_length, {}, None, truncate_prompt_tokens=request.truncate_prompt_tokens
+        )
         params = request.to_sampling_params(max_tokens, {})
     except (pydantic.ValidationError, VLLMValidationError, ValueError):
         return None
@@ -154,8 +182,11 @@ def test_the_bound_is_what_vllm_lets_the_engine_generate_or_the_body_is_refused(
     assert 0 < generated <= bound.total, (body, bound, generated)
     if path == CHAT and body.get("max_tokens") not in (None, body.get("max_completion_tokens") or 0):
         seen["both chat limits, different"] += 1
-    if bound.added_max_tokens is None and sends_its_own_limit(path, body) and bound.per_sequence <= (
-            max_model_len - prompt_length):
+    if (
+        bound.added_max_tokens is None
+        and sends_its_own_limit(path, body)
+        and bound.per_sequence <= (max_model_len - prompt_length)
+    ):
         assert generated == bound.total, (body, bound, generated)  # its own limit, forwarded: exactly
         seen["exact"] += 1
     else:
@@ -170,15 +201,24 @@ def every_branch_was_exercised():
     seen.clear()
     yield
     # A property that never reached a branch proved nothing about it.
-    for branch in ("refused", "refused, vLLM would accept", "exact", "bounded by the context or the ceiling",
-                   "both chat limits, different"):
+    for branch in (
+        "refused",
+        "refused, vLLM would accept",
+        "exact",
+        "bounded by the context or the ceiling",
+        "both chat limits, different",
+    ):
         assert seen[branch] >= 3, (branch, dict(seen))
 
 
 def test_the_attack_body_is_bounded_by_max_completion_tokens():
     """vLLM's chat reads max_completion_tokens first: a body with both may not reserve the other."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-            "max_completion_tokens": 4096}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "max_completion_tokens": 4096,
+    }
     assert output_bound(body, CHAT, context_length=None, ceiling=CEILING) == OutputBound(per_sequence=4096)
     assert engine_output(CHAT, body, 100_000, 10) == 4096
 
@@ -190,8 +230,17 @@ def test_a_completion_without_max_tokens_gets_vllms_default_not_the_ceiling():
     assert engine_output(COMPLETIONS, body, 100_000, 10) == bound.total == 64
 
 
-@pytest.mark.parametrize("fields", [{"use_beam_search": True}, {"use_beam_search": "yes"}, {"max_tokens": 4.0},
-                                    {"max_completion_tokens": "4096"}, {"echo": "true"}, {"n": True}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"use_beam_search": True},
+        {"use_beam_search": "yes"},
+        {"max_tokens": 4.0},
+        {"max_completion_tokens": "4096"},
+        {"echo": "true"},
+        {"n": True},
+    ],
+)
 def test_bodies_whose_output_cannot_be_bounded_are_refused(fields):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
     refused = check_request(body, CHAT, SETTINGS)

@@ -31,17 +31,25 @@ TEMPLATE_TOKENS = 256
 @pytest.fixture(scope="module")
 def gateway(redis_server, upstream, tmp_path_factory):
     # A short idle timeout, so that a non-streamed answer the engine is still making gets the 504.
-    with running_gateway(upstream.url, redis_server.url, upstream_idle_timeout_s=1.0,
-                         model_context_lengths={"tiny": CONTEXT_LENGTH},
-                         batch_storage_url=f"file://{tmp_path_factory.mktemp('batches')}",
-                         batch={"sweep_interval_s": 0.1, "workers": 4, "lease_s": 2}) as url:
+    with running_gateway(
+        upstream.url,
+        redis_server.url,
+        upstream_idle_timeout_s=1.0,
+        model_context_lengths={"tiny": CONTEXT_LENGTH},
+        batch_storage_url=f"file://{tmp_path_factory.mktemp('batches')}",
+        batch={"sweep_interval_s": 0.1, "workers": 4, "lease_s": 2},
+    ) as url:
         yield url
 
 
 def attack_body(rid: str, **fields) -> dict:
     """A chat body whose upstream generates all vLLM lets it: `max_tokens: 1`, and the other field."""
-    return {"model": "tiny", "messages": [{"role": "user", "content": directive(id=rid, tokens=10**6)}],
-            "max_tokens": 1, **fields}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": directive(id=rid, tokens=10**6)}],
+        "max_tokens": 1,
+        **fields,
+    }
 
 
 def post(gateway: str, key: str, body: dict) -> httpx.Response:
@@ -80,8 +88,9 @@ def test_those_that_fit_are_admitted_only_while_the_budget_lasts(gateway, upstre
     served = [f"fit-{i}" for i, a in enumerate(answers) if a.status_code == 200]
     generated = sum(upstream.generated[rid]["prompt"] + upstream.generated[rid]["completion"] for rid in served)
     assert all(upstream.generated[rid]["completion"] == 900 for rid in served)
-    lines = eventually(lambda: len(access_lines.of(key_id_of(key))) == 4 and access_lines.of(key_id_of(key)),
-                       "requests still open")
+    lines = eventually(
+        lambda: len(access_lines.of(key_id_of(key))) == 4 and access_lines.of(key_id_of(key)), "requests still open"
+    )
     assert sum(line.get("prompt_tokens", 0) + line.get("completion_tokens", 0) for line in lines) == generated
     assert daily_used(redis_server.url, key_daily_key("acme", key_id_of(key))) == generated <= 3000
 
@@ -95,8 +104,9 @@ def test_a_tokens_per_minute_key_cannot_admit_what_it_cannot_hold(gateway, upstr
     assert all(f"tpm-{i}" not in upstream.generated for i in range(3))
 
 
-def test_an_answer_that_timed_out_is_billed_what_the_engine_could_have_made(gateway, upstream, redis_server,
-                                                                           access_lines):
+def test_an_answer_that_timed_out_is_billed_what_the_engine_could_have_made(
+    gateway, upstream, redis_server, access_lines
+):
     """Not streamed: vLLM makes the whole answer before sending a byte, so a 504 (the idle timeout)
     says nothing of what it made. It was billed 1 output token while the engine made 2,040."""
     key = create_key_sync(redis_server.url, "acme", "timeout")
@@ -117,10 +127,18 @@ def test_batch_lines_with_both_fields_are_bounded_the_same_way(gateway, upstream
     to 8,210: each line is admitted like an online request, with the same bound."""
     key = create_key_sync(redis_server.url, "acme", "batch", limits={"daily_token_budget": 3000})
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
-    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": CHAT,
-              "body": attack_body(f"batch-{i}", max_completion_tokens=4096)} for i in range(2)]
-    uploaded = client.files.create(file=("in.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()),
-                                   purpose="batch")
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": CHAT,
+            "body": attack_body(f"batch-{i}", max_completion_tokens=4096),
+        }
+        for i in range(2)
+    ]
+    uploaded = client.files.create(
+        file=("in.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()), purpose="batch"
+    )
     # Each line's bound (4,096) is over the 3,000 left, so the batch is refused at create, before
     # any line runs; with max_tokens read first, each line would have reserved 1 and run.
     with pytest.raises(openai.RateLimitError) as refused:

@@ -26,8 +26,9 @@ CHAT, LEGACY = "/v1/chat/completions", "/v1/completions"
 
 
 def bound(body: bytes, path: str = CHAT, context_length: int | None = None, template_tokens: int = 0) -> int:
-    return prompt_bound(json.loads(body), len(body), path, context_length=context_length,
-                        template_tokens=template_tokens)
+    return prompt_bound(
+        json.loads(body), len(body), path, context_length=context_length, template_tokens=template_tokens
+    )
 
 
 # --- by hand -------------------------------------------------------------------------------------
@@ -45,8 +46,20 @@ def test_the_prompt_bound_by_hand():
 
 
 def test_a_media_part_counts_a_whole_context_and_every_prompt_is_capped_at_one():
-    image = json.dumps({"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]})
+    image = json.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this?"},
+                        {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
+                    ],
+                }
+            ],
+        }
+    )
     assert bound(image.encode(), context_length=8192) == 8192  # capped at one context
     assert bound(image.encode(), context_length=None) >= 32_768  # unknown context: a large allowance
     long = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 50_000}]}).encode()
@@ -54,11 +67,13 @@ def test_a_media_part_counts_a_whole_context_and_every_prompt_is_capped_at_one()
 
 
 def test_prompt_arrays_reserve_for_every_prompt_and_sequence():
-    def reserved(document: dict, body_size: int, *, ceiling: int, context_length: int | None,
-                 template_tokens: int) -> Reservation:
+    def reserved(
+        document: dict, body_size: int, *, ceiling: int, context_length: int | None, template_tokens: int
+    ) -> Reservation:
         output = output_bound(document, LEGACY, context_length=context_length, ceiling=ceiling)
-        return reserve(document, body_size, LEGACY, output=output, context_length=context_length,
-                       template_tokens=template_tokens)
+        return reserve(
+            document, body_size, LEGACY, output=output, context_length=context_length, template_tokens=template_tokens
+        )
 
     document = {"model": "m", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 10}
     body = json.dumps(document).encode()
@@ -87,8 +102,11 @@ def llama_style():
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=600, special_tokens=list(SPECIAL_TOKENS),
-                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(["the KV cache keeps attention keys and values 你好世界 " * 20], trainer)
     template = jinja2.Environment().from_string(CHAT_TEMPLATE)
 
@@ -99,10 +117,16 @@ def llama_style():
     return count
 
 
-messages = st.lists(st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "user", "assistant"]),
-    "content": st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200)}),
-    min_size=1, max_size=6)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "user", "assistant"]),
+            "content": st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200),
+        }
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @settings(max_examples=examples(fast=50, deep=200))
@@ -127,26 +151,44 @@ def test_the_old_estimate_would_under_count_cjk(llama_style):
 @pytest.fixture(scope="module")
 def reserving_gateway(redis_server, upstream):
     # documents and chat_template_kwargs are vLLM extensions: a stack that allows them has them reserved too.
-    with running_gateway(upstream.url, redis_server.url, model_context_lengths={"tiny": 100_000},
-                         allowed_body_extensions=["documents", "chat_template_kwargs"]) as url:
+    with running_gateway(
+        upstream.url,
+        redis_server.url,
+        model_context_lengths={"tiny": 100_000},
+        allowed_body_extensions=["documents", "chat_template_kwargs"],
+    ) as url:
         yield url
 
 
 def post(reserving_gateway: str, key: str, document: dict, path: str = CHAT) -> httpx.Response:
     body = json.dumps(document, ensure_ascii=False).encode()
-    return httpx.post(f"{reserving_gateway}{path}", content=body, timeout=HANG_BOUND_S,
-                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    return httpx.post(
+        f"{reserving_gateway}{path}",
+        content=body,
+        timeout=HANG_BOUND_S,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
 
 
 BULK = "y" * 20_000
 SMUGGLED = {
-    "tools": {"tools": [{"type": "function", "function": {"name": "f", "description": BULK,
-                                                          "parameters": {"type": "object"}}}]},
-    "tool_call_arguments": {"messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-                                              "function": {"name": "f", "arguments": json.dumps({"x": BULK})}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]},
+    "tools": {
+        "tools": [
+            {"type": "function", "function": {"name": "f", "description": BULK, "parameters": {"type": "object"}}}
+        ]
+    },
+    "tool_call_arguments": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"x": BULK})}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]
+    },
     "name": {"messages": [{"role": "user", "name": BULK, "content": "hi"}]},
     "documents": {"documents": [{"title": "t", "text": BULK}]},
     "template_kwargs": {"chat_template_kwargs": {"context": BULK}},
@@ -169,8 +211,9 @@ def test_prompt_text_outside_the_message_content_is_reserved(reserving_gateway, 
     assert len(upstream.bodies) == seen
 
 
-def test_every_prompt_of_a_completions_request_is_reserved_and_counts_against_max_n(reserving_gateway, upstream,
-                                                                                    redis_server):
+def test_every_prompt_of_a_completions_request_is_reserved_and_counts_against_max_n(
+    reserving_gateway, upstream, redis_server
+):
     """/v1/completions with N prompts generates N x n sequences; the old reservation and the
     max_n ceiling counted n alone."""
     key = create_key_sync(redis_server.url, "acme", "arrays", limits={"tokens_per_minute": 3_000})
@@ -180,7 +223,8 @@ def test_every_prompt_of_a_completions_request_is_reserved_and_counts_against_ma
     too_big = post(reserving_gateway, key, four, LEGACY)
     assert too_big.status_code == 429 and too_big.json()["error"]["type"] == "tokens"
     seen = len(upstream.bodies)
-    too_many = post(reserving_gateway, key, {"model": "tiny", "max_tokens": 5, "prompt": ["a", "b", "c"], "n": 2},
-                    LEGACY)
+    too_many = post(
+        reserving_gateway, key, {"model": "tiny", "max_tokens": 5, "prompt": ["a", "b", "c"], "n": 2}, LEGACY
+    )
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "prompt"  # 6 sequences > max_n 4
     assert len(upstream.bodies) == seen

@@ -87,28 +87,59 @@ class OneAdmission:
 
 
 def admitted(backend: CountingBackend, queue: CountingQueue, *, allowed_models: list[str] | None = None) -> Admission:
-    decision = LimitDecision(allowed=True, refused=None, limit_requests=10, remaining_requests=9, reset_requests_s=6,
-                             limit_tokens=1000, remaining_tokens=900, reset_tokens_s=6, retry_after_s=None)
+    decision = LimitDecision(
+        allowed=True,
+        refused=None,
+        limit_requests=10,
+        remaining_requests=9,
+        reset_requests_s=6,
+        limit_tokens=1000,
+        remaining_tokens=900,
+        reset_tokens_s=6,
+        retry_after_s=None,
+    )
     who = Who(key_id="k", tenant="t", limits=KeyLimits(), tenant_defaults=TenantLimits())
     ticket = Ticket(who=who, decision=decision, reserved=100, backend=backend)
     slot = QueueTicket("tiny", "t", "standard", "slot-1", 0.0, False, queue, 0.0)  # type: ignore[arg-type]
     key = KeyRecord(key_id="k", tenant="t", name="n", created_at=datetime.now(UTC), allowed_models=allowed_models)
     reservation, _ = reservation_for(BODY, 100, CHAT, SETTINGS)
-    return Admission(key=key, body=b"{}", model="tiny", ticket=ticket, headers={"x-ratelimit-limit-requests": "10"},
-                     meter=UsageMeter(stream=False, reservation=reservation), queue_ticket=slot)
+    return Admission(
+        key=key,
+        body=b"{}",
+        model="tiny",
+        ticket=ticket,
+        headers={"x-ratelimit-limit-requests": "10"},
+        meter=UsageMeter(stream=False, reservation=reservation),
+        queue_ticket=slot,
+    )
 
 
 def request(path: str = CHAT, method: str = "POST") -> Request:
-    return Request({"type": "http", "method": method, "path": path, "raw_path": path.encode(), "root_path": "",
-                    "query_string": b"", "headers": [(b"content-type", b"application/json")],
-                    "scheme": "http", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000)})
+    return Request(
+        {
+            "type": "http",
+            "method": method,
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json")],
+            "scheme": "http",
+            "server": ("127.0.0.1", 80),
+            "client": ("127.0.0.1", 5000),
+        }
+    )
 
 
-def run(proxy: FailingProxy, *, path: str = CHAT, method: str = "POST",
-        allowed_models: list[str] | None = None) -> tuple[Response | BaseException, CountingBackend, CountingQueue]:
+def run(
+    proxy: FailingProxy, *, path: str = CHAT, method: str = "POST", allowed_models: list[str] | None = None
+) -> tuple[Response | BaseException, CountingBackend, CountingQueue]:
     backend, queue = CountingBackend(), CountingQueue()
-    gateway = Gateway(SETTINGS, OneAdmission(admitted(backend, queue, allowed_models=allowed_models)),  # type: ignore[arg-type]
-                      proxy)  # type: ignore[arg-type]
+    gateway = Gateway(
+        SETTINGS,
+        OneAdmission(admitted(backend, queue, allowed_models=allowed_models)),  # type: ignore[arg-type]
+        proxy,
+    )  # type: ignore[arg-type]
 
     async def go() -> Response | BaseException:
         try:
@@ -119,8 +150,11 @@ def run(proxy: FailingProxy, *, path: str = CHAT, method: str = "POST",
     return asyncio.run(go()), backend, queue
 
 
-@pytest.mark.parametrize("error", [RuntimeError("proxy bug"), asyncio.CancelledError(), KeyboardInterrupt()],
-                         ids=["exception", "cancelled", "interrupt"])
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("proxy bug"), asyncio.CancelledError(), KeyboardInterrupt()],
+    ids=["exception", "cancelled", "interrupt"],
+)
 def test_a_failing_proxy_stage_settles_the_ticket_and_releases_the_slot_once(error):
     outcome, backend, queue = run(FailingProxy(error=error))
     assert outcome is error
@@ -170,8 +204,14 @@ class ConnectingProxy:
         if self.error is not None:
             raise self.error
         upstream = type("Upstream", (), {"status": 200, "raw_headers": []})()
-        return UpstreamStream(upstream, kwargs["meter"], kwargs["settle"], {}, deadline=0.0,  # type: ignore[arg-type]
-                              metrics=None)  # type: ignore[arg-type]
+        return UpstreamStream(
+            upstream,
+            kwargs["meter"],
+            kwargs["settle"],
+            {},
+            deadline=0.0,  # type: ignore[arg-type]
+            metrics=None,
+        )  # type: ignore[arg-type]
 
 
 def test_a_failure_after_the_upstream_answered_closes_its_connection_and_settles_once():

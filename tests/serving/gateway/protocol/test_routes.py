@@ -24,45 +24,54 @@ def auth(key: str) -> dict[str, str]:
 # --- the pure decision -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("method", "path", "expected"), [
-    ("POST", "/v1/chat/completions", ApiRoute("POST", "/v1/chat/completions")),
-    ("POST", "/v1/completions", ApiRoute("POST", "/v1/completions")),
-    ("POST", "/v1/embeddings", ApiRoute("POST", "/v1/embeddings")),
-    ("GET", "/v1/models", ApiRoute("GET", "/v1/models")),
-    ("GET", "/v1/models/tiny", ApiRoute("GET", "/v1/models/tiny", model="tiny")),
-    ("GET", "/v1/chat/completions", RouteRefusal(405, ("POST",))),
-    ("post", "/v1/chat/completions", RouteRefusal(405, ("POST",))),
-    ("HEAD", "/v1/models", RouteRefusal(405, ("GET",))),
-    ("GET", "/v1/models/nope", RouteRefusal(404)),
-    ("GET", "/v1/models/", RouteRefusal(404)),
-    ("POST", "/v1/chat/completions/", RouteRefusal(404)),
-    ("POST", "/V1/chat/completions", RouteRefusal(404)),
-    ("POST", "/v1//chat/completions", RouteRefusal(404)),
-    ("POST", "/v1/%63hat/completions", RouteRefusal(404)),
-    ("GET", "/v1/../tokenize", RouteRefusal(404)),
-    ("POST", "/tokenize", RouteRefusal(404)),
-    ("POST", "/v1/score", RouteRefusal(404)),
-    ("POST", "/v1/audio/transcriptions", RouteRefusal(404)),
-    # The Batch API: the gateway's own handlers, ids only in the exact form the gateway makes them.
-    ("POST", "/v1/files", ApiRoute("POST", "/v1/files", handler="files.create")),
-    ("GET", f"/v1/files/{FILE}", ApiRoute("GET", f"/v1/files/{FILE}", handler="files.retrieve", resource=FILE)),
-    ("DELETE", f"/v1/files/{FILE}", ApiRoute("DELETE", f"/v1/files/{FILE}", handler="files.delete", resource=FILE)),
-    ("GET", f"/v1/files/{FILE}/content",
-     ApiRoute("GET", f"/v1/files/{FILE}/content", handler="files.content", resource=FILE)),
-    ("GET", "/v1/batches", ApiRoute("GET", "/v1/batches", handler="batches.list")),
-    ("POST", f"/v1/batches/{BATCH}/cancel",
-     ApiRoute("POST", f"/v1/batches/{BATCH}/cancel", handler="batches.cancel", resource=BATCH)),
-    ("GET", "/v1/files", ApiRoute("GET", "/v1/files", handler="files.list")),
-    ("PUT", "/v1/files", RouteRefusal(405, ("GET", "POST"))),
-    ("PUT", f"/v1/batches/{BATCH}", RouteRefusal(405, ("GET",))),
-    ("GET", f"/v1/files/{FILE.upper()}", RouteRefusal(404)),
-    ("GET", f"/v1/files/{FILE}0", RouteRefusal(404)),
-    ("GET", f"/v1/files/{BATCH}", RouteRefusal(404)),
-    ("GET", f"/v1/batches/{FILE}", RouteRefusal(404)),
-    ("GET", f"/v1/files/{FILE}/content/", RouteRefusal(404)),
-    ("GET", f"/v1/files/{FILE}/../{FILE}", RouteRefusal(404)),
-    ("GET", f"/v1/files/%66{FILE[1:]}", RouteRefusal(404)),  # uvicorn decodes once; a `%` left means twice
-])
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("POST", "/v1/chat/completions", ApiRoute("POST", "/v1/chat/completions")),
+        ("POST", "/v1/completions", ApiRoute("POST", "/v1/completions")),
+        ("POST", "/v1/embeddings", ApiRoute("POST", "/v1/embeddings")),
+        ("GET", "/v1/models", ApiRoute("GET", "/v1/models")),
+        ("GET", "/v1/models/tiny", ApiRoute("GET", "/v1/models/tiny", model="tiny")),
+        ("GET", "/v1/chat/completions", RouteRefusal(405, ("POST",))),
+        ("post", "/v1/chat/completions", RouteRefusal(405, ("POST",))),
+        ("HEAD", "/v1/models", RouteRefusal(405, ("GET",))),
+        ("GET", "/v1/models/nope", RouteRefusal(404)),
+        ("GET", "/v1/models/", RouteRefusal(404)),
+        ("POST", "/v1/chat/completions/", RouteRefusal(404)),
+        ("POST", "/V1/chat/completions", RouteRefusal(404)),
+        ("POST", "/v1//chat/completions", RouteRefusal(404)),
+        ("POST", "/v1/%63hat/completions", RouteRefusal(404)),
+        ("GET", "/v1/../tokenize", RouteRefusal(404)),
+        ("POST", "/tokenize", RouteRefusal(404)),
+        ("POST", "/v1/score", RouteRefusal(404)),
+        ("POST", "/v1/audio/transcriptions", RouteRefusal(404)),
+        # The Batch API: the gateway's own handlers, ids only in the exact form the gateway makes them.
+        ("POST", "/v1/files", ApiRoute("POST", "/v1/files", handler="files.create")),
+        ("GET", f"/v1/files/{FILE}", ApiRoute("GET", f"/v1/files/{FILE}", handler="files.retrieve", resource=FILE)),
+        ("DELETE", f"/v1/files/{FILE}", ApiRoute("DELETE", f"/v1/files/{FILE}", handler="files.delete", resource=FILE)),
+        (
+            "GET",
+            f"/v1/files/{FILE}/content",
+            ApiRoute("GET", f"/v1/files/{FILE}/content", handler="files.content", resource=FILE),
+        ),
+        ("GET", "/v1/batches", ApiRoute("GET", "/v1/batches", handler="batches.list")),
+        (
+            "POST",
+            f"/v1/batches/{BATCH}/cancel",
+            ApiRoute("POST", f"/v1/batches/{BATCH}/cancel", handler="batches.cancel", resource=BATCH),
+        ),
+        ("GET", "/v1/files", ApiRoute("GET", "/v1/files", handler="files.list")),
+        ("PUT", "/v1/files", RouteRefusal(405, ("GET", "POST"))),
+        ("PUT", f"/v1/batches/{BATCH}", RouteRefusal(405, ("GET",))),
+        ("GET", f"/v1/files/{FILE.upper()}", RouteRefusal(404)),
+        ("GET", f"/v1/files/{FILE}0", RouteRefusal(404)),
+        ("GET", f"/v1/files/{BATCH}", RouteRefusal(404)),
+        ("GET", f"/v1/batches/{FILE}", RouteRefusal(404)),
+        ("GET", f"/v1/files/{FILE}/content/", RouteRefusal(404)),
+        ("GET", f"/v1/files/{FILE}/../{FILE}", RouteRefusal(404)),
+        ("GET", f"/v1/files/%66{FILE[1:]}", RouteRefusal(404)),  # uvicorn decodes once; a `%` left means twice
+    ],
+)
 def test_resolve(method, path, expected):
     route = resolve(method, path, ["tiny", "other"])
     if isinstance(expected, ApiRoute):
@@ -71,8 +80,21 @@ def test_resolve(method, path, expected):
         assert route == expected
 
 
-@pytest.mark.parametrize("path", ["/v1/%2e%2e/x", "/v1/./models", "/v1/..", "/v1/a\\b", "/v1/m\u00e9", "/v1/a b",
-                                  "/v1/models?x", "/v1/models#x", "v1/models", "/v1/models/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/%2e%2e/x",
+        "/v1/./models",
+        "/v1/..",
+        "/v1/a\\b",
+        "/v1/m\u00e9",
+        "/v1/a b",
+        "/v1/models?x",
+        "/v1/models#x",
+        "v1/models",
+        "/v1/models/",
+    ],
+)
 def test_not_canonical(path):
     assert not is_canonical(path)
 
@@ -80,12 +102,15 @@ def test_not_canonical(path):
 # --- through the gateway -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", [
-    "/v1/%2563hat/completions",  # decoded once by uvicorn to /v1/%63hat/..., once more by yarl
-    "/v1/%252563hat/completions",  # triple
-    "/v1/%2563HAT/completions",
-    "/v1/chat%252Fcompletions",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/%2563hat/completions",  # decoded once by uvicorn to /v1/%63hat/..., once more by yarl
+        "/v1/%252563hat/completions",  # triple
+        "/v1/%2563HAT/completions",
+        "/v1/chat%252Fcompletions",
+    ],
+)
 def test_a_twice_encoded_completion_path_is_404_and_never_reaches_the_upstream(gateway, recorded, key, raw, target):
     body = json.dumps({**CHAT, "max_tokens": 1_000_000, "n": 64}).encode()  # over every completions rule
     status, _, answer = raw(gateway, "POST", target, headers=auth(key), body=body)
@@ -93,13 +118,39 @@ def test_a_twice_encoded_completion_path_is_404_and_never_reaches_the_upstream(g
     assert recorded.seen == []
 
 
-@pytest.mark.parametrize("target", [
-    "/v1/%252e%252e/tokenize", "/v1/%252E%252E/tokenize", "/v1/%25252e%25252e/tokenize", "/v1/..%252Ftokenize",
-    "/v1/%2e%2e/tokenize", "/v1/../tokenize", "/v1/./models", "/v1/models/./tiny", "/v1/models/../models",
-    "/openapi.json", "/-/routes", "/docs", "/tokenize", "/detokenize", "/v1/score", "/v1/audio/transcriptions",
-    "/metrics", "/readyz", "/", "/v1", "/v1/", "//v1/models", "/v1/models/", "/v1/models/no-such-model",
-    "/V1/models", "/v1/Models", "/v1/models%2F", "/v1/models%3Fx=1",
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/v1/%252e%252e/tokenize",
+        "/v1/%252E%252E/tokenize",
+        "/v1/%25252e%25252e/tokenize",
+        "/v1/..%252Ftokenize",
+        "/v1/%2e%2e/tokenize",
+        "/v1/../tokenize",
+        "/v1/./models",
+        "/v1/models/./tiny",
+        "/v1/models/../models",
+        "/openapi.json",
+        "/-/routes",
+        "/docs",
+        "/tokenize",
+        "/detokenize",
+        "/v1/score",
+        "/v1/audio/transcriptions",
+        "/metrics",
+        "/readyz",
+        "/",
+        "/v1",
+        "/v1/",
+        "//v1/models",
+        "/v1/models/",
+        "/v1/models/no-such-model",
+        "/V1/models",
+        "/v1/Models",
+        "/v1/models%2F",
+        "/v1/models%3Fx=1",
+    ],
+)
 def test_unserved_and_dot_segment_paths_are_404_and_never_reach_the_upstream(gateway, recorded, key, raw, target):
     status, _, answer = raw(gateway, "GET", target, headers=auth(key))
     assert status == 404 and json.loads(answer)["error"]["type"] == "invalid_request_error"
@@ -111,16 +162,19 @@ def test_unknown_paths_are_404_before_any_key_check(gateway, recorded, raw):
     assert status == 404 and json.loads(answer)["error"]["code"] == "unknown_url"
 
 
-@pytest.mark.parametrize(("method", "target", "allow"), [
-    ("GET", "/v1/chat/completions", "POST"),
-    ("HEAD", "/v1/models", "GET"),
-    ("OPTIONS", "/v1/chat/completions", "POST"),
-    ("PUT", "/v1/completions", "POST"),
-    ("DELETE", "/v1/models", "GET"),
-    ("TRACE", "/v1/models", "GET"),
-    ("post", "/v1/chat/completions", None),  # methods are case-sensitive (RFC 9110 9.1): uvicorn refuses it
-    ("FOO", "/v1/chat/completions", None),
-])
+@pytest.mark.parametrize(
+    ("method", "target", "allow"),
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("HEAD", "/v1/models", "GET"),
+        ("OPTIONS", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("DELETE", "/v1/models", "GET"),
+        ("TRACE", "/v1/models", "GET"),
+        ("post", "/v1/chat/completions", None),  # methods are case-sensitive (RFC 9110 9.1): uvicorn refuses it
+        ("FOO", "/v1/chat/completions", None),
+    ],
+)
 def test_other_methods_are_refused_and_never_reach_the_upstream(gateway, recorded, key, raw, method, target, allow):
     status, headers, _ = raw(gateway, method, target, headers=auth(key), body=json.dumps(CHAT).encode())
     if allow is None:
@@ -144,8 +198,13 @@ def test_a_once_encoded_path_is_the_route_it_decodes_to_with_all_its_rules(gatew
 def test_query_strings_are_dropped(gateway, recorded, key, raw):
     status, _, _ = raw(gateway, "GET", "/v1/models?api-version=1&x=%2e%2e", headers=auth(key))
     assert status == 200
-    status, _, _ = raw(gateway, "POST", "/v1/chat/completions?stream=true&max_tokens=9999", headers=auth(key),
-                       body=json.dumps(CHAT).encode())
+    status, _, _ = raw(
+        gateway,
+        "POST",
+        "/v1/chat/completions?stream=true&max_tokens=9999",
+        headers=auth(key),
+        body=json.dumps(CHAT).encode(),
+    )
     assert status == 200
     assert [seen.request_line for seen in recorded.seen] == ["GET /v1/models", "POST /v1/chat/completions"]
 
@@ -194,20 +253,35 @@ def test_settings_refuse_route_prefixes_that_are_not_canonical_paths(prefix):
 
 
 def test_each_model_goes_to_its_own_application_and_nothing_in_the_request_picks_another(
-        start_gateway, recorded, key, raw):
+    start_gateway, recorded, key, raw
+):
     with start_gateway(model_routes=ROUTES) as (api, _):
         for model in ("tiny", "other"):
-            status, _, _ = raw(api, "POST", "/v1/chat/completions", headers=auth(key),
-                               body=json.dumps({**CHAT, "model": model}).encode())
+            status, _, _ = raw(
+                api,
+                "POST",
+                "/v1/chat/completions",
+                headers=auth(key),
+                body=json.dumps({**CHAT, "model": model}).encode(),
+            )
             assert status == 200
         assert raw(api, "GET", "/v1/models", headers=auth(key))[0] == 200
         # A model the stack does not route goes to `/` (where Serve's model list answers 404), and
         # no spelling of the model or of the path picks an application.
         for model in ("../../admin", "/tiny", "tiny/../other"):
-            raw(api, "POST", "/v1/chat/completions", headers=auth(key),
-                body=json.dumps({**CHAT, "model": model}).encode())
-        assert raw(api, "POST", "/tiny/v1/chat/completions", headers=auth(key), body=json.dumps(CHAT).encode()
-                   )[0] == 404
+            raw(
+                api,
+                "POST",
+                "/v1/chat/completions",
+                headers=auth(key),
+                body=json.dumps({**CHAT, "model": model}).encode(),
+            )
+        assert (
+            raw(api, "POST", "/tiny/v1/chat/completions", headers=auth(key), body=json.dumps(CHAT).encode())[0] == 404
+        )
     assert [s.request_line for s in recorded.seen] == [
-        "POST /tiny/v1/chat/completions", "POST /other-model/v1/chat/completions", "GET /v1/models",
-        *["POST /v1/chat/completions"] * 3]
+        "POST /tiny/v1/chat/completions",
+        "POST /other-model/v1/chat/completions",
+        "GET /v1/models",
+        *["POST /v1/chat/completions"] * 3,
+    ]

@@ -44,18 +44,27 @@ PHASE_S = 4.0  # how long the engine's peak is watched once the capacity has fal
 
 
 @contextmanager
-def adaptive_gateway(upstream: str, redis_url: str, model: str, log: Path, *, adaptive: bool = True
-                     ) -> Iterator[tuple[str, str]]:
+def adaptive_gateway(
+    upstream: str, redis_url: str, model: str, log: Path, *, adaptive: bool = True
+) -> Iterator[tuple[str, str]]:
     """Yields (API URL, metrics URL)."""
     port, metrics_port = free_port(), free_port()
-    settings = {"models": [model], "model_context_lengths": {model: 4096},
-                "queue": {"tiers": [{"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120}],
-                          "keepalive_s": 60},
-                "model_queues": {model: {"max_ongoing_requests": CEILING}},
-                "model_capacities": {model: {"ttft_ms": 150, "itl_ms": 100, "min_slots": FLOOR,
-                                             "max_slots": CEILING, "adaptive": adaptive}}}
-    env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port), "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings)}
+    settings = {
+        "models": [model],
+        "model_context_lengths": {model: 4096},
+        "queue": {"tiers": [{"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120}], "keepalive_s": 60},
+        "model_queues": {model: {"max_ongoing_requests": CEILING}},
+        "model_capacities": {
+            model: {"ttft_ms": 150, "itl_ms": 100, "min_slots": FLOOR, "max_slots": CEILING, "adaptive": adaptive}
+        },
+    }
+    env = {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
+    }
     with gateway_process(env, log) as process:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
@@ -70,16 +79,19 @@ class Load:
         self.stop = threading.Event()
         self.statuses: list[int] = []
         self.waits_ms: list[int] = []
-        self.threads = [threading.Thread(target=self._client, args=(apis[i % len(apis)],), daemon=True)
-                        for i in range(CLIENTS)]
+        self.threads = [
+            threading.Thread(target=self._client, args=(apis[i % len(apis)],), daemon=True) for i in range(CLIENTS)
+        ]
 
     def _client(self, api: str) -> None:
         with httpx.Client(timeout=HANG_BOUND_S * 4) as client:
             while not self.stop.is_set():
-                with client.stream("POST", f"{api}/v1/chat/completions",
-                                   headers={"authorization": f"Bearer {self.key}"},
-                                   json={"model": self.model, "stream": True,
-                                         "messages": [{"role": "user", "content": "hi"}]}) as response:
+                with client.stream(
+                    "POST",
+                    f"{api}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {self.key}"},
+                    json={"model": self.model, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+                ) as response:
                     for _ in response.iter_bytes():
                         pass
                     self.statuses.append(response.status_code)
@@ -111,23 +123,31 @@ def gauge(metrics_url: str, model: str) -> float:
     raise AssertionError(f"no llmstack_gateway_model_capacity of {model} at {metrics_url}")
 
 
-def run_and_watch(redis_url: str, engine: LoadedUpstream, model: str, gateways: int, tmp_path: Path
-                  ) -> tuple[Load, int, list[int], list[float]]:
+def run_and_watch(
+    redis_url: str, engine: LoadedUpstream, model: str, gateways: int, tmp_path: Path
+) -> tuple[Load, int, list[int], list[float]]:
     """Saturate the model through `gateways` gateway processes until its capacity has fallen, then
     watch the engine's peak for PHASE_S. Returns the load, the peak, every capacity Redis held
     meanwhile, and each gateway's capacity gauge at the end."""
     key = create_key_sync(redis_url, "acme", "adaptive", limits=GENEROUS)
     with ExitStack() as stack:
         upstream = stack.enter_context(serving(engine.app()))
-        urls = [stack.enter_context(adaptive_gateway(upstream, redis_url, model, tmp_path / f"gw{i}.log"))
-                for i in range(gateways)]
+        urls = [
+            stack.enter_context(adaptive_gateway(upstream, redis_url, model, tmp_path / f"gw{i}.log"))
+            for i in range(gateways)
+        ]
         load = stack.enter_context(Load([api for api, _ in urls], key, model))
-        eventually(lambda: (adapted_slots(redis_url, model) or CEILING) <= CEILING // 2,
-                   "the capacity falls while the engine is over its TTFT target", bound_s=SETTLE_BOUND_S)
+        eventually(
+            lambda: (adapted_slots(redis_url, model) or CEILING) <= CEILING // 2,
+            "the capacity falls while the engine is over its TTFT target",
+            bound_s=SETTLE_BOUND_S,
+        )
         # Streams admitted before the last cut may still run; from when they are gone, the
         # fair queue holds the engine to the adapted capacity.
-        eventually(lambda: engine.running <= (adapted_slots(redis_url, model) or CEILING),
-                   "the streams admitted above the new capacity end")
+        eventually(
+            lambda: engine.running <= (adapted_slots(redis_url, model) or CEILING),
+            "the streams admitted above the new capacity end",
+        )
         seen = [adapted_slots(redis_url, model) or CEILING]
         engine.reset_peak()
         until = time.monotonic() + PHASE_S
@@ -166,10 +186,11 @@ def test_with_adaptive_off_the_model_keeps_max_ongoing_requests(redis_server, tm
         client.hset(capacity_key(model), "slots", FLOOR)
     engine = LoadedUpstream()
     key = create_key_sync(redis_server.url, "acme", "fixed", limits=GENEROUS)
-    with serving(engine.app()) as upstream, \
-            adaptive_gateway(upstream, redis_server.url, model, tmp_path / "gw.log",
-                             adaptive=False) as (api, metrics), \
-            Load([api], key, model) as load:
+    with (
+        serving(engine.app()) as upstream,
+        adaptive_gateway(upstream, redis_server.url, model, tmp_path / "gw.log", adaptive=False) as (api, metrics),
+        Load([api], key, model) as load,
+    ):
         eventually(lambda: engine.peak == CEILING, "the engine runs max_ongoing_requests at once")
         time.sleep(PHASE_S)  # windows in which an adaptive capacity would have fallen
         assert "llmstack_gateway_model_capacity{" not in httpx.get(metrics, timeout=HANG_BOUND_S).text

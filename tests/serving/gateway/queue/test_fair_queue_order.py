@@ -127,10 +127,12 @@ def test_higher_tiers_go_first(redis_server):
 def test_a_lower_tier_leaves_its_share_of_capacity_free_for_higher_ones(redis_server):
     async def scenario() -> None:
         model = fresh_model()
-        policy = QueuePolicy(tiers=[QueueTier(name="interactive"), QueueTier(name="batch", capacity_share=0.5)],
-                             default_tier="batch")
-        queue = FairQueue(redis_server.url, policy, {model: one_slot(max_ongoing_requests=4)}, lease_s=2,
-                          heartbeat_s=0.2)
+        policy = QueuePolicy(
+            tiers=[QueueTier(name="interactive"), QueueTier(name="batch", capacity_share=0.5)], default_tier="batch"
+        )
+        queue = FairQueue(
+            redis_server.url, policy, {model: one_slot(max_ongoing_requests=4)}, lease_s=2, heartbeat_s=0.2
+        )
         await queue.start()
         try:
             batch = [await queue.acquire(model, "bulk", tier="batch") for _ in range(2)]
@@ -149,8 +151,6 @@ def test_a_lower_tier_leaves_its_share_of_capacity_free_for_higher_ones(redis_se
             await queue.aclose()
 
     asyncio.run(scenario())
-
-
 
 
 async def _admitted_at_once(queue: FairQueue, model: str, tenant: str, tickets: list) -> asyncio.Task | None:
@@ -215,5 +215,3 @@ def test_without_a_reserve_a_flooding_tenant_fills_every_slot(redis_server):
             await queue.aclose()
 
     asyncio.run(scenario())
-
-

@@ -27,18 +27,24 @@ PROBE = "fq-test:holders"
 def _hammer(url: str, model: str, rounds: int, concurrency: int, capacity: int) -> None:
     """One gateway process: `concurrency` callers acquire, count themselves in an independent Redis
     counter while holding the slot, and release, `rounds` times each."""
+
     async def main() -> None:
-        queue = FairQueue(url, POLICY, {model: ModelQueue(max_ongoing_requests=capacity)},
-                          lease_s=10, heartbeat_s=1)
+        queue = FairQueue(url, POLICY, {model: ModelQueue(max_ongoing_requests=capacity)}, lease_s=10, heartbeat_s=1)
         await queue.start()
         probe = redis.asyncio.Redis.from_url(url)
         try:
+
             async def caller(n: int) -> None:
                 for _ in range(rounds):
                     async with queue.slot(model, f"t{n % 3}", weight=1 + n % 2):
                         holders = await probe.incr(PROBE)
-                        await probe.eval("if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[1]) or '0') then "
-                                         "redis.call('SET', KEYS[1], ARGV[1]) end", 1, f"{PROBE}:peak", holders)
+                        await probe.eval(
+                            "if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[1]) or '0') then "
+                            "redis.call('SET', KEYS[1], ARGV[1]) end",
+                            1,
+                            f"{PROBE}:peak",
+                            holders,
+                        )
                         await asyncio.sleep(0.002)
                         await probe.decr(PROBE)
 
@@ -69,6 +75,7 @@ def test_two_processes_never_exceed_capacity(redis_server):
 
 def _hold_and_wait(url: str, model: str, ready: multiprocessing.synchronize.Event) -> None:
     """A gateway process that holds the model's slot and has a request waiting, until it is killed."""
+
     async def main() -> None:
         queue = FairQueue(url, POLICY, {model: one_slot()}, lease_s=5.0, heartbeat_s=0.5)
         await queue.start()
@@ -111,4 +118,3 @@ def test_a_killed_gateway_leaks_neither_its_slot_nor_its_place_in_the_queue(redi
     # The dead process's slot left no count behind: its tenant does not look busy forever.
     assert (client.hlen(keys.slots), client.hlen(keys.holders)) == (0, 0)
     client.close()
-

@@ -36,8 +36,11 @@ async def tried(queue: FairQueue, client, model: str, tenant: str, tier: str | N
 
 async def snapshot(client, model: str, tiers: int) -> dict:
     """Every key of the model's queue, as Redis holds it."""
-    read = {b"hash": client.hgetall, b"zset": lambda name: client.zrange(name, 0, -1, withscores=True),
-            b"string": client.get}
+    read = {
+        b"hash": client.hgetall,
+        b"zset": lambda name: client.zrange(name, 0, -1, withscores=True),
+        b"string": client.get,
+    }
     out = {}
     for name in queue_keys(model, tiers).script_keys():
         kind = await client.type(name)
@@ -48,8 +51,9 @@ async def snapshot(client, model: str, tiers: int) -> dict:
 def test_a_try_takes_a_free_slot_by_the_admits_rule_and_answers_busy_without_queueing(redis_server):
     async def scenario() -> None:
         model = fresh_model()
-        queue = await opened(redis_server.url, {model: one_slot(max_ongoing_requests=8)}, RESERVED,
-                             lease_s=120, heartbeat_s=50)  # no lease renewal moves a score mid-test
+        queue = await opened(
+            redis_server.url, {model: one_slot(max_ongoing_requests=8)}, RESERVED, lease_s=120, heartbeat_s=50
+        )  # no lease renewal moves a score mid-test
         client = redis.asyncio.Redis.from_url(redis_server.url)
         try:
             flood = []
@@ -114,8 +118,9 @@ def test_a_try_never_pushes_a_waiter_out_of_a_full_queue(redis_server):
 def test_a_try_keeps_a_lower_tier_to_its_share_of_the_capacity(redis_server):
     async def scenario() -> None:
         model = fresh_model()
-        policy = QueuePolicy(tiers=[QueueTier(name="interactive"), QueueTier(name="batch", capacity_share=0.5)],
-                             default_tier="batch")
+        policy = QueuePolicy(
+            tiers=[QueueTier(name="interactive"), QueueTier(name="batch", capacity_share=0.5)], default_tier="batch"
+        )
         queue = await opened(redis_server.url, {model: one_slot(max_ongoing_requests=4)}, policy)
         client = redis.asyncio.Redis.from_url(redis_server.url)
         try:
@@ -210,5 +215,3 @@ class monitored:
         self._monitor.connection.disconnect()
         self._thread.join(timeout=5)
         self._client.close()
-
-

@@ -48,6 +48,7 @@ def test_a_full_queue_keeps_the_fairest_waiters(redis_server):
     """Batch holds 3 waiters. A flood fills it; the flood's next request is refused (429); a
     quiet tenant takes the place of the flood's last waiter (pushed out: 429); once the queue
     holds only requests at the quiet tenant's virtual time, a newcomer gets 503."""
+
     async def scenario() -> None:
         model = fresh_model()
         queue = await opened(redis_server.url, {model: one_slot()})
@@ -149,8 +150,9 @@ def test_a_lost_wake_up_is_caught_by_the_heartbeat(redis_server):
 def test_live_replicas_set_the_capacity_and_zero_replicas_mean_a_cold_start(redis_server):
     async def scenario() -> None:
         model = fresh_model()
-        queue = await opened(redis_server.url, {model: ModelQueue(max_ongoing_requests=2, min_replicas=0,
-                                                                  max_replicas=3)})
+        queue = await opened(
+            redis_server.url, {model: ModelQueue(max_ongoing_requests=2, min_replicas=0, max_replicas=3)}
+        )
         try:
             assert (await queue.status(model))["capacity"] == 6  # nobody published: max_replicas
             first = await queue.acquire(model, "a")
@@ -170,5 +172,3 @@ def test_live_replicas_set_the_capacity_and_zero_replicas_mean_a_cold_start(redi
             await queue.aclose()
 
     asyncio.run(scenario())
-
-

@@ -125,8 +125,9 @@ def test_the_fair_queue_imports_in_the_slim_gateway_image():
     from pathlib import Path
 
     poison = "import sys\nfor m in ('ray', 'vllm', 'torch', 'pulumi', 'infra', 'ops'): sys.modules[m] = None\n"
-    code = poison + ("import serving.gateway.queue.fair_queue as fq\n"
-                     "assert 'local function promote' in fq.LUA\nprint('ok')")
+    code = poison + (
+        "import serving.gateway.queue.fair_queue as fq\nassert 'local function promote' in fq.LUA\nprint('ok')"
+    )
     root = Path(__file__).resolve().parents[4]
     result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

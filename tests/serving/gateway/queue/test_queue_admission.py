@@ -44,14 +44,32 @@ def fresh(counting: CountingUpstream) -> CountingUpstream:
     return counting
 
 
-def queued_gateway(upstream, redis_url: str, model: str, capacity: int, *,
-                   max_queue_length: int = 8, min_replicas: int = 1, keepalive_s: float = 10,
-                   queue_timeout_s: float = HANG_BOUND_S, **overrides):
-    policy = QueuePolicy(tiers=[QueueTier(name="standard", max_queue_length=max_queue_length,
-                                          queue_timeout_s=queue_timeout_s)], keepalive_s=keepalive_s)
+def queued_gateway(
+    upstream,
+    redis_url: str,
+    model: str,
+    capacity: int,
+    *,
+    max_queue_length: int = 8,
+    min_replicas: int = 1,
+    keepalive_s: float = 10,
+    queue_timeout_s: float = HANG_BOUND_S,
+    **overrides,
+):
+    policy = QueuePolicy(
+        tiers=[QueueTier(name="standard", max_queue_length=max_queue_length, queue_timeout_s=queue_timeout_s)],
+        keepalive_s=keepalive_s,
+    )
     queue = ModelQueue(max_ongoing_requests=capacity, min_replicas=min_replicas, cold_start_timeout_s=HANG_BOUND_S)
-    settings = gateway_settings(upstream.url, redis_url, models=[model], model_context_lengths={model: 4096},
-                                queue=policy, model_queues={model: queue}, **overrides)
+    settings = gateway_settings(
+        upstream.url,
+        redis_url,
+        models=[model],
+        model_context_lengths={model: 4096},
+        queue=policy,
+        model_queues={model: queue},
+        **overrides,
+    )
     return serving_gateway(settings)
 
 
@@ -60,9 +78,12 @@ def key_for(redis_url: str, tenant: str) -> str:
 
 
 def chat(api: str, key: str, model: str, what: str, **extra) -> httpx.Response:
-    return httpx.post(f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                      json={"model": model, "messages": [{"role": "user", "content": what}], **extra},
-                      timeout=HANG_BOUND_S)
+    return httpx.post(
+        f"{api}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": model, "messages": [{"role": "user", "content": what}], **extra},
+        timeout=HANG_BOUND_S,
+    )
 
 
 def redis_counts(redis_url: str, model: str) -> tuple[int, int]:
@@ -99,8 +120,10 @@ def test_a_saturated_model_queues_then_serves(redis_server, fresh):
 def test_a_full_queue_sheds_with_429_or_503_and_retry_after(redis_server, fresh):
     model = model_name()
     flooder, other = key_for(redis_server.url, "flooder"), key_for(redis_server.url, "quiet")
-    with queued_gateway(fresh, redis_server.url, model, capacity=1, max_queue_length=1) as (api, _), \
-            ThreadPoolExecutor(4) as pool:
+    with (
+        queued_gateway(fresh, redis_server.url, model, capacity=1, max_queue_length=1) as (api, _),
+        ThreadPoolExecutor(4) as pool,
+    ):
         running = pool.submit(chat, api, flooder, model, "hold")
         eventually(lambda: fresh.running == 1, "one request runs")
         waiting = pool.submit(chat, api, flooder, model, "hold")
@@ -126,8 +149,13 @@ def test_the_slot_comes_back_after_a_cut_stream(redis_server, upstream):
     model, key = model_name(), key_for(redis_server.url, "acme")
     cut = {"model": model, "stream": True, "messages": [{"role": "user", "content": directive(id="q1", pause_after=1)}]}
     with queued_gateway(upstream, redis_server.url, model, capacity=1) as (api, _):
-        with httpx.stream("POST", f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                          json=cut, timeout=HANG_BOUND_S) as stream:
+        with httpx.stream(
+            "POST",
+            f"{api}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json=cut,
+            timeout=HANG_BOUND_S,
+        ) as stream:
             assert stream.status_code == 200
             chunks = stream.iter_raw()  # held: a dropped iterator would close the response at once
             next(chunks)
@@ -171,8 +199,9 @@ class RoundTrips:
             packed = packed.encode() if isinstance(packed, str) else packed
             handshake = any(f"\r\n{name}\r\n".encode() in packed for name in ("HELLO", "CLIENT"))
             if b"\r\nrenew\r\n" not in packed and not handshake:
-                count = {name: packed.count(f"\r\n{name}\r\n".encode()) for name in ("GET", "EVALSHA", "EVAL",
-                                                                                        *QUEUE_OPS)}
+                count = {
+                    name: packed.count(f"\r\n{name}\r\n".encode()) for name in ("GET", "EVALSHA", "EVAL", *QUEUE_OPS)
+                }
                 queue_ops = [op for op in QUEUE_OPS for _ in range(count[op])]
                 scripts = count["EVALSHA"] + count["EVAL"] - len(queue_ops)
                 trips.sent.append(["GET"] * count["GET"] + ["EVALSHA"] * scripts + queue_ops)
@@ -184,8 +213,12 @@ class RoundTrips:
 def chunked(api: str, key: str, model: str, what: str) -> httpx.Response:
     """A body of undeclared length: the limiter takes the slot phase before reading it."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": what}]}).encode()
-    return httpx.post(f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                      content=iter([body]), timeout=HANG_BOUND_S)
+    return httpx.post(
+        f"{api}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        content=iter([body]),
+        timeout=HANG_BOUND_S,
+    )
 
 
 @pytest.mark.parametrize("body", ["small", "chunked"])
@@ -225,8 +258,10 @@ def test_a_rate_limited_request_holds_no_slot_and_pushes_no_waiter_out(redis_ser
     model, other = model_name(), key_for(redis_server.url, "other")
     capped = create_key_sync(redis_server.url, "capped", "queue-test", limits={**GENEROUS, "requests_per_minute": 1})
     trips = RoundTrips(monkeypatch)
-    with queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=1) as (api, _), \
-            ThreadPoolExecutor(3) as pool:
+    with (
+        queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=1) as (api, _),
+        ThreadPoolExecutor(3) as pool,
+    ):
         assert chat(api, capped, model, "hi").status_code == 200  # its one request of the minute
         held = pool.submit(chat, api, other, model, "hold")
         eventually(lambda: fresh.running == 1, "one request runs")
@@ -296,9 +331,11 @@ def test_settle_and_release_survive_a_redis_that_forgot_the_scripts(redis_server
 
 def test_two_gateways_never_exceed_the_models_capacity(redis_server, fresh):
     model, key = model_name(), key_for(redis_server.url, "acme")
-    with queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=16) as (first, _), \
-            queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=16) as (second, _), \
-            ThreadPoolExecutor(12) as pool:
+    with (
+        queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=16) as (first, _),
+        queued_gateway(fresh, redis_server.url, model, capacity=2, max_queue_length=16) as (second, _),
+        ThreadPoolExecutor(12) as pool,
+    ):
         futures = [pool.submit(chat, api, key, model, "sleep") for api in [first, second] * 6]
         statuses = [f.result().status_code for f in futures]
     assert statuses == [200] * 12
@@ -324,8 +361,9 @@ def test_the_engine_priority_is_the_keys_tier_and_never_the_clients(redis_server
 @pytest.mark.parametrize(("min_replicas", "status"), [(0, 200), (1, 504)])
 def test_a_model_that_may_be_cold_gets_its_cold_start_as_first_byte_timeout(redis_server, fresh, min_replicas, status):
     model, key = model_name(), key_for(redis_server.url, "acme")
-    with queued_gateway(fresh, redis_server.url, model, capacity=1, min_replicas=min_replicas,
-                        upstream_idle_timeout_s=0.5) as (api, _):
+    with queued_gateway(
+        fresh, redis_server.url, model, capacity=1, min_replicas=min_replicas, upstream_idle_timeout_s=0.5
+    ) as (api, _):
         assert chat(api, key, model, "slow").status_code == status
 
 
@@ -349,17 +387,23 @@ def test_without_redis_the_queue_follows_the_limiters_fail_mode(fresh, fail_mode
 
 
 def stream_request(api: str, key: str, model: str, text: str):
-    return httpx.stream("POST", f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                        json={"model": model, "stream": True, "messages": [{"role": "user", "content": text}]},
-                        timeout=HANG_BOUND_S)
+    return httpx.stream(
+        "POST",
+        f"{api}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={"model": model, "stream": True, "messages": [{"role": "user", "content": text}]},
+        timeout=HANG_BOUND_S,
+    )
 
 
 @pytest.mark.parametrize("outcome", ["served", "refused", "client_left"])
 def test_a_waiting_stream_gets_keep_alives_then_its_answer_or_its_refusal(redis_server, upstream, outcome):
     model, key = model_name(), key_for(redis_server.url, "acme")
     timeout = 1.0 if outcome == "refused" else HANG_BOUND_S
-    with queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2,
-                        queue_timeout_s=timeout) as (api, _):
+    with queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, queue_timeout_s=timeout) as (
+        api,
+        _,
+    ):
         with stream_request(api, key, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
             held = holder.iter_lines()
             next(held)  # the holder has the model's only slot
@@ -389,8 +433,9 @@ def test_the_openai_sdk_raises_a_refusal_that_comes_after_keep_alives(redis_serv
             held = holder.iter_lines()
             next(held)
             client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0)
-            stream = client.chat.completions.create(model=model, stream=True,
-                                                    messages=[{"role": "user", "content": "hello"}])
+            stream = client.chat.completions.create(
+                model=model, stream=True, messages=[{"role": "user", "content": "hello"}]
+            )
             with pytest.raises(openai.APIError) as refused:
                 list(stream)
             assert refused.value.body["code"] == "model_saturated"

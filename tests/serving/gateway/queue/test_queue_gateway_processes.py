@@ -36,11 +36,19 @@ pytestmark = pytest.mark.slow  # starts gateway processes (python -m serving.gat
 def queue_gateway_process(upstream: str, redis_url: str, model: str, capacity: int, log: Path) -> Iterator[tuple]:
     """`python -m serving.gateway` as its own OS process: yields (API URL, the Popen)."""
     port = free_port()
-    settings = {"models": [model], "model_context_lengths": {model: 4096},
-                "queue": {"tiers": [{"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120}]},
-                "model_queues": {model: {"max_ongoing_requests": capacity}}}
-    env = {"LLMSTACK_UPSTREAM_URL": upstream, "LLMSTACK_REDIS_URL": redis_url, "LLMSTACK_GATEWAY_PORT": str(port),
-           "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()), "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings)}
+    settings = {
+        "models": [model],
+        "model_context_lengths": {model: 4096},
+        "queue": {"tiers": [{"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120}]},
+        "model_queues": {model: {"max_ongoing_requests": capacity}},
+    }
+    env = {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
+    }
     with gateway_process(env, log) as process:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}", process
@@ -48,9 +56,12 @@ def queue_gateway_process(upstream: str, redis_url: str, model: str, capacity: i
 
 def chat(api: str, key: str, model: str, what: str) -> int:
     try:
-        return httpx.post(f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                          json={"model": model, "messages": [{"role": "user", "content": what}]},
-                          timeout=HANG_BOUND_S * 2).status_code
+        return httpx.post(
+            f"{api}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": model, "messages": [{"role": "user", "content": what}]},
+            timeout=HANG_BOUND_S * 2,
+        ).status_code
     except httpx.TransportError:
         return 0  # its gateway was killed
 
@@ -75,10 +86,12 @@ def test_two_gateway_processes_never_run_more_than_the_models_capacity(redis_ser
             most_in_redis = max(most_in_redis, redis_counts(redis_server.url, model)[0])
             time.sleep(0.005)
 
-    with serving(counting.app()) as upstream, \
-            queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "one.log") as (one, _), \
-            queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "two.log") as (two, _), \
-            ThreadPoolExecutor(24) as pool:
+    with (
+        serving(counting.app()) as upstream,
+        queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "one.log") as (one, _),
+        queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "two.log") as (two, _),
+        ThreadPoolExecutor(24) as pool,
+    ):
         watcher = threading.Thread(target=watch_redis, daemon=True)
         watcher.start()
         statuses = list(pool.map(lambda api: chat(api, key, model, "sleep"), [one, two] * 20))
@@ -95,12 +108,15 @@ def test_a_sigkilled_gateway_process_leaks_no_slot(redis_server, tmp_path):
     model, capacity = f"m-{uuid.uuid4().hex[:8]}", 2
     key = create_key_sync(redis_server.url, "acme", "procs", limits=GENEROUS)
     counting = CountingUpstream(sleep_s=0.05)
-    with serving(counting.app()) as upstream, \
-            queue_gateway_process(upstream, redis_server.url, model, capacity,
-                                  tmp_path / "survivor.log") as (survivor, _), \
-            ThreadPoolExecutor(8) as pool:
-        with queue_gateway_process(upstream, redis_server.url, model, capacity,
-                                   tmp_path / "victim.log") as (victim, process):
+    with (
+        serving(counting.app()) as upstream,
+        queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "survivor.log") as (survivor, _),
+        ThreadPoolExecutor(8) as pool,
+    ):
+        with queue_gateway_process(upstream, redis_server.url, model, capacity, tmp_path / "victim.log") as (
+            victim,
+            process,
+        ):
             held = [pool.submit(chat, victim, key, model, "hold") for _ in range(capacity)]
             eventually(lambda: counting.running == capacity, "the victim fills the model")
             waiting = [pool.submit(chat, victim, key, model, "hold") for _ in range(2)]
@@ -112,8 +128,11 @@ def test_a_sigkilled_gateway_process_leaks_no_slot(redis_server, tmp_path):
         assert redis_counts(redis_server.url, model) == (capacity, 2)  # Redis still holds them: the leases do
         # The survivor's requests wait for the dead process's leases, then take the whole capacity.
         after = [pool.submit(chat, survivor, key, model, "hold") for _ in range(capacity)]
-        eventually(lambda: counting.running == capacity, "the survivor gets every slot back",
-                   bound_s=DEFAULT_LEASE_S + HANG_BOUND_S)
+        eventually(
+            lambda: counting.running == capacity,
+            "the survivor gets every slot back",
+            bound_s=DEFAULT_LEASE_S + HANG_BOUND_S,
+        )
         assert redis_counts(redis_server.url, model) == (capacity, 0)  # the dead waiters left the queue too
         counting.gate.set()
         assert [f.result() for f in after] == [200] * capacity

@@ -29,34 +29,64 @@ from tests.support.waiting import eventually
 
 
 def replica(state: str, n: int) -> dict:
-    return {"replica_id": f"r{n}", "state": state, "start_time_s": 1.0, "node_id": "n1", "node_ip": "10.0.0.1",
-            "actor_id": f"a{n}", "actor_name": f"SERVE_REPLICA::{n}", "worker_id": "w", "log_file_path": "/tmp/x"}
+    return {
+        "replica_id": f"r{n}",
+        "state": state,
+        "start_time_s": 1.0,
+        "node_id": "n1",
+        "node_ip": "10.0.0.1",
+        "actor_id": f"a{n}",
+        "actor_name": f"SERVE_REPLICA::{n}",
+        "worker_id": "w",
+        "log_file_path": "/tmp/x",
+    }
 
 
 def deployment(name: str, states: list[str]) -> dict:
-    return {"name": name, "status": "HEALTHY", "status_trigger": "AUTOSCALING", "message": "",
-            "deployment_config": {"name": name}, "target_num_replicas": len(states), "required_resources": {},
-            "replicas": [replica(state, n) for n, state in enumerate(states)]}
+    return {
+        "name": name,
+        "status": "HEALTHY",
+        "status_trigger": "AUTOSCALING",
+        "message": "",
+        "deployment_config": {"name": name},
+        "target_num_replicas": len(states),
+        "required_resources": {},
+        "replicas": [replica(state, n) for n, state in enumerate(states)],
+    }
 
 
 def application(name: str, prefix: str, deployments: dict[str, list[str]]) -> dict:
-    return {"name": name, "route_prefix": prefix, "docs_path": None, "status": "RUNNING", "message": "",
-            "last_deployed_time_s": 1.0, "source": "declarative", "external_scaler_enabled": False,
-            "deployments": {d: deployment(d, states) for d, states in deployments.items()}}
+    return {
+        "name": name,
+        "route_prefix": prefix,
+        "docs_path": None,
+        "status": "RUNNING",
+        "message": "",
+        "last_deployed_time_s": 1.0,
+        "source": "declarative",
+        "external_scaler_enabled": False,
+        "deployments": {d: deployment(d, states) for d, states in deployments.items()},
+    }
 
 
 def details(applications: list[dict]) -> dict:
     """A `GET /api/serve/applications/` body (ray.serve.schema.ServeInstanceDetails)."""
-    return {"controller_info": {}, "proxies": {}, "target_capacity": None,
-            "applications": {a["name"]: a for a in applications}}
+    return {
+        "controller_info": {},
+        "proxies": {},
+        "target_capacity": None,
+        "applications": {a["name"]: a for a in applications},
+    }
 
 
 # The direct serving path: one application per model, plus the model list's own application.
-DIRECT = details([
-    application("tiny-chat", "/tiny-chat", {"LLMServer:tiny-chat": ["RUNNING", "STARTING", "RUNNING", "STOPPING"]}),
-    application("tiny-code", "/tiny-code", {"LLMServer:tiny-code": []}),
-    application("models", "/", {"ModelList": ["RUNNING"]}),
-])
+DIRECT = details(
+    [
+        application("tiny-chat", "/tiny-chat", {"LLMServer:tiny-chat": ["RUNNING", "STARTING", "RUNNING", "STOPPING"]}),
+        application("tiny-code", "/tiny-code", {"LLMServer:tiny-code": []}),
+        application("models", "/", {"ModelList": ["RUNNING"]}),
+    ]
+)
 DEPLOYMENTS = {"tiny-chat": "LLMServer:tiny-chat", "tiny-code": "LLMServer:tiny-code", "absent": "LLMServer:absent"}
 
 
@@ -71,8 +101,15 @@ def test_running_replicas_counts_running_ones_per_model_and_leaves_unknown_model
 
 
 def test_one_application_for_every_model_counts_the_same():
-    shared = details([application("llm", "/", {"LLMServer:tiny-chat": ["RUNNING"], "OpenAiIngress": ["RUNNING"],
-                                                "LLMServer:tiny-code": ["STARTING"]})])
+    shared = details(
+        [
+            application(
+                "llm",
+                "/",
+                {"LLMServer:tiny-chat": ["RUNNING"], "OpenAiIngress": ["RUNNING"], "LLMServer:tiny-code": ["STARTING"]},
+            )
+        ]
+    )
     assert running_replicas(shared, DEPLOYMENTS) == {"tiny-chat": 1, "tiny-code": 0}
 
 
@@ -103,8 +140,9 @@ class Dashboard:
             return Response("Unauthorized: Missing authentication token", status_code=401)
         if self.failing:
             return Response("Failed to get a response from the controller.", status_code=503)
-        body = details([application(self.model, f"/{self.model}",
-                                    {f"LLMServer:{self.model}": ["RUNNING"] * self.running})])
+        body = details(
+            [application(self.model, f"/{self.model}", {f"LLMServer:{self.model}": ["RUNNING"] * self.running})]
+        )
         return JSONResponse(copy.deepcopy(body))
 
 
@@ -123,10 +161,16 @@ class HoldingUpstream:
                 await asyncio.sleep(0.01)
         finally:
             self.running -= 1
-        return JSONResponse({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                             "choices": [{"index": 0, "finish_reason": "stop",
-                                          "message": {"role": "assistant", "content": "hi"}}]})
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            }
+        )
 
 
 def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fails(redis_server, caplog):
@@ -140,16 +184,27 @@ def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fai
     queue = ModelQueue(max_ongoing_requests=1, min_replicas=0, max_replicas=4, cold_start_timeout_s=HANG_BOUND_S)
 
     def chat(api: str) -> int:
-        return httpx.post(f"{api}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                          json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
-                          timeout=HANG_BOUND_S).status_code
+        return httpx.post(
+            f"{api}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=HANG_BOUND_S,
+        ).status_code
 
     caplog.set_level(logging.INFO, logger="llmstack.gateway.replica_feed")
     with serving(dashboard.app()) as dashboard_url, serving(upstream.app()) as upstream_url:
-        settings = gateway_settings(upstream_url, redis_server.url, models=[model], model_context_lengths={model: 4096},
-                                    queue=policy, model_queues={model: queue}, serve_dashboard_url=dashboard_url,
-                                    model_deployments={model: f"LLMServer:{model}"}, replica_poll_s=0.2,
-                                    ray_auth_token=Dashboard.TOKEN)
+        settings = gateway_settings(
+            upstream_url,
+            redis_server.url,
+            models=[model],
+            model_context_lengths={model: 4096},
+            queue=policy,
+            model_queues={model: queue},
+            serve_dashboard_url=dashboard_url,
+            model_deployments={model: f"LLMServer:{model}"},
+            replica_poll_s=0.2,
+            ray_auth_token=Dashboard.TOKEN,
+        )
         with serving_gateway(settings) as (api, metrics), ThreadPoolExecutor(4) as pool:
             eventually(lambda: store.get(keys.replicas) == b"1", "the dashboard's one replica reaches Redis")
             first = pool.submit(chat, api)
@@ -168,8 +223,11 @@ def test_the_gateway_follows_live_replicas_and_falls_back_when_the_dashboard_fai
             eventually(lambda: dashboard.polls >= polls + 3, "the gateway keeps polling")
             eventually(lambda: store.get(keys.replicas) is None, "the last count expires: the stack's figure holds")
             exposition = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
-            errors = [line for line in exposition.splitlines()
-                      if line.startswith('llmstack_gateway_replica_feed_errors_total{kind="status"} ')]
+            errors = [
+                line
+                for line in exposition.splitlines()
+                if line.startswith('llmstack_gateway_replica_feed_errors_total{kind="status"} ')
+            ]
             assert errors and float(errors[0].split()[1]) >= 3
             third = pool.submit(chat, api)  # capacity is max_replicas x 1 = 4 again: runs at once
             eventually(lambda: upstream.running == 3, "a third runs under the stack's capacity")

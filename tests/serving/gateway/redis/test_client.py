@@ -74,9 +74,13 @@ def test_commands_packed_by_hiredis_are_byte_for_byte_what_redis_py_would_send()
     packed = redis_client.redis_client("redis://127.0.0.1:1/0").connection_pool.make_connection()
     plain = Connection()
     assert type(packed).pack_command is not Connection.pack_command  # hiredis is a gateway dependency
-    commands = [("EVALSHA", b"ab" * 20, 2, "llmstack:{tenant:a\u00e9}:rpm", b"k2", 10**18, -3, 1.5, "", b""),
-                ("SCRIPT LOAD", "return 1"), (b"CLIENT PAUSE", "10"), ("SET", "k", bytearray(b"v")),
-                ("SET", "k", memoryview(b"v"))]
+    commands = [
+        ("EVALSHA", b"ab" * 20, 2, "llmstack:{tenant:a\u00e9}:rpm", b"k2", 10**18, -3, 1.5, "", b""),
+        ("SCRIPT LOAD", "return 1"),
+        (b"CLIENT PAUSE", "10"),
+        ("SET", "k", bytearray(b"v")),
+        ("SET", "k", memoryview(b"v")),
+    ]
     for command in commands:
         assert b"".join(packed.pack_command(*command)) == b"".join(plain.pack_command(*command))
     for refused in (None, True, object()):

@@ -22,10 +22,14 @@ from serving.gateway.redis.scripts import lua, shipped
 ROOT = Path(__file__).resolve().parents[4]
 # The scripts the gateway registers with Redis, each as the module builds it (some join files).
 RUN = {
-    "limits admit": redis_limiter.ADMIT_LUA, "limits settle": redis_limiter.SETTLE_LUA,
-    "fair queue": fair_queue.LUA, "replace key": keys.REPLACE_LUA,
-    **{f"batch {name}": getattr(store, f"{name.upper()}_LUA")
-       for name in ("admit", "transition", "record", "ready", "claim", "delete_empty", "renew", "release")},
+    "limits admit": redis_limiter.ADMIT_LUA,
+    "limits settle": redis_limiter.SETTLE_LUA,
+    "fair queue": fair_queue.LUA,
+    "replace key": keys.REPLACE_LUA,
+    **{
+        f"batch {name}": getattr(store, f"{name.upper()}_LUA")
+        for name in ("admit", "transition", "record", "ready", "claim", "delete_empty", "renew", "release")
+    },
 }
 
 
@@ -50,8 +54,22 @@ def test_an_installed_wheel_holds_and_loads_every_script(tmp_path):
     shutil.copytree(ROOT / "serving", source / "serving", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     installed = tmp_path / "installed"
     zipfile.ZipFile(wheel).extractall(installed)
@@ -63,8 +81,14 @@ def test_an_installed_wheel_holds_and_loads_every_script(tmp_path):
         "print(json.dumps({'from': serving.__file__, 'found': found,\n"
         "                  'sizes': {p + '/' + n: len(lua(p, n)) for p, names in found.items() for n in names}}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(installed)},
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(installed)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     report = json.loads(result.stdout)
     assert report["from"].startswith(str(installed))
     assert report["found"] == shipped()

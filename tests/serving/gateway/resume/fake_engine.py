@@ -56,8 +56,9 @@ def _prompts(body: dict[str, Any]) -> list[list[int]]:
     return [tokenize(p) if isinstance(p, str) else list(p) for p in prompt]
 
 
-def stream(path: str, body: dict[str, Any], *, stops: bool = False, chunk_id: str = "cmpl-x",
-           created: int = 1000) -> list[dict[str, Any] | str]:
+def stream(
+    path: str, body: dict[str, Any], *, stops: bool = False, chunk_id: str = "cmpl-x", created: int = 1000
+) -> list[dict[str, Any] | str]:
     """The events vLLM would stream for `body` (JSON objects, then "[DONE]")."""
     chat = path == "/v1/chat/completions"
     n = body.get("n") or 1
@@ -69,15 +70,29 @@ def stream(path: str, body: dict[str, Any], *, stops: bool = False, chunk_id: st
         limit = body.get("max_tokens") or 16
     ids_on = bool(body.get("return_token_ids"))
     logprobs_on = not chat and body.get("logprobs") is not None
-    base = {"id": chunk_id, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": body["model"]}
+    base = {
+        "id": chunk_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": body["model"],
+    }
     events: list[dict[str, Any] | str] = []
     total_completion = 0
     if chat:  # vLLM sends every choice's role chunk first
         for index in range(n):
             usage = {"prompt_tokens": len(prompts[0]), "completion_tokens": 0, "total_tokens": len(prompts[0])}
-            role = {**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}], "usage": usage}
+            role = {
+                **base,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "usage": usage,
+            }
             if ids_on:
                 role["prompt_token_ids"] = prompts[0]
             events.append(role)
@@ -100,22 +115,37 @@ def stream(path: str, body: dict[str, Any], *, stops: bool = False, chunk_id: st
                     choice.update(text=text, logprobs=None, stop_reason=None)
                     if logprobs_on:
                         piece = token_text(token)  # vLLM's logprob tokens are each token's own string
-                        choice["logprobs"] = {"text_offset": [offset], "token_logprobs": [-0.5], "tokens": [piece],
-                                              "top_logprobs": [{piece: -0.5}]}
+                        choice["logprobs"] = {
+                            "text_offset": [offset],
+                            "token_logprobs": [-0.5],
+                            "tokens": [piece],
+                            "top_logprobs": [{piece: -0.5}],
+                        }
                         offset += len(piece)
                     if ids_on and len(generated) == 1:
                         choice["prompt_token_ids"] = prompt
                 if ids_on:
                     choice["token_ids"] = [token]
-                usage = {"prompt_tokens": len(prompt), "completion_tokens": len(generated),
-                         "total_tokens": len(prompt) + len(generated)}
+                usage = {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": len(generated),
+                    "total_tokens": len(prompt) + len(generated),
+                }
                 events.append({**base, "choices": [choice], "usage": usage})
                 if finish is not None:
                     break
             total_completion += len(generated)
     prompt_total = sum(len(p) for p in prompts)
-    events.append({**base, "choices": [], "usage": {"prompt_tokens": prompt_total,
-                                                    "completion_tokens": total_completion,
-                                                    "total_tokens": prompt_total + total_completion}})
+    events.append(
+        {
+            **base,
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_total,
+                "completion_tokens": total_completion,
+                "total_tokens": prompt_total + total_completion,
+            },
+        }
+    )
     events.append("[DONE]")
     return events

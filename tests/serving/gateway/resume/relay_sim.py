@@ -26,8 +26,9 @@ def finishes(events: list[dict[str, Any]]) -> dict[int, str]:
     return {c["index"]: c["finish_reason"] for e in events for c in e.get("choices") or [] if c.get("finish_reason")}
 
 
-def resumed(path: str, document: dict[str, Any], bound: OutputBound, cuts: list[int],
-            *, stops: bool = False) -> tuple[list[dict[str, Any]], StreamState, list[Splice]]:
+def resumed(
+    path: str, document: dict[str, Any], bound: OutputBound, cuts: list[int], *, stops: bool = False
+) -> tuple[list[dict[str, Any]], StreamState, list[Splice]]:
     """The client's events when the upstream is cut after `cuts[0]` events of the original, then
     each continuation after `cuts[1]` of its events, and so on (the last stream runs to its end)."""
     recorder = StreamRecorder(path)
@@ -38,7 +39,7 @@ def resumed(path: str, document: dict[str, Any], bound: OutputBound, cuts: list[
         for event in events[:limit]:
             if isinstance(event, str):
                 continue  # [DONE]: the relay holds it back until the end
-            for out in ([event] if splice is None else splice.rewrite(event)):
+            for out in [event] if splice is None else splice.rewrite(event):
                 recorder.record(out)
                 client.append(out)
 

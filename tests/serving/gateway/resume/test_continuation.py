@@ -23,8 +23,15 @@ from tests.serving.gateway.resume import fake_engine
 from tests.support.hypothesis import examples
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 7, "frequency_penalty": 0.1, "presence_penalty": 0.2,
-            "logit_bias": {"5": 1.0}, "user": "u"}
+SAMPLING = {
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "seed": 7,
+    "frequency_penalty": 0.1,
+    "presence_penalty": 0.2,
+    "logit_bias": {"5": 1.0},
+    "user": "u",
+}
 MAX_MODEL_LEN = 4096
 
 
@@ -56,8 +63,7 @@ def vllm_params(step: Continuation) -> Any:
 
 
 def test_a_chat_continues_on_its_token_ids_as_a_completion_with_the_rest_of_its_budget():
-    body = {"model": "m", "messages": MESSAGES, "max_completion_tokens": 9, "stop": ["\n"], "min_tokens": 5,
-            **SAMPLING}
+    body = {"model": "m", "messages": MESSAGES, "max_completion_tokens": 9, "stop": ["\n"], "min_tokens": 5, **SAMPLING}
     [step] = _steps(CHAT, body, 1 + 4)  # the role chunk and 4 tokens
     state = _state(CHAT, body, 5)
     assert step.mode == "tokens" and step.path == COMPLETIONS and step.before == 4
@@ -71,12 +77,15 @@ def test_a_chat_continues_on_its_token_ids_as_a_completion_with_the_rest_of_its_
     assert "messages" not in step.body and "max_completion_tokens" not in step.body
 
 
-@pytest.mark.parametrize("extra", [
-    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-    {"logprobs": True, "top_logprobs": 2},
-    {"stop": ["END"]},  # vLLM holds back "EN" of the text it streams
-    {"top_k": 3, "chat_template_kwargs": {"x": 1}, "vllm_xargs": {"a": 1}},  # an extension completions may not take
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        {"logprobs": True, "top_logprobs": 2},
+        {"stop": ["END"]},  # vLLM holds back "EN" of the text it streams
+        {"top_k": 3, "chat_template_kwargs": {"x": 1}, "vllm_xargs": {"a": 1}},  # an extension completions may not take
+    ],
+)
 def test_a_chat_the_completions_route_cannot_carry_continues_as_chat_from_its_text(extra):
     body = {"model": "m", "messages": MESSAGES, "max_tokens": 9, **extra}
     [step] = _steps(CHAT, body, 1 + 3)
@@ -92,8 +101,14 @@ def test_a_chat_the_completions_route_cannot_carry_continues_as_chat_from_its_te
 
 def test_a_callers_own_prefill_is_extended_not_followed_by_a_second_assistant_message():
     messages = [*MESSAGES, {"role": "assistant", "content": "Once"}]
-    body = {"model": "m", "messages": messages, "max_tokens": 9, "continue_final_message": True,
-            "add_generation_prompt": False, "tools": [{"type": "function", "function": {"name": "f"}}]}
+    body = {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": 9,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+    }
     [step] = _steps(CHAT, body, 1 + 2)
     text = _state(CHAT, body, 3).choices[0].text
     assert step.body["messages"][-1] == {"role": "assistant", "content": "Once" + text}
@@ -104,7 +119,9 @@ def test_completions_with_a_prompt_list_and_n_continue_each_unfinished_choice_on
     body = {"model": "m", "prompt": ["ab", "cd"], "n": 2, "max_tokens": 3, "echo": False, "logprobs": 1}
     steps = _steps(COMPLETIONS, body, 3 + 3 + 1)  # choices 0 and 1 whole, choice 2 one token, choice 3 nothing
     assert [(s.index, s.mode, type(s).__name__) for s in steps] == [
-        (2, "tokens", "Continuation"), (3, "restart", "Continuation")]
+        (2, "tokens", "Continuation"),
+        (3, "restart", "Continuation"),
+    ]
     tokens, restart = steps
     assert tokens.body["prompt"] == [*fake_engine.tokenize("cd"), *_state(COMPLETIONS, body, 7).choices[2].token_ids]
     assert restart.body["prompt"] == "cd" and restart.body["max_tokens"] == 3 and restart.body["n"] == 1
@@ -140,12 +157,15 @@ def test_the_gateways_own_max_tokens_is_the_limit_when_the_caller_set_none():
     assert step.body["max_tokens"] == 4
 
 
-@pytest.mark.parametrize(("path", "body", "why"), [
-    (CHAT, {"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "structured"),
-    (CHAT, {"model": "m", "messages": MESSAGES, "structured_outputs": {"regex": "a+"}}, "structured"),
-    (COMPLETIONS, {"model": "m", "prompt": "ab", "suffix": "z"}, "suffix"),
-    (CHAT, {"model": "m", "messages": MESSAGES, "echo": True}, "echo"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "why"),
+    [
+        (CHAT, {"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "structured"),
+        (CHAT, {"model": "m", "messages": MESSAGES, "structured_outputs": {"regex": "a+"}}, "structured"),
+        (COMPLETIONS, {"model": "m", "prompt": "ab", "suffix": "z"}, "suffix"),
+        (CHAT, {"model": "m", "messages": MESSAGES, "echo": True}, "echo"),
+    ],
+)
 def test_what_cannot_be_continued_says_so(path, body, why):
     result = continuations(body, path, _state(path, {**body, "max_tokens": 5}, 3), OutputBound(per_sequence=5))
     assert isinstance(result, NotResumable) and why in result.reason
@@ -154,16 +174,18 @@ def test_what_cannot_be_continued_says_so(path, body, why):
 def test_a_streamed_tool_call_cannot_be_continued():
     recorder = StreamRecorder(CHAT)
     recorder.record({"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-    recorder.record({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t"}]},
-                                             "token_ids": [4]}]})
+    recorder.record(
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t"}]}, "token_ids": [4]}]}
+    )
     result = continuations({"model": "m", "messages": MESSAGES}, CHAT, recorder.snapshot(), OutputBound(9))
     assert isinstance(result, NotResumable) and result.index == 0
 
 
 def test_a_completion_of_token_ids_whose_answer_ids_are_unknown_cannot_be_continued_from_text():
     recorder = StreamRecorder(COMPLETIONS)
-    recorder.record({"id": "c", "choices": [{"index": 0, "text": "abc"}], "usage": {"prompt_tokens": 3,
-                                                                                   "completion_tokens": 1}})
+    recorder.record(
+        {"id": "c", "choices": [{"index": 0, "text": "abc"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+    )
     body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 5}
     assert isinstance(continuations(body, COMPLETIONS, recorder.snapshot(), OutputBound(5)), NotResumable)
     text_prompt = {**body, "prompt": "xyz"}
@@ -173,12 +195,23 @@ def test_a_completion_of_token_ids_whose_answer_ids_are_unknown_cannot_be_contin
 
 def test_a_token_continuation_starts_at_the_last_whole_character_and_replays_the_rest():
     recorder = StreamRecorder(COMPLETIONS)
-    recorder.record({"id": "c", "choices": [{"index": 0, "text": "a", "token_ids": [7], "prompt_token_ids": [1, 2]}],
-                     "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
-    recorder.record({"id": "c", "choices": [{"index": 0, "text": "", "token_ids": [8]}],
-                     "usage": {"prompt_tokens": 2, "completion_tokens": 2}})
-    [step] = continuations({"model": "m", "prompt": "xy", "max_tokens": 5}, COMPLETIONS, recorder.snapshot(),
-                           OutputBound(5))
+    recorder.record(
+        {
+            "id": "c",
+            "choices": [{"index": 0, "text": "a", "token_ids": [7], "prompt_token_ids": [1, 2]}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+        }
+    )
+    recorder.record(
+        {
+            "id": "c",
+            "choices": [{"index": 0, "text": "", "token_ids": [8]}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 2},
+        }
+    )
+    [step] = continuations(
+        {"model": "m", "prompt": "xy", "max_tokens": 5}, COMPLETIONS, recorder.snapshot(), OutputBound(5)
+    )
     assert step.mode == "tokens" and step.body["prompt"] == [1, 2, 7]
     assert (step.before, step.replayed, step.body["max_tokens"]) == (1, 1, 4)  # the answer stays within 5
 
@@ -187,18 +220,26 @@ def test_after_merged_deltas_a_chat_continues_from_its_text():
     recorder = StreamRecorder(CHAT)
     recorder.record({"id": "c", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
     recorder.record({"id": "c", "choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [7, 8]}]})
-    [step] = continuations({"model": "m", "messages": MESSAGES, "max_tokens": 5}, CHAT, recorder.snapshot(),
-                           OutputBound(5))
+    [step] = continuations(
+        {"model": "m", "messages": MESSAGES, "max_tokens": 5}, CHAT, recorder.snapshot(), OutputBound(5)
+    )
     assert step.mode == "text" and step.body["messages"][-1] == {"role": "assistant", "content": "ab"}
 
 
 @settings(max_examples=examples(fast=300, deep=5000))
-@given(path=st.sampled_from([CHAT, COMPLETIONS]), limit=st.integers(1, 50), n=st.integers(1, 3),
-       per_choice=st.lists(st.lists(st.tuples(st.sampled_from(["", "a", "bc"]), st.integers(0, 3)), max_size=12),
-                           min_size=1, max_size=3),
-       reported=st.lists(st.integers(0, 80), min_size=3, max_size=3), min_tokens=st.none() | st.integers(0, 60))
+@given(
+    path=st.sampled_from([CHAT, COMPLETIONS]),
+    limit=st.integers(1, 50),
+    n=st.integers(1, 3),
+    per_choice=st.lists(
+        st.lists(st.tuples(st.sampled_from(["", "a", "bc"]), st.integers(0, 3)), max_size=12), min_size=1, max_size=3
+    ),
+    reported=st.lists(st.integers(0, 80), min_size=3, max_size=3),
+    min_tokens=st.none() | st.integers(0, 60),
+)
 def test_a_continuation_never_asks_for_more_than_what_is_left_of_the_original_budget(
-        path, limit, n, per_choice, reported, min_tokens):
+    path, limit, n, per_choice, reported, min_tokens
+):
     """Any recorded progress, even usage past the limit or ids the upstream never counted: the
     answer's output (what the client has plus what the continuation may generate) stays within
     the original limit, on both sides: exactly the limit, never above it."""
@@ -209,8 +250,11 @@ def test_a_continuation_never_asks_for_more_than_what_is_left_of_the_original_bu
             choice.update({"delta": {"content": text}} if path == CHAT else {"text": text})
             if path == COMPLETIONS and number == 0:
                 choice["prompt_token_ids"] = [1, 2]
-            event = {"id": "c", "choices": [choice],
-                     "usage": {"prompt_tokens": 2, "completion_tokens": reported[index]}}
+            event = {
+                "id": "c",
+                "choices": [choice],
+                "usage": {"prompt_tokens": 2, "completion_tokens": reported[index]},
+            }
             if path == CHAT:
                 event["prompt_token_ids"] = [1, 2]
             recorder.record(event)
@@ -227,8 +271,11 @@ def test_a_continuation_never_asks_for_more_than_what_is_left_of_the_original_bu
         if isinstance(step, Exhausted):
             assert progress.output_tokens >= limit
             continue
-        asked = step.body.get("max_tokens") if step.body.get("max_tokens") is not None \
+        asked = (
+            step.body.get("max_tokens")
+            if step.body.get("max_tokens") is not None
             else step.body["max_completion_tokens"]
+        )
         assert 1 <= asked and step.before >= 0
         assert step.before + asked == limit  # exactly the original budget for the whole answer
         assert asked - step.replayed <= limit - progress.output_tokens  # new output within what was left

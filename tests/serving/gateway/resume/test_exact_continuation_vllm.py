@@ -87,9 +87,14 @@ def _relayed(path: str, prompt_ids: list[int], deltas: list[tuple[str, list[int]
     recorder = StreamRecorder(path)
     head: dict[str, Any] = {"id": "cmpl-1", "created": 1, "model": "tiny"}
     if path == CHAT:
-        recorder.record({**head, "prompt_token_ids": prompt_ids,
-                         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": 0},
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        recorder.record(
+            {
+                **head,
+                "prompt_token_ids": prompt_ids,
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": 0},
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            }
+        )
     count = 0
     for number, (text, ids, finish) in enumerate(deltas):
         count += len(ids)
@@ -100,8 +105,9 @@ def _relayed(path: str, prompt_ids: list[int], deltas: list[tuple[str, list[int]
             choice["text"] = text
             if number == 0:
                 choice["prompt_token_ids"] = prompt_ids
-        recorder.record({**head, "choices": [choice],
-                         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": count}})
+        recorder.record(
+            {**head, "choices": [choice], "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": count}}
+        )
     return recorder.snapshot()
 
 
@@ -115,13 +121,24 @@ def _limit_key(path: str) -> str:
 
 
 def test_a_greedy_answer_cut_anywhere_continues_exactly_on_the_real_engine(llm):
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story about the sea."}],
-            "max_completion_tokens": N, "temperature": 0, "ignore_eos": True}
-    completion = {"model": "tiny", "prompt": "The harbour at dawn", "max_tokens": N, "temperature": 0,
-                  "ignore_eos": True}
-    prompts = {CHAT: list(llm.chat(chat["messages"], _params(CHAT, chat, 0))[0].prompt_token_ids),
-               COMPLETIONS: list(llm.generate(completion["prompt"], _params(COMPLETIONS, completion, 0))[0]
-                                 .prompt_token_ids)}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Tell me a story about the sea."}],
+        "max_completion_tokens": N,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    completion = {
+        "model": "tiny",
+        "prompt": "The harbour at dawn",
+        "max_tokens": N,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    prompts = {
+        CHAT: list(llm.chat(chat["messages"], _params(CHAT, chat, 0))[0].prompt_token_ids),
+        COMPLETIONS: list(llm.generate(completion["prompt"], _params(COMPLETIONS, completion, 0))[0].prompt_token_ids),
+    }
     bodies = {CHAT: chat, COMPLETIONS: completion}
     paths = (CHAT, COMPLETIONS)
     originals = _streamed(llm, [(prompts[p], _params(p, bodies[p], len(prompts[p]))) for p in paths for _ in range(2)])
@@ -149,10 +166,14 @@ def test_a_greedy_answer_cut_anywhere_continues_exactly_on_the_real_engine(llm):
         generated = 0
         for delta_text, delta_ids, delta_finish in tail:
             generated += len(delta_ids)
-            chunk = {"id": "cmpl-2", "object": "text_completion", "created": 2, "model": "tiny",
-                     "choices": [{"index": 0, "text": delta_text, "token_ids": delta_ids,
-                                  "finish_reason": delta_finish}],
-                     "usage": {"prompt_tokens": len(step.body["prompt"]), "completion_tokens": generated}}
+            chunk = {
+                "id": "cmpl-2",
+                "object": "text_completion",
+                "created": 2,
+                "model": "tiny",
+                "choices": [{"index": 0, "text": delta_text, "token_ids": delta_ids, "finish_reason": delta_finish}],
+                "usage": {"prompt_tokens": len(step.body["prompt"]), "completion_tokens": generated},
+            }
             for out in splice.rewrite(chunk):
                 assert (out["id"], out["created"], out["model"]) == ("cmpl-1", 1, "tiny")
                 text += _client_text(out, path)

@@ -25,8 +25,17 @@ def _state(cut, edit=None):
 
 
 def _after(end, state, *, document=BODY, resumes=0, now=0.0):
-    return after_upstream_end(end, state=state, document=document, path=CHAT, bound=BOUND, resumes=resumes, now=now,
-                              deadline=10.0, settings=ResumeSettings())
+    return after_upstream_end(
+        end,
+        state=state,
+        document=document,
+        path=CHAT,
+        bound=BOUND,
+        resumes=resumes,
+        now=now,
+        deadline=10.0,
+        settings=ResumeSettings(),
+    )
 
 
 def test_a_cut_mid_answer_resumes_each_unfinished_choice():
@@ -55,6 +64,7 @@ def test_choices_that_generated_their_limit_get_their_finish_not_a_continuation(
             for choice in event.get("choices") or []:
                 choice["finish_reason"] = None
         return events
+
     outcome = _after(RESET, _state(2 + 8, no_finish))
     assert isinstance(outcome, Finish)
     assert [e["choices"][0]["finish_reason"] for e in outcome.events[:2]] == ["length", "length"]
@@ -62,8 +72,11 @@ def test_choices_that_generated_their_limit_get_their_finish_not_a_continuation(
 
 
 def test_past_the_limit_or_for_an_answer_that_cannot_continue_the_client_gets_an_error_event():
-    for outcome in (_after(RESET, _state(5), resumes=2), _after(RESET, _state(5), now=11.0),
-                    _after(RESET, _state(5), document={**BODY, "response_format": {"type": "json_object"}})):
+    for outcome in (
+        _after(RESET, _state(5), resumes=2),
+        _after(RESET, _state(5), now=11.0),
+        _after(RESET, _state(5), document={**BODY, "response_format": {"type": "json_object"}}),
+    ):
         assert isinstance(outcome, GiveUp)
         error = json.loads(outcome.error.removeprefix(b"data: "))["error"]
         assert error["code"] == "stream_interrupted" and error["type"] == "server_error"

@@ -16,39 +16,51 @@ from serving.gateway.resume.policy import Action, ResumeSettings, decide, error_
 from tests.support.hypothesis import examples
 
 SETTINGS = ResumeSettings()
-ends = st.builds(StreamEnd, client_gone=st.booleans(), saw_done=st.booleans(), saw_error_event=st.booleans(),
-                 all_finished=st.booleans(), cut=st.sampled_from(Cut),
-                 status=st.sampled_from([200, 500, 502, 503, 504]))
+ends = st.builds(
+    StreamEnd,
+    client_gone=st.booleans(),
+    saw_done=st.booleans(),
+    saw_error_event=st.booleans(),
+    all_finished=st.booleans(),
+    cut=st.sampled_from(Cut),
+    status=st.sampled_from([200, 500, 502, 503, 504]),
+)
 
 
-@pytest.mark.parametrize(("end", "reason"), [
-    (StreamEnd(cut=Cut.CONNECTION_RESET), EndReason.CONNECTION_RESET),
-    (StreamEnd(), EndReason.EOF_WITHOUT_DONE),
-    (StreamEnd(cut=Cut.IDLE_TIMEOUT), EndReason.IDLE_TIMEOUT),
-    (StreamEnd(status=502), EndReason.UPSTREAM_UNAVAILABLE),
-    (StreamEnd(status=503), EndReason.UPSTREAM_UNAVAILABLE),
-    (StreamEnd(saw_done=True), EndReason.DONE),
-    (StreamEnd(saw_error_event=True, cut=Cut.CONNECTION_RESET), EndReason.ERROR_EVENT),
-    (StreamEnd(cut=Cut.TOTAL_TIMEOUT), EndReason.TOTAL_TIMEOUT),
-    (StreamEnd(status=500), EndReason.UPSTREAM_FAILED),
-    (StreamEnd(cut=Cut.OTHER), EndReason.UPSTREAM_FAILED),
-    (StreamEnd(all_finished=True), EndReason.ALL_FINISHED),
-    (StreamEnd(client_gone=True, cut=Cut.CONNECTION_RESET), EndReason.CLIENT_GONE),
-])
+@pytest.mark.parametrize(
+    ("end", "reason"),
+    [
+        (StreamEnd(cut=Cut.CONNECTION_RESET), EndReason.CONNECTION_RESET),
+        (StreamEnd(), EndReason.EOF_WITHOUT_DONE),
+        (StreamEnd(cut=Cut.IDLE_TIMEOUT), EndReason.IDLE_TIMEOUT),
+        (StreamEnd(status=502), EndReason.UPSTREAM_UNAVAILABLE),
+        (StreamEnd(status=503), EndReason.UPSTREAM_UNAVAILABLE),
+        (StreamEnd(saw_done=True), EndReason.DONE),
+        (StreamEnd(saw_error_event=True, cut=Cut.CONNECTION_RESET), EndReason.ERROR_EVENT),
+        (StreamEnd(cut=Cut.TOTAL_TIMEOUT), EndReason.TOTAL_TIMEOUT),
+        (StreamEnd(status=500), EndReason.UPSTREAM_FAILED),
+        (StreamEnd(cut=Cut.OTHER), EndReason.UPSTREAM_FAILED),
+        (StreamEnd(all_finished=True), EndReason.ALL_FINISHED),
+        (StreamEnd(client_gone=True, cut=Cut.CONNECTION_RESET), EndReason.CLIENT_GONE),
+    ],
+)
 def test_each_end_has_its_reason(end, reason):
     assert classify(end) is reason
 
 
-@pytest.mark.parametrize(("end", "action"), [
-    (StreamEnd(cut=Cut.CONNECTION_RESET), Action.RESUME),
-    (StreamEnd(status=503), Action.RESUME),
-    (StreamEnd(saw_done=True), Action.FINISH),
-    (StreamEnd(saw_error_event=True), Action.FINISH),
-    (StreamEnd(all_finished=True), Action.COMPLETE),
-    (StreamEnd(cut=Cut.TOTAL_TIMEOUT), Action.GIVE_UP),
-    (StreamEnd(status=500), Action.GIVE_UP),
-    (StreamEnd(client_gone=True), Action.STOP),
-])
+@pytest.mark.parametrize(
+    ("end", "action"),
+    [
+        (StreamEnd(cut=Cut.CONNECTION_RESET), Action.RESUME),
+        (StreamEnd(status=503), Action.RESUME),
+        (StreamEnd(saw_done=True), Action.FINISH),
+        (StreamEnd(saw_error_event=True), Action.FINISH),
+        (StreamEnd(all_finished=True), Action.COMPLETE),
+        (StreamEnd(cut=Cut.TOTAL_TIMEOUT), Action.GIVE_UP),
+        (StreamEnd(status=500), Action.GIVE_UP),
+        (StreamEnd(client_gone=True), Action.STOP),
+    ],
+)
 def test_each_end_has_its_action(end, action):
     assert decide(end, resumes=0, now=0.0, deadline=10.0, settings=SETTINGS).action is action
 
@@ -56,8 +68,13 @@ def test_each_end_has_its_action(end, action):
 @settings(max_examples=examples(fast=200, deep=5000))
 @given(end=ends, resumes=st.integers(0, 5), now=st.floats(0, 20), max_resumes=st.integers(0, 10))
 def test_a_client_cut_is_never_resumed_whatever_else_the_relay_saw(end, resumes, now, max_resumes):
-    decision = decide(StreamEnd(**{**end.__dict__, "client_gone": True}), resumes=resumes, now=now, deadline=10.0,
-                      settings=ResumeSettings(max_resumes=max_resumes))
+    decision = decide(
+        StreamEnd(**{**end.__dict__, "client_gone": True}),
+        resumes=resumes,
+        now=now,
+        deadline=10.0,
+        settings=ResumeSettings(max_resumes=max_resumes),
+    )
     assert decision.action is Action.STOP
 
 
@@ -67,8 +84,12 @@ def test_a_resume_stays_within_the_count_and_the_deadline(end, resumes, now, max
     decision = decide(end, resumes=resumes, now=now, deadline=10.0, settings=ResumeSettings(max_resumes=max_resumes))
     if decision.action is Action.RESUME:
         assert resumes < max_resumes and now < 10.0 and not end.client_gone and not end.saw_done
-    resumable = classify(end) in (EndReason.CONNECTION_RESET, EndReason.EOF_WITHOUT_DONE, EndReason.IDLE_TIMEOUT,
-                                  EndReason.UPSTREAM_UNAVAILABLE)
+    resumable = classify(end) in (
+        EndReason.CONNECTION_RESET,
+        EndReason.EOF_WITHOUT_DONE,
+        EndReason.IDLE_TIMEOUT,
+        EndReason.UPSTREAM_UNAVAILABLE,
+    )
     if resumable and resumes < max_resumes and now < 10.0:
         assert decision.action is Action.RESUME  # the other side: a lost replica within limits is resumed
     if resumable and decision.action is not Action.RESUME:
@@ -84,13 +105,20 @@ def test_the_limit_and_the_deadline_end_in_an_error_not_a_cut():
 
 
 def test_the_official_client_raises_on_the_error_event_instead_of_taking_the_answer_as_whole():
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}]}
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}],
+    }
     body = b"data: " + json.dumps(chunk).encode() + b"\n\n" + error_event("interrupted") + b"\n\ndata: [DONE]\n\n"
-    transport = httpx.MockTransport(lambda request: httpx.Response(
-        200, content=body, headers={"content-type": "text/event-stream"}))
-    client = openai.OpenAI(api_key="k", base_url="http://gateway.test/v1",
-                           http_client=httpx.Client(transport=transport))
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    )
+    client = openai.OpenAI(
+        api_key="k", base_url="http://gateway.test/v1", http_client=httpx.Client(transport=transport)
+    )
     stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
     seen = []
     with pytest.raises(openai.APIError, match="interrupted"):

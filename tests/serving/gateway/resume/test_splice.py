@@ -30,8 +30,9 @@ def _chunk_usage(events):
     out = {}
     for event in events:
         for choice in event.get("choices") or []:
-            out.setdefault(choice["index"], []).append((event["usage"]["prompt_tokens"],
-                                                        event["usage"]["completion_tokens"]))
+            out.setdefault(choice["index"], []).append(
+                (event["usage"]["prompt_tokens"], event["usage"]["completion_tokens"])
+            )
     return out
 
 
@@ -41,7 +42,8 @@ def test_a_chat_cut_mid_answer_reads_as_the_uninterrupted_one():
     spliced, state, [first, second] = resumed(CHAT, body, _bound(CHAT, body), [2 + 5])  # roles, 5 tokens of choice 0
     assert texts(spliced, CHAT) == texts(whole, CHAT) and finishes(spliced) == finishes(whole)
     assert {(e["id"], e["created"], e["model"], e["object"]) for e in spliced} == {
-        ("cmpl-x", 1000, "m", "chat.completion.chunk")}
+        ("cmpl-x", 1000, "m", "chat.completion.chunk")
+    }
     roles = [c["index"] for e in spliced for c in e["choices"] if "role" in c["delta"]]
     assert sorted(roles) == [0, 1]  # one role chunk per choice, none from the continuations
     assert _usage(spliced) == _usage(whole)  # the prompt once, every output token once
@@ -67,6 +69,7 @@ def test_completion_logprob_offsets_go_on_from_the_cut():
 
     def offsets(events):
         return [o for e in events for c in e.get("choices") or [] for o in (c.get("logprobs") or {})["text_offset"]]
+
     assert offsets(spliced) == offsets(whole) == sorted(set(offsets(whole)))
     assert texts(spliced, COMPLETIONS) == texts(whole, COMPLETIONS)
 
@@ -104,20 +107,30 @@ def test_a_text_continuation_keeps_the_chat_chunks_and_drops_their_role():
     assert _usage(spliced)["completion_tokens"] == 6
 
 
-cases = st.sampled_from([CHAT, COMPLETIONS]).flatmap(lambda path: st.fixed_dictionaries({
-    "path": st.just(path),
-    "limit": st.integers(1, 12),
-    "n": st.integers(1, 3),
-    "prompts": st.lists(st.text("abcxyz", min_size=1, max_size=4), min_size=1, max_size=1 if path == CHAT else 3),
-    "stops": st.booleans(),
-    "cuts": st.lists(st.integers(0, 40), min_size=1, max_size=3),
-}))
+cases = st.sampled_from([CHAT, COMPLETIONS]).flatmap(
+    lambda path: st.fixed_dictionaries(
+        {
+            "path": st.just(path),
+            "limit": st.integers(1, 12),
+            "n": st.integers(1, 3),
+            "prompts": st.lists(
+                st.text("abcxyz", min_size=1, max_size=4), min_size=1, max_size=1 if path == CHAT else 3
+            ),
+            "stops": st.booleans(),
+            "cuts": st.lists(st.integers(0, 40), min_size=1, max_size=3),
+        }
+    )
+)
 
 
 def _body(case):
     if case["path"] == CHAT:
-        return {"model": "m", "messages": [{"role": "user", "content": case["prompts"][0]}],
-                "max_completion_tokens": case["limit"], "n": case["n"]}
+        return {
+            "model": "m",
+            "messages": [{"role": "user", "content": case["prompts"][0]}],
+            "max_completion_tokens": case["limit"],
+            "n": case["n"],
+        }
     prompt = case["prompts"] if len(case["prompts"]) > 1 else case["prompts"][0]
     return {"model": "m", "prompt": prompt, "max_tokens": case["limit"], "n": case["n"]}
 
@@ -128,8 +141,9 @@ def test_any_cut_of_a_greedy_stream_splices_into_the_uninterrupted_answer_billed
     path, body = case["path"], _body(case)
     bound = _bound(path, body)
     whole, _, _ = resumed(path, body, bound, [], stops=case["stops"])
-    spliced, state, splices = resumed(path, body, bound, case["cuts"][:2 if len(case["cuts"]) > 1 else 1],
-                                      stops=case["stops"])
+    spliced, state, splices = resumed(
+        path, body, bound, case["cuts"][: 2 if len(case["cuts"]) > 1 else 1], stops=case["stops"]
+    )
     assert texts(spliced, path) == texts(whole, path)
     assert finishes(spliced) == finishes(whole)
     assert _usage(spliced) == _usage(whole)  # both sides: never less, and never more
@@ -141,8 +155,7 @@ def test_any_cut_of_a_greedy_stream_splices_into_the_uninterrupted_answer_billed
 
 
 @settings(max_examples=examples(fast=150, deep=3000))
-@given(limit=st.integers(2, 12), cut=st.integers(2, 12), dropped=st.sets(st.integers(0, 12)),
-       lowered=st.integers(0, 5))
+@given(limit=st.integers(2, 12), cut=st.integers(2, 12), dropped=st.sets(st.integers(0, 12)), lowered=st.integers(0, 5))
 def test_a_continuation_that_under_reports_its_usage_is_still_billed_every_token_it_sent(limit, cut, dropped, lowered):
     body = {"model": "m", "messages": MESSAGES, "max_tokens": limit}
     recorder = StreamRecorder(CHAT)

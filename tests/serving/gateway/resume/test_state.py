@@ -5,8 +5,13 @@ from __future__ import annotations
 from serving.gateway.resume.state import CHAT, COMPLETIONS, StreamRecorder, client_view, with_token_ids
 from tests.serving.gateway.resume import fake_engine
 
-CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "n": 2,
-             "return_token_ids": True}
+CHAT_BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 6,
+    "n": 2,
+    "return_token_ids": True,
+}
 
 
 def _recorded(path, events):
@@ -62,8 +67,11 @@ def test_an_error_event_is_noted():
 
 
 def test_the_client_gets_token_ids_only_if_it_asked():
-    chunk = {"id": "x", "prompt_token_ids": [1], "choices": [{"index": 0, "token_ids": [5], "text": "a",
-                                                             "prompt_token_ids": [1]}]}
+    chunk = {
+        "id": "x",
+        "prompt_token_ids": [1],
+        "choices": [{"index": 0, "token_ids": [5], "text": "a", "prompt_token_ids": [1]}],
+    }
     assert client_view(chunk, client_asked_token_ids=False) == {"id": "x", "choices": [{"index": 0, "text": "a"}]}
     assert client_view(chunk, client_asked_token_ids=True) == chunk
     assert with_token_ids({"model": "m"}) == {"model": "m", "return_token_ids": True}

@@ -23,6 +23,7 @@ def attempts(*outcomes):
         if isinstance(outcome, BaseException):
             raise outcome
         return SimpleNamespace(status=outcome, close=lambda: None)
+
     return request, calls
 
 
@@ -32,13 +33,16 @@ def run(request, *, again=True):
     return response.status, reasons
 
 
-@pytest.mark.parametrize(("first", "reason"), [
-    (aiohttp.ServerDisconnectedError(), "connection_reset"),
-    (aiohttp.ClientPayloadError("cut"), "connection_reset"),
-    (aiohttp.ClientOSError(104, "reset"), "connection_reset"),
-    (502, "upstream_unavailable"),
-    (503, "upstream_unavailable"),
-])
+@pytest.mark.parametrize(
+    ("first", "reason"),
+    [
+        (aiohttp.ServerDisconnectedError(), "connection_reset"),
+        (aiohttp.ClientPayloadError("cut"), "connection_reset"),
+        (aiohttp.ClientOSError(104, "reset"), "connection_reset"),
+        (502, "upstream_unavailable"),
+        (503, "upstream_unavailable"),
+    ],
+)
 def test_a_lost_replica_gets_the_request_once_more(first, reason):
     request, calls = attempts(first, 200)
     assert run(request) == (200, [reason])
@@ -56,11 +60,16 @@ def test_never_more_than_once(second):
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("first", [
-    aiohttp.ClientConnectorError(SimpleNamespace(ssl=None, host="h", port=1), OSError(111, "refused")),
-    aiohttp.ServerTimeoutError(),
-    500, 400, 504,
-])
+@pytest.mark.parametrize(
+    "first",
+    [
+        aiohttp.ClientConnectorError(SimpleNamespace(ssl=None, host="h", port=1), OSError(111, "refused")),
+        aiohttp.ServerTimeoutError(),
+        500,
+        400,
+        504,
+    ],
+)
 def test_other_failures_and_answers_are_not_sent_again(first):
     request, calls = attempts(first, 200)
     if isinstance(first, BaseException):

@@ -15,9 +15,15 @@ import pytest
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 HOSTILE = {
-    "X-Vllm-Priority": "-1000", "X-data-parallel-rank": "0", "x-session-id": "victim-session",
-    "x-request-id": "another-tenants-request", "serve_multiplexed_model_id": "other", "X-Forwarded-For": "10.0.0.1",
-    "User-Agent": "attacker/1.0", "Cookie": "session=1", "X-HTTP-Method-Override": "DELETE",
+    "X-Vllm-Priority": "-1000",
+    "X-data-parallel-rank": "0",
+    "x-session-id": "victim-session",
+    "x-request-id": "another-tenants-request",
+    "serve_multiplexed_model_id": "other",
+    "X-Forwarded-For": "10.0.0.1",
+    "User-Agent": "attacker/1.0",
+    "Cookie": "session=1",
+    "X-HTTP-Method-Override": "DELETE",
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 }
 # What aiohttp adds itself to any request, and what the gateway sets.
@@ -26,8 +32,11 @@ OURS = {"x-request-id", "accept-encoding"}
 
 
 def test_only_allowlisted_headers_reach_the_upstream(gateway, recorded, key):
-    response = httpx.post(f"{gateway}/v1/chat/completions", json=CHAT,
-                          headers={"Authorization": f"Bearer {key}", "Accept": "application/json", **HOSTILE})
+    response = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        json=CHAT,
+        headers={"Authorization": f"Bearer {key}", "Accept": "application/json", **HOSTILE},
+    )
     assert response.status_code == 200
     (seen,) = recorded.seen
     assert set(seen.headers) == {"content-type", "accept"} | TRANSPORT | OURS, seen.headers
@@ -58,8 +67,11 @@ def test_the_callers_request_id_is_logged_beside_ours(gateway, recorded, key, ca
     monkeypatch.setattr(access, "disabled", False)  # vLLM's dictConfig, if imported by another test, disables it
     monkeypatch.setattr(access, "propagate", True)
     caplog.set_level(logging.INFO, logger="llmstack.gateway.access")
-    httpx.post(f"{gateway}/v1/chat/completions", json=CHAT,
-               headers={"Authorization": f"Bearer {key}", "x-request-id": "client-42"})
+    httpx.post(
+        f"{gateway}/v1/chat/completions",
+        json=CHAT,
+        headers={"Authorization": f"Bearer {key}", "x-request-id": "client-42"},
+    )
     lines: list[dict] = []
     deadline = time.monotonic() + 10  # the line is written after the last byte; bounded wait, nothing timed
     while not lines and time.monotonic() < deadline:

@@ -21,9 +21,18 @@ from tests.support.servers import HANG_BOUND_S, serving
 
 
 def test_header_forwarding_rules():
-    kept = forwardable([("Authorization", "Bearer k"), ("X-API-Key", "k"), ("Connection", "keep-alive, accept"),
-                        ("Accept", "*/*"), ("Content-Type", "application/json"), ("Host", "gw"),
-                        ("X-Vllm-Priority", "-100")], FORWARDED_UP)
+    kept = forwardable(
+        [
+            ("Authorization", "Bearer k"),
+            ("X-API-Key", "k"),
+            ("Connection", "keep-alive, accept"),
+            ("Accept", "*/*"),
+            ("Content-Type", "application/json"),
+            ("Host", "gw"),
+            ("X-Vllm-Priority", "-100"),
+        ],
+        FORWARDED_UP,
+    )
     assert kept == [("content-type", "application/json")]  # accept: named by Connection, so hop-by-hop
 
 
@@ -48,8 +57,12 @@ def test_request_id_is_always_the_gateways_own_and_forwarded(fake_upstream_gatew
 
 def test_stream_arrives_incrementally(fake_upstream_gateway, fake_upstream, api_key):
     fake_upstream.client_has_first_chunk.clear()
-    stream = chat(client(fake_upstream_gateway, api_key), stream=True, stream_options={"include_usage": True},
-                  extra_headers={"x-test-scenario": "gated"})
+    stream = chat(
+        client(fake_upstream_gateway, api_key),
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"x-test-scenario": "gated"},
+    )
     first_arrived_at, text, usage = None, "", None
     for piece in stream:
         if first_arrived_at is None:

@@ -33,14 +33,20 @@ PAUSE_S = 0.005  # between two writes of the upstream: long enough for the gatew
 
 
 def event(index: int, text: str, completion: int, finish: str | None = None) -> bytes:
-    return sse({"id": "c", "object": "chat.completion.chunk", "model": "tiny",
-                "choices": [{"index": index, "delta": {"content": text}, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion}})
+    return sse(
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "model": "tiny",
+            "choices": [{"index": index, "delta": {"content": text}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion},
+        }
+    )
 
 
 def without_usage(data: bytes) -> list[dict]:
     """The JSON events of an SSE body, usage removed (what a client that asked for none gets)."""
-    events = [json.loads(e[len(b"data: "):]) for e in data.split(b"\n\n") if e.startswith(b"data: {")]
+    events = [json.loads(e[len(b"data: ") :]) for e in data.split(b"\n\n") if e.startswith(b"data: {")]
     return [{k: v for k, v in e.items() if k != "usage"} for e in events]
 
 
@@ -52,8 +58,9 @@ class ScriptedUpstream:
         self.script: list[bytes | threading.Event] = []
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                                 Route("/v1/models", self.models)])
+        return Starlette(
+            routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]), Route("/v1/models", self.models)]
+        )
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
@@ -98,12 +105,19 @@ class ChunkedReader:
 
     def __init__(self, scripted_gateway: str, key: str) -> None:
         url = urlsplit(scripted_gateway)
-        body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 50,
-                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        body = json.dumps(
+            {"model": "tiny", "stream": True, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
         self._sock = socket.create_connection((url.hostname, url.port), timeout=HANG_BOUND_S)
-        self._sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
-                           b"Content-Type: application/json\r\nAuthorization: Bearer " + key.encode()
-                           + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self._sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nAuthorization: Bearer "
+            + key.encode()
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         self._file = self._sock.makefile("rb")
         status = self._file.readline()
         assert b" 200 " in status, status + self._file.read()
@@ -132,8 +146,9 @@ def stream(scripted_gateway: str, key: str) -> list[bytes]:
         reader.close()
 
 
-def test_events_read_together_go_to_the_client_in_one_message_billed_the_last_usage(scripted_gateway, scripted, key,
-                                                                                     redis_server):
+def test_events_read_together_go_to_the_client_in_one_message_billed_the_last_usage(
+    scripted_gateway, scripted, key, redis_server
+):
     together = event(0, "a", 1) + event(0, "b", 2) + event(0, "c", 3, finish="stop")
     scripted.script = [together, sse("[DONE]")]
     messages = stream(scripted_gateway, key)
@@ -143,8 +158,9 @@ def test_events_read_together_go_to_the_client_in_one_message_billed_the_last_us
     eventually(lambda: daily_used(redis_server.url, used) == 5 + 3, "not billed the last of the three usages")
 
 
-def test_an_event_split_across_reads_at_every_byte_is_relayed_and_billed_whole(scripted_gateway, scripted, key,
-                                                                               redis_server):
+def test_an_event_split_across_reads_at_every_byte_is_relayed_and_billed_whole(
+    scripted_gateway, scripted, key, redis_server
+):
     # The first event is parsed in full; the second, like it but for its text and usage, is read
     # by the bytes it repeats (serving.gateway.protocol.event_shape), here from every possible two pieces.
     first, whole, last = event(0, 'say "hi"', 1), event(0, 'a \\"quote\\"', 2), event(0, "", 2, finish="stop")

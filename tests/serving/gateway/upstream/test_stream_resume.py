@@ -40,16 +40,24 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def gateway(redis_server, upstream):
-    with running_gateway(upstream.url, redis_server.url, model_context_lengths={"tiny": 4096},
-                         stream_resume={"enabled": True, "max_resumes": MAX_RESUMES}) as url:
+    with running_gateway(
+        upstream.url,
+        redis_server.url,
+        model_context_lengths={"tiny": 4096},
+        stream_resume={"enabled": True, "max_resumes": MAX_RESUMES},
+    ) as url:
         yield url
 
 
 @pytest.fixture
 def tenant_key(redis_server):
     tenant = f"tenant-{uuid.uuid4().hex[:8]}"
-    key = create_key_sync(redis_server.url, tenant, "resume", limits={
-        "requests_per_minute": 10_000, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 10})
+    key = create_key_sync(
+        redis_server.url,
+        tenant,
+        "resume",
+        limits={"requests_per_minute": 10_000, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 10},
+    )
     return tenant, key
 
 
@@ -58,25 +66,34 @@ def client(gateway: str, key: str) -> openai.OpenAI:
 
 
 def billed(redis_url: str, tenant: str, key: str) -> tuple[int, int]:
-    return (daily_used(redis_url, key_daily_key(tenant, key_id_of(key))),
-            daily_used(redis_url, tenant_daily_key(tenant)))
+    return (
+        daily_used(redis_url, key_daily_key(tenant, key_id_of(key))),
+        daily_used(redis_url, tenant_daily_key(tenant)),
+    )
 
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
 @pytest.mark.parametrize("cut_after", [1, 3, 6])
 def test_a_stream_cut_by_its_replica_reads_as_one_whole_answer_billed_once(
-        gateway, upstream, redis_server, tenant_key, route, cut_after):
+    gateway, upstream, redis_server, tenant_key, route, cut_after
+):
     tenant, key = tenant_key
     tokens, rid = 8, uuid.uuid4().hex
     prompt = directive(id=rid, tokens=tokens, cut_after=cut_after) + "\nWhat is a KV cache?"
     api = client(gateway, key)
     options = {"include_usage": True}
     if route == "chat":
-        stream = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
-                                             max_tokens=tokens, stream=True, stream_options=options)
+        stream = api.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=tokens,
+            stream=True,
+            stream_options=options,
+        )
     else:
-        stream = api.completions.create(model="tiny", prompt=prompt, max_tokens=tokens, stream=True,
-                                        stream_options=options)
+        stream = api.completions.create(
+            model="tiny", prompt=prompt, max_tokens=tokens, stream=True, stream_options=options
+        )
     chunks = list(stream)
     ids, created = {c.id for c in chunks}, {c.created for c in chunks}
     assert len(ids) == 1 and len(created) == 1, "every chunk keeps the original stream's id and created"
@@ -107,9 +124,13 @@ def test_a_client_that_leaves_mid_stream_never_gets_a_continuation(gateway, upst
     tenant, key = tenant_key
     rid = uuid.uuid4().hex
     prompt = directive(id=rid, tokens=40, cut_after=20, interval=0.02) + "\nWhat is a KV cache?"
-    with httpx.stream("POST", f"{gateway}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "tiny", "prompt": prompt, "max_tokens": 40, "stream": True},
-                      timeout=HANG_BOUND_S) as response:
+    with httpx.stream(
+        "POST",
+        f"{gateway}/v1/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 40, "stream": True},
+        timeout=HANG_BOUND_S,
+    ) as response:
         assert response.status_code == 200
         seen = 0
         for line in response.iter_lines():
@@ -128,7 +149,8 @@ def test_past_max_resumes_the_client_gets_an_error_never_a_silent_cut(gateway, u
     rid, tokens = uuid.uuid4().hex, 12
     prompt = directive(id=rid, tokens=tokens, cut_after=2, cuts=MAX_RESUMES + 1) + "\nWhat is a KV cache?"
     stream = client(gateway, key).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=tokens, stream=True)
+        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=tokens, stream=True
+    )
     text = ""
     with pytest.raises(openai.APIError) as raised:
         for chunk in stream:
@@ -144,8 +166,12 @@ def test_past_max_resumes_the_client_gets_an_error_never_a_silent_cut(gateway, u
 
 def sample(gateway, name: str, **labels: str) -> float:
     text = httpx.get(f"{gateway.metrics}/metrics", timeout=HANG_BOUND_S).text
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def test_resumes_their_gap_their_overhead_and_failures_are_counted(gateway, upstream, tenant_key):
@@ -171,14 +197,16 @@ def test_resumes_their_gap_their_overhead_and_failures_are_counted(gateway, upst
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_a_whole_answer_lost_with_its_replica_is_asked_once_more_and_billed_once(
-        gateway, upstream, redis_server, tenant_key, route):
+    gateway, upstream, redis_server, tenant_key, route
+):
     tenant, key = tenant_key
     rid, tokens = uuid.uuid4().hex, 6
     prompt = directive(id=rid, tokens=tokens, cut_after=0) + "\nWhat is a KV cache?"
     api = client(gateway, key)
     if route == "chat":
-        answer = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
-                                             max_tokens=tokens)
+        answer = api.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=tokens
+        )
         text = answer.choices[0].message.content
     else:
         answer = api.completions.create(model="tiny", prompt=prompt, max_tokens=tokens)

@@ -1,7 +1,10 @@
 """The saturation policy in a real Serve controller: a local Ray with one stand-in deployment
 (no engine) whose replicas report the engine figures the way `replica.LLMServer` does. Serve
 deserializes the policy, builds it with its kwargs, hands it the replicas' reports, and scales
-up on a full KV cache and back down once it is quiet. The deadline only bounds a hang."""
+up on a full KV cache and back down once it is quiet. The deadline only bounds a hang.
+
+It starts a Ray of its own, so it runs in the end-to-end pytest process (before the shared dev
+stack starts), never beside the unit tests: two local Serve instances would contend for ports."""
 
 from __future__ import annotations
 
@@ -39,11 +42,22 @@ def test_serve_scales_on_the_reported_kv_use_and_back(tmp_path):
     kv = tmp_path / "kv"
     kv.write_text("0.95")
     deployment = serve.deployment(
-        Engine, name="Engine", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=4,
-        autoscaling_config={"min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 0, "downscale_delay_s": 0,
-                            "look_back_period_s": 2,
-                            "policy": {"policy_function": POLICY_FUNCTION,
-                                       "policy_kwargs": {"thresholds": {"cooldown_s": 0}, "queue": None}}})
+        Engine,
+        name="Engine",
+        ray_actor_options={"num_cpus": 0.1},
+        max_ongoing_requests=4,
+        autoscaling_config={
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "upscale_delay_s": 0,
+            "downscale_delay_s": 0,
+            "look_back_period_s": 2,
+            "policy": {
+                "policy_function": POLICY_FUNCTION,
+                "policy_kwargs": {"thresholds": {"cooldown_s": 0}, "queue": None},
+            },
+        },
+    )
     pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     try:
