@@ -83,6 +83,10 @@ def edge_files(
     config = "\n".join(
         [
             "global",
+            # One thread: connections are then taken and counted in the order they arrive, so a
+            # client's cap holds exactly (with a thread per core, two accepts racing could let one
+            # connection past it). One HAProxy thread outruns the Python gateway behind it by far.
+            "    nbthread 1",
             f"    maxconn {edge.max_connections + 64}",
             f"    tune.bufsize {buffer_bytes(edge)}",
             f"    tune.maxrewrite {HEADER_REWRITE_RESERVE}",

@@ -210,7 +210,9 @@ def _streamed(body: dict[str, Any], *, max_tokens_key: str, remaining: int, befo
         }
     )
     if min_tokens is not None:
-        body["min_tokens"] = max(0, min_tokens - before)
+        # Never above what the continuation may generate: vLLM refuses min_tokens > max_tokens, and
+        # usage can report more output than the token ids the seam counts (`before`).
+        body["min_tokens"] = min(max(0, min_tokens - before), remaining)
     return body
 
 
