@@ -4,6 +4,7 @@ Also the session's rules: hypothesis profiles, and nothing this run started may 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
@@ -45,6 +46,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.ensure_newline()
             reporter.write_line(message, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def no_ray_cluster_from_a_unit_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any Ray API called before `ray.init` starts a whole local cluster (Ray's auto-init): a
+    minute of CPU beside the timing tests, left running after the test. Unit tests get an
+    error instead; tests/e2e, which start Ray on purpose, override this fixture."""
+    hook = sys.modules.get("ray._private.auto_init_hook")
+    if hook is not None:
+        monkeypatch.setattr(hook, "enable_auto_connect", False)
+    else:  # read when ray is first imported, in this test or later
+        monkeypatch.setenv("RAY_ENABLE_AUTO_CONNECT", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -29,6 +29,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: E2E in item.path.parents and "dev_stack" in item.fixturenames)
 
 
+@pytest.fixture(autouse=True)
+def no_ray_cluster_from_a_unit_test() -> None:
+    """End-to-end tests start Ray on purpose (tests/conftest.py stops unit tests doing it)."""
+
+
 @pytest.fixture(scope="session")
 def e2e_stack_file() -> Iterator[Path]:
     """Pulumi.local.yaml with the changes of `e2e_stack_text`, named like it so that `llmctl scale

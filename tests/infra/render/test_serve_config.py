@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,9 +27,13 @@ from infra.spec.stack_file import PROJECT_ROOT, load_stack, spec_from_document
 from tests.support.stacks import EXAMPLE_STACKS, stack_document
 
 # Ray reads the serving path's switches at import time: an application built under them has
-# to be built in a process that had them from the start.
+# to be built in a process that had them from the start. Ray's LLM builder asks the driver's
+# runtime env, which would start a local cluster: a driver without one has an empty env.
 BUILD_IN_ENV = """
 import json, sys
+from types import SimpleNamespace
+import ray
+ray.get_runtime_context = lambda: SimpleNamespace(runtime_env={})
 from ray.serve._private.build_app import build_app as build_serve_app
 from serving.app import build_app
 app = json.loads(sys.argv[1])
@@ -159,10 +164,15 @@ def test_changing_replica_bounds_keeps_the_code_version():
     )
 
 
-def test_ingress_scales_to_zero_with_the_models_as_ray_would_make_it():
+def test_ingress_scales_to_zero_with_the_models_as_ray_would_make_it(monkeypatch):
     """On the paths through an OpenAI ingress: when every model has min_replicas 0, Ray's builder
     gives the ingress min_replicas 0 (so GPU nodes can drain); our override states the same."""
+    import ray
     from ray.serve._private.build_app import build_app as build_serve_app
+
+    # Ray's LLM builder asks the driver's runtime env, which would start a local cluster: a
+    # driver without one has an empty env, which is all the builder reads.
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(runtime_env={}))
 
     from serving.app import build_app
 
