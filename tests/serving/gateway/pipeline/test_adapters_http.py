@@ -224,4 +224,6 @@ def test_the_queue_keys_on_the_base_and_the_metrics_on_the_adapter(start_gateway
         exposed = httpx.get(f"{metrics}/metrics", timeout=HANG_BOUND_S).text
     assert 'llmstack_gateway_queue_admitted_total{model="tiny",tenant="lora-queue"} 1.0' in exposed
     assert 'llmstack_gateway_requests_total{model="tiny:sql",status="200",tenant="lora-queue"} 1.0' in exposed
-    assert not [line for line in exposed.splitlines() if "queue" in line and "tiny:sql" in line]
+    assert not [
+        line for line in exposed.splitlines() if line.startswith("llmstack_gateway_queue") and "tiny:sql" in line
+    ]
