@@ -27,7 +27,6 @@ mode are served when over their own limits, and the would-be refusal is logged a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -42,7 +41,7 @@ from serving.gateway.admission.limit_check import LimitCheck
 from serving.gateway.admission.media_urls import check_media
 from serving.gateway.admission.queue_wait import ClientLeft, PendingSlot, QueuePlace, QueueStage
 from serving.gateway.admission.validation import check_request
-from serving.gateway.auth.adapter_access import ServedModel, base_of, effective_patterns, served_to
+from serving.gateway.auth.adapter_access import base_of, effective_patterns, served_to
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.auth.keys import KeyStore
 from serving.gateway.config.settings import GatewaySettings
@@ -135,18 +134,15 @@ def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool, bases: C
     return base_of(model, bases) in key.allowed_models
 
 
-def unknown_to_caller(
-    model: str | None, settings: GatewaySettings, grants: Sequence[str]
-) -> tuple[ServedModel | None, bool]:
-    """(what `model` is to a caller holding adapter `grants`, whether to refuse it as unknown).
-    A stack that lists its models refuses every other name itself (404 `model_not_found`): an
-    unknown model, an adapter the stack does not serve and one the caller may not use all take
-    this one path, so the answer (status, body, headers, and the work done) is the same for each.
-    A gateway given no model list forwards what it cannot check (a bare test setup)."""
+def unknown_to_caller(model: str | None, settings: GatewaySettings, grants: Sequence[str]) -> bool:
+    """Whether to refuse `model` as unknown to a caller holding adapter `grants`. A stack that
+    lists its models refuses every other name itself (404 `model_not_found`): an unknown model,
+    an adapter the stack does not serve and one the caller may not use all take this one path,
+    so the answer (status, body, headers, and the work done) is the same for each. A gateway
+    given no model list forwards what it cannot check (a bare test setup)."""
     if model is None or not settings.models:
-        return None, False
-    served = served_to(model, settings.models, settings.model_adapters, grants)
-    return served, served is None
+        return False
+    return served_to(model, settings.models, settings.model_adapters, grants) is None
 
 
 def names_adapter(model: str | None, settings: GatewaySettings) -> bool:
@@ -182,6 +178,15 @@ class _Read:
 
     body: bytes
     document: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The model a request names, the base whose replicas serve it, and the caller's adapter grants."""
+
+    model: str | None
+    base: str | None
+    grants: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -231,9 +236,9 @@ class Admitter:
         self, record: KeyRecord, model: str | None, *, listing: bool = False
     ) -> list[str] | Refusal:
         """The caller's effective adapter grants (serving.gateway.auth.adapter_access), read only
-        when they can matter: a body naming `<base>:...` of a base with adapters (whether that
-        adapter exists or not, so the work done tells nothing), or the model list (`listing`) of a
-        stack with adapters. The tenant's list is read from Redis when the key has none of its own:
+        when they can matter, on a stack with adapters: a body naming `<served base>:...` (whether
+        that adapter exists or not, so the work done tells nothing: `names_adapter`), or the model
+        list (`listing`). The tenant's list is read from Redis when the key has none of its own:
         one GET. Unreadable: 503, the same for every such name."""
         settings = self.settings
         if not settings.model_adapters or not (listing or names_adapter(model, settings)):
@@ -303,10 +308,8 @@ class Admitter:
         charged = await self._charge(caller, model, base, reservation, ticket, held)
         if isinstance(charged, Refusal):
             return charged
-        admission = await self._place(request, caller.record, base, read, reservation, added_max_tokens, charged)
-        if isinstance(admission, Admission):
-            return dataclasses.replace(admission, model=model, base=base, adapter_grants=tuple(grants))
-        return admission
+        served = _Served(model, base, tuple(grants))
+        return await self._place(request, caller.record, served, read, reservation, added_max_tokens, charged)
 
     async def _read(self, request: Request) -> _Read | Refusal:
         """The read-body stage: within max_body_bytes, parsed once (the one parse, bounded)."""
@@ -335,8 +338,7 @@ class Admitter:
             return errors.model_not_allowed(model)
         violation = check_request(document, request.url.path, settings)
         if violation is None and document is not None:
-            _, unknown = unknown_to_caller(model, settings, grants)
-            if unknown:
+            if unknown_to_caller(model, settings, grants):
                 assert model is not None
                 return errors.model_not_found(model)
             base = base_of(model, settings.models) if model is not None else None
@@ -397,7 +399,7 @@ class Admitter:
         self,
         request: Request,
         record: KeyRecord,
-        model: str | None,
+        served: _Served,
         read: _Read,
         reservation: Reservation,
         added_max_tokens: int | None,
@@ -416,7 +418,7 @@ class Admitter:
             document, path, stream=stream, added_max_tokens=added_max_tokens, priority=self._engine_priority(record)
         )
         place = await self.queue_stage.place(
-            request, record, model, ticket, headers, stream=stream, attempt=charged.attempt, slot=charged.slot
+            request, record, served.base, ticket, headers, stream=stream, attempt=charged.attempt, slot=charged.slot
         )
         if not isinstance(place, QueuePlace):
             return place
@@ -434,7 +436,9 @@ class Admitter:
         return Admission(
             key=record,
             body=body,
-            model=model,
+            model=served.model,
+            base=served.base,
+            adapter_grants=served.grants,
             ticket=ticket,
             headers=headers,
             meter=meter,
