@@ -40,7 +40,7 @@ class Usage(BaseModel):
 
     tenant: str
     key_id: str
-    model: str = Field(description="Served model name as the gateway metered it.")
+    model: str = Field(description="Served model name as the gateway metered it (`<base>:<adapter>` for an adapter).")
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     requests: int = Field(ge=0, default=0)
@@ -178,12 +178,19 @@ def _usd(cents: int) -> Decimal:
     return (Decimal(cents) * CENT).quantize(CENT)
 
 
+def served_base(model: str) -> str:
+    """The base model of a metered name: a LoRA adapter is metered as `<base>:<adapter>` (Ray Serve
+    LLM's name for it) and runs on its base's replicas, so its tokens are priced at the base's rate
+    and split from the base's cost, each adapter on rows of its own."""
+    return model.split(":", 1)[0]
+
+
 def showback(usage: Iterable[Usage], groups: Iterable[GroupCost], models: Iterable[ModelRate]) -> Showback:
     usage, groups, models = list(usage), list(groups), list(models)
     notes: list[str] = []
     by_model: dict[str, list[Usage]] = defaultdict(list)
     for u in usage:
-        by_model[u.model].append(u)
+        by_model[served_base(u.model)].append(u)  # an adapter's tokens share its base's cost, row by row
     rows: list[CostRow] = []
     totals: list[ModelTotal] = []
     for group in groups:

@@ -9,6 +9,10 @@ it comes from `LLMSTACK_REDIS_PASSWORD`, or the file `--redis-password-file` nam
 
 The gateway reads a key's record (and its tenant's limits) from Redis on every request, so a
 change takes effect on every gateway replica at the next request. Every change is atomic.
+
+LoRA adapters (`--adapter`, on keys and tenants): `<base>:<adapter>` names or fnmatch patterns on
+them (`tiny-chat:*`); a key uses its own list when it has one, else its tenant's; none: no adapter
+(serving.gateway.auth.adapter_access).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from ops.llmctl.console import ExitCode, err, out
+from serving.gateway.auth.adapter_access import checked_patterns
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.auth.keys import RedisKeyStore
 from serving.gateway.config.gateway_policy import TenantLimits
@@ -74,6 +79,34 @@ TierOption = Annotated[str | None, typer.Option(help="Queue tier (gateway.queue.
 WeightOption = Annotated[
     float | None, typer.Option(min=0.001, max=1000, help="Share of a saturated model within its tier (default 1).")
 ]
+AdapterOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--adapter",
+        help="LoRA adapter it may use, <base>:<adapter> or a pattern like tiny-chat:* (repeat). "
+        "Replaces the list; none given: unchanged.",
+    ),
+]
+
+
+def _grants(adapters: list[str] | None, *, none: bool = False) -> list[str] | None:
+    """Adapter grants as typed, checked before any Redis call; [] with `none` (--no-adapters)."""
+    if none:
+        if adapters:
+            raise typer.BadParameter("give --adapter or --no-adapters, not both", param_hint="--adapter")
+        return []
+    if not adapters:
+        return None
+    try:
+        return checked_patterns(adapters)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--adapter") from None
+
+
+def _adapters_cell(grants: list[str] | None, inherited: str = "tenant's") -> str:
+    if grants is None:
+        return inherited
+    return ", ".join(grants) or "none"
 
 
 def resolve_redis_url(explicit: str | None, stack: str, environ: dict[str, str], dev_redis_url: str | None) -> str:
@@ -200,8 +233,12 @@ def create(
     shadow: Annotated[bool, typer.Option(help="Shadow mode: over-limit requests are logged, not refused.")] = False,
     tier: TierOption = None,
     weight: WeightOption = None,
+    adapter: AdapterOption = None,
+    no_adapters: Annotated[bool, typer.Option("--no-adapters", help="No adapter, whatever its tenant's.")] = False,
 ) -> None:
-    """Make a key. The key is printed once, on stdout; only its hash is stored."""
+    """Make a key. The key is printed once, on stdout; only its hash is stored. Without --adapter
+    or --no-adapters it may use its tenant's adapters (llmctl tenants set --adapter)."""
+    grants = _grants(adapter, none=no_adapters)
     expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
     limits = _limits(
         requests_per_minute=requests_per_minute,
@@ -222,6 +259,7 @@ def create(
             limits=limits,
             shadow=shadow,
             queueing=queueing,
+            allowed_adapters=grants,
         ),
     )
     err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
@@ -240,7 +278,9 @@ def list_keys(
     if as_json:
         print(json.dumps([_describe(r) for r in records], indent=2))
         return
-    table = Table("key id", "tenant", "name", "created", "state", "models", "limit overrides", "mode", "queue")
+    table = Table(
+        "key id", "tenant", "name", "created", "state", "models", "adapters", "limit overrides", "mode", "queue"
+    )
     now = datetime.now(UTC)
     for r in records:
         state = "revoked" if r.revoked else "expired" if r.expires_at and r.expires_at <= now else "active"
@@ -252,6 +292,7 @@ def list_keys(
             r.created_at.strftime("%Y-%m-%d %H:%M"),
             state,
             ", ".join(r.allowed_models or ["all"]),
+            _adapters_cell(r.allowed_adapters),
             overrides or "-",
             "shadow" if r.shadow else "enforced",
             f"{r.tier or 'default'} x{r.weight or 1:g}",
@@ -304,8 +345,16 @@ def set_key(
     ] = None,
     tier: TierOption = None,
     weight: WeightOption = None,
+    adapter: AdapterOption = None,
+    no_adapters: Annotated[bool, typer.Option("--no-adapters", help="No adapter, whatever its tenant's.")] = False,
+    tenant_adapters: Annotated[
+        bool, typer.Option("--tenant-adapters", help="Drop the key's own adapter list: its tenant's applies.")
+    ] = False,
 ) -> None:
-    """Change a key's limits, mode, tier or weight; every gateway replica applies it from the next request."""
+    """Change a key's limits, mode, tier, weight or adapters; every gateway replica applies it from the next request."""
+    grants = _grants(adapter, none=no_adapters)
+    if tenant_adapters and grants is not None:
+        raise typer.BadParameter("--tenant-adapters drops the key's list: give no --adapter/--no-adapters with it")
     changes: dict[str, Any] = _limits(
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
@@ -316,10 +365,12 @@ def set_key(
     if shadow is not None:
         changes["shadow"] = shadow
     changes.update(_queueing(tier=tier, weight=weight))
+    if grants is not None or tenant_adapters:
+        changes["allowed_adapters"] = grants
     if not changes:
         err.print(
             "nothing to change: give a limit option (e.g. --requests-per-minute 30), --shadow/--enforce, "
-            "--tier or --weight"
+            "--tier, --weight, --adapter, --no-adapters or --tenant-adapters"
         )
         raise typer.Exit(ExitCode.UNUSABLE_INPUT)
     record = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.update(key_id, **changes))
@@ -353,6 +404,7 @@ def rotate(
             limits=limits,
             shadow=old.shadow,
             queueing=queueing,
+            allowed_adapters=old.allowed_adapters,
         )
         await store.revoke(key_id)
         return made
@@ -377,18 +429,30 @@ def list_tenants(
     redis_password_file: PasswordFileOption = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Every tenant with limits of its own (the others get the stack's gateway.default_tenant_limits)."""
-    tenants = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.list(), TenantStore)
+    """Every tenant with limits or adapters of its own (the others get the stack's gateway.default_tenant_limits
+    and no adapters)."""
+
+    async def read(store: TenantStore) -> dict[str, tuple[Any, list[str] | None]]:
+        return {t: (limits, await store.adapters(t)) for t, limits in (await store.list()).items()}
+
+    tenants = _run(_store_url(redis_url, stack, redis_password_file), read, TenantStore)
     if as_json:
         print(
             json.dumps(
-                {t: limits.model_dump(mode="json", exclude_none=True) for t, limits in tenants.items()}, indent=2
+                {
+                    t: {
+                        **limits.model_dump(mode="json", exclude_none=True),
+                        **({"adapters": grants} if grants is not None else {}),
+                    }
+                    for t, (limits, grants) in tenants.items()
+                },
+                indent=2,
             )
         )
         return
-    table = Table("tenant", "own limits")
-    for tenant, limits in tenants.items():
-        table.add_row(tenant, _tenant_row(limits))
+    table = Table("tenant", "own limits", "adapters")
+    for tenant, (limits, grants) in tenants.items():
+        table.add_row(tenant, _tenant_row(limits), _adapters_cell(grants, inherited="none"))
     out.print(table)
 
 
@@ -399,13 +463,14 @@ def show_tenant(
     redis_url: RedisOption = None,
     redis_password_file: PasswordFileOption = None,
 ) -> None:
-    """A tenant's own limits and the tokens its keys were billed today, as JSON."""
+    """A tenant's own limits, its adapter grants (null: none) and the tokens its keys were billed today, as JSON."""
 
     async def read(store: TenantStore) -> dict[str, Any]:
         limits = await store.get(tenant)
         return {
             "tenant": tenant,
             "limits": limits.model_dump(mode="json", exclude_none=True),
+            "adapters": await store.adapters(tenant),
             "tokens_today": await store.used_today(tenant),
         }
 
@@ -430,8 +495,12 @@ def set_tenant(
             help="Dollars per calendar month (UTC) at the models' rate card; 0: back to the default.",
         ),
     ] = None,
+    adapter: AdapterOption = None,
+    no_adapters: Annotated[bool, typer.Option("--no-adapters", help="Remove the tenant's adapter list.")] = False,
 ) -> None:
-    """Set limits shared by all the tenant's keys, on top of each key's own (0 removes one)."""
+    """Set limits shared by all the tenant's keys, on top of each key's own (0 removes one), and the
+    LoRA adapters its keys may use when they have no list of their own."""
+    grants = _grants(adapter, none=no_adapters)
     given = {
         "requests_per_minute": requests_per_minute,
         "tokens_per_minute": tokens_per_minute,
@@ -440,8 +509,8 @@ def set_tenant(
         "monthly_budget_usd": monthly_budget_usd,
     }
     changes = {name: (value or None) for name, value in given.items() if value is not None}
-    if not changes:
-        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 600)")
+    if not changes and grants is None:
+        err.print("nothing to change: give a limit option (e.g. --requests-per-minute 600), --adapter or --no-adapters")
         raise typer.Exit(2)
     try:
         TenantLimits(**{name: value for name, value in changes.items() if value is not None})
@@ -449,5 +518,12 @@ def set_tenant(
         problem = exc.errors()[0]
         err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
-    limits = _run(_store_url(redis_url, stack, redis_password_file), lambda s: s.set(tenant, changes), TenantStore)
-    err.print(f"tenant {tenant}: {_tenant_row(limits)}")
+
+    async def write(store: TenantStore) -> tuple[Any, list[str] | None]:
+        limits = await store.set(tenant, changes) if changes else await store.get(tenant)
+        if grants is not None:
+            await store.set_adapters(tenant, grants or None)  # --no-adapters: the list is removed
+        return limits, await store.adapters(tenant)
+
+    limits, stored = _run(_store_url(redis_url, stack, redis_password_file), write, TenantStore)
+    err.print(f"tenant {tenant}: {_tenant_row(limits)}; adapters: {_adapters_cell(stored, inherited='none')}")

@@ -28,7 +28,7 @@ mode are served when over their own limits, and the would-be refusal is logged a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -41,11 +41,13 @@ from serving.gateway.admission.limit_check import LimitCheck
 from serving.gateway.admission.media_urls import check_media
 from serving.gateway.admission.queue_wait import ClientLeft, PendingSlot, QueuePlace, QueueStage
 from serving.gateway.admission.validation import check_request
+from serving.gateway.auth.adapter_access import base_of, effective_patterns, served_to
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.auth.keys import KeyStore
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.decision import rate_limit_headers
 from serving.gateway.limits.limiter import Limiter, effective_limits
+from serving.gateway.limits.tenants import TenantStore, TenantsUnavailable
 from serving.gateway.limits.ticket import Ticket, Who
 from serving.gateway.metering.output_bound import output_bound
 from serving.gateway.metering.reservation import COMPLETION_PATHS, Reservation, reserve
@@ -59,6 +61,7 @@ from serving.gateway.metering.usage_meter import (
 from serving.gateway.protocol import errors
 from serving.gateway.protocol.errors import Refusal
 from serving.gateway.queue.fair_queue import FairQueue, QueueTicket, SlotTry
+from serving.gateway.redis.client import RedisBusy
 from serving.gateway.resume.request import ResumableStream, resumable
 from serving.gateway.telemetry.access_log import caller_of
 from serving.gateway.telemetry.metrics import GatewayMetrics
@@ -77,7 +80,7 @@ class Admission:
 
     key: KeyRecord
     body: bytes
-    model: str | None
+    model: str | None  # as the body names it: a base, or `<base>:<adapter>` (metered per adapter)
     ticket: Ticket
     headers: dict[str, str]
     meter: UsageMeter
@@ -85,6 +88,8 @@ class Admission:
     first_byte_timeout_s: float | None = None  # a cold model's start, instead of upstream_idle_timeout_s
     pending: PendingSlot | None = None  # a stream still waiting for its slot
     resume: ResumableStream | None = None  # a stream the relay may continue if its replica dies
+    base: str | None = None  # the model whose Serve application, queue and capacity serve it (an adapter's base)
+    adapter_grants: tuple[str, ...] = ()  # the key's effective adapter grants (GET /v1/models lists by them)
 
     async def settle(self, billed: Usage) -> None:
         """End the request once: bill the key's usage and give the model's slot back, in one
@@ -116,15 +121,37 @@ def declares_small_body(headers: Mapping[str, str]) -> bool:
     return declared.isdigit() and int(declared) <= EARLY_READ_BYTES
 
 
-def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool) -> bool:
+def model_allowed(key: KeyRecord, model: str | None, *, has_body: bool, bases: Collection[str] = ()) -> bool:
     """Unrestricted keys may call anything. A restricted key's bodiless requests (GET /v1/models)
     are not model-scoped, but a body must name an allowed model: a body we cannot read a model
-    from might still be one the upstream reads a model from."""
+    from might still be one the upstream reads a model from. A key's `allowed_models` lists base
+    models: a name addressing a served base's adapter (`<base>:...`, Ray's rule) is checked by its
+    base, whether that adapter exists or not, so this 403 never tells which adapters exist."""
     if key.allowed_models is None:
         return True
     if model is None:
         return not has_body
-    return model in key.allowed_models
+    return base_of(model, bases) in key.allowed_models
+
+
+def unknown_to_caller(model: str | None, settings: GatewaySettings, grants: Sequence[str]) -> bool:
+    """Whether to refuse `model` as unknown to a caller holding adapter `grants`. A stack that
+    lists its models refuses every other name itself (404 `model_not_found`): an unknown model,
+    an adapter the stack does not serve and one the caller may not use all take this one path,
+    so the answer (status, body, headers, and the work done) is the same for each. A gateway
+    given no model list forwards what it cannot check (a bare test setup)."""
+    if model is None or not settings.models:
+        return False
+    return served_to(model, settings.models, settings.model_adapters, grants) is None
+
+
+def names_adapter(model: str | None, settings: GatewaySettings) -> bool:
+    """Whether `model` addresses an adapter of a served base (`<base>:...`, whether that adapter
+    exists or not, and whether that base has adapters or not, so the work done tells nothing), on
+    a stack that serves adapters: the requests that need the caller's adapter grants."""
+    if not settings.model_adapters or model is None or ":" not in model:
+        return False
+    return model.split(":", 1)[0] in settings.models
 
 
 def reservation_for(
@@ -132,7 +159,7 @@ def reservation_for(
 ) -> tuple[Reservation, int | None]:
     """What a request reserves at admission, and the max_tokens the gateway adds to it (None
     when the body sets its own): for online requests and batch lines alike."""
-    context_length = settings.model_context_lengths.get(requested_model(document) or "")
+    context_length = settings.model_context_lengths.get(base_of(requested_model(document) or "", settings.models))
     output = output_bound(document, path, context_length=context_length, ceiling=settings.max_tokens_ceiling)
     reservation = reserve(
         document,
@@ -151,6 +178,15 @@ class _Read:
 
     body: bytes
     document: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The model a request names, the base whose replicas serve it, and the caller's adapter grants."""
+
+    model: str | None
+    base: str | None
+    grants: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -185,15 +221,38 @@ class Admitter:
         limiter: Limiter,
         metrics: GatewayMetrics,
         queue: FairQueue | None = None,
+        tenants: TenantStore | None = None,
     ) -> None:
         self.settings, self.key_store, self.limiter, self.metrics = settings, key_store, limiter, metrics
-        self.queue = queue
+        self.queue, self.tenants = queue, tenants
         self.authenticator = Authenticator(key_store, metrics, settings.key_cache_ttl_s)
         self.limits = LimitCheck(metrics)
         self.queue_stage = QueueStage(settings, metrics, queue)
 
     async def authenticate(self, request: Request) -> Caller | Refusal:
         return await self.authenticator.authenticate(request)
+
+    async def adapter_grants(
+        self, record: KeyRecord, model: str | None, *, listing: bool = False
+    ) -> list[str] | Refusal:
+        """The caller's effective adapter grants (serving.gateway.auth.adapter_access), read only
+        when they can matter, on a stack with adapters: a body naming `<served base>:...` (whether
+        that adapter exists or not, so the work done tells nothing: `names_adapter`), or the model
+        list (`listing`). The tenant's list is read from Redis when the key has none of its own:
+        one GET. Unreadable: 503, the same for every such name."""
+        settings = self.settings
+        if not settings.model_adapters or not (listing or names_adapter(model, settings)):
+            return []
+        if record.allowed_adapters is not None or self.tenants is None:
+            return effective_patterns(record.allowed_adapters, None)
+        try:
+            tenant = await self.tenants.adapters(record.tenant)
+        except RedisBusy:
+            return errors.gateway_busy()
+        except TenantsUnavailable:
+            self.metrics.redis_errors.labels(component="keys").inc()
+            return errors.key_store_unavailable()
+        return effective_patterns(None, tenant)
 
     async def admit(self, request: Request) -> Admission | Refusal | ClientLeft:
         caller = await self.authenticate(request)
@@ -238,14 +297,19 @@ class Admitter:
             return read
         model = requested_model(read.document)
         caller_of(request.scope).model = model
-        refusal = self._validate(request, caller.record, model, read.document)
+        grants = await self.adapter_grants(caller.record, model, listing=read.document is None)
+        if isinstance(grants, Refusal):
+            return grants
+        refusal = self._validate(request, caller.record, model, read.document, grants)
         if refusal is not None:
             return refusal
+        base = base_of(model, self.settings.models) if model is not None else None
         reservation, added_max_tokens = reservation_for(read.document, len(read.body), request.url.path, self.settings)
-        charged = await self._charge(caller, model, reservation, ticket, held)
+        charged = await self._charge(caller, model, base, reservation, ticket, held)
         if isinstance(charged, Refusal):
             return charged
-        return await self._place(request, caller.record, model, read, reservation, added_max_tokens, charged)
+        served = _Served(model, base, tuple(grants))
+        return await self._place(request, caller.record, served, read, reservation, added_max_tokens, charged)
 
     async def _read(self, request: Request) -> _Read | Refusal:
         """The read-body stage: within max_body_bytes, parsed once (the one parse, bounded)."""
@@ -259,16 +323,26 @@ class Admitter:
         return _Read(body, document)
 
     def _validate(
-        self, request: Request, record: KeyRecord, model: str | None, document: dict[str, Any] | None
+        self,
+        request: Request,
+        record: KeyRecord,
+        model: str | None,
+        document: dict[str, Any] | None,
+        grants: Sequence[str],
     ) -> Refusal | None:
         """The validate stage: the key's models, then the request's fields and media URLs, before
-        tokens are charged (a refusal costs none)."""
+        tokens are charged (a refusal costs none). A name the stack does not serve to this caller
+        is refused after the field checks (so a malformed `model` is a 400 for every name)."""
         settings = self.settings
-        if not model_allowed(record, model, has_body=document is not None):
+        if not model_allowed(record, model, has_body=document is not None, bases=settings.models):
             return errors.model_not_allowed(model)
         violation = check_request(document, request.url.path, settings)
         if violation is None and document is not None:
-            violation = check_media(document, settings.media_domains(model))
+            if unknown_to_caller(model, settings, grants):
+                assert model is not None
+                return errors.model_not_found(model)
+            base = base_of(model, settings.models) if model is not None else None
+            violation = check_media(document, settings.media_domains(base))
         if violation is not None:
             return errors.invalid_request(violation.param, violation.message, violation.code)
         if settings.log_prompts and document is not None:
@@ -276,14 +350,21 @@ class Admitter:
         return None
 
     async def _charge(
-        self, caller: Caller, model: str | None, reservation: Reservation, ticket: Ticket | None, held: AsyncExitStack
+        self,
+        caller: Caller,
+        model: str | None,
+        base: str | None,
+        reservation: Reservation,
+        ticket: Ticket | None,
+        held: AsyncExitStack,
     ) -> _Charged | Refusal:
         """The limit stage with the reservation known. A queued model's free slot is asked for in
         the limiter's round trip, before its verdict: a refused request gives it straight back (a
-        round trip on refusals only)."""
+        round trip on refusals only). The ledger keys on the name as requested (per adapter, for
+        showback); the rate card and the queue on the base, whose replicas serve the adapter."""
         label = self.metrics.model_label(model)  # the ledger's model, bounded like the metrics'
-        rate = self.settings.model_usd_per_million_tokens.get(label)
-        attempt = self.queue_stage.slot_try(caller.record, model)
+        rate = self.settings.model_usd_per_million_tokens.get(self.metrics.model_label(base))
+        attempt = self.queue_stage.slot_try(caller.record, base)
         along = attempt.call if attempt is not None else None
         async with _try_given_back_on_error(self.queue, attempt):
             if ticket is None:
@@ -318,7 +399,7 @@ class Admitter:
         self,
         request: Request,
         record: KeyRecord,
-        model: str | None,
+        served: _Served,
         read: _Read,
         reservation: Reservation,
         added_max_tokens: int | None,
@@ -337,7 +418,7 @@ class Admitter:
             document, path, stream=stream, added_max_tokens=added_max_tokens, priority=self._engine_priority(record)
         )
         place = await self.queue_stage.place(
-            request, record, model, ticket, headers, stream=stream, attempt=charged.attempt, slot=charged.slot
+            request, record, served.base, ticket, headers, stream=stream, attempt=charged.attempt, slot=charged.slot
         )
         if not isinstance(place, QueuePlace):
             return place
@@ -355,7 +436,9 @@ class Admitter:
         return Admission(
             key=record,
             body=body,
-            model=model,
+            model=served.model,
+            base=served.base,
+            adapter_grants=served.grants,
             ticket=ticket,
             headers=headers,
             meter=meter,
@@ -369,7 +452,9 @@ class Admitter:
         """The resume context of a streamed completion, when the stack resumes streams."""
         if not self.settings.stream_resume.active or not stream or document is None:
             return None
-        context_length = self.settings.model_context_lengths.get(requested_model(document) or "")
+        context_length = self.settings.model_context_lengths.get(
+            base_of(requested_model(document) or "", self.settings.models)
+        )
         bound = output_bound(document, path, context_length=context_length, ceiling=self.settings.max_tokens_ceiling)
         return resumable(document, path, stream=stream, bound=bound, settings=self.settings.stream_resume)
 

@@ -34,6 +34,11 @@ class KeyRecord(BaseModel):
     allowed_models: list[str] | None = Field(
         default=None, description="Models this key may call; None means every served model."
     )
+    allowed_adapters: list[str] | None = Field(
+        default=None,
+        description="LoRA adapters this key may use: `<base>:<adapter>` names or fnmatch patterns on them "
+        "(serving.gateway.auth.adapter_access). None: its tenant's grants; [] : none.",
+    )
     revoked: bool = Field(default=False, description="Revoked keys are refused but kept for audit.")
     shadow: bool = Field(
         default=False,

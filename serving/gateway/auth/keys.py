@@ -105,6 +105,7 @@ class KeyStore(ABC):
         allowed_models: list[str] | None = None,
         limits: Mapping[str, int] | None = None,
         shadow: bool = False,
+        allowed_adapters: list[str] | None = None,
     ) -> tuple[str, KeyRecord]:
         """Make a key; returns the plaintext (shown once) and its record. `limits` overrides the
         gateway's default limits for this key (requests_per_minute, tokens_per_minute, ...)."""
@@ -117,6 +118,7 @@ class KeyStore(ABC):
                 created_at=_utcnow(),
                 expires_at=expires_at,
                 allowed_models=allowed_models,
+                allowed_adapters=allowed_adapters,
                 shadow=shadow,
                 **(limits or {}),
             )
@@ -284,6 +286,7 @@ def create_key_sync(
     expires_at: datetime | None = None,
     allowed_models: list[str] | None = None,
     limits: Mapping[str, int] | None = None,
+    allowed_adapters: list[str] | None = None,
 ) -> str:
     """Create a key from a script or CLI; returns the plaintext key (print it once)."""
     if not redis_url:
@@ -296,7 +299,12 @@ def create_key_sync(
         store = RedisKeyStore(redis_url)
         try:
             key, _ = await store.create(
-                tenant, name, expires_at=expires_at, allowed_models=allowed_models, limits=limits
+                tenant,
+                name,
+                expires_at=expires_at,
+                allowed_models=allowed_models,
+                limits=limits,
+                allowed_adapters=allowed_adapters,
             )
             return key
         finally:

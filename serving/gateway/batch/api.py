@@ -289,9 +289,15 @@ class BatchApi:
         record = await self.store.file(file_id, key.tenant) if isinstance(file_id, str) else None
         if record is None or record.purpose != "batch":
             return _not_found("file", file_id)
+        grants = await self.admitter.adapter_grants(key, None, listing=True)
+        if isinstance(grants, errors.Refusal):
+            return errors.response_for(grants)
+        # The lines are checked with the key's effective adapter grants (its own, else its tenant's);
+        # each line is admitted again when it runs, with the grants of that moment.
+        lines_key = key.model_copy(update={"allowed_adapters": grants})
         async with self.runner.memory.holding(COPIES_IN_MEMORY * record.bytes, CREATE_MEMORY_WAIT_S):
             content = await self.storage.get(record.id)
-            checked = await asyncio.to_thread(check_input, content, endpoint, key, self.settings)
+            checked = await asyncio.to_thread(check_input, content, endpoint, lines_key, self.settings)
             del content
         refusal = await self._over_budget(checked, key)
         if refusal is not None:

@@ -22,6 +22,7 @@ from typing import Any
 from serving.gateway.admission.admitter import model_allowed, requested_model, reservation_for
 from serving.gateway.admission.body import BodyError, parse_json, request_document
 from serving.gateway.admission.validation import check_request
+from serving.gateway.auth.adapter_access import effective_patterns, served_to
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.objects import LineError
 from serving.gateway.config.settings import GatewaySettings
@@ -104,9 +105,12 @@ def check_body(
             errors.invalid_request("stream", "A batch request cannot stream: leave out 'stream'.", "invalid_value")
         )
     model = requested_model(document)
-    if not model_allowed(key, model, has_body=True):
+    if not model_allowed(key, model, has_body=True, bases=settings.models):
         return _answer(errors.model_not_allowed(model))
-    if model is None or model not in settings.models:
+    # The same test as online admission: a base, or an adapter the key's grants allow (`key` carries
+    # its effective grants here); anything else, adapters it may not use included, is unknown.
+    grants = effective_patterns(key.allowed_adapters, None)
+    if model is None or served_to(model, settings.models, settings.model_adapters, grants) is None:
         return _answer(errors.model_not_found(str(model)))
     violation = check_request(document, endpoint, settings)
     if violation is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from serving.gateway.auth.adapter_access import base_of
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.batch.lines import CheckedInput
 from serving.gateway.config.settings import GatewaySettings
@@ -84,7 +85,7 @@ def batch_need(checked: CheckedInput, settings: GatewaySettings) -> Need:
     largest_tokens = least_tokens = largest_cost = least_cost = 0
     for line in checked.lines:
         largest_tokens, least_tokens = max(largest_tokens, line.reserved), least_tokens + 1
-        rate = settings.model_usd_per_million_tokens.get(line.model)
+        rate = settings.model_usd_per_million_tokens.get(base_of(line.model, settings.models))  # an adapter: its base's
         if rate is not None and rate > 0:
             largest_cost = max(largest_cost, cost_nano_usd(line.reserved, rate))
             least_cost += cost_nano_usd(1, rate)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from serving.gateway.config.capacity_policy import ModelCapacity
 from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
@@ -37,6 +38,10 @@ METRICS_HOST_VAR = "LLMSTACK_GATEWAY_METRICS_HOST"
 PORT_VAR = "LLMSTACK_GATEWAY_PORT"
 METRICS_PORT_VAR = "LLMSTACK_GATEWAY_METRICS_PORT"
 RAY_AUTH_TOKEN_VAR = "LLMSTACK_RAY_AUTH_TOKEN"
+# Ray Serve LLM's name for an adapter on a base model: `<base>:<adapter>` (serving.gateway.auth.adapter_access).
+ADAPTER_SEPARATOR = ":"
+# An adapter id is a folder name under the stack's adapter prefix: no separator, no path parts.
+ADAPTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class SettingsError(ValueError):
@@ -59,6 +64,12 @@ class GatewaySettings(GatewayPolicy):
         "reach it); None: the same as host.",
     )
     models: list[str] = Field(default_factory=list, description="Model names the upstream serves.")
+    model_adapters: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="LoRA adapters served on each base model (base name -> adapter ids), rendered from the "
+        "stack file. A client names one as `<base>:<adapter>`; it is visible only to keys and tenants "
+        "granted it (serving.gateway.auth.adapter_access).",
+    )
     model_context_lengths: dict[str, int] = Field(
         default_factory=dict,
         description="max_model_len per served model: how much output a request without max_tokens can get, "
@@ -112,6 +123,24 @@ class GatewaySettings(GatewayPolicy):
         description="Where batch files live: file:///abs/dir (make dev) or s3://bucket/prefix (the stack's model "
         "cache bucket, under batches/). None: no Batch API.",
     )
+
+    @model_validator(mode="after")
+    def _adapters_on_served_bases(self) -> GatewaySettings:
+        for base, adapters in self.model_adapters.items():
+            if base not in self.models:
+                raise ValueError(f"model_adapters names base model {base!r}, which is not in models {self.models}")
+            for adapter in adapters:
+                if not ADAPTER_ID.fullmatch(adapter):
+                    raise ValueError(
+                        f"adapter id {adapter!r} of {base!r} must be a folder name: letters, digits, . _ - "
+                        "(no ':' or '/'), at most 128 characters"
+                    )
+        for model in self.models:
+            if ADAPTER_SEPARATOR in model:
+                raise ValueError(
+                    f"served model name {model!r} must not contain {ADAPTER_SEPARATOR!r} (adapters use it)"
+                )
+        return self
 
     @field_validator("model_media_domains")
     @classmethod

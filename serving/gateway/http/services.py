@@ -17,6 +17,7 @@ from typing import Any
 from starlette.applications import Starlette
 
 from serving.gateway.admission.admitter import Admitter
+from serving.gateway.auth.adapter_access import served_adapters
 from serving.gateway.auth.keys import KeyStore
 from serving.gateway.batch.api import BatchApi
 from serving.gateway.batch.runner import BatchRunner
@@ -25,6 +26,7 @@ from serving.gateway.batch.store import BatchStore
 from serving.gateway.capacity.store import AdaptiveCapacity
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.limiter import Limiter
+from serving.gateway.limits.tenants import TenantStore
 from serving.gateway.queue.fair_queue import FairQueue
 from serving.gateway.queue.replica_feed import ReplicaFeed
 from serving.gateway.redis.client import redis_client
@@ -112,11 +114,14 @@ class Services:
             await self.queue.aclose()
         await self.proxy.aclose()
         await self.limiter.aclose()
+        if self.admitter.tenants is not None:
+            await self.admitter.tenants.aclose()
         await self.key_store.aclose()
 
 
 def build(settings: GatewaySettings, key_store: KeyStore) -> Services:
-    metrics = GatewayMetrics(settings.models)
+    # Adapters are labelled (and ledgered) by their own served names: a bounded set, like the bases.
+    metrics = GatewayMetrics([*settings.models, *served_adapters(settings.model_adapters)])
     metrics.set_prices(settings.model_usd_per_million_tokens)
     live: dict[str, int] = {}  # the replica feed's latest count per model
     capacity = _adaptive_capacity(settings, metrics, live)
@@ -139,7 +144,10 @@ def build(settings: GatewaySettings, key_store: KeyStore) -> Services:
         if settings.redis_url and settings.queue.enabled and settings.model_queues
         else None
     )
-    admitter = Admitter(settings, key_store, limiter, metrics, queue)
+    # Tenants' adapter grants live in Redis (serving.gateway.limits.tenants); an in-memory gateway has
+    # no tenant records, so only keys' own grants apply there.
+    tenants = TenantStore(settings.redis_url) if settings.redis_url and settings.model_adapters else None
+    admitter = Admitter(settings, key_store, limiter, metrics, queue, tenants)
     feed = _replica_feed(settings, metrics, queue, live)
     batch_api, batch_redis = None, None
     if batch_api_off(settings) is None:

@@ -8,6 +8,8 @@ trip). The tenant name is percent-encoded in the tag, so no name can end the tag
 reach another tenant's keys.
 
     llmstack:{tenant:<t>}:limits          hash: the tenant's own limits (TenantLimits fields)
+    llmstack:{tenant:<t>}:adapters        string: JSON list of the LoRA adapters its keys may use
+                                          (grants: serving.gateway.auth.adapter_access); absent: none
     llmstack:{tenant:<t>}:spend:<YYYY-MM>  hash: dollars spent this month (serving.gateway.limits.budgets)
     llmstack:{tenant:<t>}:usage:<date>     hash: the usage ledger (serving.gateway.limits.usage_ledger)
     llmstack:{tenant:<t>}:rpm|tpm|slots|daily            the tenant's counters
@@ -16,7 +18,8 @@ reach another tenant's keys.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from functools import lru_cache
 from urllib.parse import unquote
@@ -25,12 +28,33 @@ from serving.gateway.config.gateway_policy import TenantLimits
 from serving.gateway.limits.usage_ledger import tenant_tag
 from serving.gateway.redis.client import GatedRedis
 
+
+class TenantsUnavailable(RuntimeError):
+    """Redis did not answer a read of a tenant's record; admission answers 503."""
+
+
 _PREFIX = "llmstack:{tenant:"
 LIMIT_FIELDS = tuple(TenantLimits.model_fields)
 
 
 def tenant_limits_key(tenant: str) -> str:
     return f"{tenant_tag(tenant)}:limits"
+
+
+def tenant_adapters_key(tenant: str) -> str:
+    return f"{tenant_tag(tenant)}:adapters"
+
+
+def parse_grants(raw: str | None) -> list[str] | None:
+    """A tenant's stored adapter grants; None when it has none. A value that is not a JSON list
+    of strings grants nothing (never more than was written)."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return []
+    return [g for g in value if isinstance(g, str)] if isinstance(value, list) else []
 
 
 @lru_cache(maxsize=4096)  # twice per request (admission, settlement), for the same few keys
@@ -87,6 +111,28 @@ class TenantStore:
             await pipe.execute()
         return await self.get(tenant)
 
+    async def adapters(self, tenant: str) -> list[str] | None:
+        """The LoRA adapters the tenant's keys may use (grants), None when it has no list. Read on
+        every request that names an adapter with a key of no list of its own, so a change holds
+        from the next request."""
+        from redis.exceptions import RedisError
+
+        async with self._client.slot() as redis:
+            try:
+                raw: str | None = await redis.get(tenant_adapters_key(tenant))
+            except (RedisError, OSError) as exc:
+                raise TenantsUnavailable(f"Redis did not answer: {type(exc).__name__}") from exc
+        return parse_grants(raw)
+
+    async def set_adapters(self, tenant: str, grants: Sequence[str] | None) -> list[str] | None:
+        """Replace the tenant's adapter grants (None removes the list: no adapters)."""
+        name = tenant_adapters_key(tenant)
+        if grants is None:
+            await self._client.redis.delete(name)
+        else:
+            await self._client.redis.set(name, json.dumps(list(grants)))
+        return await self.adapters(tenant)
+
     async def used_today(self, tenant: str) -> int:
         """Tokens the tenant's keys were billed today (UTC, by Redis's clock)."""
         seconds, _ = await self._client.redis.time()
@@ -94,11 +140,12 @@ class TenantStore:
         return int(used) if day is not None and int(day) == seconds // 86_400 and used is not None else 0
 
     async def list(self) -> dict[str, TenantLimits]:
-        """Every tenant with limits of its own."""
+        """Every tenant with limits or adapter grants of its own."""
         found: dict[str, TenantLimits] = {}
-        async for name in self._client.redis.scan_iter(match=f"{_PREFIX}*}}:limits", count=500):
-            tenant = unquote(name[len(_PREFIX) : name.index("}")])
-            found[tenant] = await self.get(tenant)
+        for suffix in ("limits", "adapters"):
+            async for name in self._client.redis.scan_iter(match=f"{_PREFIX}*}}:{suffix}", count=500):
+                tenant = unquote(name[len(_PREFIX) : name.index("}")])
+                found[tenant] = await self.get(tenant)
         return dict(sorted(found.items()))
 
     async def aclose(self) -> None:

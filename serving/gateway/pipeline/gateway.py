@@ -17,6 +17,7 @@ answered in process by whoever `own_routes` is; this module never imports it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Protocol
 
@@ -26,14 +27,15 @@ from starlette.responses import Response
 from serving.gateway.admission.admitter import Admission, Admitter, first_byte_timeout
 from serving.gateway.admission.body import BodyTimeout
 from serving.gateway.admission.queue_wait import QUEUE_WAIT_HEADER, ClientLeft
+from serving.gateway.auth.adapter_access import visible_adapters
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.metering.usage_meter import NOTHING_BILLED
 from serving.gateway.protocol import errors
 from serving.gateway.protocol.errors import Refusal
-from serving.gateway.protocol.routes import ApiRoute, RouteRefusal, resolve
+from serving.gateway.protocol.routes import MODELS, ApiRoute, RouteRefusal, resolve
 from serving.gateway.queue.fair_queue import QueueTicket
 from serving.gateway.telemetry.access_log import caller_of
-from serving.gateway.upstream.proxy import UpstreamProxy, UpstreamStream
+from serving.gateway.upstream.proxy import UpstreamProxy, UpstreamStream, listed_models
 from serving.gateway.upstream.queued_stream import QueuedStream
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left first": shows up as such in access logs
@@ -121,6 +123,13 @@ class Gateway:
             response.headers.update(admission.headers)
             return response
 
+    def _model_list(self, admission: Admission) -> Callable[[object], object] | None:
+        """None (relayed as is) only for an unrestricted key on a stack without adapters, as before
+        adapters: otherwise Ray's own adapter cards (bucket URIs in their metadata) are dropped."""
+        if admission.key.allowed_models is None and not self.settings.model_adapters:
+            return None
+        return listed_for(self.settings, admission)
+
     async def _forward(
         self,
         request: Request,
@@ -141,14 +150,24 @@ class Gateway:
             meter=admission.meter,
             settle=admission.settle,
             extra_headers={} if queued else admission.headers,
-            model=admission.model,
-            allowed_models=admission.key.allowed_models,
+            model=admission.base,
+            model_list=self._model_list(admission) if route.path == MODELS else None,
             first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot)
             if queued
             else admission.first_byte_timeout_s,
             held=held,
             resume=admission.resume,
         )
+
+
+def listed_for(settings: GatewaySettings, admission: Admission) -> Callable[[object], object]:
+    """How the model list is cut for this caller: the base models its key may use, and exactly the
+    adapters its grants allow on them (serving.gateway.auth.adapter_access)."""
+    bases = admission.key.allowed_models
+    adapters = visible_adapters(
+        bases if bases is not None else settings.models, settings.model_adapters, admission.adapter_grants
+    )
+    return lambda document: listed_models(document, bases, adapters)
 
 
 def route_refused(refusal: RouteRefusal, request: Request) -> Response:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
+from serving.gateway.auth.adapter_access import ServedModel
 from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.metering.reservation import COMPLETION_PATHS
@@ -88,6 +89,37 @@ def visible_models(document: object, allowed: Iterable[str]) -> object:
     allowed = frozenset(allowed)
     data = [card for card in document["data"] if isinstance(card, dict) and card.get("id") in allowed]
     return {**document, "data": data}
+
+
+def adapter_card(adapter: ServedModel, base_card: Mapping[str, Any]) -> dict[str, Any]:
+    """An adapter's entry in the model list, OpenAI's model object (id, object, created, owned_by)
+    plus vLLM's `parent` (the base). Built by the gateway, never relayed: Ray's adapter card carries
+    the adapter's bucket URI in its metadata, and vLLM's `root` is the adapter's local path."""
+    created = base_card.get("created")
+    return {
+        "id": adapter.name,
+        "object": "model",
+        "created": created if isinstance(created, int) and not isinstance(created, bool) else 0,
+        "owned_by": str(base_card.get("owned_by") or "llmstack"),
+        "parent": adapter.base,
+    }
+
+
+def listed_models(document: object, bases: Iterable[str] | None, adapters: Sequence[ServedModel]) -> object:
+    """The model list a caller gets: the upstream's cards of the base models it may use (`bases`;
+    None: every card that is not an adapter's), then exactly the `adapters` it may use whose base
+    is listed, each with a card of the gateway's own (`adapter_card`)."""
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        return document
+    cards = [card for card in document["data"] if isinstance(card, dict) and isinstance(card.get("id"), str)]
+    if bases is None:
+        kept = [card for card in cards if ":" not in card["id"]]
+    else:
+        allowed = frozenset(bases)
+        kept = [card for card in cards if card["id"] in allowed]
+    by_id = {card["id"]: card for card in kept}
+    extra = [adapter_card(a, by_id[a.base]) for a in adapters if a.base in by_id]
+    return {**document, "data": kept + extra}
 
 
 Settle = Callable[[Usage], Awaitable[None]]
@@ -235,7 +267,7 @@ class UpstreamProxy:
         settle: Settle,
         extra_headers: dict[str, str],
         model: str | None = None,
-        allowed_models: Iterable[str] | None = None,
+        model_list: Callable[[object], object] | None = None,
         first_byte_timeout_s: float | None = None,
         held: AsyncExitStack | None = None,
         resume: ResumableStream | None = None,
@@ -244,9 +276,9 @@ class UpstreamProxy:
         Only the route's canonical path goes upstream, already encoded: never the caller's
         spelling of it, nor its query string. `settle(billed_usage)` is called once the
         response ends; the caller settles itself when this returns anything but an
-        `UpstreamStream` (an error, or the model list filtered to `allowed_models`).
-        `model`: the model the body names, whose own Serve application (its route prefix in
-        `model_routes`) gets the request. `first_byte_timeout_s`: the idle timeout for a model
+        `UpstreamStream` (an error, or the model list as `model_list` makes it for the caller).
+        `model`: the model whose own Serve application (its route prefix in `model_routes`) gets
+        the request: the one the body names, or an adapter's base. `first_byte_timeout_s`: the idle timeout for a model
         that may be starting from zero replicas (its cold start) instead of
         `upstream_idle_timeout_s`. `resume`: a stream to continue on another replica if its
         upstream breaks (serving.gateway.upstream.resuming_relay). `held`: the request's exit
@@ -296,8 +328,8 @@ class UpstreamProxy:
             held.callback(upstream.close)
         if upstream.status >= 300:
             return await self._rewritten(upstream, deadline)
-        if route.path == MODELS and allowed_models is not None:
-            return await self._model_list(upstream, allowed_models, deadline)
+        if route.path == MODELS and model_list is not None:
+            return await self._model_list(upstream, model_list, deadline)
         resuming = (
             None
             if resume is None
@@ -344,7 +376,7 @@ class UpstreamProxy:
         return errors.response_for(upstream_errors.rewritten(upstream.status, body))
 
     async def _model_list(
-        self, upstream: aiohttp.ClientResponse, allowed_models: Iterable[str], deadline: float
+        self, upstream: aiohttp.ClientResponse, model_list: Callable[[object], object], deadline: float
     ) -> Response:
         body = await _read_some(upstream, MODEL_LIST_LIMIT + 1, deadline)
         try:
@@ -353,7 +385,7 @@ class UpstreamProxy:
             document = None
         if document is None:
             return self._failed("failed", ValueError("model list unreadable"), errors.upstream_failed())
-        return JSONResponse(visible_models(document, allowed_models))
+        return JSONResponse(model_list(document))
 
     def _failed(self, kind: str, exc: Exception, refusal: errors.Refusal) -> Response:
         self._metrics.upstream_errors.labels(kind=kind).inc()

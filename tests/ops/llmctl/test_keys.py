@@ -247,6 +247,7 @@ def test_tenants_set_show_list(redis_url):
     assert shown == {
         "tenant": "acme corp",
         "limits": {"requests_per_minute": 600, "daily_token_budget": 5_000_000},
+        "adapters": None,
         "tokens_today": 0,
     }
     assert tenants("set", "acme corp", "--requests-per-minute", "0", "--redis-url", redis_url).returncode == 0
@@ -268,3 +269,32 @@ def test_tenants_monthly_budget_is_a_decimal_in_dollars(redis_url):
         refused.returncode == 2
         and "--monthly-budget-usd: Decimal input should have no more than 2 decimal places" in refused.stderr
     )
+
+
+def test_adapter_grants_on_keys_and_tenants(redis_url):
+    made = llmctl(
+        "create", "--tenant", "lora co", "--name", "a", "--adapter", "tiny-chat:sql", "--redis-url", redis_url
+    )
+    assert made.returncode == 0, made.stderr
+    record = verify(redis_url, made.stdout.strip())
+    assert record.allowed_adapters == ["tiny-chat:sql"]
+    assert llmctl("set", record.key_id, "--no-adapters", "--redis-url", redis_url).returncode == 0
+    assert verify(redis_url, made.stdout.strip()).allowed_adapters == []
+    assert llmctl("set", record.key_id, "--tenant-adapters", "--redis-url", redis_url).returncode == 0
+    assert verify(redis_url, made.stdout.strip()).allowed_adapters is None
+    rotated = llmctl("set", record.key_id, "--adapter", "tiny-chat:*", "--redis-url", redis_url)
+    assert rotated.returncode == 0, rotated.stderr
+    new = llmctl("rotate", record.key_id, "--redis-url", redis_url).stdout.strip()
+    assert verify(redis_url, new).allowed_adapters == ["tiny-chat:*"]  # rotation keeps them
+    bad = llmctl("create", "--tenant", "t", "--name", "b", "--adapter", "sql", "--redis-url", redis_url)
+    assert bad.returncode == 2 and "must be <base>:<adapter>" in bad.stderr
+
+    granted = tenants("set", "lora co", "--adapter", "tiny-chat:sql", "--adapter", "*:legal", "--redis-url", redis_url)
+    assert granted.returncode == 0, granted.stderr
+    shown = json.loads(tenants("show", "lora co", "--redis-url", redis_url).stdout)
+    assert shown["adapters"] == ["tiny-chat:sql", "*:legal"] and shown["limits"] == {}
+    assert json.loads(tenants("list", "--json", "--redis-url", redis_url).stdout)["lora co"] == {
+        "adapters": ["tiny-chat:sql", "*:legal"]
+    }
+    assert tenants("set", "lora co", "--no-adapters", "--redis-url", redis_url).returncode == 0
+    assert json.loads(tenants("show", "lora co", "--redis-url", redis_url).stdout)["adapters"] is None

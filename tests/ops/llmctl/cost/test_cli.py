@@ -199,6 +199,23 @@ def test_report_attributes_tokens_in_proportion_and_keeps_idle_apart(stack, benc
     assert "team-a" in table and "(idle)" in table and "total $36.00" in table
 
 
+def test_report_shows_each_adapter_on_rows_of_its_own_priced_as_its_base(stack, bench_file, ledger, redis_server):
+    # The gateway meters a LoRA adapter as `<base>:<adapter>`; it runs on the base's replicas.
+    bench = bench_file("llama", {8: (500, 500)})
+    ledger("team-a", "k1", "llama:support", 1_000_000, 1_000_000)
+    ledger("team-a", "k1", "llama", 500_000, 500_000)
+    ledger("team-b", "k2", "llama:legal", 400_000, 600_000)
+    result = report(stack, bench, redis_server.url, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    usd = {(r["tenant"], r["key_id"], r["model"], r["kind"]): Decimal(r["usd"]) for r in data["rows"]}
+    assert usd[("team-a", "k1", "llama:support", "usage")] == Decimal("2.00")
+    assert usd[("team-a", "k1", "llama", "usage")] == Decimal("1.00")
+    assert usd[("team-b", "k2", "llama:legal", "usage")] == Decimal("1.00")
+    assert usd[(None, None, "llama", "idle")] == Decimal("32.00")
+    assert not [r for r in data["rows"] if r["kind"] == "unserved"]
+
+
 def test_report_without_given_hours_assumes_min_nodes_and_says_so(stack, bench_file, ledger, redis_server):
     ledger("team-a", "k1", "llama", 10, 10)
     bench = bench_file("llama", {8: (500, 500)})

@@ -3,6 +3,7 @@ named, and the gateway imports without Ray, vLLM, torch, Pulumi or our other pac
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -53,3 +54,21 @@ def test_gateway_imports_without_ray_vllm_torch_pulumi_or_our_other_packages():
     code = poison + "import serving.gateway.http.app, serving.gateway.__main__\nprint('ok')"
     result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.parametrize(
+    ("adapters", "says"),
+    [
+        ({"nope": ["sql"]}, "not in models"),
+        ({"tiny": ["a:b"]}, "must be a folder name"),
+        ({"tiny": ["../x"]}, "must be a folder name"),
+        ({"tiny": ["a/b"]}, "must be a folder name"),
+    ],
+)
+def test_adapters_must_be_plain_ids_on_served_bases(adapters, says):
+    settings = json.dumps({"models": ["tiny"], "model_adapters": adapters})
+    with pytest.raises(SettingsError, match=re.escape(says)):
+        load_settings({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": settings})
+    good = json.dumps({"models": ["tiny"], "model_adapters": {"tiny": ["sql", "pirate-v2.1"]}})
+    loaded = load_settings({"LLMSTACK_UPSTREAM_URL": "http://s", "LLMSTACK_GATEWAY_SETTINGS": good})
+    assert loaded.model_adapters == {"tiny": ["sql", "pirate-v2.1"]}
