@@ -80,6 +80,11 @@ class GatewaySettings(GatewayPolicy):
         description="Route prefix of each model's own Serve application (direct serving path), e.g. "
         '{"tiny-chat": "/tiny-chat"}; models not listed go to `/` (serving.gateway.protocol.routes).',
     )
+    model_adapters: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Per base model (served name), the LoRA adapter ids served on it; clients ask for "
+        "`<base>:<adapter>` (Ray Serve LLM's naming).",
+    )
     model_queues: dict[str, ModelQueue] = Field(
         default_factory=dict,
         description="Capacity per served model (replicas x max_ongoing_requests) for the fair queue; a model "
