@@ -50,17 +50,14 @@ class AdapterFiles(BaseModel):
 
     where: str = Field(description="The folder or S3 prefix read, for messages.")
     config: dict[str, Any] | None = Field(description="adapter_config.json; None when missing or unreadable.")
+    has_weights: bool = Field(description="adapter_model.safetensors is there.")
     tensors: dict[str, tuple[list[int], str]] | None = Field(
-        description="Tensor name -> (shape, safetensors dtype); None when the weights file is missing."
+        description="Tensor name -> (shape, safetensors dtype); None when not read (missing, damaged, or in S3)."
     )
 
 
-class AdapterProblem(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model_id: str = Field(description="The model the adapter is listed under.")
-    adapter_id: str = Field(description="The adapter's id.")
-    message: str = Field(description="What is wrong and the fix.")
+class UnreadableAdapter(ValueError):
+    """A weights file that safetensors cannot read."""
 
 
 def module_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
@@ -86,7 +83,7 @@ def adapter_problems(model: ModelSpec, arch: Architecture, adapter: LoraAdapter,
     problems: list[str] = []
     if files.config is None:
         problems.append(f"{files.where} has no readable {CONFIG_FILE}: copy the adapter's whole PEFT folder there")
-    if files.tensors is None:
+    if not files.has_weights:
         problems.append(
             f"{files.where} has no {WEIGHTS_FILE} (a .bin or .pt pickle is not loaded: convert it with "
             "safetensors, e.g. PEFT's save_pretrained(safe_serialization=True))"
@@ -196,9 +193,13 @@ def read_local_adapter(source: str) -> AdapterFiles:
     except (OSError, ValueError):
         config = None
     weights = folder / WEIGHTS_FILE
-    return AdapterFiles(
-        where=str(folder), config=config, tensors=tensor_headers(weights) if weights.is_file() else None
-    )
+    if not weights.is_file():
+        return AdapterFiles(where=str(folder), config=config, has_weights=False, tensors=None)
+    try:
+        tensors = tensor_headers(weights)
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for a damaged file)
+        raise UnreadableAdapter(f"{weights} is not a readable safetensors file ({exc}): copy it again") from None
+    return AdapterFiles(where=str(folder), config=config, has_weights=True, tensors=tensors)
 
 
 def tensor_headers(path: Path) -> dict[str, tuple[list[int], str]]:

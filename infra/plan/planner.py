@@ -24,7 +24,7 @@ from infra.catalog.gpu_catalog import InstanceType, gpu_class_info
 from infra.catalog.versions import CLUSTER_VLLM_VERSION
 from infra.plan.cold_start import cold_start_timeout_s, expected_cold_start
 from infra.plan.ingress_plan import IngressPlan, plan_ingress
-from infra.plan.lora_adapters import adapter_problems, read_local_adapter
+from infra.plan.lora_adapters import UnreadableAdapter, adapter_problems, read_local_adapter
 from infra.plan.lora_memory import LoraMemory, lora_memory
 from infra.plan.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.plan.vllm_memory import DEFAULT_BLOCK_SIZE, RankMemory, engine_release, kv_tokens, rank_memory
@@ -248,8 +248,11 @@ def local_adapter_problems(spec: StackSpec, model: ModelSpec) -> list[Problem]:
     for adapter in model.lora.adapters:
         if adapter.source.startswith("s3://"):
             continue
-        for message in adapter_problems(model, arch, adapter, read_local_adapter(adapter.source)):
-            found.append(adapter_problem(spec, model, adapter.id, message))
+        try:
+            messages = adapter_problems(model, arch, adapter, read_local_adapter(adapter.source))
+        except UnreadableAdapter as exc:
+            messages = [str(exc)]
+        found += [adapter_problem(spec, model, adapter.id, message) for message in messages]
     return found
 
 

@@ -4,6 +4,9 @@
                                           │
                                         Redis (a private redis-server, or the gateway's in-memory store)
 
+Models with LoRA adapters get them from a local S3 started first (ops.devstack.local_adapters), as
+Ray Serve LLM loads adapters only from object storage.
+
 The edge is the gateway pod's public port as `llmctl render` makes it (ops.devstack.edge): header
 deadline, header size cap, connections per client address; the gateway listens behind it on loopback.
 
@@ -35,6 +38,7 @@ from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
 from infra.spec.schema import CpuNodeGroup, ScalingPolicy, StackSpec
 from infra.spec.stack_file import load_stack
 from ops.devstack.edge import start_edge
+from ops.devstack.local_adapters import serve_adapters_locally
 from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
 from ops.devstack.lock import AlreadyRunning, DevLock
@@ -248,6 +252,8 @@ def run(
                     "WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
                     "memory (one process only, lost on exit). Install it: apt-get install -y redis-server"
                 )
+            # Before Ray starts: its processes inherit the endpoint of the adapters' S3.
+            os.environ.update(serve_adapters_locally(spec, cleanup, say))
             serve_port = claims.claim()
             haproxy_files = haproxy_dir()
             cleanup.callback(shutil.rmtree, haproxy_files, ignore_errors=True)
