@@ -381,9 +381,10 @@ def serving_env(spec: StackSpec, path: ServingPath = SERVING_PATH, *, routers_pe
     if path is ServingPath.DIRECT:
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
         env["RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE"] = str(routers_per_node)
-        if any(m.routing is Routing.PREFIX for m in spec.models):
+        if any(m.routing is Routing.PREFIX or m.lora is not None for m in spec.models):
             # HAProxy hands the LLMRouter the request body only when asked to; a prefix
-            # router without it silently falls back to load balancing.
+            # router without it silently falls back to load balancing, and Ray's builder refuses
+            # LoRA without it (the body's `model` names the adapter, whose replica the router picks).
             env["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"] = "1"
         if any(m.autoscaling.min_replicas == 0 for m in spec.models):
             # A model scaled to zero has no replica to pick until one starts: let HAProxy wait

@@ -93,3 +93,12 @@ def test_the_gateway_accepts_the_rendered_settings():
     rendered = json.loads(gateway_settings(load_stack("local")))
     settings = GatewaySettings.model_validate({**rendered, "upstream_url": "http://127.0.0.1:8000"})  # pod env
     assert settings.model_adapters == {"tiny-chat": ["sql", "pirate"]}
+
+
+def test_the_pods_forward_the_body_to_the_router_which_ray_requires_for_lora():
+    """Ray's direct-streaming builder refuses LoRA unless HAProxy hands the LLMRouter the body
+    (whose `model` names the adapter); test_serve_config builds the local stack's app under this env."""
+    from infra.render.serve_config import serving_env
+
+    assert serving_env(load_stack("local"))["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"] == "1"
+    assert serving_env(cloud_spec())["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"] == "1"
