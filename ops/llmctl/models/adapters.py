@@ -7,9 +7,7 @@ before any byte is uploaded, so none reaches a replica. A local folder is upload
 only what the bucket does not already hold byte for byte (the model sync's own digests and plan);
 an adapter already in S3 elsewhere is copied server side.
 
-`bucket_adapter_problems` is `llmctl doctor`'s side: the bucket holds every adapter the stack
-names, each with both files, and its adapter_config.json passes the same checks (the tensors
-were checked when it was uploaded).
+`llmctl doctor` checks the bucket holds them (ops/llmctl/doctor/adapters.py).
 
 `make dev` calls `sync_adapters` against its local S3, so the local stack loads adapters the way
 the cluster does.
@@ -17,7 +15,6 @@ the cluster does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,14 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.plan.cache_layout import adapter_prefix
-from infra.plan.lora_adapters import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    AdapterFiles,
-    UnreadableAdapter,
-    adapter_problems,
-    read_local_adapter,
-)
+from infra.plan.lora_adapters import CONFIG_FILE, UnreadableAdapter, adapter_problems, read_local_adapter
 from infra.plan.model_arch import architecture_for
 from infra.spec.model_source import is_local_path, local_folder
 from infra.spec.schema import LoraAdapter, ModelSpec, StackSpec
@@ -108,31 +98,3 @@ def _copy_prefix(s3: Any, source: str, bucket: str, prefix: str) -> int:
     if not copied:
         raise AwsProblem(f"{source} holds no objects: give the S3 prefix of the adapter's PEFT folder")
     return copied
-
-
-def bucket_adapter_problems(s3: Any, *, spec: StackSpec, bucket: str) -> list[str]:
-    """What the bucket lacks or holds wrong of the adapters the stack names, one line each."""
-    lines = []
-    for model in spec.models:
-        if model.lora is None:
-            continue
-        arch = architecture_for(model)
-        for adapter in model.lora.adapters:
-            prefix = adapter_prefix(model.id, adapter.id)
-            where = f"s3://{bucket}/{prefix}"
-            try:
-                held = remote_objects(s3, bucket, prefix)
-                config = None
-                if CONFIG_FILE in held:
-                    loaded = json.loads(s3.get_object(Bucket=bucket, Key=prefix + CONFIG_FILE)["Body"].read())
-                    config = loaded if isinstance(loaded, dict) else None
-            except (BotoCoreError, ClientError) as exc:
-                raise AwsProblem(describe_aws_error(exc, doing=f"reading {where}")) from None
-            except ValueError:
-                config = None
-            files = AdapterFiles(where=where, config=config, tensors=None, has_weights=WEIGHTS_FILE in held)
-            problems = adapter_problems(model, arch, adapter, files)
-            if problems:
-                fix = f"; upload it with `llmctl models sync --stack {spec.name} --model {model.id} --only-adapters`"
-                lines.append(str(_refusal(spec, model, adapter, problems)) + fix)
-    return lines
