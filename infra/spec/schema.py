@@ -458,7 +458,8 @@ class ModelSpec(_Spec):
     )
     lora: Lora | None = Field(
         default=None,
-        description="Fine-tuned LoRA adapters served on this model, each as `<model>:<adapter id>` (see Lora).",
+        description="Fine-tuned LoRA adapters served on this model, clients asking for `<model>:<adapter id>`: the GPU "
+        "slots vLLM reserves for them and the adapters themselves (`llmctl plan` checks each against the model).",
     )
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args.")
 
