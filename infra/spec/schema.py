@@ -672,9 +672,22 @@ class StackSpec(_Spec):
     def _adapter_problems(self, *, local: bool) -> list[tuple[str, str]]:
         """Adapters trained on another base than their model's, and sources a stack cannot reach."""
         problems = []
+        first_model: dict[str, str] = {}
         for i, model in enumerate(self.models):
             for j, adapter in enumerate(model.lora.adapters if model.lora else []):
                 key = f"models[{i}].lora.adapters[{j}]"
+                other = first_model.setdefault(adapter.id, model.id)
+                if other != model.id:
+                    # Ray Serve LLM 2.60 keeps a downloaded adapter on the node in a folder named by the
+                    # adapter id alone (LoraModelLoader: /tmp/ray/llm/lora/cache/<id>): two models' adapters
+                    # of one id on one node would overwrite each other.
+                    problems.append(
+                        (
+                            f"{key}.id",
+                            f"model {other!r} already serves an adapter {adapter.id!r}, and Ray Serve LLM keeps "
+                            "adapters on a node by id alone: give this one another id",
+                        )
+                    )
                 if not same_base_model(adapter.base_model, model.source):
                     problems.append(
                         (

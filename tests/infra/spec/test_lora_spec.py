@@ -76,3 +76,14 @@ def test_lora_engine_args_belong_to_the_lora_block():
         ]
     )
     assert "set these with the model's own keys" in error_of(doc)
+
+
+def test_two_models_may_not_serve_adapters_of_one_id():
+    """Ray Serve LLM keeps a downloaded adapter in a node folder named by its id alone."""
+    doc = document()
+    [llama] = doc["config"]["llmstack:models"]
+    other = {**llama, "id": "llama-2", "served_name": "llama-2"}
+    doc["config"]["llmstack:models"].append(other)
+    message = error_of(doc)
+    assert "llmstack:models[1].lora.adapters[0].id" in message
+    assert "model 'llama' already serves an adapter 'support'" in message
