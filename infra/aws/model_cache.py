@@ -8,7 +8,7 @@
   (the gateway expires their Redis records at the same age).
 - The readers: an IRSA role per Ray service account (the head's `llmstack-ray`, the workers'
   `llmstack-ray-worker`), each assumable by that one account only, allowed to list the
-  `models/` prefix and get its objects, nothing else. The service accounts are created here
+  `models/` and `loras/` prefixes and get their objects, nothing else. The service accounts are created here
   because their annotation is the role's ARN, known only once the role exists; the rendered Ray
   pods name them (`infra.render.rayservice`). The workers' account mounts no Kubernetes API
   token (its pods say so too).
@@ -29,7 +29,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws.iam import irsa_role
-from infra.plan.cache_layout import BATCHES_PREFIX, MODELS_PREFIX
+from infra.plan.cache_layout import BATCHES_PREFIX, LORAS_PREFIX, MODELS_PREFIX
 from infra.render.common import (
     GATEWAY_SERVICE_ACCOUNT,
     NAMESPACE,
@@ -42,7 +42,8 @@ ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS = 1
 
 
 def reader_policy(bucket: str) -> str:
-    """Read-only access to the cached models: list `models/`, get objects under it."""
+    """Read-only access to the cached models and their LoRA adapters: list `models/` and `loras/`,
+    get objects under them."""
     arn = f"arn:aws:s3:::{bucket}"
     return json.dumps(
         {
@@ -53,13 +54,13 @@ def reader_policy(bucket: str) -> str:
                     "Effect": "Allow",
                     "Action": ["s3:ListBucket"],
                     "Resource": arn,
-                    "Condition": {"StringLike": {"s3:prefix": [f"{MODELS_PREFIX}*"]}},
+                    "Condition": {"StringLike": {"s3:prefix": [f"{MODELS_PREFIX}*", f"{LORAS_PREFIX}*"]}},
                 },
                 {
                     "Sid": "ReadModels",
                     "Effect": "Allow",
                     "Action": ["s3:GetObject"],
-                    "Resource": f"{arn}/{MODELS_PREFIX}*",
+                    "Resource": [f"{arn}/{MODELS_PREFIX}*", f"{arn}/{LORAS_PREFIX}*"],
                 },
             ],
         }

@@ -16,12 +16,17 @@ sync|ls`, `llmctl render` and `llmctl doctor`):
 Layout inside the bucket:
 
     models/<model id>/...          the Hugging Face folder, file for file (what Ray downloads)
+    loras/<model id>/<adapter id>/ a LoRA adapter's folder (adapter_config.json, safetensors): Ray
+                                   Serve LLM's `dynamic_lora_loading_path` is `loras/<model id>`
     manifests/<model id>.json      written last by `llmctl models sync`: files, sizes, checksums
     batches/<file id>              the gateway's Batch API files (uploads, outputs), expired by a
                                    lifecycle rule after gateway.batch.retention_days
 
-The manifest sits outside the model's prefix because Ray Serve LLM downloads everything
-under `model_source.bucket_uri` into the model folder.
+The manifest and the adapters sit outside the model's prefix because Ray Serve LLM downloads
+everything under `model_source.bucket_uri` into the model folder.
+
+The local stack has no AWS account: `make dev` runs a local S3 (moto) holding one bucket,
+`LOCAL_BUCKET`, with the same layout.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import hashlib
 from infra.spec.schema import ModelSpec, StackSpec
 
 MODELS_PREFIX = "models/"
+LORAS_PREFIX = "loras/"
+LOCAL_BUCKET = "llmstack-local-models"
 MANIFESTS_PREFIX = "manifests/"
 BATCHES_PREFIX = "batches/"
 MAX_BUCKET_NAME = 63
@@ -58,6 +65,22 @@ def model_prefix(model_id: str) -> str:
     return f"{MODELS_PREFIX}{model_id}/"
 
 
+def lora_prefix(model_id: str) -> str:
+    """Key prefix of a model's adapters, each in its own folder below (ends with `/`)."""
+    return f"{LORAS_PREFIX}{model_id}/"
+
+
+def adapter_prefix(model_id: str, adapter_id: str) -> str:
+    """Key prefix of one adapter's files (ends with `/`)."""
+    return f"{lora_prefix(model_id)}{adapter_id}/"
+
+
+def lora_uri(bucket: str, model: ModelSpec) -> str:
+    """Ray Serve LLM's `lora_config.dynamic_lora_loading_path` of a model: it fetches the adapter
+    `<model>:<id>` from `<this>/<id>/`."""
+    return f"s3://{bucket}/{lora_prefix(model.id).rstrip('/')}"
+
+
 def manifest_key(model_id: str) -> str:
     return f"{MANIFESTS_PREFIX}{model_id}.json"
 
@@ -74,4 +97,4 @@ def batches_uri(bucket: str) -> str:
 
 def needs_bucket_name(spec: StackSpec) -> bool:
     """Whether rendering the stack's serve config needs the cache bucket's name."""
-    return any(m.cached for m in spec.models)
+    return spec.cloud.provider != "local" and any(m.cached or m.lora for m in spec.models)

@@ -24,6 +24,8 @@ from infra.catalog.gpu_catalog import InstanceType, gpu_class_info
 from infra.catalog.versions import CLUSTER_VLLM_VERSION
 from infra.plan.cold_start import cold_start_timeout_s, expected_cold_start
 from infra.plan.ingress_plan import IngressPlan, plan_ingress
+from infra.plan.lora_adapters import UnreadableAdapter, adapter_problems, read_local_adapter
+from infra.plan.lora_memory import LoraMemory, lora_memory
 from infra.plan.model_arch import UnknownModelError, architecture_for, architecture_of_source
 from infra.plan.vllm_memory import DEFAULT_BLOCK_SIZE, RankMemory, engine_release, kv_tokens, rank_memory
 from infra.spec.schema import (
@@ -56,6 +58,7 @@ class Reason(str, Enum):
     WEIGHTS_DO_NOT_FIT = "weights_do_not_fit"
     NO_ROOM_FOR_ONE_SEQUENCE = "no_room_for_one_sequence"
     NODE_GROUP_TOO_SMALL = "node_group_too_small"
+    BAD_LORA_ADAPTER = "bad_lora_adapter"
     COLD_START_TIMEOUT_TOO_SHORT = "cold_start_timeout_too_short"
 
 
@@ -88,6 +91,7 @@ class ModelPlan(BaseModel):
     gpu_memory: RankMemory | None = Field(
         default=None, description="How vLLM splits one rank's GPU memory (None on CPU)."
     )
+    lora: LoraMemory | None = Field(default=None, description="LoRA slots and host cache (models with `lora:`).")
     cold_start_s: float | None = Field(
         default=None, description="Expected start from zero replicas (infra.plan.cold_start)."
     )
@@ -175,7 +179,7 @@ def plan_stack(spec: StackSpec, *, vllm_version: str = CLUSTER_VLLM_VERSION) -> 
     model_plans = []
     for model in spec.models:
         plan, found = plan_model(model, spec.node_group(model.node_group), vllm_version=vllm_version)
-        problems += found
+        problems += found + local_adapter_problems(spec, model)
         if plan is not None:
             model_plans.append(plan)
     group_plans = []
@@ -229,6 +233,36 @@ def _with_cold_starts(
                 )
             )
     return planned, problems
+
+
+def local_adapter_problems(spec: StackSpec, model: ModelSpec) -> list[Problem]:
+    """Each adapter of `model` in a local folder, checked against the model (infra.plan.lora_adapters);
+    adapters already in S3 are checked by `llmctl doctor`, which reads the bucket."""
+    if model.lora is None:
+        return []
+    try:
+        arch = architecture_for(model)
+    except UnknownModelError:
+        return []  # plan_model says so
+    found = []
+    for adapter in model.lora.adapters:
+        if adapter.source.startswith("s3://"):
+            continue
+        try:
+            messages = adapter_problems(model, arch, adapter, read_local_adapter(adapter.source))
+        except UnreadableAdapter as exc:
+            messages = [str(exc)]
+        found += [adapter_problem(spec, model, adapter.id, message) for message in messages]
+    return found
+
+
+def adapter_problem(spec: StackSpec, model: ModelSpec, adapter_id: str, message: str) -> Problem:
+    """A refused adapter, named as the stack file names it."""
+    return Problem(
+        reason=Reason.BAD_LORA_ADAPTER,
+        subject=f"{model.id}:{adapter_id}",
+        message=f"Pulumi.{spec.name}.yaml, model {model.id!r}, lora adapter {adapter_id!r}: {message}",
+    )
 
 
 def plan_model(
@@ -299,6 +333,7 @@ def _plan_on_gpu(
     weights = weight_bytes(arch, dtype, model.quantization)
     kv_dtype_bytes = 1 if model.kv_cache_dtype == "fp8" else DTYPE_BYTES[dtype]
     per_gpu_token = kv_bytes_per_token(arch, kv_dtype_bytes, tp=tp, pp=pp) + _draft_kv(model, kv_dtype_bytes)
+    lora = lora_memory(arch, model.lora, dtype_bytes=DTYPE_BYTES[dtype], tp=tp) if model.lora else None
     memory = rank_memory(
         engine_release(vllm_version),
         gpu_class_info(instance.gpu_class),
@@ -309,6 +344,7 @@ def _plan_on_gpu(
         gpus=gpus,
         gpu_memory_utilization=model.gpu_memory_utilization,
         engine_args=model.engine_args,
+        lora_slots=lora.slots_per_rank if lora else 0,
     )
     block_size = int(model.engine_args.get("block_size", DEFAULT_BLOCK_SIZE))
     tokens = kv_tokens(memory.kv_cache, per_gpu_token, block_size)
@@ -329,7 +365,7 @@ def _plan_on_gpu(
     plan = _finish(
         model, group, instance, gpus, weights, arch, kv_dtype_bytes, per_gpu_token, max(0, memory.kv_cache), tokens
     )
-    return plan.model_copy(update={"gpu_memory": memory}), problems
+    return plan.model_copy(update={"gpu_memory": memory, "lora": lora}), problems
 
 
 def _plan_on_cpu(model: ModelSpec, group: CpuNodeGroup, arch: Architecture) -> tuple[ModelPlan, list[Problem]]:
@@ -351,6 +387,8 @@ def _plan_on_cpu(model: ModelSpec, group: CpuNodeGroup, arch: Architecture) -> t
         kv_space,
         tokens,
     )
+    if model.lora is not None:  # in RAM beside the weights; the KV cache keeps its fixed size
+        plan = plan.model_copy(update={"lora": lora_memory(arch, model.lora, dtype_bytes=DTYPE_BYTES[dtype])})
     return plan, [_no_room(model, tokens)] if tokens < model.max_model_len else []
 
 

@@ -8,7 +8,7 @@ a replica gets, and refuse what the engine would refuse, before any GPU exists.
 Per rank, as `Worker.determine_available_memory` (vllm/v1/worker/gpu_worker.py) computes it:
 
     requested  = ceil(driver-visible total x gpu_memory_utilization)
-    kv         = requested - weights - non-torch increase - activation peak - CUDA graphs
+    kv         = requested - weights - LoRA slots - non-torch increase - activation peak - CUDA graphs
     KV blocks  = kv // (block_size x KV bytes per token on this rank)
 
 The driver-visible totals come from the GPU catalog. Which terms exist, and how large the
@@ -138,6 +138,7 @@ class RankMemory(BaseModel):
     driver_total: int = Field(description="Total memory the CUDA driver reports for the GPU.")
     requested: int = Field(description="driver_total x gpu_memory_utilization, rounded up.")
     weights: int = Field(description="Weights on this rank, with its rotary-embedding table.")
+    lora_slots: int = Field(default=0, description="LoRA slot buffers, made with the model (infra.plan.lora_memory).")
     non_torch: int = Field(description="Non-torch memory added during start-up (cuBLAS, NCCL).")
     activation_peak: int = Field(description="Transient peak of the profiling run.")
     cuda_graphs: int = Field(description="CUDA graph memory estimate charged before the KV cache.")
@@ -208,8 +209,10 @@ def rank_memory(
     gpus: int,
     gpu_memory_utilization: float,
     engine_args: dict[str, Any],
+    lora_slots: int = 0,
 ) -> RankMemory:
-    """Every term of one rank's memory, for `release` on `gpu` (see the module docstring)."""
+    """Every term of one rank's memory, for `release` on `gpu` (see the module docstring).
+    `lora_slots`: the LoRA buffers vLLM allocates with the model (`infra.plan.lora_memory`)."""
     limits = batch_limits(gpu, engine_args)
     requested = math.ceil(gpu.driver_memory_bytes * gpu_memory_utilization)
     weights = weights_per_rank + rotary_table_bytes(arch, dtype_bytes)
@@ -221,7 +224,7 @@ def rank_memory(
         if release.subtracts_cudagraphs and not eager
         else 0
     )
-    kv = requested - weights - non_torch - activation - graphs
+    kv = requested - weights - lora_slots - non_torch - activation - graphs
     if "kv_cache_memory_bytes" in engine_args:  # vLLM then skips profiling and takes this figure
         kv = int(engine_args["kv_cache_memory_bytes"])
     return RankMemory(
@@ -229,6 +232,7 @@ def rank_memory(
         driver_total=gpu.driver_memory_bytes,
         requested=requested,
         weights=weights,
+        lora_slots=lora_slots,
         non_torch=non_torch,
         activation_peak=activation,
         cuda_graphs=graphs,

@@ -44,7 +44,14 @@ from infra.render.common import (
 )
 from infra.render.edge import CONFIG_FILE, edge_files, edge_memory_mib
 from infra.render.rayservice import RAY_METRICS_PORT
-from infra.render.serve_config import SERVE_PORT, SERVING_PATH, ServingPath, llm_deployment_name, model_routes
+from infra.render.serve_config import (
+    SERVE_PORT,
+    SERVING_PATH,
+    ServingPath,
+    llm_deployment_name,
+    model_adapters,
+    model_routes,
+)
 from infra.spec.schema import StackSpec
 from serving.gateway.config.queue_policy import ModelQueue
 
@@ -115,6 +122,7 @@ def gateway_settings(
                 name: capacity.model_dump(mode="json") for name, capacity in model_capacities(spec, plan).items()
             },
             "model_routes": model_routes(spec, path),
+            "model_adapters": model_adapters(spec),
             **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
             "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
         },

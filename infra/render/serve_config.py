@@ -39,7 +39,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from infra.plan.cache_layout import model_uri
+from infra.plan.cache_layout import LOCAL_BUCKET, lora_uri, model_uri
 from infra.spec.model_source import resolve_local_source
 from infra.spec.schema import (
     CpuNodeGroup,
@@ -128,6 +128,8 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
     # (serving.gateway.admission.media_urls). vLLM reads an empty list as "any host", so "none" is a host
     # that never resolves.
     engine["allowed_media_domains"] = spec.media_domains(model) or [NO_REMOTE_MEDIA]
+    if model.lora is not None:
+        engine.update(_lora_engine_args(model))
     engine.update(model.engine_args)
 
     config: dict[str, Any] = {
@@ -140,6 +142,8 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
         # reads it from there. So a routing change restarts the model's replicas.
         "deployment_config": {"request_router_config": {"request_router_class": REQUEST_ROUTERS[model.routing]}},
     }
+    if model.lora is not None:
+        config["lora_config"] = _lora_config(model, local=local, model_cache_bucket=model_cache_bucket)
     if model.autoscaling.policy is ScalingPolicy.SATURATION:
         # In `args`, so switching the policy restarts the model's replicas; its thresholds are in
         # `deployments:` and change in place.
@@ -167,6 +171,42 @@ def _model_source(model: ModelSpec, *, local: bool, model_cache_bucket: str | No
             raise ValueError(f"model {model.id!r} is cached: rendering it needs the stack's model cache bucket")
         return {"bucket_uri": model_uri(model_cache_bucket, model)}
     return resolve_local_source(model.source) if local else model.source
+
+
+def _lora_engine_args(model: ModelSpec) -> dict[str, Any]:
+    """vLLM's LoRA switches: the GPU slots (`max_loras` x `max_lora_rank`) are reserved at start,
+    whatever adapters arrive later (infra.plan.lora_memory counts them)."""
+    assert model.lora is not None
+    args: dict[str, Any] = {
+        "enable_lora": True,
+        "max_loras": model.lora.max_loras,
+        "max_lora_rank": model.lora.max_lora_rank,
+    }
+    if model.lora.max_cpu_loras is not None:
+        args["max_cpu_loras"] = model.lora.max_cpu_loras
+    return args
+
+
+def _lora_config(model: ModelSpec, *, local: bool, model_cache_bucket: str | None) -> dict[str, Any]:
+    """Ray Serve LLM's `lora_config`: it loads `<model>:<id>` on first request from
+    `<dynamic_lora_loading_path>/<id>/` with boto3 (object stores only, no local folders: the
+    local stack's path is in the local S3 `make dev` runs, reached through AWS_ENDPOINT_URL_S3)."""
+    assert model.lora is not None
+    if local:
+        bucket = LOCAL_BUCKET
+    elif model_cache_bucket:
+        bucket = model_cache_bucket
+    else:
+        raise ValueError(f"model {model.id!r} serves LoRA adapters: rendering it needs the stack's model cache bucket")
+    return {
+        "dynamic_lora_loading_path": lora_uri(bucket, model),
+        "max_num_adapters_per_replica": model.lora.max_adapters_per_replica,
+    }
+
+
+def model_adapters(spec: StackSpec) -> dict[str, list[str]]:
+    """Served name -> the adapter ids served on it, for the gateway (clients ask for `<name>:<id>`)."""
+    return {m.model_name: [a.id for a in m.lora.adapters] for m in spec.models if m.lora is not None}
 
 
 def _speculative_config(model: ModelSpec, *, local: bool) -> dict[str, Any]:
@@ -341,9 +381,10 @@ def serving_env(spec: StackSpec, path: ServingPath = SERVING_PATH, *, routers_pe
     if path is ServingPath.DIRECT:
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
         env["RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE"] = str(routers_per_node)
-        if any(m.routing is Routing.PREFIX for m in spec.models):
+        if any(m.routing is Routing.PREFIX or m.lora is not None for m in spec.models):
             # HAProxy hands the LLMRouter the request body only when asked to; a prefix
-            # router without it silently falls back to load balancing.
+            # router without it silently falls back to load balancing, and Ray's builder refuses
+            # LoRA without it (the body's `model` names the adapter, whose replica the router picks).
             env["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"] = "1"
         if any(m.autoscaling.min_replicas == 0 for m in spec.models):
             # A model scaled to zero has no replica to pick until one starts: let HAProxy wait

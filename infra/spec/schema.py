@@ -299,6 +299,99 @@ class Architecture(_Spec):
     )
 
 
+# vLLM's LoRAConfig.max_lora_rank takes only these values (vllm/config/lora.py `MaxLoRARanks`, 0.32.0).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Ray Serve LLM names an adapter `<model id>:<adapter id>` and reads everything after the first
+# `:` as the adapter's folder under dynamic_lora_loading_path; a folder name stays one S3 key segment.
+ADAPTER_ID = r"^[a-z0-9]([-_a-z0-9]{0,62}[a-z0-9])?$"
+
+
+def same_base_model(trained_on: str, source: str) -> bool:
+    """Whether an adapter's base names the model's source: the same hub id, or the same folder
+    name (adapters are often trained on a local copy, `/data/Llama-3.1-8B` for `meta-llama/Llama-3.1-8B`)."""
+
+    def name(s: str) -> str:
+        return s.rstrip("/").rsplit("/", 1)[-1].lower()
+
+    return trained_on.rstrip("/") == source.rstrip("/") or name(trained_on) == name(source)
+
+
+class LoraAdapter(_Spec):
+    """One fine-tuned adapter the stack serves on its model."""
+
+    id: str = Field(
+        pattern=ADAPTER_ID,
+        description="The adapter's name: clients ask for `<model>:<id>`, and it is its folder under the "
+        "model's adapter prefix.",
+    )
+    source: str = Field(
+        description="Where the adapter's files are now (adapter_config.json, adapter_model.safetensors): a local "
+        "folder or an s3:// prefix. `llmctl models sync` copies them beside the base (a local stack: into "
+        "the dev stack's local S3).",
+    )
+    base_model: str = Field(
+        description="The base model it was trained on, as its adapter_config.json says "
+        "(`base_model_name_or_path`); checked against the file and against the model's source.",
+    )
+
+
+class Lora(_Spec):
+    """Multi-LoRA on one model: vLLM holds `max_loras` adapters on the GPU at a time; Ray Serve LLM
+    downloads an adapter on its first request from the stack's model cache (`loras/<model id>/<id>/`;
+    the local stack: its local S3) and keeps `max_adapters_per_replica` of them per replica."""
+
+    max_loras: int = Field(
+        default=1,
+        ge=1,
+        description="Adapters one batch may mix (vLLM `max_loras`): GPU slots reserved at start, each the size "
+        "of a rank-`max_lora_rank` adapter on every linear layer (`llmctl plan` counts them).",
+    )
+    max_lora_rank: int = Field(
+        default=16,
+        description=f"Largest adapter rank served (vLLM `max_lora_rank`, one of {', '.join(map(str, LORA_RANKS))}); "
+        "each slot is this wide whatever the adapter's own rank.",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None,
+        ge=1,
+        description="Adapters vLLM keeps in host memory to swap into a GPU slot without reading disk "
+        "(vLLM `max_cpu_loras`); at least max_loras. None: max_loras.",
+    )
+    max_adapters_per_replica: int = Field(
+        default=16,
+        ge=1,
+        description="Adapters one replica keeps downloaded (Ray Serve LLM `max_num_adapters_per_replica`); the "
+        "least recently used is dropped beyond it.",
+    )
+    adapters: list[LoraAdapter] = Field(min_length=1, description="The adapters served on this model.")
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank(cls, rank: int) -> int:
+        if rank not in LORA_RANKS:
+            fits = min((r for r in LORA_RANKS if r >= rank), default=LORA_RANKS[-1])
+            raise ValueError(f"vLLM takes max_lora_rank in {list(LORA_RANKS)}; use {fits}")
+        return rank
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Lora:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras} (vLLM refuses it): "
+                f"raise max_cpu_loras to {self.max_loras} or more, or remove it"
+            )
+        ids = [a.id for a in self.adapters]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"adapter ids {twice} appear twice: give each adapter its own id")
+        return self
+
+    @property
+    def cpu_loras(self) -> int:
+        """vLLM's effective `max_cpu_loras`."""
+        return self.max_cpu_loras or self.max_loras
+
+
 # Engine settings llmstack owns: set them with the typed field, not engine_args.
 MANAGED_ENGINE_ARGS = frozenset(
     {
@@ -313,6 +406,10 @@ MANAGED_ENGINE_ARGS = frozenset(
         "speculative_config",
         "served_model_name",
         "allowed_media_domains",
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
     }
 )
 
@@ -358,6 +455,11 @@ class ModelSpec(_Spec):
         description='Hosts this model may fetch media (image, audio, video URLs) from, e.g. ["images.example.com"]; '
         "[] allows inline data: URLs only. None: the gateway-wide gateway.allowed_media_domains. The "
         "gateway refuses other URLs and the engine gets the same list (--allowed-media-domains).",
+    )
+    lora: Lora | None = Field(
+        default=None,
+        description="Fine-tuned LoRA adapters served on this model, clients asking for `<model>:<adapter id>`: the GPU "
+        "slots vLLM reserves for them and the adapters themselves (`llmctl plan` checks each against the model).",
     )
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Extra vLLM engine args.")
 
@@ -553,10 +655,11 @@ class StackSpec(_Spec):
             )
         if local != isinstance(self.redis, LocalRedis):
             raise ValueError("redis.mode local goes with cloud.provider local, and only with it")
+        problems = self._adapter_problems(local=local)
         if not local:
-            problems = self._cloud_problems()
-            if problems:
-                raise SpecError(problems)
+            problems += self._cloud_problems()
+        if problems:
+            raise SpecError(problems)
         if self.gateway.queue.engine_priority:
             fcfs = [m.id for m in self.models if m.engine_args.get("scheduling_policy", "priority") != "priority"]
             if fcfs:
@@ -565,6 +668,44 @@ class StackSpec(_Spec):
                     f"but models {fcfs} set engine_args.scheduling_policy otherwise: remove it"
                 )
         return self
+
+    def _adapter_problems(self, *, local: bool) -> list[tuple[str, str]]:
+        """Adapters trained on another base than their model's, and sources a stack cannot reach."""
+        problems = []
+        first_model: dict[str, str] = {}
+        for i, model in enumerate(self.models):
+            for j, adapter in enumerate(model.lora.adapters if model.lora else []):
+                key = f"models[{i}].lora.adapters[{j}]"
+                other = first_model.setdefault(adapter.id, model.id)
+                if other != model.id:
+                    # Ray Serve LLM 2.60 keeps a downloaded adapter on the node in a folder named by the
+                    # adapter id alone (LoraModelLoader: /tmp/ray/llm/lora/cache/<id>): two models' adapters
+                    # of one id on one node would overwrite each other.
+                    problems.append(
+                        (
+                            f"{key}.id",
+                            f"model {other!r} already serves an adapter {adapter.id!r}, and Ray Serve LLM keeps "
+                            "adapters on a node by id alone: give this one another id",
+                        )
+                    )
+                if not same_base_model(adapter.base_model, model.source):
+                    problems.append(
+                        (
+                            f"{key}.base_model",
+                            f"adapter {adapter.id!r} was trained on {adapter.base_model!r}, but model {model.id!r} "
+                            f"serves {model.source!r}: an adapter only fits the base it was trained on; list it under "
+                            "a model with that source",
+                        )
+                    )
+                if local and adapter.source.startswith("s3://"):
+                    problems.append(
+                        (
+                            f"{key}.source",
+                            f"adapter {adapter.id!r}: a local stack reads adapters from local folders (make dev copies "
+                            "them into its local S3); download it and give the folder",
+                        )
+                    )
+        return problems
 
     def _cloud_problems(self) -> list[tuple[str, str]]:
         """What a cluster cannot run: images it cannot pull, a public endpoint in clear."""

@@ -1,6 +1,7 @@
 """Build the tiny models a stack file points at, before anything plans or renders it.
 
-The `local` stack loads tiny Llamas from `.cache/llmstack/models/<name>`; they are made here
+The `local` stack loads tiny Llamas from `.cache/llmstack/models/<name>` and serves tiny LoRA
+adapters from `.cache/llmstack/adapters/<name>` (`ops.devstack.tiny_adapter`); they are made here
 on first use (`ops.devstack.tiny_model`) so that infra's planner and renderers only ever read
 folders. A local source that is missing and is not a tiny model is left alone: the planner
 then says which folder is missing.
@@ -23,8 +24,15 @@ def local_sources(spec: StackSpec) -> list[str]:
     return [s for s in sources if is_local_path(s)]
 
 
+def local_adapter_sources(spec: StackSpec) -> list[str]:
+    """Every local folder of a LoRA adapter the stack serves."""
+    adapters = [a for m in spec.models if m.lora for a in m.lora.adapters]
+    return [a.source for a in adapters if is_local_path(a.source)]
+
+
 def ensure_local_models(spec: StackSpec) -> list[Path]:
-    """Build each missing tiny model the stack names; returns the folders built."""
+    """Build each missing tiny model and tiny adapter the stack names; returns the folders built."""
+    from ops.devstack import tiny_adapter
     from ops.devstack.tiny_model import RECIPES, ensure_tiny_model
 
     built = []
@@ -32,4 +40,8 @@ def ensure_local_models(spec: StackSpec) -> list[Path]:
         folder = local_folder(source)
         if not folder.exists() and folder.name in RECIPES:
             built.append(ensure_tiny_model(folder.parent, name=folder.name))
+    for source in local_adapter_sources(spec):
+        folder = local_folder(source)
+        if not folder.exists() and folder.name in tiny_adapter.RECIPES:
+            built.append(tiny_adapter.ensure_tiny_adapter(folder.parent, name=folder.name))
     return built

@@ -4,6 +4,9 @@
                                           │
                                         Redis (a private redis-server, or the gateway's in-memory store)
 
+Models with LoRA adapters get them from a local S3 started first (ops.devstack.local_adapters), as
+Ray Serve LLM loads adapters only from object storage.
+
 The edge is the gateway pod's public port as `llmctl render` makes it (ops.devstack.edge): header
 deadline, header size cap, connections per client address; the gateway listens behind it on loopback.
 
@@ -35,6 +38,7 @@ from infra.render.serve_config import SERVING_PATH, ServingPath, route_prefix
 from infra.spec.schema import CpuNodeGroup, ScalingPolicy, StackSpec
 from infra.spec.stack_file import load_stack
 from ops.devstack.edge import start_edge
+from ops.devstack.local_adapters import LocalAdapterRefused, check_local_adapters, serve_adapters_locally
 from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
 from ops.devstack.lock import AlreadyRunning, DevLock
@@ -206,23 +210,12 @@ def run(
     say: Say = _say,
     path: ServingPath = SERVING_PATH,
 ) -> int:
-    from infra.spec.stack_file import StackFileError
     from serving.gateway.auth.keys import create_key_sync
 
     started = time.monotonic()
-    try:
-        spec = load_stack(stack)
-    except StackFileError as exc:
-        say(f"error: {exc}")
+    spec = _local_stack(stack, say)
+    if spec is None:
         return 2
-    if spec.cloud.provider != "local":
-        say(
-            f"error: stack {spec.name} is a cloud stack (cloud.provider {spec.cloud.provider}); "
-            "make dev runs a local stack, e.g. STACK=local"
-        )
-        return 2
-    for folder in ensure_local_models(spec):
-        say(f"built tiny model {folder}")
     lock = DevLock()
     try:
         lock.acquire()
@@ -248,6 +241,8 @@ def run(
                     "WARNING: redis-server is not installed: the gateway keeps keys and limits in its own "
                     "memory (one process only, lost on exit). Install it: apt-get install -y redis-server"
                 )
+            # Before Ray starts: its processes inherit the endpoint of the adapters' S3.
+            os.environ.update(serve_adapters_locally(spec, cleanup, say))
             serve_port = claims.claim()
             haproxy_files = haproxy_dir()
             cleanup.callback(shutil.rmtree, haproxy_files, ignore_errors=True)
@@ -333,6 +328,32 @@ def run(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         say("stopped")
+
+
+def _local_stack(stack: str, say: Say) -> StackSpec | None:
+    """The local stack to run, its tiny models and adapters built and the adapters checked; None
+    (after saying why) when it cannot run."""
+    from infra.spec.stack_file import StackFileError
+
+    try:
+        spec = load_stack(stack)
+    except StackFileError as exc:
+        say(f"error: {exc}")
+        return None
+    if spec.cloud.provider != "local":
+        say(
+            f"error: stack {spec.name} is a cloud stack (cloud.provider {spec.cloud.provider}); "
+            "make dev runs a local stack, e.g. STACK=local"
+        )
+        return None
+    for folder in ensure_local_models(spec):
+        say(f"built tiny model {folder}")
+    try:
+        check_local_adapters(spec)
+    except LocalAdapterRefused as exc:
+        say(f"error: {exc}")
+        return None
+    return spec
 
 
 def _trap_signals() -> dict[int, Any]:

@@ -80,7 +80,25 @@ def plan_tables(plan: StackPlan) -> list[Table]:
         groups.caption = (
             f"GPU nodes in total: {_money(sum(lows), sum(highs))} per hour (spot groups shown at on-demand price)"
         )
-    return [models, groups, *([ingress_table(plan)] if plan.ingress else [])]
+    lora = [lora_table(plan)] if any(m.lora for m in plan.models) else []
+    return [models, groups, *lora, *([ingress_table(plan)] if plan.ingress else [])]
+
+
+def lora_table(plan: StackPlan) -> Table:
+    """LoRA adapters' memory per model: the slots vLLM reserves at start, and the host cache."""
+    table = Table(title=f"stack {plan.stack}: LoRA adapters (per rank)", title_justify="left")
+    for column in ("model", "slot per adapter", "all slots (max_loras)", "host cache at most (max_cpu_loras)"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for m in plan.models:
+        if m.lora is not None:
+            table.add_row(
+                m.model_id,
+                _size(m.lora.slot_bytes_per_adapter),
+                _size(m.lora.slots_per_rank),
+                _size(m.lora.cpu_cache_bytes_max),
+            )
+    table.caption = "slots are reserved when the engine starts, out of the KV cache's share on a GPU"
+    return table
 
 
 def ingress_table(plan: StackPlan) -> Table:

@@ -313,3 +313,25 @@ def base_image_check(reference: str, *, found: bool) -> Check:
         fix="set RAY_LLM_IMAGE in infra/catalog/versions.py to a published tag of the pinned Ray "
         "(e.g. its -cu128 variant)",
     )
+
+
+ADAPTERS_CHECK = "LoRA adapters in the model cache"
+
+
+def needs_adapters_check(spec: StackSpec) -> bool:
+    return any(m.lora is not None for m in spec.models)
+
+
+def adapters_check(bucket: str, adapters: int, problems: list[str]) -> Check:
+    """What `ops.llmctl.models.adapters.bucket_adapter_problems` found of the stack's adapters."""
+    if not problems:
+        return Check(
+            name=ADAPTERS_CHECK, status=Status.PASS, detail=f"s3://{bucket}/loras/ holds all {adapters} adapter(s)"
+        )
+    return Check(
+        name=ADAPTERS_CHECK,
+        status=Status.FAIL,
+        detail=" | ".join(problems),
+        fix="upload or fix each adapter named (llmctl models sync --only-adapters); until then a request for "
+        "it fails on the replica",
+    )

@@ -30,9 +30,11 @@ from typing import Any
 
 from infra.catalog.images import parse_image
 from infra.catalog.versions import CUDA_TAG, RAY_LLM_IMAGE
+from infra.plan.cache_layout import bucket_name
 from infra.plan.planner import StackPlan, plan_stack
 from infra.spec.schema import AwsCloud, GpuNodeGroup, StackSpec
 from ops.llmctl.doctor.checks import (
+    ADAPTERS_CHECK,
     ADMINS_CHECK,
     BASE_IMAGE_CHECK,
     PULUMI_INSTALL,
@@ -41,12 +43,14 @@ from ops.llmctl.doctor.checks import (
     Check,
     QuotaNeed,
     Status,
+    adapters_check,
     admins_check,
     base_image_check,
     gpu_ami_check,
     gpu_ami_check_name,
     gpu_ami_parameter,
     image_check,
+    needs_adapters_check,
     needs_spot_role_check,
     offering_checks,
     plan_check,
@@ -76,6 +80,8 @@ class AwsClients:
     """Region -> ECR client (an image's registry may sit in another region than the stack)."""
     iam: Any
     ssm: Any
+    s3: Any = None
+    """Reads the model cache (the stack's LoRA adapters); None: that check is not run."""
 
     @classmethod
     def for_region(cls, region: str) -> AwsClients:
@@ -89,6 +95,7 @@ class AwsClients:
             ecr=lambda registry_region: aws.client(aws.session(registry_region), "ecr"),
             iam=aws.client(session, "iam"),
             ssm=aws.client(session, "ssm"),
+            s3=aws.client(session, "s3"),
         )
 
 
@@ -141,6 +148,7 @@ def aws_check_names(spec: StackSpec, plan: StackPlan) -> list[str]:
         *(f"image {key}" for key in _images(spec)),
         *([SPOT_ROLE_CHECK] if needs_spot_role_check(spec) else []),
         gpu_ami_check_name(spec.cloud.kubernetes_version),
+        *([ADAPTERS_CHECK] if needs_adapters_check(spec) else []),
     ]
 
 
@@ -217,7 +225,24 @@ def aws_checks(spec: StackSpec, plan: StackPlan, clients: AwsClients) -> list[Ch
         "reading the EKS AMI parameter",
         lambda: [gpu_ami_check(version, _parameter(clients.ssm, gpu_ami_parameter(version)), CUDA_TAG)],
     )
+    if needs_adapters_check(spec):
+        checks.append(_adapters_in_bucket(spec, clients, who["Account"]))
     return checks
+
+
+def _adapters_in_bucket(spec: StackSpec, clients: AwsClients, account: str) -> Check:
+    from ops.llmctl.aws import AwsProblem
+    from ops.llmctl.doctor.adapters import bucket_adapter_problems
+
+    bucket = bucket_name(spec, account)
+    if clients.s3 is None:
+        return _not_run(ADAPTERS_CHECK, "no S3 client")
+    try:
+        problems = bucket_adapter_problems(clients.s3, spec=spec, bucket=bucket)
+    except AwsProblem as exc:
+        return _not_run(ADAPTERS_CHECK, str(exc))
+    count = sum(len(m.lora.adapters) for m in spec.models if m.lora is not None)
+    return adapters_check(bucket, count, problems)
 
 
 def registry_checks(tag_exists: Callable[[str], bool]) -> list[Check]:

@@ -16,7 +16,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from infra.plan.cache_layout import bucket_name, model_prefix
+from infra.plan.cache_layout import adapter_prefix, bucket_name, model_prefix
 from infra.spec.model_source import is_local_path, resolve_local_source
 from infra.spec.schema import AwsCloud, StackSpec
 from infra.spec.stack_file import StackFileError, load_stack
@@ -74,56 +74,97 @@ def sync(
     ] = None,
     part_size_mib: Annotated[int, typer.Option(min=5, help="Multipart part size, MiB.")] = 64,
     max_concurrency: Annotated[int, typer.Option(min=1, help="Parallel S3 requests.")] = 16,
+    only_adapters: Annotated[
+        bool, typer.Option("--only-adapters", help="Upload the model's LoRA adapters only, not its weights.")
+    ] = False,
 ) -> None:
-    """Upload a model folder to the cache: only files S3 does not already hold byte for byte."""
+    """Upload a model folder to the cache: only files S3 does not already hold byte for byte. Then
+    the model's LoRA adapters (its `lora:` block), each checked against the model first, beside it."""
     from ops.llmctl import aws
-    from ops.llmctl.models.sync import ModelFolderError, SyncSettings, sync_model
+    from ops.llmctl.models.sync import ModelFolderError, SyncSettings
 
     spec, cloud = _cloud_stack(stack)
-    folder = _source_folder(spec, model, from_dir)
+    folder = None if only_adapters else _source_folder(spec, model, from_dir)  # also: the model is in the stack
     session = aws.session(cloud.region)
     settings = SyncSettings(part_size=part_size_mib * MIB, max_concurrency=max_concurrency)
     try:
         bucket = _bucket(spec, session)
         s3 = aws.client(session, "s3")
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=err,
-            disable=not err.is_terminal,
-        ) as progress:
-            bar = progress.add_task(f"{model} -> s3://{bucket}/{model_prefix(model)}", total=None)
-
-            def planned(plan: SyncPlan) -> None:
-                progress.update(bar, total=plan.upload_bytes)
-                for path in plan.changed:
-                    err.print(f"differs in S3 (will upload again): {path}", highlight=False)
-                err.print(
-                    f"{len(plan.unchanged)} file(s) already cached, {len(plan.upload)} to upload "
-                    f"({plan.upload_bytes / MIB:.1f} MiB)",
-                    highlight=False,
-                )
-
-            result = sync_model(
-                s3,
-                stack=spec.name,
-                bucket=bucket,
-                model_id=model,
-                folder=folder,
-                settings=settings,
-                on_plan=planned,
-                on_bytes=lambda n: progress.advance(bar, n),
-                on_file=lambda path: err.print(f"uploaded {path}", highlight=False),
-            )
+        if folder is not None:
+            _sync_weights(spec, model, folder, s3, bucket, settings)
+        _sync_adapters(spec, model, s3, bucket, settings, folder_synced=folder is not None)
     except ModelFolderError as exc:
         raise fail(f"--from {exc}", 2) from None
     except aws.AwsProblem as exc:
         raise fail(str(exc)) from None
     except KeyboardInterrupt:
         raise fail("interrupted: files already uploaded are kept; run the same command to resume", 130) from None
+
+
+def _sync_adapters(spec: StackSpec, model_id: str, s3, bucket: str, settings, *, folder_synced: bool) -> None:
+    from ops.llmctl.models.adapters import AdapterRefused, sync_adapters
+
+    try:
+        model = spec.model(model_id)
+    except KeyError as exc:
+        raise fail(f"Pulumi.{spec.name}.yaml: {exc.args[0]}", 2) from None
+    if model.lora is None:
+        if not folder_synced:
+            raise fail(f"model {model_id} in Pulumi.{spec.name}.yaml has no lora: block: no adapters to upload", 2)
+        return
+    try:
+        sync_adapters(
+            s3,
+            spec=spec,
+            model=model,
+            bucket=bucket,
+            settings=settings,
+            on_adapter=lambda adapter_id, uploaded: out.print(
+                f"[green]cached[/green] adapter {model.model_name}:{adapter_id} at "
+                f"s3://{bucket}/{adapter_prefix(model.id, adapter_id)} ({uploaded} file(s) uploaded)",
+                highlight=False,
+                soft_wrap=True,
+            ),
+        )
+    except AdapterRefused as exc:
+        raise fail(f"refused (nothing of it uploaded): {exc}", 2) from None
+
+
+def _sync_weights(spec: StackSpec, model: str, folder: Path, s3, bucket: str, settings) -> None:
+    from ops.llmctl.models.sync import sync_model
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        disable=not err.is_terminal,
+    ) as progress:
+        bar = progress.add_task(f"{model} -> s3://{bucket}/{model_prefix(model)}", total=None)
+
+        def planned(plan: SyncPlan) -> None:
+            progress.update(bar, total=plan.upload_bytes)
+            for path in plan.changed:
+                err.print(f"differs in S3 (will upload again): {path}", highlight=False)
+            err.print(
+                f"{len(plan.unchanged)} file(s) already cached, {len(plan.upload)} to upload "
+                f"({plan.upload_bytes / MIB:.1f} MiB)",
+                highlight=False,
+            )
+
+        result = sync_model(
+            s3,
+            stack=spec.name,
+            bucket=bucket,
+            model_id=model,
+            folder=folder,
+            settings=settings,
+            on_plan=planned,
+            on_bytes=lambda n: progress.advance(bar, n),
+            on_file=lambda path: err.print(f"uploaded {path}", highlight=False),
+        )
     if result.aborted_uploads:
         err.print(f"removed {result.aborted_uploads} unfinished upload(s) left by an interrupted sync", highlight=False)
     manifest = result.manifest

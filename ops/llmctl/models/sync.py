@@ -76,13 +76,14 @@ class ModelFolderError(Exception):
     """The folder given to sync is not a usable model folder."""
 
 
-def model_files(folder: Path) -> list[Path]:
+def model_files(folder: Path, marker: str = "config.json") -> list[Path]:
     """Every file of a Hugging Face folder, hidden ones excluded (`hf download --local-dir`
-    keeps its own bookkeeping in `.cache/`; `.git*` files are not model files)."""
+    keeps its own bookkeeping in `.cache/`; `.git*` files are not model files). `marker`: the
+    file that says what the folder is (a LoRA adapter's: adapter_config.json)."""
     if not folder.is_dir():
         raise ModelFolderError(f"{folder}: no such folder")
-    if not (folder / "config.json").is_file():
-        raise ModelFolderError(f"{folder}: no config.json, so not a Hugging Face model folder")
+    if not (folder / marker).is_file():
+        raise ModelFolderError(f"{folder}: no {marker}, so not a Hugging Face model folder")
     files = []
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
@@ -146,9 +147,11 @@ class HashCache:
         self.path.write_text(json.dumps(self.entries))
 
 
-def digest_folder(folder: Path, settings: SyncSettings, cache_dir: Path = DEFAULT_CACHE_DIR) -> list[FileDigest]:
+def digest_folder(
+    folder: Path, settings: SyncSettings, cache_dir: Path = DEFAULT_CACHE_DIR, marker: str = "config.json"
+) -> list[FileDigest]:
     cache = HashCache(folder, cache_dir)
-    files = model_files(folder)
+    files = model_files(folder, marker)
 
     def one(path: Path) -> FileDigest:
         relative, stat = path.relative_to(folder).as_posix(), path.stat()

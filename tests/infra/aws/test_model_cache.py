@@ -65,7 +65,13 @@ def test_ray_pods_read_the_cache_through_a_read_only_irsa_role():
     actions = {a for s in policy["Statement"] for a in s["Action"]}
     assert actions == {"s3:ListBucket", "s3:GetObject"}
     bucket = f"llmstack-prod-models-{MOCK_ACCOUNT}"
-    assert {s["Resource"] for s in policy["Statement"]} == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/models/*"}
+    resources = {
+        r for s in policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])
+    }
+    # The models and, beside them, the LoRA adapters Ray Serve LLM fetches (lora_config.dynamic_lora_loading_path).
+    assert resources == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/models/*", f"arn:aws:s3:::{bucket}/loras/*"}
+    [listing] = [s for s in policy["Statement"] if s["Action"] == ["s3:ListBucket"]]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["models/*", "loras/*"]
     account = run.one("kubernetes:core/v1:ServiceAccount", "llmstack-ray").inputs
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == mock_arn("model-cache-reader")
     [rayservice] = run.of_type(RAYSERVICE)

@@ -86,7 +86,10 @@ def reach(run: ProgramRun) -> dict[str, dict]:
 def test_each_ray_pod_reaches_exactly_what_it_needs(stack: str) -> None:
     run = example_run(stack)
     bucket = f"arn:aws:s3:::llmstack-{stack}-models-{MOCK_ACCOUNT}"
-    read_models = frozenset({("s3:ListBucket", bucket), ("s3:GetObject", f"{bucket}/models/*")})
+    # The models and their LoRA adapters (Ray Serve LLM fetches an adapter on its first request).
+    read_models = frozenset(
+        {("s3:ListBucket", bucket), ("s3:GetObject", f"{bucket}/models/*"), ("s3:GetObject", f"{bucket}/loras/*")}
+    )
     pods = reach(run)
     # The head: KubeRay's autoscaler needs the API (it patches pods and the RayCluster).
     assert pods.pop("head") == {

@@ -56,6 +56,12 @@ def test_local_replica_settings_as_flags():
         # no media host allowed: vLLM reads an empty list as "any", so a host that never resolves
         "--allowed-media-domains",
         '["data-urls-only.invalid"]',
+        # tiny-chat serves LoRA adapters (tiny-chat:sql, tiny-chat:pirate): the slots vLLM reserves
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "16",
     ]
 
 

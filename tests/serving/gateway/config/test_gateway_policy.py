@@ -66,6 +66,7 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
         "model_capacities",
         "model_usd_per_million_tokens",
         "model_routes",
+        "model_adapters",
         "model_deployments",
         "model_media_domains",
     }
