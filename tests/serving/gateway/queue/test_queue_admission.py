@@ -444,6 +444,30 @@ def test_a_waiting_stream_gets_keep_alives_then_its_answer_or_its_refusal(redis_
         eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "no slot or place left behind")
 
 
+def test_a_stream_that_waited_with_its_response_open_gets_the_priority_of_the_slot_it_got(redis_server, upstream):
+    # The stream's response began while it waited; its body upstream is built when its slot comes,
+    # from the share the fair queue answered then. Alone on one slot, each tenant holds twice its
+    # share (never more than half of the capacity): band 2. Built before the slot, the gateway
+    # would know no share and send the tier's last band, 3.
+    model = model_name()
+    first, second = key_for(redis_server.url, "first"), key_for(redis_server.url, "second")
+    with queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, engine_priority=True) as (
+        api,
+        _,
+    ):
+        with stream_request(api, first, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
+            held = holder.iter_lines()
+            next(held)  # the holder has the model's only slot
+            with stream_request(api, second, model, "hello") as waiting:
+                lines = waiting.iter_lines()
+                assert next(lines).startswith(": queued")
+                holder.close()
+                rest = [line for line in lines if line and not line.startswith(":")]
+                assert rest[-1] == "data: [DONE]"
+    ours = [body for body in upstream.bodies if body.get("model") == model]
+    assert [body["priority"] for body in ours] == [2, 2]
+
+
 def test_the_openai_sdk_raises_a_refusal_that_comes_after_keep_alives(redis_server, upstream):
     model, key = model_name(), key_for(redis_server.url, "acme")
     gateway = queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, queue_timeout_s=1.0)
