@@ -134,23 +134,21 @@ class Stack:
         return left
 
 
-def make_keys(redis_url: str, tenants: dict[str, float]) -> dict[str, str]:
+async def make_keys(redis_url: str, tenants: dict[str, float]) -> dict[str, str]:
+    """A key per tenant (standard tier, generous limits: only the queue decides), with its weight."""
     from serving.gateway.auth.keys import RedisKeyStore
 
-    async def create() -> dict[str, str]:
-        store = RedisKeyStore(redis_url)
-        keys = {}
-        try:
-            for tenant, weight in tenants.items():
-                key, record = await store.create(tenant, "bench", limits=GENEROUS)
-                if weight != 1.0:
-                    await store.update(record.key_id, weight=weight)
-                keys[tenant] = key
-        finally:
-            await store.aclose()
-        return keys
-
-    return asyncio.run(create())
+    store = RedisKeyStore(redis_url)
+    keys = {}
+    try:
+        for tenant, weight in tenants.items():
+            key, record = await store.create(tenant, "bench", limits=GENEROUS)
+            if weight != 1.0:
+                await store.update(record.key_id, weight=weight)
+            keys[tenant] = key
+    finally:
+        await store.aclose()
+    return keys
 
 
 # --- load -------------------------------------------------------------------------------------------
@@ -265,7 +263,7 @@ async def capacity_trace(redis_url: str, model: str, until: float, out: list[dic
 
 
 async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
-    keys = make_keys(stack.redis_url, {"a": 1.0, "b": 1.0, **WEIGHTS, "g": 1.0})
+    keys = await make_keys(stack.redis_url, {"a": 1.0, "b": 1.0, **WEIGHTS, "g": 1.0})
     load = Load(stack.ready["base_url"], keys)
     loop = asyncio.get_running_loop()
     started, phase_s = loop.time(), args.phase_s

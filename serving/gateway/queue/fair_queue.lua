@@ -88,12 +88,16 @@ local function hold(id, tenant, weight)
 end
 
 -- What the engine priority reads of a tenant that just took a slot: the slots it holds (this one
--- included), how many tenants hold slots, and the sum of their weights (strings: Redis would cut
--- a Lua float to an integer).
+-- included), how many tenants hold slots, and the sum of their weights (a string: Redis would cut
+-- a Lua float to an integer). Summed over HOLDERS, each tenant's weight read from WEIGHTS (1 when
+-- absent), so an entry a previous version's script left behind is never counted.
 local function share_of(tenant)
+  local holding = redis.call('HKEYS', HOLDERS)
   local total = 0
-  for _, w in ipairs(redis.call('HVALS', WEIGHTS)) do total = total + tonumber(w) end
-  return tonumber(redis.call('HGET', HOLDERS, tenant) or '0'), redis.call('HLEN', HOLDERS), tag(total)
+  if #holding > 0 then
+    for _, w in ipairs(redis.call('HMGET', WEIGHTS, unpack(holding))) do total = total + (tonumber(w) or 1) end
+  end
+  return tonumber(redis.call('HGET', HOLDERS, tenant) or '0'), #holding, tag(total)
 end
 
 -- After `id` left INFLIGHT (released or its lease expired).
