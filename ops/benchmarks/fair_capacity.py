@@ -69,6 +69,10 @@ def stack_text(local_text: str, *, engine_priority: bool) -> str:
     adaptive = next(m for m in config["llmstack:models"] if m["id"] == ADAPTIVE)
     fixed = {**adaptive, "id": FIXED, "latency_target": {**adaptive["latency_target"], "adaptive": False}}
     config["llmstack:models"] = [adaptive, fixed]
+    # Scheduling tokens, not cores: room for both models' replicas and their routers at once,
+    # as the end-to-end stack gives itself (tests/support/devstack.py).
+    for group in config["llmstack:node_groups"]:
+        group["cpus_per_node"] = max(8, group.get("cpus_per_node", 0))
     gateway = config.setdefault("llmstack:gateway", {})
     gateway["queue"] = {**gateway.get("queue", {}), "engine_priority": engine_priority}
     return yaml.safe_dump(document, sort_keys=False)

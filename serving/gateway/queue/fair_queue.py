@@ -144,10 +144,11 @@ class QueueTicket:
     slot_id: str
     wait_s: float
     cold: bool  # the model may have had no replica: the upstream's first byte may take a cold start
-    share: TenantShare | None  # the tenant's share when it took the slot (None: learned late, by a renew or cancel)
     _queue: FairQueue = field(repr=False)
     _admitted_at: float = field(repr=False)
     released: bool = False
+    # The tenant's share when it took the slot (None: learned late, by a renew or cancel).
+    share: TenantShare | None = None
 
     async def release(self) -> None:
         call = self.release_call()
