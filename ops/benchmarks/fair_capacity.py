@@ -16,9 +16,11 @@ tenant in its Redis (standard tier; the weights below), and runs, each phase `--
   streamed request at a time) then `noisy` (tenant A keeps `--flood` streams in flight beside B).
   Reported: B's TTFT p50/p99 in each, the ratio noisy / alone, A's output tokens/s, and every
   request that failed (a status other than 200, an error event, a broken stream).
-- `jain` (adaptive model): four tenants of weights 1, 1, 2, 4, each keeping 16 streams in
-  flight: Jain's index of output tokens/s per unit of weight (1: each got its weight's share).
-- `growth` (adaptive model): 16 streams in flight whose prompts grow tenfold halfway: every
+- `jain` (adaptive model): four tenants of weights 1, 1, 2, 4, each keeping 32 streams in
+  flight (together twice the ceiling, so the fair queue decides): Jain's index of output
+  tokens/s per unit of weight (1: each got its weight's share).
+- `growth` (adaptive model): 16 streams in flight on /v1/completions whose prompts grow tenfold
+  halfway (about 40 to 400 tokens; a chat template's own ~100 would not leave room): every
   0.5 s the capacity per replica the gateway allows (Redis, capacity.lua's hash), and per 2 s
   the TTFT p90 of the requests sent in it: the capacity trace.
 
@@ -59,7 +61,11 @@ GENEROUS = {
     "max_concurrent_requests": 10_000,
 }
 OUTPUT_TOKENS = 32
-SHORT_WORDS, LONG_WORDS = 30, 300  # the growth phase's prompts: about 10x the tokens
+# The growth phase's prompts, sent to /v1/completions (no chat template: a chat's ~100 template
+# tokens would leave no room for 10x within max_model_len 512): about 40 and 400 tokens.
+SHORT_WORDS, LONG_WORDS = 40, 400
+CHAT_WORDS = 30
+JAIN_STREAMS = 32  # per tenant: 4 x 32 is twice the ceiling (64), so every tenant stays backlogged
 
 
 def stack_text(local_text: str, *, engine_priority: bool) -> str:
@@ -182,7 +188,8 @@ class Load:
             base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=512)
         )
         self.records: list[dict[str, Any]] = []
-        self.words = SHORT_WORDS
+        self.words = CHAT_WORDS
+        self.completions = False  # the growth phase: /v1/completions, its prompt `words` long
 
     async def one(self, tenant: str, model: str, phase: str, started: float) -> None:
         import httpx
@@ -190,17 +197,21 @@ class Load:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         record: dict[str, Any] = {"tenant": tenant, "model": model, "phase": phase, "sent": sent - started}
-        body = {
+        text = " ".join(["hello"] * self.words)
+        body: dict[str, Any] = {
             "model": model,
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": OUTPUT_TOKENS,
             "ignore_eos": True,
-            "messages": [{"role": "user", "content": " ".join(["hello"] * self.words)}],
         }
+        if self.completions:
+            path, body["prompt"] = "/completions", text
+        else:
+            path, body["messages"] = "/chat/completions", [{"role": "user", "content": text}]
         try:
             async with self.client.stream(
-                "POST", "/chat/completions", json=body, headers={"authorization": f"Bearer {self.keys[tenant]}"}
+                "POST", path, json=body, headers={"authorization": f"Bearer {self.keys[tenant]}"}
             ) as response:
                 record["status"] = response.status_code
                 record["queue_wait_ms"] = int(response.headers.get("x-queue-wait-ms", "0") or 0)
@@ -212,7 +223,8 @@ class Load:
                     event = json.loads(line[len("data: ") :])
                     if "error" in event:
                         record["error"] = "error event"
-                    if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+                    choices = event.get("choices") or []
+                    if any((c.get("delta") or {}).get("content") or c.get("text") for c in choices):
                         record.setdefault("ttft", loop.time() - sent)
                     if event.get("usage"):
                         record["output_tokens"] = event["usage"].get("completion_tokens", 0)
@@ -301,7 +313,7 @@ async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 print(json.dumps(results["noisy"][-1]), flush=True)
         until = loop.time() + phase_s
-        await asyncio.gather(*(load.closed(t, ADAPTIVE, "jain", 16, until, started) for t in WEIGHTS))
+        await asyncio.gather(*(load.closed(t, ADAPTIVE, "jain", JAIN_STREAMS, until, started) for t in WEIGHTS))
         per_weight = {
             t: summarize(load.records, "jain", t, phase_s)["output_tokens_per_s"] / w for t, w in WEIGHTS.items()
         }
@@ -312,12 +324,13 @@ async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         }
         print(json.dumps(results["jain"]), flush=True)
         trace: list[dict[str, Any]] = []
+        load.completions, load.words = True, SHORT_WORDS
         growth_started = loop.time()
         until = growth_started + 2 * phase_s
 
         async def grow() -> None:
             await asyncio.sleep(phase_s)
-            load.words = LONG_WORDS
+            load.words = LONG_WORDS  # the requests sent from now on
 
         await asyncio.gather(
             load.closed("g", ADAPTIVE, "growth", 16, until, started),
