@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,7 @@ def summarize(records: list[dict[str, Any]], phase: str, tenant: str, seconds: f
         "ttft_p99_ms": None if not ttfts else round(1000 * (percentile(ttfts, 99) or 0)),
         "output_tokens_per_s": round(sum(r.get("output_tokens", 0) for r in ok) / seconds, 1),
         "queue_wait_p50_ms": percentile([r.get("queue_wait_ms", 0) for r in ok], 50),
+        "failures": dict(Counter(f"{r.get('status')} {r.get('error', '')}".strip() for r in mine if r not in ok)),
     }
 
 
@@ -409,6 +411,7 @@ def main() -> None:
             "load_average_at_start": round(load_average, 2),
             "load_average_at_end": round(os.getloadavg()[0], 2),
             "processes_left": left,
+            "devstack_log_tail": stack.stderr[-60:],  # make dev's own lines: an engine that died says so here
         }
     )
     out = Path(args.out)
