@@ -20,7 +20,7 @@ tenant in its Redis (standard tier; the weights below), and runs, each phase `--
   flight (together twice the ceiling, so the fair queue decides): Jain's index of output
   tokens/s per unit of weight (1: each got its weight's share).
 - `growth` (adaptive model): 16 streams in flight on /v1/completions whose prompts grow tenfold
-  halfway (about 40 to 400 tokens; a chat template's own ~100 would not leave room): every
+  halfway (about 40 to 400 tokens, within max_model_len 512 with the output): every
   0.5 s the capacity per replica the gateway allows (Redis, capacity.lua's hash), and per 2 s
   the TTFT p90 of the requests sent in it: the capacity trace.
 
@@ -62,9 +62,10 @@ GENEROUS = {
     "max_concurrent_requests": 10_000,
 }
 OUTPUT_TOKENS = 32
-# The growth phase's prompts, sent to /v1/completions (no chat template: a chat's ~100 template
-# tokens would leave no room for 10x within max_model_len 512): about 40 and 400 tokens.
-SHORT_WORDS, LONG_WORDS = 40, 400
+# The growth phase's prompts, sent to /v1/completions (no chat template around them): "hello" is
+# 4 tokens of the tiny model's tokenizer (a short run read 160 prompt tokens for 40 words), so
+# about 40 and 400 tokens, 400 + 32 output within max_model_len 512.
+SHORT_WORDS, LONG_WORDS = 10, 100
 CHAT_WORDS = 30
 JAIN_STREAMS = 32  # per tenant: 4 x 32 is twice the ceiling (64), so every tenant stays backlogged
 
