@@ -24,7 +24,7 @@ from ops.llmctl.cost.cli import app as cost_app
 from ops.llmctl.keys import app as keys_app
 from ops.llmctl.keys import tenants_app
 from ops.llmctl.models.cli import app as models_app
-from ops.llmctl.plan_view import plan_tables, problem_lines
+from ops.llmctl.plan_view import latency_table, latency_targets, plan_tables, problem_lines
 from ops.llmctl.scale.cli import scale
 from ops.llmctl.status.cli import status
 
@@ -86,13 +86,21 @@ def plan(stack: StackOption, as_json: Annotated[bool, typer.Option("--json", hel
     if as_json:
         print(
             json.dumps(
-                {"ok": result.ok, **result.model_dump(mode="json"), "warnings": [w.model_dump() for w in warnings]},
+                {
+                    "ok": result.ok,
+                    **result.model_dump(mode="json"),
+                    "latency_targets": latency_targets(spec, result),
+                    "warnings": [w.model_dump() for w in warnings],
+                },
                 indent=2,
             )
         )
     else:
         for table in plan_tables(result):
             out.print(table)
+        latency = latency_table(spec, result)
+        if latency is not None:
+            out.print(latency)
         for line in problem_lines(result):
             err.print(line, highlight=False, soft_wrap=True)
         for warning in warnings:

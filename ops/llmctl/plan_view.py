@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from infra.plan.latency_target import model_capacities
 from infra.plan.planner import StackPlan
+from infra.spec.schema import StackSpec
 
 GIB = 1024**3
 
@@ -124,6 +126,41 @@ def ingress_table(plan: StackPlan) -> Table:
         f"at peak (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE); stack peak "
         f"~{ingress.peak_output_tokens_per_s:,} output tok/s"
     )
+    return table
+
+
+def latency_targets(spec: StackSpec, plan: StackPlan) -> dict[str, dict[str, object]]:
+    """Served model name -> the latency target the gateway keeps and the bounds its capacity per
+    replica moves between (what `llmctl plan --json` prints as `latency_targets`)."""
+    return {
+        name: {
+            "ttft_ms": c.ttft_ms,
+            "itl_ms": c.itl_ms,
+            "percentile": c.percentile,
+            "adaptive": c.adaptive,
+            "min_slots": c.min_slots,
+            "max_slots": c.max_slots,
+        }
+        for name, c in model_capacities(spec, plan).items()
+    }
+
+
+def latency_table(spec: StackSpec, plan: StackPlan) -> Table | None:
+    """Each model's latency target (stated, or derived from the plan: infra/plan/latency_target.py)
+    and the capacity per replica the gateway moves to keep it."""
+    targets = latency_targets(spec, plan)
+    if not targets:
+        return None
+    table = Table(
+        title=f"stack {plan.stack}: latency targets (the gateway's adaptive capacity keeps them)",
+        title_justify="left",
+    )
+    for column in ("model", "TTFT", "ITL", "percentile", "capacity / replica"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for name, t in targets.items():
+        bounds = f"{t['min_slots']} - {t['max_slots']}" if t["adaptive"] else f"{t['max_slots']} (fixed)"
+        table.add_row(name, f"{t['ttft_ms']:,.0f} ms", f"{t['itl_ms']:,.0f} ms", f"p{t['percentile']:g}", bounds)
+    table.caption = "stated in models[].latency_target, else derived from the plan's throughput estimate"
     return table
 
 

@@ -1,7 +1,8 @@
 """A fake upstream that serves any number of requests at once and counts them (`running`, `peak`,
 `served`): the fair-queue tests check, by the upstream's own count, that the gateway held the
 line at the model's capacity. `arrivals` lists each request's `user` field as it came in (the
-order the gateway let them through). A request steers it by its message text:
+order the gateway let them through), `priorities` its (`user`, `priority`) pair. A request
+steers it by its message text:
 
 - `hold`: answer once the test sets `gate`, or give up when the caller goes away (a gateway
   killed mid-request, a client that left);
@@ -32,6 +33,7 @@ class CountingUpstream:
         self.lock = threading.Lock()
         self.running = self.peak = self.served = 0
         self.arrivals: list[str | None] = []
+        self.priorities: list[tuple[str | None, int | None]] = []
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
@@ -42,6 +44,7 @@ class CountingUpstream:
         with self.lock:
             self.running = self.peak = self.served = 0
             self.arrivals = []
+            self.priorities = []
 
     def _count(self, step: int) -> None:
         with self.lock:
@@ -54,6 +57,7 @@ class CountingUpstream:
         what = body["messages"][0]["content"]
         with self.lock:
             self.arrivals.append(body.get("user"))
+            self.priorities.append((body.get("user"), body.get("priority")))
         self._count(+1)
         try:
             if what == "fail":

@@ -11,7 +11,8 @@ which part of it. A request steers it with a directive in its first prompt text:
 - tokens: output tokens of the whole answer (never more than the body's limit);
 - cut_after: the replica dies after sending this many content chunks (its connection is
   aborted: no end of the chunked body, no [DONE]); `cuts`: how many streams of this answer die
-  so (default 1: the first only); interval: seconds between tokens.
+  so (default 1: the first only); interval: seconds between tokens; resume_delay: seconds a
+  continuation waits before its first token (the new replica's prefill of prompt and answer).
 
 A continuation (/v1/completions whose prompt is token ids: the prompt's, then the generated
 ones) is answered deterministically from where those ids stop: the original request is known by
@@ -52,6 +53,7 @@ class _Answer:
     cut_after: int | None
     cuts: int
     interval: float
+    resume_delay: float = 0.0
     streams: int = 0
 
 
@@ -130,6 +132,8 @@ class ResumableUpstream:
                     "usage": usage(0),
                 }
             )
+        if done > 0:  # a continuation: its prefill comes first
+            await asyncio.sleep(answer.resume_delay)
         for sent, i in enumerate(range(done, end)):
             if dies and sent == answer.cut_after:
                 raise ReplicaDied(answer.rid)
@@ -203,6 +207,7 @@ class ResumableUpstream:
             cut_after=steer.get("cut_after"),
             cuts=int(steer.get("cuts", 1)),
             interval=float(steer.get("interval", 0.0)),
+            resume_delay=float(steer.get("resume_delay", 0.0)),
         )
         self._answers.append(answer)
         number = len(self._answers) - 1

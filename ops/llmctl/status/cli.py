@@ -2,7 +2,9 @@
 
 Reads only; decisions live in `ops.llmctl.status.report`.
 - local stack: the `make dev` of this checkout (its lock file says where): Serve's own
-  details from its Ray, a Redis PING, the gateway's /readyz.
+  details from its Ray, a Redis PING, the gateway's /readyz, and per model the capacity per
+  replica the gateway allows now (adapted to the latency target), what is in flight and queued
+  (the fair queue's keys in Redis) and the mean queue wait (the gateway's /metrics).
 - cloud stack: the Kubernetes API through the official client and your kubeconfig (as
   kubectl uses it): the RayService and its conditions, Ray pods per worker group, GPU nodes,
   pending pods with the scheduler's reason, the gateway Deployment.
@@ -24,12 +26,15 @@ from ops.llmctl.console import ExitCode, err, load_spec, out
 from ops.llmctl.status.report import (
     Check,
     Health,
+    ModelQueueRow,
     StatusReport,
     crash_loop_checks,
     deployment_check,
+    model_queue_row,
     node_checks,
     node_rows,
     pending_pods,
+    queue_wait_means,
     rayservice_checks,
     rayservice_rows,
     runbook,
@@ -88,6 +93,7 @@ def local_report(spec: StackSpec) -> StatusReport:
     report = StatusReport(stack=spec.name, where=f"make dev, pid {dev.pid}")
     report.checks.append(_gateway_check(dev.metrics_url or dev.gateway_root))  # /readyz: on the metrics port
     report.checks.append(_redis_check(dev.redis_url))
+    report.models = model_queues(spec, dev.redis_url, dev.metrics_url)
     if dev.ray_address is None:
         raise Unreachable(f"make dev (pid {dev.pid}) recorded no Ray address; restart it with this version")
     try:
@@ -123,6 +129,55 @@ def _gateway_check(root: str) -> Check:
         runbook=runbook("redis-outage"),
         detail=f"{root}/readyz: {response.status_code} {response.text[:200]}",
     )
+
+
+def model_queues(spec: StackSpec, redis_url: str | None, metrics_url: str | None) -> list[ModelQueueRow]:
+    """Each served model's capacity and queue, from the keys the fair queue and the adaptive
+    capacity keep in Redis (read only) and the gateway's queue-wait histogram. Nothing without
+    Redis (the in-memory gateway has no queue) or when it does not answer (its check says so)."""
+    if redis_url is None or not spec.gateway.queue.enabled:
+        return []
+    import httpx
+    import redis
+
+    from serving.gateway.queue.fair_queue import queue_keys
+
+    waits: dict[str, float] = {}
+    if metrics_url is not None:
+        try:
+            waits = queue_wait_means(httpx.get(f"{metrics_url}/metrics", timeout=HTTP_TIMEOUT_S).text)
+        except (httpx.HTTPError, ValueError):
+            waits = {}
+    client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
+    rows = []
+    try:
+        for model in spec.models:
+            name = model.model_name
+            keys = queue_keys(name, len(spec.gateway.queue.tiers), adaptive=True)
+            with client.pipeline(transaction=False) as pipe:
+                pipe.zcard(keys.inflight)
+                for queue in keys.queues:
+                    pipe.zcard(queue)
+                pipe.hmget(keys.capacity, "slots", "move")
+                in_flight, *queued, (slots, move) = pipe.execute()
+            ceiling = model.autoscaling.max_ongoing_requests
+            rows.append(
+                model_queue_row(
+                    name,
+                    max_per_replica=ceiling,
+                    adaptive=model.latency_target.adaptive,
+                    in_flight=int(in_flight),
+                    queued=sum(int(n) for n in queued),
+                    adapted_slots=slots,
+                    adapted_move=move,
+                    queue_wait_s=waits.get(name),
+                )
+            )
+    except redis.RedisError:
+        return []
+    finally:
+        client.close()
+    return rows
 
 
 def _json_or_empty(response: Any) -> dict[str, Any]:
@@ -317,6 +372,30 @@ def tables(report: StatusReport) -> list[Table]:
         for n in report.gpu_nodes:
             nodes.add_row(n.name, n.group, n.instance_type, str(n.gpus), "yes" if n.ready else "no")
         result.append(nodes)
+    if report.models:
+        models = Table(
+            "model",
+            "capacity / replica",
+            "last move",
+            "in flight",
+            "queued",
+            "mean queue wait",
+            title="models: the gateway's capacity and queue",
+            title_justify="left",
+            caption="capacity follows each model's latency target (llmctl plan); runbook: "
+            + runbook("ttft-over-target"),
+        )
+        for m in report.models:
+            wait = "-" if m.queue_wait_s is None else f"{m.queue_wait_s * 1000:.0f} ms"
+            models.add_row(
+                m.model,
+                f"{m.capacity_per_replica} of {m.max_per_replica}",
+                m.move,
+                str(m.in_flight),
+                str(m.queued),
+                wait,
+            )
+        result.append(models)
     if report.pending_pods:
         pending = Table("pod", "group", "reason", "what to check", title="pending pods", title_justify="left")
         for p in report.pending_pods:

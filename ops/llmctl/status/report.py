@@ -72,6 +72,27 @@ class PendingPod(BaseModel):
     hint: str = Field(description="What it usually means here and what to check.")
 
 
+class ModelQueueRow(BaseModel):
+    """A served model's capacity and queue, as the gateway's Redis and metrics hold them."""
+
+    model: str = Field(description="The served model name (what requests name).")
+    max_per_replica: int = Field(description="autoscaling.max_ongoing_requests: the capacity's ceiling per replica.")
+    capacity_per_replica: int = Field(
+        description="Requests in flight per replica the gateway allows now: the adapted capacity, or the ceiling "
+        "while the model is not adaptive or not yet measured."
+    )
+    move: str = Field(
+        description="The adaptation's last decision: down, up, in_band, idle, unmeasured, or fixed (adaptive off)."
+    )
+    in_flight: int = Field(description="Requests holding a slot of the model, across every gateway replica.")
+    queued: int = Field(description="Requests waiting in the model's fair queue, all tiers.")
+    queue_wait_s: float | None = Field(
+        default=None,
+        description="Mean wait for a slot of the requests admitted since the gateway started (its "
+        "llmstack_gateway_queue_wait_seconds); None: no request yet, or no metrics read.",
+    )
+
+
 class StatusReport(BaseModel):
     stack: str
     where: str = Field(description="`make dev (pid N)` or the kube context.")
@@ -80,6 +101,7 @@ class StatusReport(BaseModel):
     worker_groups: list[WorkerGroupRow] = Field(default_factory=list)
     gpu_nodes: list[NodeRow] = Field(default_factory=list)
     pending_pods: list[PendingPod] = Field(default_factory=list)
+    models: list[ModelQueueRow] = Field(default_factory=list)
 
     @property
     def health(self) -> Health:
@@ -88,6 +110,59 @@ class StatusReport(BaseModel):
 
 def runbook(name: str) -> str:
     return f"{RUNBOOKS}/{name}.md"
+
+
+# --- the gateway's capacity and queue per model (Redis, and the gateway's /metrics) ------------
+
+
+def queue_wait_means(metrics_text: str) -> dict[str, float]:
+    """Model -> mean queue wait in seconds (all tiers), from a gateway's Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "llmstack_gateway_queue_wait_seconds":
+            continue
+        for sample in family.samples:
+            model = sample.labels.get("model", "")
+            if sample.name.endswith("_sum"):
+                sums[model] = sums.get(model, 0.0) + sample.value
+            elif sample.name.endswith("_count"):
+                counts[model] = counts.get(model, 0.0) + sample.value
+    return {model: sums.get(model, 0.0) / n for model, n in counts.items() if n > 0}
+
+
+def model_queue_row(
+    model: str,
+    *,
+    max_per_replica: int,
+    adaptive: bool,
+    in_flight: int,
+    queued: int,
+    adapted_slots: str | None,
+    adapted_move: str | None,
+    queue_wait_s: float | None,
+) -> ModelQueueRow:
+    """A model's row from its Redis reads (`adapted_*`: the capacity hash's `slots` and `move`,
+    None when absent), the capacity as fair_queue.lua reads it: the adapted figure, at least 1 and
+    never past the ceiling."""
+    if not adaptive:
+        capacity, move = max_per_replica, "fixed"
+    elif adapted_slots is None or not adapted_slots.lstrip("-").isdigit() or int(adapted_slots) < 0:
+        capacity, move = max_per_replica, "unmeasured"
+    else:
+        capacity = min(max_per_replica, max(1, int(adapted_slots)))
+        move = adapted_move or "unmeasured"
+    return ModelQueueRow(
+        model=model,
+        max_per_replica=max_per_replica,
+        capacity_per_replica=capacity,
+        move=move,
+        in_flight=in_flight,
+        queued=queued,
+        queue_wait_s=queue_wait_s,
+    )
 
 
 # --- Ray Serve (local: ServeInstanceDetails; cloud: the RayService's status) -------------------

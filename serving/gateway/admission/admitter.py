@@ -28,7 +28,7 @@ mode are served when over their own limits, and the would-be refusal is logged a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +44,7 @@ from serving.gateway.admission.validation import check_request
 from serving.gateway.auth.adapter_access import base_of, effective_patterns, served_to
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.auth.keys import KeyStore
+from serving.gateway.capacity.engine_priority import engine_priority, unknown_share_priority
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.decision import rate_limit_headers
 from serving.gateway.limits.limiter import Limiter, effective_limits
@@ -90,6 +91,15 @@ class Admission:
     resume: ResumableStream | None = None  # a stream the relay may continue if its replica dies
     base: str | None = None  # the model whose Serve application, queue and capacity serve it (an adapter's base)
     adapter_grants: tuple[str, ...] = ()  # the key's effective adapter grants (GET /v1/models lists by them)
+    # A stream still waiting for its slot: its upstream body and resume context once the slot is
+    # known (the engine priority comes from the tenant's share when it took the slot).
+    upstream_for_slot: Callable[[QueueTicket | None], tuple[bytes, ResumableStream | None]] | None = None
+
+    def upstream(self, slot: QueueTicket | None) -> tuple[bytes, ResumableStream | None]:
+        """The body to send upstream and the stream's resume context, for the slot it holds."""
+        if self.upstream_for_slot is None:
+            return self.body, self.resume
+        return self.upstream_for_slot(slot)
 
     async def settle(self, billed: Usage) -> None:
         """End the request once: bill the key's usage and give the model's slot back, in one
@@ -414,18 +424,28 @@ class Admitter:
             headers = {name: value for name, value in headers.items() if name != "retry-after"}
         stream = wants_stream(document, path)
         final_usage, continuous_usage = client_usage_wishes(document) if document is not None else (True, True)
-        upstream_document = upstream_request(
-            document, path, stream=stream, added_max_tokens=added_max_tokens, priority=self._engine_priority(record)
-        )
         place = await self.queue_stage.place(
             request, record, served.base, ticket, headers, stream=stream, attempt=charged.attempt, slot=charged.slot
         )
         if not isinstance(place, QueuePlace):
             return place
-        resume = self._resumable(upstream_document, path, stream=stream)
-        if resume is not None:
-            upstream_document = resume.document
-        body = read.body if upstream_document is document else json.dumps(upstream_document).encode()
+
+        def upstream_for(slot: QueueTicket | None) -> tuple[bytes, ResumableStream | None]:
+            """What goes upstream: built once the slot is known, since its engine priority is."""
+            upstream_document = upstream_request(
+                document,
+                path,
+                stream=stream,
+                added_max_tokens=added_max_tokens,
+                priority=self._engine_priority(record, slot),
+            )
+            resume = self._resumable(upstream_document, path, stream=stream)
+            if resume is not None:
+                upstream_document = resume.document
+            body = read.body if upstream_document is document else json.dumps(upstream_document).encode()
+            return body, resume
+
+        body, resume = upstream_for(place.slot)  # a stream still waiting: rebuilt when its slot comes
         meter = UsageMeter(
             stream=stream,
             reservation=reservation,
@@ -446,6 +466,7 @@ class Admitter:
             first_byte_timeout_s=first_byte_timeout(self.settings, place.slot),
             pending=place.pending,
             resume=resume,
+            upstream_for_slot=upstream_for if place.pending is not None else None,
         )
 
     def _resumable(self, document: dict[str, Any] | None, path: str, *, stream: bool) -> ResumableStream | None:
@@ -458,10 +479,21 @@ class Admitter:
         bound = output_bound(document, path, context_length=context_length, ceiling=self.settings.max_tokens_ceiling)
         return resumable(document, path, stream=stream, bound=bound, settings=self.settings.stream_resume)
 
-    def _engine_priority(self, record: KeyRecord) -> int | None:
-        """vLLM's `priority` (lower runs first) from the key's tier, when the stack enables it."""
+    def _engine_priority(self, record: KeyRecord, slot: QueueTicket | None) -> int | None:
+        """vLLM's `priority` (lower runs first), when the stack enables it: the key's tier, then its
+        tenant's share of the model when it took `slot` (serving.gateway.capacity.engine_priority).
+        Without a known share (no queue for the model, Redis down in fail mode local, an admission
+        learned late) the tier's last band: an unknown share never goes first."""
         policy = self.settings.queue
-        return policy.rank(record.tier) if policy.engine_priority else None
+        if not policy.engine_priority:
+            return None
+        rank = policy.rank(record.tier)
+        share = slot.share if slot is not None else None
+        if share is None:
+            return unknown_share_priority(rank)
+        return engine_priority(
+            rank, share.held, share.capacity, share.holders, weight=record.weight or 1.0, weights=share.weights
+        )
 
 
 def upstream_request(
@@ -475,7 +507,7 @@ def upstream_request(
     """The body to send upstream (the same object when unchanged): streams always ask for usage
     in every chunk (so even a cut stream can be billed what it used), a completion without
     max_tokens gets the one its output bound needs (serving.gateway.metering.output_bound), and `priority`
-    (the key's tier rank, for vLLM's priority scheduling) is set by the gateway alone: the body
+    (from the key's tier and its tenant's share, for vLLM's priority scheduling) is set by the gateway alone: the body
     allowlist refuses one sent by a client (serving.gateway.admission.body)."""
     if document is None or path not in COMPLETION_PATHS:
         return document

@@ -173,7 +173,9 @@ class QueueStage:
         if self.queue is None or not self.queue.manages(model):
             return None
         assert model is not None
-        return self.queue.try_slot(model, record.tenant, tier=self.settings.queue.tier(record.tier).name)
+        return self.queue.try_slot(
+            model, record.tenant, tier=self.settings.queue.tier(record.tier).name, weight=record.weight or 1.0
+        )
 
     async def place(
         self,

@@ -10,6 +10,12 @@ each chunk came back. Local to one gateway process, synchronous and O(1) per chu
 The first chunk's delay is the TTFT sample, each later gap an ITL sample. The TTFT counts from
 the moment the request goes upstream, after any wait in the gateway's queue: the capacity is
 about what the engine does with what it was given; the queue's wait is the fair queue's.
+
+A stream resumed on another replica (serving.gateway.upstream.resuming_relay) calls `resumed()`
+when its continuation goes out: the delay to the continuation's first chunk (noticing the break,
+then the new replica's prefill of prompt and answer so far) is neither: counted as an ITL, one
+dying replica's streams would look like an engine far over its latency target and cut the
+capacity of the healthy ones. The continuation's later gaps are ITL samples like any.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class StreamTimer:
 
     def __init__(self, samples: _ModelSamples | None, started: float) -> None:
         self._samples, self._last, self._first = samples, started, True
+        self._resuming = False  # the next chunk is a continuation's first: not a sample
         if samples is not None:
             samples.in_flight += 1
             samples.peak = max(samples.peak, samples.in_flight)
@@ -53,9 +60,15 @@ class StreamTimer:
     def chunk(self, now: float) -> None:
         if self._samples is None:
             return
-        gap_ms = max(0.0, (now - self._last) * 1000)
-        (self._samples.ttft if self._first else self._samples.itl).add(gap_ms)
-        self._first, self._last = False, now
+        if not self._resuming:
+            gap_ms = max(0.0, (now - self._last) * 1000)
+            (self._samples.ttft if self._first else self._samples.itl).add(gap_ms)
+        self._first, self._last, self._resuming = False, now, False
+
+    def resumed(self) -> None:
+        """The upstream stream broke and a continuation is on its way to another replica: its first
+        chunk counts as no sample (module docstring); gaps after it count as ITL."""
+        self._resuming = True
 
     def end(self) -> None:
         if self._samples is not None:

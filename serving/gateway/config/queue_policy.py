@@ -80,8 +80,9 @@ class QueuePolicy(StrictModel):
     )
     engine_priority: bool = Field(
         default=False,
-        description="Also pass each request's tier to vLLM as its `priority` (vLLM's scheduling_policy: "
-        "priority), so earlier tiers are scheduled first inside the engine too.",
+        description="Also pass each request a `priority` to vLLM (vLLM's scheduling_policy: priority): its "
+        "tier first, then whether its tenant holds more than its weighted share of the model, so earlier "
+        "tiers, and within a tier tenants under their share, are scheduled first inside the engine too.",
     )
     live_replicas: bool = Field(
         default=False,

@@ -143,10 +143,11 @@ class Gateway:
         with its response open (`queued_slot` its slot, maybe None) has sent its headers already,
         and gets a cold model's first-byte timeout."""
         queued = admission.pending is not None
+        body, resume = admission.upstream(queued_slot) if queued else (admission.body, admission.resume)
         return await self.proxy.forward(
             request,
             route,
-            admission.body,
+            body,
             meter=admission.meter,
             settle=admission.settle,
             extra_headers={} if queued else admission.headers,
@@ -156,7 +157,7 @@ class Gateway:
             if queued
             else admission.first_byte_timeout_s,
             held=held,
-            resume=admission.resume,
+            resume=resume,
         )
 
 

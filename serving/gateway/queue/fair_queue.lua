@@ -4,14 +4,16 @@
 --   1 state    hash: vt<rank> (virtual time of each tier), svc_us (EWMA of slot hold time), seq
 --   2 inflight zset: slot id -> lease expiry (us); ZCARD = requests in flight
 --   3 leases   zset: waiter id -> lease expiry (us), for waiters not yet admitted
---   4 waiters  hash: waiter id -> "<Q|S>|<rank>|<owner>|<start>|<finish>|<tenant>" (Q queued, S pushed out)
+--   4 waiters  hash: waiter id -> "<Q|S>|<rank>|<owner>|<start>|<finish>|w<weight>|<tenant>" (Q queued, S pushed out)
 --   5 tenants  hash: "<rank>|<tenant>" -> "<finish>|<queued>|<served finish>"
 --   6 replicas string: live replica count (absent: unknown)
 --   7 slots    hash: in-flight slot id -> its tenant
 --   8 holders  hash: tenant -> how many slots it holds (tenants holding none are absent)
 --   9 capacity hash: slots = the model's adapted capacity per replica (serving/gateway/capacity/
 --            capacity.lua writes it; absent: the model is not adaptive, or not measured yet)
---   10.. queue zsets, one per tier, highest priority first: waiter id -> start tag
+--   10 weights hash: tenant -> the weight of its latest slot (only tenants holding slots), for
+--            the engine priority's weighted share (serving/gateway/capacity/engine_priority.py)
+--   11.. queue zsets, one per tier, highest priority first: waiter id -> start tag
 -- ARGV: op, default replicas, per-replica capacity, lease (us), wake channel prefix, each tier's
 -- capacity share (comma-separated, non-increasing), reserve share, then per op.
 --
@@ -27,8 +29,8 @@ local shares = {}
 for share in string.gmatch(ARGV[6], '[^,]+') do shares[#shares + 1] = tonumber(share) end
 local reserve_share = tonumber(ARGV[7])
 local STATE, INFLIGHT, LEASES, WAITERS, TENANTS, REPLICAS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local SLOTS, HOLDERS, ADAPTED = KEYS[7], KEYS[8], KEYS[9]
-local FIRST_QUEUE = 10
+local SLOTS, HOLDERS, ADAPTED, WEIGHTS = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local FIRST_QUEUE = 11
 local TIERS = #KEYS - FIRST_QUEUE + 1
 local KEEP_S = 86400  -- idle models' keys vanish after a day
 local t = redis.call('TIME')
@@ -78,10 +80,24 @@ local function has_room(count, cap, rank, tenant)
   return not only_reserve_left(count, cap) or not over_share(tenant, cap)
 end
 
-local function hold(id, tenant)
+local function hold(id, tenant, weight)
   redis.call('ZADD', INFLIGHT, int(now + lease), id)
   redis.call('HSET', SLOTS, id, tenant)
   redis.call('HINCRBY', HOLDERS, tenant, 1)
+  redis.call('HSET', WEIGHTS, tenant, tag(weight))
+end
+
+-- What the engine priority reads of a tenant that just took a slot: the slots it holds (this one
+-- included), how many tenants hold slots, and the sum of their weights (a string: Redis would cut
+-- a Lua float to an integer). Summed over HOLDERS, each tenant's weight read from WEIGHTS (1 when
+-- absent), so an entry a previous version's script left behind is never counted.
+local function share_of(tenant)
+  local holding = redis.call('HKEYS', HOLDERS)
+  local total = 0
+  if #holding > 0 then
+    for _, w in ipairs(redis.call('HMGET', WEIGHTS, unpack(holding))) do total = total + (tonumber(w) or 1) end
+  end
+  return tonumber(redis.call('HGET', HOLDERS, tenant) or '0'), #holding, tag(total)
 end
 
 -- After `id` left INFLIGHT (released or its lease expired).
@@ -89,7 +105,10 @@ local function unhold(id)
   local tenant = redis.call('HGET', SLOTS, id)
   if not tenant then return end
   redis.call('HDEL', SLOTS, id)
-  if redis.call('HINCRBY', HOLDERS, tenant, -1) <= 0 then redis.call('HDEL', HOLDERS, tenant) end
+  if redis.call('HINCRBY', HOLDERS, tenant, -1) <= 0 then
+    redis.call('HDEL', HOLDERS, tenant)
+    redis.call('HDEL', WEIGHTS, tenant)
+  end
 end
 
 local function vt_of(rank) return tonumber(redis.call('HGET', STATE, 'vt' .. rank) or '0') end
@@ -116,9 +135,14 @@ local function tenant_put(rank, tenant, finish, queued, served)
   end
 end
 
+-- A record without the weight field (written before it existed, by a replica of the previous
+-- version during a rolling update) reads as weight 1.
 local function parse(rec)
-  local s, r, o, st, f, tn = string.match(rec, '^(%a)|(%d+)|([^|]*)|([^|]+)|([^|]+)|(.*)$')
-  return s, tonumber(r), o, tonumber(st), tonumber(f), tn
+  local s, r, o, st, f, w, tn = string.match(rec, '^(%a)|(%d+)|([^|]*)|([^|]+)|([^|]+)|w([^|]+)|(.*)$')
+  if not s then
+    s, r, o, st, f, tn = string.match(rec, '^(%a)|(%d+)|([^|]*)|([^|]+)|([^|]+)|(.*)$')
+  end
+  return s, tonumber(r), o, tonumber(st), tonumber(f), tn, tonumber(w) or 1
 end
 
 -- A queued waiter leaves without being served (timed out, cancelled, owner dead, pushed out).
@@ -134,9 +158,15 @@ local function unqueue(id, rank, tenant)
 end
 
 -- The message says the live replica count too (-1: unknown): a request admitted while the
--- model has no replica must wait for a cold start upstream.
-local function wake(owner, token, state, live)
-  redis.call('PUBLISH', channel .. owner, token .. '|' .. state .. '|' .. live)
+-- model has no replica must wait for a cold start upstream; an admission ('A') also says the
+-- tenant's share (share_of), from which the gateway sets the request's engine priority.
+local function wake(owner, token, state, live, tenant, cap)
+  local message = token .. '|' .. state .. '|' .. live
+  if tenant then
+    local held, holders, weights = share_of(tenant)
+    message = message .. '|' .. held .. '|' .. holders .. '|' .. weights .. '|' .. cap
+  end
+  redis.call('PUBLISH', channel .. owner, message)
 end
 
 local function token_of(id) return string.match(id, ':(.*)$') end
@@ -189,7 +219,7 @@ local function promote(cap, live)
     redis.call('ZREM', queue_key(rank), id)
     local rec = redis.call('HGET', WAITERS, id)
     if rec then
-      local _, _, owner, start, finish, tenant = parse(rec)
+      local _, _, owner, start, finish, tenant, weight = parse(rec)
       if start > vt_of(rank) then
         redis.call('HSET', STATE, 'vt' .. rank, tag(start))
         keep()
@@ -198,8 +228,8 @@ local function promote(cap, live)
       tenant_put(rank, tenant, tf, math.max(0, queued - 1), finish)
       redis.call('HDEL', WAITERS, id)
       redis.call('ZREM', LEASES, id)
-      hold(id, tenant)
-      wake(owner, token_of(id), 'A', live)
+      hold(id, tenant, weight)
+      wake(owner, token_of(id), 'A', live, tenant, cap)
       count = count + 1
     end
   end
@@ -214,36 +244,39 @@ end
 
 local function service_us() return tonumber(redis.call('HGET', STATE, 'svc_us') or '-1') end
 
--- A free slot for `token` if there is one: {'A', ...} (held), else nil. Room after promoting
--- means no waiter of this or a higher tier that this slot could go to (any left hold their
--- share and only the reserve is free): admit at once. A token already in flight (a `try` that
--- took the slot but whose answer was lost) is admitted again, without a second slot.
-local function take_free(token, rank, tenant, cap, live)
+-- A free slot for `token` if there is one: {'A', token, 0, cap, live, service, held, holders,
+-- weights} (share_of), else nil. Room after promoting means no waiter of this or a higher tier
+-- that this slot could go to (any left hold their share and only the reserve is free): admit at
+-- once. A token already in flight (a `try` that took the slot but whose answer was lost) is
+-- admitted again, without a second slot.
+local function take_free(token, rank, tenant, weight, cap, live)
   local count = promote(cap, live)
   if not redis.call('ZSCORE', INFLIGHT, token) then
     if not has_room(count, cap, rank, tenant) then return nil end
-    hold(token, tenant)
+    hold(token, tenant, weight)
   end
-  return {'A', token, 0, cap, live, int(service_us())}
+  local held, holders, weights = share_of(tenant)
+  return {'A', token, 0, cap, live, int(service_us()), held, holders, weights}
 end
 
 if op == 'try' then
-  -- ARGV[8] token, [9] rank, [10] tenant. Admit exactly as `admit` would when a slot is free;
+  -- ARGV[8] token, [9] rank, [10] tenant, [11] weight. Admit exactly as `admit` would when a slot is free;
   -- otherwise answer busy ('B') and change nothing else: no place in the queue, no waiter
   -- pushed out, no tenant tag moved. Sent alongside the limiter's admit, before its verdict is
   -- known: the caller releases the slot if the limiter refuses, and queues with `admit` after.
-  local token, rank, tenant = ARGV[8], tonumber(ARGV[9]), ARGV[10]
+  local token, rank, tenant, weight = ARGV[8], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
   reclaim()
   local cap, live = capacity()
-  return take_free(token, rank, tenant, cap, live) or {'B', '', 0, cap, live, int(service_us())}
+  return take_free(token, rank, tenant, weight, cap, live) or {'B', '', 0, cap, live, int(service_us())}
 
 elseif op == 'admit' then
-  -- ARGV[8] token, [9] rank, [10] tenant, [11] cost / weight, [12] owner, [13] max queue length
+  -- ARGV[8] token, [9] rank, [10] tenant, [11] cost / weight, [12] owner, [13] max queue length,
+  -- [14] weight
   local token, rank, tenant = ARGV[8], tonumber(ARGV[9]), ARGV[10]
-  local size, owner, max_len = tonumber(ARGV[11]), ARGV[12], tonumber(ARGV[13])
+  local size, owner, max_len, weight = tonumber(ARGV[11]), ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
   reclaim()
   local cap, live = capacity()
-  local taken = take_free(token, rank, tenant, cap, live)
+  local taken = take_free(token, rank, tenant, weight, cap, live)
   if taken then return taken end
   local finish, queued, served = tenant_get(rank, tenant)
   local start = math.max(vt_of(rank), finish)
@@ -258,10 +291,10 @@ elseif op == 'admit' then
     local victim = last[1]
     local rec = redis.call('HGET', WAITERS, victim)
     if rec then
-      local _, vrank, vowner, vstart, vfinish, vtenant = parse(rec)
+      local _, vrank, vowner, vstart, vfinish, vtenant, vweight = parse(rec)
       unqueue(victim, vrank, vtenant)
       redis.call('HSET', WAITERS, victim, 'S|' .. vrank .. '|' .. vowner .. '|' .. tag(vstart) .. '|' ..
-        tag(vfinish) .. '|' .. vtenant)
+        tag(vfinish) .. '|w' .. tag(vweight) .. '|' .. vtenant)
       wake(vowner, token_of(victim), 'S', live)
     else
       redis.call('ZREM', q, victim)
@@ -273,7 +306,8 @@ elseif op == 'admit' then
   local ahead = waiting_ahead(rank, start)
   local fin = start + size
   redis.call('ZADD', q, tag(start), id)
-  redis.call('HSET', WAITERS, id, 'Q|' .. rank .. '|' .. owner .. '|' .. tag(start) .. '|' .. tag(fin) .. '|' .. tenant)
+  redis.call('HSET', WAITERS, id, 'Q|' .. rank .. '|' .. owner .. '|' .. tag(start) .. '|' .. tag(fin) .. '|' ..
+    'w' .. tag(weight) .. '|' .. tenant)
   redis.call('ZADD', LEASES, int(now + lease), id)
   tenant_put(rank, tenant, fin, queued + 1, served)
   keep()

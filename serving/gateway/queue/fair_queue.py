@@ -79,6 +79,7 @@ class QueueKeys(NamedTuple):
     slots: str
     holders: str
     capacity: str  # the adapted capacity per replica (serving.gateway.capacity.store), when the model has one
+    weights: str  # tenant -> weight, of the tenants holding slots (the engine priority's weighted share)
     queues: tuple[str, ...]  # one per tier, highest priority first
 
     def script_keys(self) -> list[str]:
@@ -101,8 +102,24 @@ def queue_keys(model: str, tiers: int, *, adaptive: bool = False) -> QueueKeys:
         f"{tag}:slots",
         f"{tag}:holders",
         capacity_key(model) if adaptive else f"{tag}:fixed",
+        f"{tag}:weights",
         tuple(f"{tag}:q{rank}" for rank in range(tiers)),
     )
+
+
+@dataclass(frozen=True)
+class TenantShare:
+    """What the model's slots looked like the moment a tenant took one (fair_queue.lua `share_of`):
+    what the engine priority (serving.gateway.capacity.engine_priority) is derived from."""
+
+    held: int  # slots the tenant holds, this one included
+    holders: int  # tenants holding slots of the model
+    weights: float  # the sum of those tenants' weights
+    capacity: int  # the model's capacity across its replicas
+
+
+def _share(held: Any, holders: Any, weights: Any, capacity_: Any) -> TenantShare:
+    return TenantShare(int(held), int(holders), float(_text(weights)), int(capacity_))
 
 
 class QueueRefused(Exception):
@@ -130,6 +147,8 @@ class QueueTicket:
     _queue: FairQueue = field(repr=False)
     _admitted_at: float = field(repr=False)
     released: bool = False
+    # The tenant's share when it took the slot (None: learned late, by a renew or cancel).
+    share: TenantShare | None = None
 
     async def release(self) -> None:
         call = self.release_call()
@@ -181,10 +200,19 @@ async def _shielded(coroutine: Awaitable[Any]) -> None:
     await asyncio.shield(asyncio.ensure_future(coroutine))
 
 
+class _Outcome(NamedTuple):
+    """How a wait was decided: the state, the live replicas then, and on admission by a wake-up the
+    tenant's share."""
+
+    state: str
+    live: int | None
+    share: TenantShare | None = None
+
+
 @dataclass
 class _Waiter:
     model: str
-    future: asyncio.Future[tuple[str, int | None]]  # (state, live replicas when it was decided)
+    future: asyncio.Future[_Outcome]
     waiter_id: str | None = None  # known once the admit script answered
 
 
@@ -294,7 +322,7 @@ class FairQueue:
         finally:
             await ticket.release()
 
-    def try_slot(self, model: str, tenant: str, *, tier: str | None = None) -> SlotTry:
+    def try_slot(self, model: str, tenant: str, *, tier: str | None = None, weight: float = 1.0) -> SlotTry:
         """A free slot of `model` for `tenant` if one is free, taken by the same rule as `acquire`
         takes one at once, else nothing: it never queues, never pushes a waiter out. Its call is
         for another client to send in its own round trip (the limiter's admit does); then
@@ -303,7 +331,11 @@ class FairQueue:
         rank = self.policy.rank(tier)
         token = uuid.uuid4().hex
         return SlotTry(
-            model, tenant, self.policy.tiers[rank].name, token, self._script_call(model, "try", token, rank, tenant)
+            model,
+            tenant,
+            self.policy.tiers[rank].name,
+            token,
+            self._script_call(model, "try", token, rank, tenant, repr(float(weight))),
         )
 
     def tried(self, attempt: SlotTry) -> QueueTicket | None:
@@ -311,9 +343,18 @@ class FairQueue:
         call = attempt.call
         if not call.sent or isinstance(call.result, Exception) or _text(call.result[0]) != "A":
             return None
-        cold = may_be_cold(_live(call.result[4]), self.models[attempt.model])
+        result = call.result
+        cold = may_be_cold(_live(result[4]), self.models[attempt.model])
+        share = _share(result[6], result[7], result[8], result[3])
         return self._ticket(
-            attempt.model, attempt.tenant, attempt.tier, attempt.token, 0.0, cold, asyncio.get_running_loop().time()
+            attempt.model,
+            attempt.tenant,
+            attempt.tier,
+            attempt.token,
+            0.0,
+            cold,
+            asyncio.get_running_loop().time(),
+            share,
         )
 
     async def forget_try(self, attempt: SlotTry) -> None:
@@ -359,6 +400,7 @@ class FairQueue:
                 repr(tag_increment(cost, weight)),
                 self.owner,
                 tier_.max_queue_length,
+                repr(float(weight)),
             )
         except BaseException:
             self._waiting.pop(token, None)
@@ -368,7 +410,8 @@ class FairQueue:
         cold = may_be_cold(live, config)
         if state == "A":
             self._waiting.pop(token, None)
-            return self._ticket(model, tenant, tier_.name, token, 0.0, cold, loop.time())
+            taken = _share(reply[6], reply[7], reply[8], capacity_)
+            return self._ticket(model, tenant, tier_.name, token, 0.0, cold, loop.time(), taken)
         if state == "R":
             self._waiting.pop(token, None)
             raise QueueRefused(
@@ -386,7 +429,7 @@ class FairQueue:
         budget = wait_budget_s(tier_.queue_timeout_s, cold, config.cold_start_timeout_s)
         until = started + budget if deadline is None else min(deadline, started + budget)
         try:
-            outcome, live = await self._wait(waiter, until, started, on_wait)
+            outcome, live, share = await self._wait(waiter, until, started, on_wait)
             details = None
             if outcome == "T":
                 outcome, details = await self._give_up(waiter)
@@ -398,7 +441,7 @@ class FairQueue:
         now = loop.time()
         if outcome == "A":
             return self._ticket(
-                model, tenant, tier_.name, waiter.waiter_id, now - started, may_be_cold(live, config), now
+                model, tenant, tier_.name, waiter.waiter_id, now - started, may_be_cold(live, config), now, share
             )
         if outcome == "C" and details is not None:
             remaining, capacity_, service, ahead = details
@@ -426,17 +469,15 @@ class FairQueue:
             )
         )
 
-    async def _wait(
-        self, waiter: _Waiter, until: float, started: float, on_wait: WaitHook | None
-    ) -> tuple[str, int | None]:
-        """'A' admitted, 'S' pushed out, 'G' lost, or 'T' when `until` passed first; and the live
-        replica count when it was decided."""
+    async def _wait(self, waiter: _Waiter, until: float, started: float, on_wait: WaitHook | None) -> _Outcome:
+        """'A' admitted, 'S' pushed out, 'G' lost, or 'T' when `until` passed first; with the live
+        replica count when it was decided, and the tenant's share when a wake-up said it."""
         loop = asyncio.get_running_loop()
         keepalive = self.policy.keepalive_s
         while True:
             remaining = until - loop.time()
             if remaining <= 0:
-                return "T", None
+                return _Outcome("T", None)
             step = min(remaining, keepalive) if on_wait is not None else remaining
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter.future), step)
@@ -462,7 +503,15 @@ class FairQueue:
             await self._release_id(waiter.model, waiter.waiter_id, None)
 
     def _ticket(
-        self, model: str, tenant: str, tier: str, slot_id: str, wait_s: float, cold: bool, admitted_at: float
+        self,
+        model: str,
+        tenant: str,
+        tier: str,
+        slot_id: str,
+        wait_s: float,
+        cold: bool,
+        admitted_at: float,
+        share: TenantShare | None = None,
     ) -> QueueTicket:
         self._held.setdefault(model, set()).add(slot_id)
         return QueueTicket(
@@ -472,6 +521,7 @@ class FairQueue:
             slot_id=slot_id,
             wait_s=wait_s,
             cold=cold,
+            share=share,
             _queue=self,
             _admitted_at=admitted_at,
         )
@@ -548,10 +598,10 @@ class FairQueue:
 
     # --- background: wake-ups and leases -----------------------------------------------------
 
-    def _resolve(self, token: str, state: str, live: int | None) -> None:
+    def _resolve(self, token: str, state: str, live: int | None, share: TenantShare | None = None) -> None:
         waiter = self._waiting.get(token)
         if waiter is not None and not waiter.future.done():
-            waiter.future.set_result((state, live))
+            waiter.future.set_result(_Outcome(state, live, share))
 
     async def _listen(self) -> None:
         from redis.exceptions import RedisError
@@ -570,8 +620,8 @@ class FairQueue:
                 self._pubsub = self._listener_redis.pubsub(ignore_subscribe_messages=True)
                 continue
             if message and message.get("type") == "message":
-                token, state, live = _text(message["data"]).split("|")
-                self._resolve(token, state, _live(live))
+                token, state, live, *share = _text(message["data"]).split("|")
+                self._resolve(token, state, _live(live), _share(*share) if len(share) == 4 else None)
 
     async def _heartbeat(self) -> None:
         while True:

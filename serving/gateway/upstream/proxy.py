@@ -154,7 +154,7 @@ class UpstreamStream(Response):
         deadline: float,
         metrics: GatewayMetrics,
         timer: StreamTimer | None = None,
-        resume: Callable[[Callable[[], bool]], ResumingRelay] | None = None,
+        resume: Callable[[Callable[[], bool], StreamTimer], ResumingRelay] | None = None,
     ) -> None:
         meter.status = upstream.status
         super().__init__(status_code=upstream.status)
@@ -171,7 +171,7 @@ class UpstreamStream(Response):
         self._client_gone = False
         self._timer = timer or StreamTimer(None, 0.0)  # TTFT and ITL for the adaptive capacity
         # A resumable stream's continuation of a broken upstream (serving.gateway.upstream.resuming_relay).
-        self._resuming = None if resume is None else resume(lambda: self._client_gone)
+        self._resuming = None if resume is None else resume(lambda: self._client_gone, self._timer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

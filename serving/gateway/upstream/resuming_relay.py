@@ -26,6 +26,7 @@ import orjson
 from starlette.types import Send
 from yarl import URL
 
+from serving.gateway.capacity.recorder import StreamTimer
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.resume.continuation import Continuation
 from serving.gateway.resume.ending import StreamEnd, cut_of
@@ -54,8 +55,9 @@ def resuming_relay(
     metrics: GatewayMetrics,
     model: str | None,
     deadline: float,
-) -> Callable[[Callable[[], bool]], ResumingRelay]:
-    """What `UpstreamStream` builds its `ResumingRelay` with, given how it tells the client is gone:
+) -> Callable[[Callable[[], bool], StreamTimer], ResumingRelay]:
+    """What `UpstreamStream` builds its `ResumingRelay` with, given how it tells the client is gone
+    and the stream's latency timer (the adaptive capacity's: continuations are timed, their gaps not):
     continuations go to the model's application (`base_url`, its route prefix) with the first
     request's headers and timeouts (`options`), through the same pooled session (`request`)."""
     sent_headers = [(name, value) for name, value in headers if name != "content-type"]
@@ -71,7 +73,7 @@ def resuming_relay(
             **options,
         )
 
-    def build(client_gone: Callable[[], bool]) -> ResumingRelay:
+    def build(client_gone: Callable[[], bool], timer: StreamTimer) -> ResumingRelay:
         return ResumingRelay(
             resume,
             post=post,
@@ -81,6 +83,7 @@ def resuming_relay(
             model=model,
             deadline=deadline,
             client_gone=client_gone,
+            timer=timer,
         )
 
     return build
@@ -102,8 +105,10 @@ class ResumingRelay:
         model: str | None,
         deadline: float,
         client_gone: Callable[[], bool],
+        timer: StreamTimer | None = None,
     ) -> None:
         self._resume, self._post, self._meter, self._settle = resume, post, meter, settle
+        self._timer = timer or StreamTimer(None, 0.0)
         self._metrics, self._model = metrics, metrics.model_label(model)
         self._deadline, self._client_gone = deadline, client_gone
         self._cut_at: float | None = None  # when the stream broke, until the client's next bytes
@@ -174,6 +179,7 @@ class ResumingRelay:
     async def _continue(self, continuation: Continuation, send: Send) -> StreamEnd | None:
         """Relay one continuation's stream, spliced; None when it ended with its [DONE], else how it stopped."""
         splice = Splice(self._resume.recorder.snapshot(), continuation, self._resume.path)
+        self._timer.resumed()  # the wait for its first tokens is the break's, not the engine's load
         try:
             upstream = await self._post(continuation.path, continuation.body)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -217,6 +223,8 @@ class ResumingRelay:
                         continue  # not an event vLLM sends: nothing the client could use
                     if isinstance(parsed, dict):
                         out += [self._meter.feed(sse(rewritten)) for rewritten in splice.rewrite(parsed)]
+            if any(out) and self._meter.usage is None:  # tokens, not the final usage (as the relay times them)
+                self._timer.chunk(time.monotonic())
             if not await self._send(b"".join(out), send):
                 return None
 

@@ -41,3 +41,22 @@ def test_vllm_accepts_every_priority_the_gateway_derives():
             {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "priority": priority}
         )
         assert request.priority == priority
+
+
+def test_vllms_priority_queue_serves_the_tenant_under_its_share_first():
+    # The pinned vLLM's own waiting queue (what `scheduling_policy: priority` makes the scheduler
+    # use) pops the lower priority first, whatever arrived first: a tenant over its share that
+    # came first waits behind one under its share, and a higher tier beats both.
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+    from vllm.v1.request import Request
+
+    over = engine_priority(1, held=48, capacity=64, holders=4)
+    under = engine_priority(1, held=3, capacity=64, holders=4)
+    higher_tier = engine_priority(0, held=64, capacity=64, holders=1)
+    queue = create_request_queue(SchedulingPolicy.PRIORITY)
+    for arrival, (name, priority) in enumerate([("over", over), ("under", under), ("higher tier", higher_tier)]):
+        queue.add_request(
+            Request(name, [1, 2, 3], SamplingParams(max_tokens=1), None, arrival_time=float(arrival), priority=priority)
+        )
+    assert [queue.pop_request().request_id for _ in range(3)] == ["higher tier", "under", "over"]

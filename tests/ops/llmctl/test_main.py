@@ -34,6 +34,22 @@ def test_plan_table_shows_cost():
     assert "llama-3-1-8b" in result.stdout and "$" in result.stdout and "plan ok" in result.stdout
 
 
+def test_plan_shows_each_models_latency_target_stated_or_derived():
+    stated = json.loads(llmctl("plan", "--stack", "local", "--json").stdout)["latency_targets"]
+    assert stated["tiny-chat"] == {  # Pulumi.local.yaml states it
+        "ttft_ms": 300.0,
+        "itl_ms": 80.0,
+        "percentile": 90.0,
+        "adaptive": True,
+        "min_slots": 2,
+        "max_slots": 64,
+    }
+    derived = json.loads(llmctl("plan", "--stack", "dev", "--json").stdout)["latency_targets"]
+    assert derived and all(t["ttft_ms"] == 8 * t["itl_ms"] and t["itl_ms"] >= 50 for t in derived.values())
+    table = llmctl("plan", "--stack", "local").stdout
+    assert "latency targets" in table and "300 ms" in table and "80 ms" in table
+
+
 def test_bad_stack_file_exits_2_with_message_not_traceback(tmp_path):
     path = write_stack(
         tmp_path, "bad", stack_document(node_groups=[{"name": "l4", "kind": "gpu", "gpu_class": "T4", "max_size": 1}])

@@ -9,6 +9,7 @@ The cut stream comes from the vLLM-like upstream (tests/support/vllm_upstream.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,8 @@ import openai
 import pytest
 import redis
 
-from serving.gateway.auth.keys import create_key_sync
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
+from serving.gateway.capacity.engine_priority import SHARE_BANDS
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.limits.tenants import counter_keys, tenant_daily_key
 from serving.gateway.queue.fair_queue import queue_keys
@@ -54,11 +56,13 @@ def queued_gateway(
     min_replicas: int = 1,
     keepalive_s: float = 10,
     queue_timeout_s: float = HANG_BOUND_S,
+    engine_priority: bool = False,
     **overrides,
 ):
     policy = QueuePolicy(
         tiers=[QueueTier(name="standard", max_queue_length=max_queue_length, queue_timeout_s=queue_timeout_s)],
         keepalive_s=keepalive_s,
+        engine_priority=engine_priority,
     )
     queue = ModelQueue(max_ongoing_requests=capacity, min_replicas=min_replicas, cold_start_timeout_s=HANG_BOUND_S)
     settings = gateway_settings(
@@ -73,8 +77,22 @@ def queued_gateway(
     return serving_gateway(settings)
 
 
-def key_for(redis_url: str, tenant: str) -> str:
-    return create_key_sync(redis_url, tenant, "queue-test", limits=GENEROUS)
+def key_for(redis_url: str, tenant: str, **fields) -> str:
+    """A key with generous limits; `fields` (tier, weight) set on its record."""
+    key = create_key_sync(redis_url, tenant, "queue-test", limits=GENEROUS)
+    if fields:
+
+        async def update() -> None:
+            store = RedisKeyStore(redis_url)
+            try:
+                record = await store.verify(key)
+                assert record is not None
+                await store.update(record.key_id, **fields)
+            finally:
+                await store.aclose()
+
+        asyncio.run(update())
+    return key
 
 
 def chat(api: str, key: str, model: str, what: str, **extra) -> httpx.Response:
@@ -350,7 +368,8 @@ def test_the_engine_priority_is_the_keys_tier_and_never_the_clients(redis_server
     with start_gateway(queue=QueuePolicy(engine_priority=True)) as (api, _):
         served = chat(api, key, "tiny", "hello")
         assert served.status_code == 200
-        assert json.loads(recorded.seen[-1].body)["priority"] == 1
+        # Tier rank 1; the gateway queues no model here, so no share is known: the tier's last band.
+        assert json.loads(recorded.seen[-1].body)["priority"] == 1 * SHARE_BANDS + SHARE_BANDS - 1
         sent = len(recorded.seen)
         own = chat(api, key, "tiny", "hello", priority=-100)  # a tenant jumping the engine's queue
         assert own.status_code == 400 and len(recorded.seen) == sent
@@ -425,6 +444,30 @@ def test_a_waiting_stream_gets_keep_alives_then_its_answer_or_its_refusal(redis_
         eventually(lambda: redis_counts(redis_server.url, model) == (0, 0), "no slot or place left behind")
 
 
+def test_a_stream_that_waited_with_its_response_open_gets_the_priority_of_the_slot_it_got(redis_server, upstream):
+    # The stream's response began while it waited; its body upstream is built when its slot comes,
+    # from the share the fair queue answered then. Alone on one slot, each tenant holds twice its
+    # share (never more than half of the capacity): band 2. Built before the slot, the gateway
+    # would know no share and send the tier's last band, 3.
+    model = model_name()
+    first, second = key_for(redis_server.url, "first"), key_for(redis_server.url, "second")
+    with queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, engine_priority=True) as (
+        api,
+        _,
+    ):
+        with stream_request(api, first, model, directive(id=f"hold-{model}", pause_after=1)) as holder:
+            held = holder.iter_lines()
+            next(held)  # the holder has the model's only slot
+            with stream_request(api, second, model, "hello") as waiting:
+                lines = waiting.iter_lines()
+                assert next(lines).startswith(": queued")
+                holder.close()
+                rest = [line for line in lines if line and not line.startswith(":")]
+                assert rest[-1] == "data: [DONE]"
+    ours = [body for body in upstream.bodies if body.get("model") == model]
+    assert [body["priority"] for body in ours] == [2, 2]
+
+
 def test_the_openai_sdk_raises_a_refusal_that_comes_after_keep_alives(redis_server, upstream):
     model, key = model_name(), key_for(redis_server.url, "acme")
     gateway = queued_gateway(upstream, redis_server.url, model, capacity=1, keepalive_s=0.2, queue_timeout_s=1.0)
@@ -439,3 +482,36 @@ def test_the_openai_sdk_raises_a_refusal_that_comes_after_keep_alives(redis_serv
             with pytest.raises(openai.APIError) as refused:
                 list(stream)
             assert refused.value.body["code"] == "model_saturated"
+
+
+def test_the_engine_priority_puts_a_tenant_under_its_weighted_share_ahead_of_one_over_it(redis_server, fresh):
+    # Eight slots, held one request at a time so the fair queue's answer is known at each step;
+    # one tier (rank 0), so the priority is the band: 0 under the tenant's share, 1 up to twice it.
+    model = model_name()
+    heavy = key_for(redis_server.url, "heavy", weight=3.0)
+    keys = {"heavy": heavy, "b": key_for(redis_server.url, "b"), "c": key_for(redis_server.url, "c")}
+    sequence = ["c", "b", "b", "heavy", "heavy", "heavy", "heavy", "b"]
+    with (
+        queued_gateway(fresh, redis_server.url, model, capacity=8, engine_priority=True) as (api, _),
+        ThreadPoolExecutor(len(sequence)) as pool,
+    ):
+        held = []
+        for n, tenant in enumerate(sequence, start=1):
+            held.append(pool.submit(chat, api, keys[tenant], model, "hold", user=f"{tenant}-{n}"))
+            eventually(lambda n=n: fresh.running == n, f"request {n} reaches the upstream")
+        fresh.gate.set()
+        assert [f.result().status_code for f in held] == [200] * len(sequence)
+    # Shares of 8 slots by weight, never more than half: c, then b, hold less than theirs; heavy
+    # (weight 3 of 5: 4.8, capped at 4) is under its share with 3 and at it with 4, while b
+    # (weight 1 of 5: 1.6 slots) is over its share with 3. Unweighted, heavy's 3rd would be over
+    # (3 of 8 / 3 tenants = 2.7) and sent behind.
+    assert fresh.priorities == [
+        ("c-1", 0),
+        ("b-2", 0),
+        ("b-3", 0),
+        ("heavy-4", 0),
+        ("heavy-5", 0),
+        ("heavy-6", 0),
+        ("heavy-7", 1),
+        ("b-8", 1),
+    ]

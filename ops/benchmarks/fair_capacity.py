@@ -1,0 +1,425 @@
+"""Fairness where the contention is (issue 30, "Evidence"): on `make dev` (real Ray Serve, CPU vLLM,
+the real gateway and its Redis), the adaptive capacity on and off in one run.
+
+    python -m ops.benchmarks.fair_capacity [--phase-s 60] [--rounds 2] [--flood 48] \
+        [--out build/bench/fair_capacity.json]
+    python -m ops.benchmarks.fair_capacity --phase-s 15 --rounds 1 --flood 16   # a short check
+
+It writes a stack file beside Pulumi.local.yaml's: the same tiny chat model twice, `tiny-chat`
+with its latency target's adaptation on and `tiny-chat-fixed` with `adaptive: false` (capacity
+always max_ongoing_requests, 64: the "off" of the same run), and the gateway's
+`engine_priority` on (`--no-engine-priority` leaves it off). It starts that stack with
+`python -m ops.devstack` (make dev's runner, its own state folder and ports), creates a key per
+tenant in its Redis (standard tier; the weights below), and runs, each phase `--phase-s` long:
+
+- per model, alternating adaptive and fixed (`--rounds` times): `b_alone` (tenant B sends one
+  streamed request at a time) then `noisy` (tenant A keeps `--flood` streams in flight beside B).
+  Reported: B's TTFT p50/p99 in each, the ratio noisy / alone, A's output tokens/s, and every
+  request that failed (a status other than 200, an error event, a broken stream).
+- `jain` (adaptive model): four tenants of weights 1, 1, 2, 4, each keeping 32 streams in
+  flight (together twice the ceiling, so the fair queue decides): Jain's index of output
+  tokens/s per unit of weight (1: each got its weight's share).
+- `growth` (adaptive model): 16 streams in flight on /v1/completions whose prompts grow tenfold
+  halfway (about 40 to 400 tokens, within max_model_len 512 with the output): every
+  0.5 s the capacity per replica the gateway allows (Redis, capacity.lua's hash), and per 2 s
+  the TTFT p90 of the requests sent in it: the capacity trace.
+
+TTFT is the client's: from sending the request to its first content chunk, the gateway's queue
+wait included. Requests ask for exact output lengths (`ignore_eos`, `max_tokens`). Afterwards it
+stops the stack (SIGTERM to its runner, which stops Ray, the engines and Redis) and checks that
+none of the processes it started is left.
+
+Evidence, not a test: absolute figures are this machine's; the ratios within one run are the
+result, and only on a quiet machine (load average under ~2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.spec.stack_file import PROJECT_ROOT
+
+ADAPTIVE, FIXED = "tiny-chat", "tiny-chat-fixed"
+WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
+GENEROUS = {
+    "requests_per_minute": 10_000_000,
+    "tokens_per_minute": 1_000_000_000,
+    "daily_token_budget": 10**12,
+    "max_concurrent_requests": 10_000,
+}
+OUTPUT_TOKENS = 32
+# The growth phase's prompts, sent to /v1/completions (no chat template around them): "hello" is
+# 4 tokens of the tiny model's tokenizer (a short run read 160 prompt tokens for 40 words), so
+# about 40 and 400 tokens, 400 + 32 output within max_model_len 512.
+SHORT_WORDS, LONG_WORDS = 10, 100
+CHAT_WORDS = 30
+JAIN_STREAMS = 32  # per tenant: 4 x 32 is twice the ceiling (64), so every tenant stays backlogged
+
+
+def stack_text(local_text: str, *, engine_priority: bool) -> str:
+    """Pulumi.local.yaml with its second model replaced by a copy of the first that does not adapt."""
+    document = yaml.safe_load(local_text)
+    config = document["config"]
+    adaptive = next(m for m in config["llmstack:models"] if m["id"] == ADAPTIVE)
+    fixed = {**adaptive, "id": FIXED, "latency_target": {**adaptive["latency_target"], "adaptive": False}}
+    config["llmstack:models"] = [adaptive, fixed]
+    # Scheduling tokens, not cores: room for both models' replicas and their routers at once,
+    # as the end-to-end stack gives itself (tests/support/devstack.py).
+    for group in config["llmstack:node_groups"]:
+        group["cpus_per_node"] = max(8, group.get("cpus_per_node", 0))
+    gateway = config.setdefault("llmstack:gateway", {})
+    gateway["queue"] = {**gateway.get("queue", {}), "engine_priority": engine_priority}
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+# --- the stack: make dev's runner in its own session -------------------------------------------------
+
+
+class Stack:
+    def __init__(self, stack_file: Path) -> None:
+        from ops.harness.processes import free_port
+
+        self.state_dir = tempfile.mkdtemp(prefix="llmstack-faircap-")
+        env = {**os.environ, "LLMSTACK_STATE_DIR": self.state_dir}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ops.devstack", "--stack", str(stack_file), "--port", str(free_port())]
+            + ["--ready-json"],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.stderr: list[str] = []
+        threading.Thread(target=lambda: self.stderr.extend(self.process.stderr or ()), daemon=True).start()
+        self.ready = self._wait_ready()
+        from ops.devstack.lock import find_running_dev
+
+        dev = find_running_dev(Path(self.state_dir))
+        if dev is None or dev.redis_url is None:
+            raise RuntimeError("make dev is ready but its lock file names no Redis")
+        self.redis_url = dev.redis_url
+        import psutil
+
+        self.descendants = {p.pid for p in psutil.Process(self.process.pid).children(recursive=True)}
+
+    def _wait_ready(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{") and '"ready"' in line:
+                threading.Thread(target=lambda: [None for _ in self.process.stdout or ()], daemon=True).start()
+                return json.loads(line)
+        raise RuntimeError("ops.devstack exited before it was ready:\n" + "".join(self.stderr[-40:]))
+
+    def stop(self) -> list[int]:
+        """Stop the runner (it stops what it started); the pids still alive afterwards."""
+        import psutil
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        left = []
+        for pid in self.descendants:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+
+async def make_keys(redis_url: str, tenants: dict[str, float]) -> dict[str, str]:
+    """A key per tenant (standard tier, generous limits: only the queue decides), with its weight."""
+    from serving.gateway.auth.keys import RedisKeyStore
+
+    store = RedisKeyStore(redis_url)
+    keys = {}
+    try:
+        for tenant, weight in tenants.items():
+            key, record = await store.create(tenant, "bench", limits=GENEROUS)
+            if weight != 1.0:
+                await store.update(record.key_id, weight=weight)
+            keys[tenant] = key
+    finally:
+        await store.aclose()
+    return keys
+
+
+# --- load -------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def jain_index(values: list[float]) -> float:
+    """(sum x)^2 / (n sum x^2): 1 when all got the same, 1/n when one got everything."""
+    total, squares = sum(values), sum(v * v for v in values)
+    return 0.0 if squares == 0 else total * total / (len(values) * squares)
+
+
+class Load:
+    """Closed-loop streamed chat requests against the gateway; every outcome recorded."""
+
+    def __init__(self, base_url: str, keys: dict[str, str]) -> None:
+        import httpx
+
+        self.keys = keys
+        self.client = httpx.AsyncClient(
+            base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        )
+        self.records: list[dict[str, Any]] = []
+        self.words = CHAT_WORDS
+        self.completions = False  # the growth phase: /v1/completions, its prompt `words` long
+
+    async def one(self, tenant: str, model: str, phase: str, started: float) -> None:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        record: dict[str, Any] = {"tenant": tenant, "model": model, "phase": phase, "sent": sent - started}
+        text = " ".join(["hello"] * self.words)
+        body: dict[str, Any] = {
+            "model": model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": OUTPUT_TOKENS,
+            "ignore_eos": True,
+        }
+        if self.completions:
+            path, body["prompt"] = "/completions", text
+        else:
+            path, body["messages"] = "/chat/completions", [{"role": "user", "content": text}]
+        try:
+            async with self.client.stream(
+                "POST", path, json=body, headers={"authorization": f"Bearer {self.keys[tenant]}"}
+            ) as response:
+                record["status"] = response.status_code
+                record["queue_wait_ms"] = int(response.headers.get("x-queue-wait-ms", "0") or 0)
+                async for line in response.aiter_lines():
+                    if line.startswith("event: error"):
+                        record["error"] = "error event"
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line[len("data: ") :])
+                    if "error" in event:
+                        record["error"] = "error event"
+                    choices = event.get("choices") or []
+                    if any((c.get("delta") or {}).get("content") or c.get("text") for c in choices):
+                        record.setdefault("ttft", loop.time() - sent)
+                    if event.get("usage"):
+                        record["output_tokens"] = event["usage"].get("completion_tokens", 0)
+                        record["prompt_tokens"] = event["usage"].get("prompt_tokens", 0)
+        except (httpx.HTTPError, ValueError) as exc:  # a broken stream, a read timeout, a garbled event
+            record.setdefault("status", 0)
+            record["error"] = type(exc).__name__
+        record["done"] = loop.time() - started
+        self.records.append(record)
+
+    async def closed(self, tenant: str, model: str, phase: str, streams: int, until: float, started: float) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def caller() -> None:
+            while loop.time() < until:
+                await self.one(tenant, model, phase, started)
+
+        await asyncio.gather(*(caller() for _ in range(streams)))
+
+
+def summarize(records: list[dict[str, Any]], phase: str, tenant: str, seconds: float) -> dict[str, Any]:
+    mine = [r for r in records if r["phase"] == phase and r["tenant"] == tenant]
+    ok = [r for r in mine if r.get("status") == 200 and "error" not in r]
+    ttfts = [r["ttft"] for r in ok if "ttft" in r]
+    return {
+        "requests": len(mine),
+        "failed": len(mine) - len(ok),
+        "ttft_p50_ms": None if not ttfts else round(1000 * (percentile(ttfts, 50) or 0)),
+        "ttft_p99_ms": None if not ttfts else round(1000 * (percentile(ttfts, 99) or 0)),
+        "output_tokens_per_s": round(sum(r.get("output_tokens", 0) for r in ok) / seconds, 1),
+        "queue_wait_p50_ms": percentile([r.get("queue_wait_ms", 0) for r in ok], 50),
+        "failures": dict(Counter(f"{r.get('status')} {r.get('error', '')}".strip() for r in mine if r not in ok)),
+    }
+
+
+async def capacity_trace(redis_url: str, model: str, until: float, out: list[dict[str, Any]], started: float) -> None:
+    import redis.asyncio
+
+    from serving.gateway.capacity.store import capacity_key
+    from serving.gateway.queue.fair_queue import queue_keys
+
+    loop = asyncio.get_running_loop()
+    client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    keys = queue_keys(model, 3, adaptive=True)
+    try:
+        while loop.time() < until:
+            slots, move = await client.hmget(capacity_key(model), "slots", "move")
+            in_flight = await client.zcard(keys.inflight)
+            out.append({"t": round(loop.time() - started, 2), "slots": slots, "move": move, "in_flight": in_flight})
+            await asyncio.sleep(0.5)
+    finally:
+        await client.aclose()
+
+
+async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    keys = await make_keys(stack.redis_url, {"a": 1.0, "b": 1.0, **WEIGHTS, "g": 1.0})
+    load = Load(stack.ready["base_url"], keys)
+    loop = asyncio.get_running_loop()
+    started, phase_s = loop.time(), args.phase_s
+    results: dict[str, Any] = {"noisy": [], "jain": None, "growth": None}
+    try:
+        for model in (ADAPTIVE, FIXED):  # warm both engines (first requests compile and allocate)
+            await load.closed("b", model, "warmup", 2, loop.time() + 5, started)
+        for round_ in range(args.rounds):
+            for model in (ADAPTIVE, FIXED) if round_ % 2 == 0 else (FIXED, ADAPTIVE):
+                alone, noisy = f"b_alone:{model}:{round_}", f"noisy:{model}:{round_}"
+                await load.closed("b", model, alone, 1, loop.time() + phase_s, started)
+                until = loop.time() + phase_s
+                await asyncio.gather(
+                    load.closed("a", model, noisy, args.flood, until, started),
+                    load.closed("b", model, noisy, 1, until, started),
+                )
+                b_alone, b_noisy = (summarize(load.records, p, "b", phase_s) for p in (alone, noisy))
+                a_noisy = summarize(load.records, noisy, "a", phase_s)
+                results["noisy"].append(
+                    {
+                        "model": model,
+                        "adaptive": model == ADAPTIVE,
+                        "round": round_,
+                        "b_alone": b_alone,
+                        "b_noisy": b_noisy,
+                        "a_noisy": a_noisy,
+                        "b_p99_ratio": None
+                        if not (b_alone["ttft_p99_ms"] and b_noisy["ttft_p99_ms"])
+                        else round(b_noisy["ttft_p99_ms"] / b_alone["ttft_p99_ms"], 2),
+                    }
+                )
+                print(json.dumps(results["noisy"][-1]), flush=True)
+        until = loop.time() + phase_s
+        await asyncio.gather(*(load.closed(t, ADAPTIVE, "jain", JAIN_STREAMS, until, started) for t in WEIGHTS))
+        per_weight = {
+            t: summarize(load.records, "jain", t, phase_s)["output_tokens_per_s"] / w for t, w in WEIGHTS.items()
+        }
+        results["jain"] = {
+            "tokens_per_s_per_weight": per_weight,
+            "jain_index": round(jain_index(list(per_weight.values())), 3),
+            "failed": sum(summarize(load.records, "jain", t, phase_s)["failed"] for t in WEIGHTS),
+        }
+        print(json.dumps(results["jain"]), flush=True)
+        trace: list[dict[str, Any]] = []
+        load.completions, load.words = True, SHORT_WORDS
+        growth_started = loop.time()
+        until = growth_started + 2 * phase_s
+
+        async def grow() -> None:
+            await asyncio.sleep(phase_s)
+            load.words = LONG_WORDS  # the requests sent from now on
+
+        await asyncio.gather(
+            load.closed("g", ADAPTIVE, "growth", 16, until, started),
+            capacity_trace(stack.redis_url, ADAPTIVE, until, trace, started),
+            grow(),
+        )
+        results["growth"] = growth_summary(load.records, trace, growth_started - started, phase_s)
+        print(json.dumps({k: v for k, v in results["growth"].items() if k != "capacity"}), flush=True)
+    finally:
+        await load.client.aclose()
+    results["failed_total"] = sum(1 for r in load.records if r.get("status") != 200 or "error" in r)
+    return results
+
+
+def growth_summary(
+    records: list[dict[str, Any]], trace: list[dict[str, Any]], start: float, phase_s: float
+) -> dict[str, Any]:
+    """Per 2 s from the growth phase's start: capacity (last sample), TTFT p90 of requests sent in it."""
+    growth = [r for r in records if r["phase"] == "growth"]
+    rows = []
+    for edge in range(0, int(2 * phase_s), 2):
+        low, high = start + edge, start + edge + 2
+        sent = [r for r in growth if low <= r["sent"] < high and "ttft" in r]
+        slots = [s["slots"] for s in trace if low <= s["t"] < high]
+        p90 = percentile([r["ttft"] for r in sent], 90)
+        rows.append(
+            {
+                "t_s": edge,
+                "prompt": "long" if edge >= phase_s else "short",
+                "capacity": slots[-1] if slots else None,
+                "ttft_p90_ms": None if p90 is None else round(1000 * p90),
+                "requests": len(sent),
+            }
+        )
+    prompts = {
+        size: percentile(
+            [
+                r["prompt_tokens"]
+                for r in growth
+                if "prompt_tokens" in r and (r["sent"] >= start + phase_s) == (size == "long")
+            ],
+            50,
+        )
+        for size in ("short", "long")
+    }
+    return {
+        "prompt_tokens_p50": prompts,
+        "trace": rows,
+        "capacity": trace,
+        "failed": sum(1 for r in growth if r.get("status") != 200 or "error" in r),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase-s", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--flood", type=int, default=48, help="tenant A's streams in flight")
+    parser.add_argument("--no-engine-priority", action="store_true")
+    parser.add_argument("--out", default="build/bench/fair_capacity.json")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="llmstack-faircap-stack-"))
+    stack_file = folder / "Pulumi.faircap.yaml"
+    stack_file.write_text(
+        stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=not args.no_engine_priority)
+    )
+    load_average = os.getloadavg()[0]
+    stack = Stack(stack_file)
+    try:
+        results = asyncio.run(run_phases(stack, args))
+    finally:
+        left = stack.stop()
+    results.update(
+        {
+            "command": " ".join(sys.argv),
+            "load_average_at_start": round(load_average, 2),
+            "load_average_at_end": round(os.getloadavg()[0], 2),
+            "processes_left": left,
+            "devstack_log_tail": stack.stderr[-60:],  # make dev's own lines: an engine that died says so here
+        }
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}; load average {load_average:.1f} at start; processes left: {left or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
