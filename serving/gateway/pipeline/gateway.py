@@ -32,6 +32,7 @@ from serving.gateway.protocol import errors
 from serving.gateway.protocol.errors import Refusal
 from serving.gateway.protocol.routes import ApiRoute, RouteRefusal, resolve
 from serving.gateway.queue.fair_queue import QueueTicket
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.access_log import caller_of
 from serving.gateway.upstream.proxy import UpstreamProxy, UpstreamStream
 from serving.gateway.upstream.queued_stream import QueuedStream
@@ -61,7 +62,8 @@ class Gateway:
         self.own_routes, self.own_routes_off = own_routes, own_routes_off
 
     async def handle(self, request: Request) -> Response:
-        route = resolve(request.method, request.scope["path"], self.settings.models)
+        with tracing.stage(tracing.ROUTE):
+            route = resolve(request.method, request.scope["path"], self.settings.models)
         if isinstance(route, RouteRefusal):  # before the key check: unknown paths cost no Redis call
             return route_refused(route, request)
         if route.handler is not None:  # answered here, nothing goes upstream

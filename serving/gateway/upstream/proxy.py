@@ -33,6 +33,7 @@ from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.protocol import errors, upstream_errors
 from serving.gateway.protocol.routes import MODELS, ApiRoute, upstream_prefix_for
 from serving.gateway.resume.request import ResumableStream
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.access_log import REQUEST_ID_HEADER
 from serving.gateway.telemetry.metrics import GatewayMetrics
 from serving.gateway.upstream.answer_retry import answered
@@ -143,7 +144,7 @@ class UpstreamStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            with anyio.move_on_after(self._deadline - time.monotonic()) as timer:
+            with tracing.stage(tracing.RELAY), anyio.move_on_after(self._deadline - time.monotonic()) as timer:
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._watch_client, receive, group.cancel_scope)
                     await self.stream_response(send)
@@ -272,7 +273,8 @@ class UpstreamProxy:
         )
         sent = time.monotonic()  # the TTFT counts from here: after any wait in the gateway's queue
         try:
-            with anyio.fail_after(total_timeout_s):
+            with tracing.stage(tracing.UPSTREAM_CONNECT), anyio.fail_after(total_timeout_s):
+                headers = tracing.inject_upstream(headers)  # in this stage's span: Serve's and vLLM's parent
                 upstream = await answered(
                     lambda: self._session().request(
                         route.method,
@@ -295,9 +297,11 @@ class UpstreamProxy:
         if held is not None:
             held.callback(upstream.close)
         if upstream.status >= 300:
-            return await self._rewritten(upstream, deadline)
+            with tracing.stage(tracing.RELAY):
+                return await self._rewritten(upstream, deadline)
         if route.path == MODELS and allowed_models is not None:
-            return await self._model_list(upstream, allowed_models, deadline)
+            with tracing.stage(tracing.RELAY):
+                return await self._model_list(upstream, allowed_models, deadline)
         resuming = (
             None
             if resume is None
