@@ -37,7 +37,7 @@ from serving.gateway.http.probes import Probes, healthz
 from serving.gateway.pipeline.gateway import Gateway
 from serving.gateway.protocol import errors
 from serving.gateway.protocol.routes import ApiRoute, resolve
-from serving.gateway.telemetry.access_log import MAX_MODEL_CHARS, AccessLogMiddleware, caller_of
+from serving.gateway.telemetry.access_log import MAX_MODEL_CHARS, REQUEST_ID_HEADER, AccessLogMiddleware, caller_of
 from serving.gateway.telemetry.tracing import RequestTracing
 
 
@@ -103,8 +103,11 @@ def trace_attributes(settings: GatewaySettings) -> Callable[[Scope], dict[str, A
         caller = caller_of(scope)
         route = resolve(scope["method"], scope["path"], settings.models)
         tier = settings.queue.tier(caller.tier).name if caller.key_id is not None else None
+        request_id = next((v for n, v in scope["headers"] if n == REQUEST_ID_HEADER.encode()), b"")
         return {
             "http.route": _route_template(route) if isinstance(route, ApiRoute) else None,
+            # the gateway's own id (the access log's and the response's x-request-id), never the caller's
+            "llmstack.request_id": request_id.decode("latin-1") or None,
             "llmstack.tenant": caller.tenant,
             "llmstack.key_id": caller.key_id,
             "llmstack.model": caller.model[:MAX_MODEL_CHARS] if caller.model else None,
