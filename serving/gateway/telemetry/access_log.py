@@ -25,8 +25,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.metrics import GatewayMetrics
-from serving.gateway.telemetry.tracing import current_trace_id
 
 log = logging.getLogger("llmstack.gateway.access")
 
@@ -142,26 +142,41 @@ class AccessLogMiddleware:
         try:
             await self.app(scope, receive, send_with_request_id)
         finally:
-            elapsed_s = time.perf_counter() - started
-            usage, ttft_s = _usage_and_ttft(caller, started)  # once, for both the metrics and the line
-            if not probe:
-                self.metrics.in_flight.dec()
-                self._observe(caller, status, elapsed_s, usage, ttft_s)
-            if not (probe and status == 200):
-                log.info(
-                    access_line(
-                        request_id=request_id,
-                        caller=caller,
-                        method=scope["method"],
-                        path=scope["path"],
-                        status=status,
-                        latency_ms=elapsed_s * 1000,
-                        usage=usage,
-                        ttft_ms=None if ttft_s is None else ttft_s * 1000,
-                        client_request_id=client_id,
-                        trace_id=current_trace_id(),
-                    )
+            with tracing.stage(tracing.LOG):
+                self._ended(scope, caller, status, started, client_id, request_id, probe=probe)
+
+    def _ended(
+        self,
+        scope: Scope,
+        caller: Caller,
+        status: int | None,
+        started: float,
+        client_id: str | None,
+        request_id: str,
+        *,
+        probe: bool,
+    ) -> None:
+        """The request's metrics and its access line, once its response has ended."""
+        elapsed_s = time.perf_counter() - started
+        usage, ttft_s = _usage_and_ttft(caller, started)  # once, for both the metrics and the line
+        if not probe:
+            self.metrics.in_flight.dec()
+            self._observe(caller, status, elapsed_s, usage, ttft_s)
+        if not (probe and status == 200):
+            log.info(
+                access_line(
+                    request_id=request_id,
+                    caller=caller,
+                    method=scope["method"],
+                    path=scope["path"],
+                    status=status,
+                    latency_ms=elapsed_s * 1000,
+                    usage=usage,
+                    ttft_ms=None if ttft_s is None else ttft_s * 1000,
+                    client_request_id=client_id,
+                    trace_id=tracing.current_trace_id(),
                 )
+            )
 
     def _observe(
         self, caller: Caller, status: int | None, elapsed_s: float, usage: Usage | None, ttft_s: float | None

@@ -21,6 +21,7 @@ span's sampling decision and the `traceparent` header; stages make no span.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,8 @@ QUEUE_WAIT = "queue_wait"
 UPSTREAM_CONNECT = "upstream_connect"  # until the upstream's response headers
 RELAY = "relay"  # the upstream's body to the client (a stream, or a whole answer)
 SETTLE = "settle"
-STAGES = (ROUTE, AUTHENTICATE, READ_BODY, VALIDATE, RESERVE, LIMIT, QUEUE_WAIT, UPSTREAM_CONNECT, RELAY, SETTLE)
+LOG = "log"  # the access line and the request's metrics, once the response has ended
+STAGES = (ROUTE, AUTHENTICATE, READ_BODY, VALIDATE, RESERVE, LIMIT, QUEUE_WAIT, UPSTREAM_CONNECT, RELAY, SETTLE, LOG)
 
 # W3C trace context only: baggage is a caller-controlled channel the engine has no use for.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
@@ -168,9 +170,8 @@ class RequestTracing:
             await self.app(scope, receive, send)
             return
         # context=Context(): a new trace, never the caller's (module docstring).
-        with tracer.start_as_current_span(
-            scope["method"], context=Context(), kind=SpanKind.SERVER, record_exception=True
-        ) as span:
+        span = tracer.start_span(scope["method"], context=Context(), kind=SpanKind.SERVER)
+        with trace.use_span(span, end_on_exit=not span.is_recording(), record_exception=True):
             if not span.is_recording():
                 await self.app(scope, receive, send)
                 return
@@ -178,7 +179,10 @@ class RequestTracing:
                 try:
                     await self.app(scope, receive, noting_send)
                 finally:
+                    # The span ends when the request does: describing it is bookkeeping after that.
+                    ended = time.time_ns()
                     _describe(span, scope, self.attributes(scope))
+                    span.end(end_time=ended)
 
 
 @contextmanager

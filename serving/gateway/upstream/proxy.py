@@ -143,8 +143,12 @@ class UpstreamStream(Response):
         self._resuming = None if resume is None else resume(lambda: self._client_gone)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with tracing.stage(tracing.RELAY):  # the relay and how it ends (close, settle): one stage
+            await self._relay(receive, send)
+
+    async def _relay(self, receive: Receive, send: Send) -> None:
         try:
-            with tracing.stage(tracing.RELAY), anyio.move_on_after(self._deadline - time.monotonic()) as timer:
+            with anyio.move_on_after(self._deadline - time.monotonic()) as timer:
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._watch_client, receive, group.cancel_scope)
                     await self.stream_response(send)
