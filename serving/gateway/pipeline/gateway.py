@@ -136,21 +136,22 @@ class Gateway:
         with its response open (`queued_slot` its slot, maybe None) has sent its headers already,
         and gets a cold model's first-byte timeout."""
         queued = admission.pending is not None
-        return await self.proxy.forward(
-            request,
-            route,
-            admission.body,
-            meter=admission.meter,
-            settle=admission.settle,
-            extra_headers={} if queued else admission.headers,
-            model=admission.model,
-            allowed_models=admission.key.allowed_models,
-            first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot)
-            if queued
-            else admission.first_byte_timeout_s,
-            held=held,
-            resume=admission.resume,
-        )
+        with tracing.stage(tracing.UPSTREAM_CONNECT):  # until the upstream's headers (an error: its whole body)
+            return await self.proxy.forward(
+                request,
+                route,
+                admission.body,
+                meter=admission.meter,
+                settle=admission.settle,
+                extra_headers={} if queued else admission.headers,
+                model=admission.model,
+                allowed_models=admission.key.allowed_models,
+                first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot)
+                if queued
+                else admission.first_byte_timeout_s,
+                held=held,
+                resume=admission.resume,
+            )
 
 
 def route_refused(refusal: RouteRefusal, request: Request) -> Response:

@@ -264,6 +264,7 @@ class UpstreamProxy:
         url = URL(self._settings.upstream_url + prefix + route.path, encoded=True)
         allowed = FORWARDED_UP | frozenset(self._settings.forward_request_headers) | {REQUEST_ID_HEADER}
         headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
+        headers = tracing.inject_upstream(headers)  # the upstream's spans are children of the current stage's
         # aiohttp has one read timeout for the first byte and the gaps after it: a cold model's
         # request gets the longer one for both.
         timeout: dict[str, Any] = (
@@ -277,8 +278,7 @@ class UpstreamProxy:
         )
         sent = time.monotonic()  # the TTFT counts from here: after any wait in the gateway's queue
         try:
-            with tracing.stage(tracing.UPSTREAM_CONNECT), anyio.fail_after(total_timeout_s):
-                headers = tracing.inject_upstream(headers)  # in this stage's span: Serve's and vLLM's parent
+            with anyio.fail_after(total_timeout_s):
                 upstream = await answered(
                     lambda: self._session().request(
                         route.method,
