@@ -83,7 +83,7 @@ test-deep: test
 
 # The whole serving path on this machine; Ctrl-C stops it. PORT is the gateway's port.
 dev: $(STAMP)
-	$(PY) -m ops.devstack --stack $(STACK) --port $(PORT)
+	$(PY) -m ops.devstack --stack $(STACK) --port $(PORT) $(if $(filter 1,$(TRACE)),--trace)
 
 # Benchmarks: figures go to BENCHMARKS.md with the command that produced them.
 bench: $(STAMP) redis-server wrk $(LITELLM)

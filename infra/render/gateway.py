@@ -125,6 +125,7 @@ def gateway_settings(
             "model_adapters": model_adapters(spec),
             **({} if serve_dashboard_url is None else {"serve_dashboard_url": serve_dashboard_url}),
             "model_deployments": {m.model_name: llm_deployment_name(m) for m in spec.models},
+            "tracing": spec.observability.tracing.model_dump(mode="json"),
         },
         sort_keys=True,
     )

@@ -60,6 +60,9 @@ APP_IMPORT_PATH = "serving.app:build_app"
 # models scaled on saturation run it (serving.autoscaling.replica).
 SATURATION_SERVER_CLS = "serving.autoscaling.replica:LLMServer"
 MODELS_APP_IMPORT_PATH = "serving.app:build_model_list_app"
+# Ray Serve's span exporter when the stack traces (observability.tracing): OTLP/HTTP to its collector.
+TRACING_EXPORTER_IMPORT_PATH = "serving.tracing_export:otlp_span_processors"
+SERVE_SERVICE_NAME = "llmstack-serve"  # OTel's service.name of every Ray process's spans (vLLM's too)
 SERVE_PORT = 8000
 # RFC 6761 reserves .invalid: no such host resolves, so a media URL naming it fetches nothing.
 NO_REMOTE_MEDIA = "data-urls-only.invalid"
@@ -130,6 +133,11 @@ def llm_config(model: ModelSpec, spec: StackSpec, model_cache_bucket: str | None
     engine["allowed_media_domains"] = spec.media_domains(model) or [NO_REMOTE_MEDIA]
     if model.lora is not None:
         engine.update(_lora_engine_args(model))
+    tracing = spec.observability.tracing
+    if tracing.enabled:
+        # vLLM's `llm_request` span per request (queue, prefill and decode times as attributes), a
+        # child of the traceparent the gateway sends (vLLM reads it from the request's headers).
+        engine["otlp_traces_endpoint"] = tracing.traces_url
     engine.update(model.engine_args)
 
     config: dict[str, Any] = {
@@ -352,11 +360,21 @@ def serve_config(
     spec: StackSpec, model_cache_bucket: str | None = None, path: ServingPath = SERVING_PATH
 ) -> dict[str, Any]:
     """A Serve deploy config (`ServeDeploySchema`): what `serveConfigV2` holds and `make dev` runs."""
-    return {
+    config: dict[str, Any] = {
         "proxy_location": "EveryNode",
         "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
         "applications": applications(spec, model_cache_bucket, path),
     }
+    tracing = spec.observability.tracing
+    if tracing.enabled:
+        # Each replica's span, a child of the gateway's traceparent (parent-based sampling: the
+        # ratio only applies to requests that come without one).
+        config["tracing_config"] = {
+            "enabled": True,
+            "exporter_import_path": TRACING_EXPORTER_IMPORT_PATH,
+            "sampling_ratio": tracing.sampling_ratio,
+        }
+    return config
 
 
 # HAProxy's own ports (ray.serve constants RAY_SERVE_HAPROXY_STATS_PORT / _METRICS_PORT defaults).
@@ -371,8 +389,9 @@ def serving_env(spec: StackSpec, path: ServingPath = SERVING_PATH, *, routers_pe
     `os.environ` before `ray.init` locally. Ray reads these at import time
     (ray.serve._private.constants, ray.llm._internal.serve.constants). `routers_per_node`:
     LLMRouter replicas of each model on each node that runs a proxy (`infra.plan.ingress_plan`)."""
+    traced = tracing_env(spec)
     if path is ServingPath.RAY_PROXY:
-        return {}
+        return traced
     # Ray's "high throughput" settings, on head and workers alike (Ray docs, "Enable High
     # Throughput on Ray Serve with KubeRay"; kuberay ray-operator/config/samples/
     # ray-service.high-throughput-llm.yaml). THROUGHPUT_OPTIMIZED runs replica code on the
@@ -390,4 +409,18 @@ def serving_env(spec: StackSpec, path: ServingPath = SERVING_PATH, *, routers_pe
             # A model scaled to zero has no replica to pick until one starts: let HAProxy wait
             # for the router as long as the gateway waits for a first byte, instead of 5 s.
             env["RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S"] = str(int(spec.gateway.upstream_idle_timeout_s))
-    return env
+    return {**env, **traced}
+
+
+def tracing_env(spec: StackSpec) -> dict[str, str]:
+    """Where Ray Serve's exporter (serving.tracing_export) and vLLM's send spans, as OTel's own
+    variables: both read them in the replica process, and vLLM's engine processes inherit them.
+    OTLP over HTTP for vLLM too (its default is gRPC, vllm/tracing/otel.py `get_span_exporter`)."""
+    tracing = spec.observability.tracing
+    if tracing.traces_url is None:
+        return {}
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": tracing.traces_url,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": SERVE_SERVICE_NAME,
+    }

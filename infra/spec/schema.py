@@ -28,6 +28,7 @@ from serving.autoscaling.decision import SaturationThresholds
 # The gateway validates the same policy at start; one model keeps a field and its bound in one place.
 from serving.gateway.config.capacity_policy import LatencyTarget
 from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
+from serving.gateway.config.tracing_policy import TracingPolicy
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
@@ -588,6 +589,16 @@ class Gateway(GatewayPolicy):
         return self
 
 
+class Observability(_Spec):
+    """What the stack reports about each request beyond metrics and the access log."""
+
+    tracing: TracingPolicy = Field(
+        default_factory=TracingPolicy,
+        description="OpenTelemetry traces: the gateway's request and stage spans, Ray Serve's replica span and "
+        "vLLM's engine span (queue, prefill, decode times) in one trace per request. Off unless otlp_endpoint is set.",
+    )
+
+
 class Versions(_Spec):
     serving_image: str = Field(
         default=versions.SERVING_IMAGE,
@@ -623,6 +634,9 @@ class StackSpec(_Spec):
     models: list[ModelSpec] = Field(min_length=1, description="Models served.")
     redis: Redis = Field(description="Redis for keys, limits, usage and Ray GCS fault tolerance.")
     gateway: Gateway = Field(default_factory=Gateway, description="The API gateway.")
+    observability: Observability = Field(
+        default_factory=Observability, description="Tracing (metrics and logs need no settings)."
+    )
     versions: Versions = Field(default_factory=Versions, description="Pinned versions.")
     model_cache: ModelCache = Field(default_factory=ModelCache, description="S3 cache of model weights.")
 

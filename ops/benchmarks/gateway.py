@@ -14,7 +14,9 @@ Measurements per target, all with 100 concurrent connections (clients):
 The gateway runs twice: as is (no queued model) and with the fair queue on for the model at a
 capacity the load never reaches (`gateway_queue`): what the queue costs a request that never waits.
 The first is also measured behind the edge (`gateway_edge`: HAProxy on the public port, as a pod
-and `make dev` run it): what that hop costs.
+and `make dev` run it): what that hop costs. And with tracing on (`gateway_traced`: the stack's
+default sampling, or `--tracing-ratio`, exporting to an in-process OTLP receiver,
+ops.devstack.trace_collector): what observability.tracing costs against tracing off (`gateway`).
 Plus one client sending one request at a time to direct, both gateways and a gateway without
 Redis, which splits the added latency into the proxy hop and the Redis round trips; and Redis
 commands per request: what clients send (MONITOR), not what scripts run inside Redis;
@@ -45,9 +47,11 @@ import redis
 from infra.spec.schema import Edge
 from ops.devstack.edge import start_edge
 from ops.devstack.local_redis import start_redis
+from ops.devstack.trace_collector import trace_collector
 from ops.harness.processes import background, free_port, terminate, wait_for_http
 from ops.harness.stub_upstream import CHAT_BODY as BODY
 from serving.gateway.auth.keys import create_key_sync
+from serving.gateway.config.tracing_policy import DEFAULT_SAMPLING_RATIO
 
 CONNECTIONS = 100
 UNSATURATED = 1_000_000  # a model capacity no run here reaches
@@ -168,11 +172,19 @@ def litellm_config(upstream: str) -> str:
     )
 
 
-def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) -> dict:
+def run(
+    duration_s: int, paces_ms: list[int], litellm: str | None, out: Path, tracing_ratio: float = DEFAULT_SAMPLING_RATIO
+) -> dict:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-gateway-"))
-    results: dict = {"connections": CONNECTIONS, "duration_s": duration_s, "paces_ms": paces_ms, "targets": {}}
+    results: dict = {
+        "connections": CONNECTIONS,
+        "duration_s": duration_s,
+        "paces_ms": paces_ms,
+        "tracing_ratio": tracing_ratio,
+        "targets": {},
+    }
     with ExitStack() as stack:
         own_redis = start_redis()
         stack.callback(own_redis.stop)
@@ -207,6 +219,20 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
         queued = stack.enter_context(
             background([sys.executable, "-m", "serving.gateway"], folder / "gateway-queue.log", queue_env)
         )
+        # The first gateway again with tracing on, its spans to a receiver in this process.
+        collector = stack.enter_context(trace_collector(folder / "spans.jsonl"))
+        traced_port = free_port()
+        traced_env = {
+            **gateway_env,
+            "LLMSTACK_GATEWAY_PORT": str(traced_port),
+            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+            "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
+                {"models": ["tiny"], "tracing": {"otlp_endpoint": collector, "sampling_ratio": tracing_ratio}}
+            ),
+        }
+        traced = stack.enter_context(
+            background([sys.executable, "-m", "serving.gateway"], folder / "gateway-traced.log", traced_env)
+        )
         # The first gateway behind the edge, as a pod and `make dev` run it (ops.devstack.edge): what
         # the HAProxy hop costs. wrk's connections all come from one address: no per-address cap here.
         edge_port = free_port()
@@ -227,11 +253,13 @@ def run(duration_s: int, paces_ms: list[int], litellm: str | None, out: Path) ->
             "gateway": (f"http://127.0.0.1:{gateway_port}", key),
             "gateway_queue": (f"http://127.0.0.1:{queue_port}", key),
             "gateway_edge": (f"http://127.0.0.1:{edge_port}", key),
+            "gateway_traced": (f"http://127.0.0.1:{traced_port}", key),
         }
-        pids = {"gateway": gateway.pid, "gateway_queue": queued.pid}
+        pids = {"gateway": gateway.pid, "gateway_queue": queued.pid, "gateway_traced": traced.pid}
         wait_for_http(f"{stub}/v1/models", stub_process)
         wait_for_http(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
         wait_for_http(f"http://127.0.0.1:{queue_port}/healthz", queued)
+        wait_for_http(f"http://127.0.0.1:{traced_port}/healthz", traced)
         wait_for_http(f"http://127.0.0.1:{edge_port}/healthz", edge)
         results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"], targets["gateway_queue"])
         if litellm:
@@ -375,6 +403,15 @@ def summary(targets: dict) -> dict:
             edge["saturated"]["requests_per_s"] / gateway["saturated"]["requests_per_s"], 3
         )
         result["edge_added_ms_by_pace"] = added(edge, gateway)
+    if "gateway_traced" in targets:  # tracing on at the run's sampling vs off, same run
+        traced = targets["gateway_traced"]
+        result["tracing_saturated_over_off"] = round(
+            traced["saturated"]["requests_per_s"] / gateway["saturated"]["requests_per_s"], 3
+        )
+        result["tracing_added_ms_by_pace"] = added(traced, gateway)
+        cpu_on, cpu_off = traced["saturated"].get("cpu_ms_per_request"), gateway["saturated"].get("cpu_ms_per_request")
+        if cpu_on and cpu_off:
+            result["tracing_cpu_per_request_over_off"] = round(cpu_on / cpu_off, 3)
     if "litellm" in targets:
         result["gateway_over_litellm_saturated"] = round(
             gateway["saturated"]["requests_per_s"] / max(targets["litellm"]["saturated"]["requests_per_s"], 1e-9), 2
@@ -394,8 +431,14 @@ def main() -> None:
     )
     parser.add_argument("--litellm", help="path to a `litellm` executable (installed in its own venv)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway.json"))
+    parser.add_argument(
+        "--tracing-ratio",
+        type=float,
+        default=DEFAULT_SAMPLING_RATIO,
+        help="sampling of the traced gateway (default: the stack file's default)",
+    )
     args = parser.parse_args()
-    run(args.duration, args.pace_ms, args.litellm, args.out)
+    run(args.duration, args.pace_ms, args.litellm, args.out, args.tracing_ratio)
 
 
 if __name__ == "__main__":

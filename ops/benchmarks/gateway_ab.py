@@ -2,7 +2,7 @@
 one run, interleaved finely enough that the machine's load drift hits both alike.
 
     python -m ops.benchmarks.gateway_ab --baseline-src DIR [--candidate-src DIR] [--rounds 40]
-        [--batch 100] [--out build/bench/gateway_ab.json]
+        [--batch 100] [--candidate-tracing RATIO] [--out build/bench/gateway_ab.json]
 
 One stub upstream (`ops.harness.stub_upstream`) serves both gateways: the candidate (this
 checkout, or `--candidate-src`) and the baseline. Each runs from its own checkout
@@ -17,6 +17,10 @@ its quartiles and extremes, the median added p50 of each side, CPU milliseconds 
 each gateway process plus its redis-server (/proc), both commits and the load average.
 Whole-benchmark runs alternated minutes apart measure the other tenants of a shared machine
 more than the gateway; requests interleaved milliseconds apart see the same machine.
+
+`--candidate-tracing RATIO` turns the candidate's tracing on at that sampling (spans to an
+in-process OTLP receiver, ops.devstack.trace_collector): with `--baseline-src .` it measures what
+observability.tracing costs against the same code with tracing off.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import psutil
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.benchmarks.gateway import GENEROUS
 from ops.devstack.local_redis import start_redis
+from ops.devstack.trace_collector import trace_collector
 from ops.harness.processes import background, free_port, wait_for_http
 from ops.harness.stub_upstream import CHAT_BODY as BODY
 
@@ -150,8 +155,11 @@ def commit_of(source: Path) -> str | None:
     return f"{head}+dirty" if dirty else head
 
 
-def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name: str) -> tuple[str, str, list[int]]:
-    """This checkout's gateway from `source`, its own Redis and a key its own code made."""
+def start_gateway(
+    stack: ExitStack, source: Path, stub: str, folder: Path, name: str, settings: dict | None = None
+) -> tuple[str, str, list[int]]:
+    """This checkout's gateway from `source`, its own Redis and a key its own code made.
+    `settings`: more gateway settings than the model's name."""
     own_redis = start_redis()
     stack.callback(own_redis.stop)
     key = (
@@ -172,7 +180,7 @@ def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name:
         "LLMSTACK_REDIS_URL": own_redis.url,
         "LLMSTACK_GATEWAY_PORT": str(port),
         "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], **(settings or {})}),
     }
     process = stack.enter_context(
         background([sys.executable, "-m", "serving.gateway"], folder / f"gateway-{name}.log", env, cwd=source)
@@ -181,7 +189,15 @@ def start_gateway(stack: ExitStack, source: Path, stub: str, folder: Path, name:
     return f"http://127.0.0.1:{port}", key, [process.pid, own_redis.process.pid]
 
 
-def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: Path = PROJECT_ROOT) -> dict:
+def run(
+    baseline: Path,
+    *,
+    rounds: int,
+    batch_size: int,
+    out: Path,
+    candidate: Path = PROJECT_ROOT,
+    candidate_tracing: float | None = None,
+) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="llmstack-bench-ab-"))
     results: dict = {
         "candidate_src": str(candidate),
@@ -189,6 +205,7 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: P
         "batch": batch_size,
         "candidate_commit": commit_of(candidate),
         "baseline_commit": commit_of(baseline),
+        "candidate_tracing": candidate_tracing,
         "load_average_start": os.getloadavg(),
         "rounds": [],
     }
@@ -201,9 +218,13 @@ def run(baseline: Path, *, rounds: int, batch_size: int, out: Path, candidate: P
             )
         )
         wait_for_http(f"{stub}/v1/models", stub_process)
+        candidate_settings = None
+        if candidate_tracing is not None:
+            collector = stack.enter_context(trace_collector(folder / "spans.jsonl"))
+            candidate_settings = {"tracing": {"otlp_endpoint": collector, "sampling_ratio": candidate_tracing}}
         targets = {
             "direct": (stub, "unused", [stub_process.pid]),
-            "candidate": start_gateway(stack, candidate, stub, folder, "candidate"),
+            "candidate": start_gateway(stack, candidate, stub, folder, "candidate", candidate_settings),
             "baseline": start_gateway(stack, baseline, stub, folder, "baseline"),
         }
         clients = {name: stack.enter_context(httpx.Client(timeout=30)) for name in targets}
@@ -252,6 +273,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="rounds; each gives one ratio")
     parser.add_argument("--batch", type=int, default=100, help="requests per target per round")
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_ab.json"))
+    parser.add_argument(
+        "--candidate-tracing",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="the candidate traces this share of requests (observability.tracing.sampling_ratio); default off",
+    )
     args = parser.parse_args()
     run(
         args.baseline_src.resolve(),
@@ -259,6 +287,7 @@ def main() -> None:
         batch_size=args.batch,
         out=args.out,
         candidate=args.candidate_src.resolve(),
+        candidate_tracing=args.candidate_tracing,
     )
 
 

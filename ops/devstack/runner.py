@@ -43,11 +43,14 @@ from ops.devstack.local_models import ensure_local_models
 from ops.devstack.local_redis import LocalRedis, redis_server_path, start_redis
 from ops.devstack.lock import AlreadyRunning, DevLock
 from ops.devstack.serve import DEPLOY_TIMEOUT_S, haproxy_dir, local_serve_config, local_serving_env
+from ops.devstack.trace_collector import trace_collector
 from ops.harness.processes import PortClaims, die_with_parent, free_port, terminate, wait_for_http
 from ops.paths import state_dir
 from serving.autoscaling.gateway_queue import REDIS_URL_ENV as AUTOSCALING_REDIS_URL_ENV
+from serving.gateway.config.tracing_policy import TracingPolicy
 
 DEFAULT_GATEWAY_PORT = 8080
+TRACE_FILE = "traces.jsonl"  # under the state folder: the local collector's spans (`llmctl trace`)
 Say = Callable[[str], None]
 
 
@@ -209,7 +212,10 @@ def run(
     ready_json: bool = False,
     say: Say = _say,
     path: ServingPath = SERVING_PATH,
+    trace: bool = False,
 ) -> int:
+    """`trace`: receive every request's spans in process (ops.devstack.trace_collector) unless
+    the stack file names a collector of its own (observability.tracing.otlp_endpoint)."""
     from serving.gateway.auth.keys import create_key_sync
 
     started = time.monotonic()
@@ -231,6 +237,7 @@ def run(
             claims = PortClaims()
             cleanup.callback(claims.release)
             _claim_gateway_port(claims, port)
+            spec = _traced_locally(spec, cleanup, say, trace=trace)
             redis: LocalRedis | None = None
             if redis_server_path():
                 redis = start_redis()
@@ -356,6 +363,25 @@ def _local_stack(stack: str, say: Say) -> StackSpec | None:
     return spec
 
 
+def _traced_locally(spec: StackSpec, cleanup: ExitStack, say: Say, *, trace: bool) -> StackSpec:
+    """With `trace`, `spec` traced into a local receiver (stopped with `cleanup`), unless it names a collector."""
+    if not trace:
+        return spec
+    if spec.observability.tracing.enabled:
+        say(f"tracing to the stack's collector {spec.observability.tracing.otlp_endpoint}")
+        return spec
+    spans = state_dir() / TRACE_FILE
+    spec = traced(spec, cleanup.enter_context(trace_collector(spans)))
+    say(f"tracing every request: spans in {spans}; `llmctl trace <trace_id of an access line>` prints one")
+    return spec
+
+
+def traced(spec: StackSpec, otlp_endpoint: str) -> StackSpec:
+    """`spec` with every request traced to `otlp_endpoint` (the local collector)."""
+    tracing = TracingPolicy(otlp_endpoint=otlp_endpoint, sampling_ratio=1.0)
+    return spec.model_copy(update={"observability": spec.observability.model_copy(update={"tracing": tracing})})
+
+
 def _trap_signals() -> dict[int, Any]:
     return {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
 
@@ -411,8 +437,13 @@ def main() -> None:
         help="how requests reach the engines; the others than the default are for "
         "`python -m ops.benchmarks.serving --paths` to compare",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace every request into a local OTLP receiver (make dev TRACE=1); `llmctl trace ID` prints one",
+    )
     args = parser.parse_args()
-    sys.exit(run(args.stack, args.port, args.ready_json, path=ServingPath(args.serving_path)))
+    sys.exit(run(args.stack, args.port, args.ready_json, path=ServingPath(args.serving_path), trace=args.trace))
 
 
 if __name__ == "__main__":

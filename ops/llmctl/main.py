@@ -27,6 +27,7 @@ from ops.llmctl.models.cli import app as models_app
 from ops.llmctl.plan_view import latency_table, latency_targets, plan_tables, problem_lines
 from ops.llmctl.scale.cli import scale
 from ops.llmctl.status.cli import status
+from ops.llmctl.trace import trace
 
 app = typer.Typer(
     help="Plan, render and operate llmstack stacks.",
@@ -42,6 +43,7 @@ app.add_typer(cost_app, name="cost")
 app.command()(status)
 app.command()(scale)
 app.command("bench")(bench)
+app.command()(trace)
 
 
 def _cache_bucket(spec: StackSpec) -> str | None:

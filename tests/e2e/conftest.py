@@ -48,8 +48,9 @@ def e2e_stack_file() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def dev_stack(e2e_stack_file: Path) -> Iterator[DevStack]:
     """The running shared stack. Its teardown is a test of `make dev`'s stop: SIGTERM exits 0,
-    nothing it started is left running, and its start had said when the first token came."""
-    stack = DevStack(str(e2e_stack_file))
+    nothing it started is left running, and its start had said when the first token came. It
+    traces every request, as `make dev TRACE=1` (tests/e2e/test_tracing.py reads the spans)."""
+    stack = DevStack(str(e2e_stack_file), trace=True)
     try:
         yield stack
     finally:

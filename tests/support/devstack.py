@@ -53,12 +53,16 @@ def e2e_stack_text(local_stack_text: str) -> str:
 
 
 class DevStack:
-    def __init__(self, stack: str = "local", env: dict[str, str] | None = None) -> None:
+    """`trace`: as `make dev TRACE=1`, every request's spans in `spans_file` (ops.devstack.trace_collector)."""
+
+    def __init__(self, stack: str = "local", env: dict[str, str] | None = None, *, trace: bool = False) -> None:
         self.state_dir = tempfile.mkdtemp(prefix="llmstack-dev-state-")
         self.env = {**os.environ, **(env or {}), "LLMSTACK_STATE_DIR": self.state_dir}
         self.port = free_port()
+        self.spans_file = Path(self.state_dir) / "traces.jsonl"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ops.devstack", "--stack", stack, "--port", str(self.port), "--ready-json"],
+            [sys.executable, "-m", "ops.devstack", "--stack", stack, "--port", str(self.port), "--ready-json"]
+            + (["--trace"] if trace else []),
             cwd=PROJECT_ROOT,
             env=self.env,
             stdout=subprocess.PIPE,

@@ -64,6 +64,7 @@ from serving.gateway.protocol.errors import Refusal
 from serving.gateway.queue.fair_queue import FairQueue, QueueTicket, SlotTry
 from serving.gateway.redis.client import RedisBusy
 from serving.gateway.resume.request import ResumableStream, resumable
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.access_log import caller_of
 from serving.gateway.telemetry.metrics import GatewayMetrics
 
@@ -106,11 +107,12 @@ class Admission:
         Redis round trip when Redis settles the ticket (the slot's release rides along)."""
         slot = self.queue_ticket if self.pending is None else self.pending.slot
         release = slot.release_call() if slot is not None else None
-        try:
-            await self.ticket.settle(billed, along=release)
-        finally:
-            if slot is not None and release is not None:
-                await slot.finish_release(release)
+        with tracing.stage(tracing.SETTLE) if not self.ticket.settled else tracing.untraced():
+            try:
+                await self.ticket.settle(billed, along=release)
+            finally:
+                if slot is not None and release is not None:
+                    await slot.finish_release(release)
 
 
 def first_byte_timeout(settings: GatewaySettings, slot: QueueTicket | None) -> float | None:
@@ -265,13 +267,15 @@ class Admitter:
         return effective_patterns(None, tenant)
 
     async def admit(self, request: Request) -> Admission | Refusal | ClientLeft:
-        caller = await self.authenticate(request)
+        with tracing.stage(tracing.AUTHENTICATE):
+            caller = await self.authenticate(request)
         if isinstance(caller, Refusal):
             return caller
         async with AsyncExitStack() as held:
             ticket = None
             if request.method != "GET" and not declares_small_body(request.headers):
-                slot_phase = await self.limits.run(self.limiter.admit_slot(self._who(caller.record)), caller)
+                with tracing.stage(tracing.LIMIT):
+                    slot_phase = await self.limits.run(self.limiter.admit_slot(self._who(caller.record)), caller)
                 if isinstance(slot_phase, Refusal):
                     return slot_phase
                 ticket = slot_phase
@@ -302,24 +306,31 @@ class Admitter:
     async def _admit_body(
         self, request: Request, caller: Caller, ticket: Ticket | None, held: AsyncExitStack
     ) -> Admission | Refusal | ClientLeft:
-        read = await self._read(request)
+        with tracing.stage(tracing.READ_BODY):
+            read = await self._read(request)
         if isinstance(read, Refusal):
             return read
         model = requested_model(read.document)
         caller_of(request.scope).model = model
-        grants = await self.adapter_grants(caller.record, model, listing=read.document is None)
-        if isinstance(grants, Refusal):
-            return grants
-        refusal = self._validate(request, caller.record, model, read.document, grants)
+        with tracing.stage(tracing.VALIDATE):  # the adapter grants are part of what a body may name
+            grants = await self.adapter_grants(caller.record, model, listing=read.document is None)
+            if isinstance(grants, Refusal):
+                return grants
+            refusal = self._validate(request, caller.record, model, read.document, grants)
         if refusal is not None:
             return refusal
         base = base_of(model, self.settings.models) if model is not None else None
-        reservation, added_max_tokens = reservation_for(read.document, len(read.body), request.url.path, self.settings)
-        charged = await self._charge(caller, model, base, reservation, ticket, held)
+        with tracing.stage(tracing.RESERVE):
+            reservation, added_max_tokens = reservation_for(
+                read.document, len(read.body), request.url.path, self.settings
+            )
+        with tracing.stage(tracing.LIMIT):
+            charged = await self._charge(caller, model, base, reservation, ticket, held)
         if isinstance(charged, Refusal):
             return charged
         served = _Served(model, base, tuple(grants))
-        return await self._place(request, caller.record, served, read, reservation, added_max_tokens, charged)
+        with tracing.stage(tracing.QUEUE_WAIT):
+            return await self._place(request, caller.record, served, read, reservation, added_max_tokens, charged)
 
     async def _read(self, request: Request) -> _Read | Refusal:
         """The read-body stage: within max_body_bytes, parsed once (the one parse, bounded)."""

@@ -28,6 +28,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from serving.gateway.config.capacity_policy import ModelCapacity
 from serving.gateway.config.gateway_policy import GatewayPolicy, checked_domains
 from serving.gateway.config.queue_policy import ModelQueue
+from serving.gateway.config.tracing_policy import TracingPolicy
 from serving.gateway.protocol.routes import is_canonical
 
 UPSTREAM_VAR = "LLMSTACK_UPSTREAM_URL"
@@ -116,6 +117,12 @@ class GatewaySettings(GatewayPolicy):
         default=None,
         description="Ray's token (token authentication: Ray 2.60's default for a local ray.init, off for "
         "`ray start` without a token), sent to the dashboard as a bearer token. Environment only.",
+    )
+
+    tracing: TracingPolicy = Field(
+        default_factory=TracingPolicy,
+        description="The stack's observability.tracing: OpenTelemetry spans per request (serving.gateway.telemetry."
+        "tracing). Off by default.",
     )
 
     batch_storage_url: str | None = Field(

@@ -16,14 +16,17 @@ This module only wires: what runs is built by serving.gateway.http.services.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry.util.types import AttributeValue
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, request_response
+from starlette.types import Scope
 
 from serving.gateway.admission.body import BodyDeadline
 from serving.gateway.auth.keys import KeyStore
@@ -33,7 +36,9 @@ from serving.gateway.http import services
 from serving.gateway.http.probes import Probes, healthz
 from serving.gateway.pipeline.gateway import Gateway
 from serving.gateway.protocol import errors
-from serving.gateway.telemetry.access_log import AccessLogMiddleware
+from serving.gateway.protocol.routes import ApiRoute, resolve
+from serving.gateway.telemetry.access_log import MAX_MODEL_CHARS, REQUEST_ID_HEADER, AccessLogMiddleware, caller_of
+from serving.gateway.telemetry.tracing import RequestTracing
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,11 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     probes = Probes(settings, key_store, running.metrics)
     access_log = Middleware(AccessLogMiddleware, metrics=running.metrics)
     not_found_handlers = {404: _not_found, 405: _method_not_allowed}
+    # The trace's root span outermost, so the access line (inside it) can carry the trace id.
+    traced = [Middleware(RequestTracing, attributes=trace_attributes(settings))] if settings.tracing.enabled else []
     api = Starlette(
         routes=[Route("/healthz", healthz, methods=["GET"])],
-        middleware=[access_log, Middleware(BodyDeadline, timeout_s=settings.body_timeout_s)],
+        middleware=[*traced, access_log, Middleware(BodyDeadline, timeout_s=settings.body_timeout_s)],
         exception_handlers=not_found_handlers,
         lifespan=running.lifespan,
     )
@@ -86,6 +93,34 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     for app in (api, admin):
         app.router.redirect_slashes = False
     return GatewayApps(api=api, admin=admin)
+
+
+def trace_attributes(settings: GatewaySettings) -> Callable[[Scope], dict[str, AttributeValue]]:
+    """What a request's root span says of it, read once its response has ended: the route as the
+    allowlist names it (never the caller's spelling of an unknown path), and who called what."""
+
+    def attributes(scope: Scope) -> dict[str, AttributeValue]:
+        caller = caller_of(scope)
+        route = resolve(scope["method"], scope["path"], settings.models)
+        tier = settings.queue.tier(caller.tier).name if caller.key_id is not None else None
+        request_id = next((v for n, v in scope["headers"] if n == REQUEST_ID_HEADER.encode()), b"")
+        return {
+            "http.route": _route_template(route) if isinstance(route, ApiRoute) else None,
+            # the gateway's own id (the access log's and the response's x-request-id), never the caller's
+            "llmstack.request_id": request_id.decode("latin-1") or None,
+            "llmstack.tenant": caller.tenant,
+            "llmstack.key_id": caller.key_id,
+            "llmstack.model": caller.model[:MAX_MODEL_CHARS] if caller.model else None,
+            "llmstack.tier": tier,
+        }
+
+    return attributes
+
+
+def _route_template(route: ApiRoute) -> str:
+    """The route with its model or object id as a placeholder, so span names stay few."""
+    named = route.model or route.resource
+    return route.path if named is None else route.path.replace(named, "{id}")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

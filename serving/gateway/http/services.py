@@ -30,6 +30,7 @@ from serving.gateway.limits.tenants import TenantStore
 from serving.gateway.queue.fair_queue import FairQueue
 from serving.gateway.queue.replica_feed import ReplicaFeed
 from serving.gateway.redis.client import redis_client
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.metrics import GatewayMetrics
 from serving.gateway.telemetry.redis_memory import watch_redis_memory
 from serving.gateway.upstream.proxy import UpstreamProxy
@@ -74,6 +75,10 @@ class Services:
         settings = self.settings
         if not self.key_store.shared_across_processes:
             log.warning(IN_MEMORY_WARNING)
+        # Installed here unless the caller (a test's in-memory exporter) already did; flushed at shutdown.
+        tracer_provider = None if tracing.enabled() else tracing.install(settings.tracing)
+        if tracer_provider is not None:
+            log.info("tracing on: %.3g of requests to %s", settings.tracing.sampling_ratio, settings.tracing.traces_url)
         if self.queue is not None:
             await self.queue.start()
         if self.feed is not None:
@@ -99,6 +104,9 @@ class Services:
             if memory_redis is not None:
                 await memory_redis.aclose()
             await self._close()
+            if tracer_provider is not None:
+                tracing.uninstall()
+                await asyncio.to_thread(tracer_provider.shutdown)  # exports what is still batched
 
     async def _close(self) -> None:
         if self.batch_api is not None:

@@ -34,6 +34,7 @@ from serving.gateway.protocol import errors
 from serving.gateway.protocol.errors import Refusal
 from serving.gateway.protocol.routes import MODELS, ApiRoute, RouteRefusal, resolve
 from serving.gateway.queue.fair_queue import QueueTicket
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.access_log import caller_of
 from serving.gateway.upstream.proxy import UpstreamProxy, UpstreamStream, listed_models
 from serving.gateway.upstream.queued_stream import QueuedStream
@@ -63,7 +64,8 @@ class Gateway:
         self.own_routes, self.own_routes_off = own_routes, own_routes_off
 
     async def handle(self, request: Request) -> Response:
-        route = resolve(request.method, request.scope["path"], self.settings.models)
+        with tracing.stage(tracing.ROUTE):
+            route = resolve(request.method, request.scope["path"], self.settings.models)
         if isinstance(route, RouteRefusal):  # before the key check: unknown paths cost no Redis call
             return route_refused(route, request)
         if route.handler is not None:  # answered here, nothing goes upstream
@@ -144,21 +146,22 @@ class Gateway:
         and gets a cold model's first-byte timeout."""
         queued = admission.pending is not None
         body, resume = admission.upstream(queued_slot) if queued else (admission.body, admission.resume)
-        return await self.proxy.forward(
-            request,
-            route,
-            body,
-            meter=admission.meter,
-            settle=admission.settle,
-            extra_headers={} if queued else admission.headers,
-            model=admission.base,
-            model_list=self._model_list(admission) if route.path == MODELS else None,
-            first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot)
-            if queued
-            else admission.first_byte_timeout_s,
-            held=held,
-            resume=resume,
-        )
+        with tracing.stage(tracing.UPSTREAM_CONNECT):  # until the upstream's headers (an error: its whole body)
+            return await self.proxy.forward(
+                request,
+                route,
+                body,
+                meter=admission.meter,
+                settle=admission.settle,
+                extra_headers={} if queued else admission.headers,
+                model=admission.base,
+                model_list=self._model_list(admission) if route.path == MODELS else None,
+                first_byte_timeout_s=first_byte_timeout(self.settings, queued_slot)
+                if queued
+                else admission.first_byte_timeout_s,
+                held=held,
+                resume=resume,
+            )
 
 
 def listed_for(settings: GatewaySettings, admission: Admission) -> Callable[[object], object]:

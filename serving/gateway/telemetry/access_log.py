@@ -6,9 +6,10 @@ response ends - for a stream, when the last chunk is sent or the client leaves -
 covers the whole answer. Handlers tell it who called through `caller_of(scope)`.
 
 Logged: request id (always the gateway's own; the caller's x-request-id, if any, as
-client_request_id), key_id, tenant, model, method, path, status, latency, tokens billed and
-time to first token. Never the key, headers or query string; the prompt only when the stack
-sets `log_prompts` (prompts are the tenants' data). The same end-of-response point feeds the
+client_request_id), key_id, tenant, model, method, path, status, latency, tokens billed,
+time to first token and, for a traced request, its trace id (serving.gateway.telemetry.tracing).
+Never the key, headers or query string; the prompt only when the stack sets `log_prompts`
+(prompts are the tenants' data). The same end-of-response point feeds the
 Prometheus metrics (serving.gateway.telemetry.metrics).
 """
 
@@ -24,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.gateway.auth.key_format import KeyRecord
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.access")
@@ -41,6 +43,7 @@ class Caller:
 
     key_id: str | None = None
     tenant: str | None = None
+    tier: str | None = None  # the key's queue tier (None: the stack's default tier)
     model: str | None = None
     meter: UsageMeter | None = None  # set once admitted: tokens billed and time to first token
     prompt: str | None = None  # only when the stack turns log_prompts on
@@ -54,7 +57,7 @@ def caller_of(scope: Scope) -> Caller:
 
 def note_caller(scope: Scope, key: KeyRecord) -> None:
     caller = caller_of(scope)
-    caller.key_id, caller.tenant = key.key_id, key.tenant
+    caller.key_id, caller.tenant, caller.tier = key.key_id, key.tenant, key.tier
 
 
 def client_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -81,6 +84,7 @@ def access_line(
     usage: Usage | None = None,
     ttft_ms: float | None = None,
     client_request_id: str | None = None,
+    trace_id: str | None = None,
 ) -> str:
     line = {
         "event": "access",
@@ -99,6 +103,8 @@ def access_line(
         line.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion)
     if ttft_ms is not None:
         line["ttft_ms"] = round(ttft_ms, 1)
+    if trace_id is not None:
+        line["trace_id"] = trace_id
     if caller.prompt is not None:
         line["prompt"] = caller.prompt
     return json.dumps(line)
@@ -136,25 +142,41 @@ class AccessLogMiddleware:
         try:
             await self.app(scope, receive, send_with_request_id)
         finally:
-            elapsed_s = time.perf_counter() - started
-            usage, ttft_s = _usage_and_ttft(caller, started)  # once, for both the metrics and the line
-            if not probe:
-                self.metrics.in_flight.dec()
-                self._observe(caller, status, elapsed_s, usage, ttft_s)
-            if not (probe and status == 200):
-                log.info(
-                    access_line(
-                        request_id=request_id,
-                        caller=caller,
-                        method=scope["method"],
-                        path=scope["path"],
-                        status=status,
-                        latency_ms=elapsed_s * 1000,
-                        usage=usage,
-                        ttft_ms=None if ttft_s is None else ttft_s * 1000,
-                        client_request_id=client_id,
-                    )
+            with tracing.stage(tracing.LOG):
+                self._ended(scope, caller, status, started, client_id, request_id, probe=probe)
+
+    def _ended(
+        self,
+        scope: Scope,
+        caller: Caller,
+        status: int | None,
+        started: float,
+        client_id: str | None,
+        request_id: str,
+        *,
+        probe: bool,
+    ) -> None:
+        """The request's metrics and its access line, once its response has ended."""
+        elapsed_s = time.perf_counter() - started
+        usage, ttft_s = _usage_and_ttft(caller, started)  # once, for both the metrics and the line
+        if not probe:
+            self.metrics.in_flight.dec()
+            self._observe(caller, status, elapsed_s, usage, ttft_s)
+        if not (probe and status == 200):
+            log.info(
+                access_line(
+                    request_id=request_id,
+                    caller=caller,
+                    method=scope["method"],
+                    path=scope["path"],
+                    status=status,
+                    latency_ms=elapsed_s * 1000,
+                    usage=usage,
+                    ttft_ms=None if ttft_s is None else ttft_s * 1000,
+                    client_request_id=client_id,
+                    trace_id=tracing.current_trace_id(),
                 )
+            )
 
     def _observe(
         self, caller: Caller, status: int | None, elapsed_s: float, usage: Usage | None, ttft_s: float | None

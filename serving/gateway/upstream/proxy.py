@@ -34,6 +34,7 @@ from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.protocol import errors, upstream_errors
 from serving.gateway.protocol.routes import MODELS, ApiRoute, upstream_prefix_for
 from serving.gateway.resume.request import ResumableStream
+from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.access_log import REQUEST_ID_HEADER
 from serving.gateway.telemetry.metrics import GatewayMetrics
 from serving.gateway.upstream.answer_retry import answered
@@ -174,6 +175,10 @@ class UpstreamStream(Response):
         self._resuming = None if resume is None else resume(lambda: self._client_gone, self._timer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with tracing.stage(tracing.RELAY):  # the relay and how it ends (close, settle): one stage
+            await self._relay(receive, send)
+
+    async def _relay(self, receive: Receive, send: Send) -> None:
         try:
             with anyio.move_on_after(self._deadline - time.monotonic()) as timer:
                 async with anyio.create_task_group() as group:
@@ -291,6 +296,7 @@ class UpstreamProxy:
         url = URL(self._settings.upstream_url + prefix + route.path, encoded=True)
         allowed = FORWARDED_UP | frozenset(self._settings.forward_request_headers) | {REQUEST_ID_HEADER}
         headers = forwardable(request.headers.items(), allowed) + [("accept-encoding", "identity")]
+        headers = tracing.inject_upstream(headers)  # the upstream's spans are children of the current stage's
         # aiohttp has one read timeout for the first byte and the gaps after it: a cold model's
         # request gets the longer one for both.
         timeout: dict[str, Any] = (
@@ -327,9 +333,11 @@ class UpstreamProxy:
         if held is not None:
             held.callback(upstream.close)
         if upstream.status >= 300:
-            return await self._rewritten(upstream, deadline)
+            with tracing.stage(tracing.RELAY):
+                return await self._rewritten(upstream, deadline)
         if route.path == MODELS and model_list is not None:
-            return await self._model_list(upstream, model_list, deadline)
+            with tracing.stage(tracing.RELAY):
+                return await self._model_list(upstream, model_list, deadline)
         resuming = (
             None
             if resume is None

@@ -25,6 +25,7 @@ from serving.gateway.admission.queue_wait import ClientLeft, PendingSlot, SlotOu
 from serving.gateway.metering.usage_meter import NOTHING_BILLED
 from serving.gateway.protocol import errors
 from serving.gateway.queue.fair_queue import QueueTicket
+from serving.gateway.telemetry import tracing
 from serving.gateway.upstream.proxy import UpstreamStream
 
 Forward = Callable[[QueueTicket | None], Awaitable[Response]]
@@ -67,7 +68,8 @@ class QueuedStream(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         gone = asyncio.create_task(_disconnected(receive))
         try:
-            outcome = await self._wait(pending, gone, send)
+            with tracing.stage(tracing.QUEUE_WAIT):  # a stream's wait for its slot, after its headers
+                outcome = await self._wait(pending, gone, send)
         except BaseException:
             await self._give_up(pending)
             raise

@@ -69,6 +69,7 @@ def test_the_rendered_settings_are_the_stacks_policy(tmp_path):
         "model_adapters",
         "model_deployments",
         "model_media_domains",
+        "tracing",  # the stack's observability.tracing, not the gateway block
     }
     assert set(json.loads(rendered)) == set(GatewayPolicy.model_fields) | extra
     settings = load_settings({"LLMSTACK_UPSTREAM_URL": "http://serve:8000", "LLMSTACK_GATEWAY_SETTINGS": rendered})
