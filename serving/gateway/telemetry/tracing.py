@@ -24,6 +24,8 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -110,13 +112,41 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+@dataclass
+class _StageClock:
+    """Where the request's last top-level stage ended. The stages directly under the request span
+    are contiguous: each starts where the one before ended, so the time between two stages (the
+    event loop busy with other requests, the process waiting for a CPU) counts in the stage it
+    delayed, and the stages add up to the request's time in the gateway."""
+
+    root: Span
+    since_ns: int
+
+
+_clock: ContextVar[_StageClock | None] = ContextVar("llmstack_stage_clock", default=None)
+
+
 def stage(name: str) -> AbstractContextManager[Any]:
     """A child span of the request's trace around one stage; a no-op when tracing is off or the
     request is not sampled. An exception escaping the stage is recorded on its span."""
     tracer = _tracer
-    if tracer is None or not trace.get_current_span().is_recording():
+    current = trace.get_current_span()
+    if tracer is None or not current.is_recording():
         return _UNTRACED
-    return tracer.start_as_current_span(name)
+    clock = _clock.get()
+    if clock is not None and clock.root is current:
+        return _contiguous_stage(tracer, name, clock)
+    return tracer.start_as_current_span(name)  # a stage inside a stage (settle within relay)
+
+
+@contextmanager
+def _contiguous_stage(tracer: trace.Tracer, name: str, clock: _StageClock) -> Iterator[Span]:
+    with tracer.start_as_current_span(name, start_time=clock.since_ns, end_on_exit=False) as span:
+        try:
+            yield span
+        finally:
+            clock.since_ns = time.time_ns()
+            span.end(end_time=clock.since_ns)
 
 
 def untraced() -> AbstractContextManager[Any]:
@@ -170,11 +200,13 @@ class RequestTracing:
             await self.app(scope, receive, send)
             return
         # context=Context(): a new trace, never the caller's (module docstring).
-        span = tracer.start_span(scope["method"], context=Context(), kind=SpanKind.SERVER)
+        started = time.time_ns()
+        span = tracer.start_span(scope["method"], context=Context(), kind=SpanKind.SERVER, start_time=started)
         with trace.use_span(span, end_on_exit=not span.is_recording(), record_exception=True):
             if not span.is_recording():
                 await self.app(scope, receive, send)
                 return
+            _clock.set(_StageClock(span, started))
             with _response_noted(span, send) as noting_send:
                 try:
                     await self.app(scope, receive, noting_send)
