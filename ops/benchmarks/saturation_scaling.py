@@ -190,6 +190,10 @@ class DevStack:
         self.log.close()
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def deployments(stack: str) -> dict[ScalingPolicy, tuple[str, str]]:
     """policy -> (served model name, Serve deployment name), one model per policy."""
     spec = load_stack(stack)
@@ -279,6 +283,11 @@ def run(args: argparse.Namespace, work: Path, record: dict[str, Any]) -> None:
         running_dev = find_running_dev()
         assert running_dev is not None and running_dev.ray_address, "make dev recorded no Ray address"
         local_serve.connect(running_dev.ray_address, running_dev.ray_auth_mode)
+        # Joining Ray as a driver replaced our SIGINT handler with one that swallowed Ctrl-C in a
+        # run (make dev then lost its GCS under us, and Ray's core ended this process before the
+        # record was written): Ctrl-C and SIGTERM stop the run, and make dev, here.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
 
         def sample_every_second() -> None:
             while not sampling.is_set():
@@ -328,6 +337,8 @@ def run(args: argparse.Namespace, work: Path, record: dict[str, Any]) -> None:
             load.join(timeout=600)
             phases[policy] = (start, end, list(load.requests))
             say(f"{policy.value}: {len(load.requests)} requests in {end - start:.0f} s")
+            record["requests"] = {p.value: [asdict(r) for r in phases[p][2]] for p in phases}
+            record["phases_s"] = {p.value: [round(phases[p][0], 1), round(phases[p][1], 1)] for p in phases}
         sampling.set()
         findings = saturation_findings(
             *(
@@ -336,8 +347,6 @@ def run(args: argparse.Namespace, work: Path, record: dict[str, Any]) -> None:
             )
         )
         record["findings"] = findings.model_dump()
-        record["phases_s"] = {p.value: [round(phases[p][0], 1), round(phases[p][1], 1)] for p in phases}
-        record["requests"] = {p.value: [asdict(r) for r in phases[p][2]] for p in phases}
     finally:
         sampling.set()
         record["samples"] = {p.value: [asdict(s) for s in samples[p]] for p in samples}
