@@ -36,7 +36,8 @@ not ask for. The queue's keys share the hash tag `{fq:<model>}` (serving.gateway
 serving.gateway.capacity.store); in a Redis glob `{` is an ordinary character (only `*`, `?`,
 `[...]` and a backslash are special), so `llmstack:{fq:*` matches them and no API key, limiter, usage or
 spend key (`llmstack:{key:...`, `llmstack:{tenant:...`, ...). Read-only and key-bound: a compromised
-head could learn queue depths and tenant names of waiting requests, never change them.
+head learns queue sizes and, by HGET with a guessed field, whether a guessed tenant has state in a
+queue; it lists nothing (no ZRANGE, HGETALL, SCAN) and changes nothing.
 
 The same rules go into the in-cluster Redis ACL file and into ElastiCache RBAC access strings,
 which spell the gateway's channels `&*`, the only channel form ElastiCache documents
