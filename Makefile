@@ -98,6 +98,7 @@ bench: $(STAMP) redis-server wrk $(LITELLM)
 	$(PY) -m ops.benchmarks.serving --client llmctl --paths direct --out build/bench/serving-llmctl.json
 	$(PY) -m ops.benchmarks.prefix_routing --out build/bench/prefix_routing.json
 	$(PY) -m ops.benchmarks.autoscale_demo --out build/bench/autoscale.json
+	$(PY) -m ops.benchmarks.saturation_scaling --out build/bench/saturation_scaling.json
 	$(PY) -m ops.benchmarks.model_sync --out build/bench/model_sync.json
 	$(PY) -m ops.benchmarks.batch --out build/bench/batch.json
 

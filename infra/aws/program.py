@@ -9,6 +9,8 @@ Secret config (never in the stack spec, always `pulumi config set --secret`):
 - `llmstack:hf_token`: Hugging Face token for gated models (optional).
 - `llmstack:redis_password`, `llmstack:redis_ray_password`: the gateway's and Ray's users of an
   `external` Redis (required for that mode).
+- `llmstack:redis_autoscaler_password`: Serve's controller's read-only user of an `external`
+  Redis (required for that mode when a model uses `autoscaling.policy: saturation`).
 
 The stack's `aws:` settings (profile, assumeRoles, allowedAccountIds, ...) configure the
 explicit AWS provider the same way they would configure Pulumi's default one: an explicit
@@ -36,12 +38,13 @@ from infra.aws.karpenter import Karpenter, KarpenterArgs
 from infra.aws.managed_node_groups import GpuNodeGroups, GpuNodeGroupsArgs
 from infra.aws.model_cache import ModelCache, ModelCacheArgs
 from infra.aws.network import Network, NetworkArgs
-from infra.aws.redis import Redis, RedisArgs
+from infra.aws.redis import Redis, RedisArgs, autoscaler_password_required
 from infra.aws.workloads import Workloads, WorkloadsArgs, app_namespace
 from infra.catalog.versions import CLUSTER_AUTOSCALER_IMAGE_TAGS, KARPENTER_KUBERNETES_VERSIONS
 from infra.plan.cache_layout import bucket_name
 from infra.plan.planner import StackPlan, plan_stack
 from infra.render import render_stack
+from infra.render.serve_config import scales_on_saturation
 from infra.spec.principals import deploying_identity_problem
 from infra.spec.schema import AwsCloud, CpuNodeGroup, ExternalRedis, GpuNodeGroup, LocalRedis, StackSpec
 from infra.spec.stack_file import StackFileError, load_stack
@@ -139,6 +142,10 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
             f"Pulumi.{spec.name}.yaml: aws:region is {configured_region} but llmstack:cloud.region is "
             f"{cloud.region}; make them equal (or remove aws:region)"
         )
+    external = isinstance(spec.redis, ExternalRedis)
+    autoscaler_password = secrets.get_secret("redis_autoscaler_password") if external else None
+    if external and scales_on_saturation(spec) and autoscaler_password is None:
+        raise StackRefused(autoscaler_password_required(spec.name))
     settings = aws_settings(aws_config)
     aws_provider = aws.Provider(
         "aws",
@@ -234,7 +241,6 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
     # none of them meets a half-installed webhook, CRD or StorageClass. AWS resources
     # (ElastiCache) do not wait for it.
     namespace = app_namespace(rendered[0], kube, pulumi.ResourceOptions(depends_on=[addons]))
-    external = isinstance(spec.redis, ExternalRedis)
     redis = Redis(
         "redis",
         RedisArgs(
@@ -249,6 +255,8 @@ def build(spec: StackSpec, plan: StackPlan) -> dict[str, pulumi.Output]:
             external_passwords=(secrets.require_secret("redis_password"), secrets.require_secret("redis_ray_password"))
             if external
             else None,
+            autoscaler=scales_on_saturation(spec),
+            external_autoscaler_password=autoscaler_password,
         ),
         opts=on_aws,
     )

@@ -1,7 +1,10 @@
 """Redis for the gateway (keys, limits, usage) and Ray GCS fault tolerance, per `redis.mode`.
 
 The gateway and Ray sign in as separate ACL users, each allowed only its own key prefix
-(`infra.plan.redis_acl`): Ray pods handle tenant input and must not reach API keys.
+(`infra.plan.redis_acl`): Ray pods handle tenant input and must not reach API keys. When a model
+scales on saturation, Serve's controller (the Ray head) gets a third user, which may only read
+the gateway's fair queue figures (`autoscaler_user`), and its URL in the Secret
+`llmstack-redis-autoscaler`; without such a model that user and Secret do not exist.
 
 Every mode the stack runs sets `maxmemory-policy noeviction` (serving.gateway.telemetry.redis_memory): a
 full Redis refuses writes, and the gateway refuses requests, instead of deleting budget counters,
@@ -9,7 +12,7 @@ spend and usage (ElastiCache's default, `volatile-lru`, evicts exactly those: th
 
 - `managed`: ElastiCache replication group in the private subnets, TLS in transit,
   encryption at rest, its own parameter group (noeviction), RBAC: a user group with the two
-  users (passwords from `pulumi_random`) and the `default` user ElastiCache requires in every
+  (or three) users (passwords from `pulumi_random`) and the `default` user ElastiCache requires in every
   group, switched off.
   A security group lets in port 6379 from the cluster's nodes and nothing else. Failover when
   there are replicas.
@@ -17,13 +20,16 @@ spend and usage (ElastiCache's default, `volatile-lru`, evicts exactly those: th
   memory limit (room for the AOF rewrite's copy-on-write and fragmentation), its users in an ACL file (password
   hashes only) mounted from a Secret, reachable only from gateway and Ray pods
   (NetworkPolicy). For cheap dev stacks.
-- `external`: a Redis you run, where you created the two users; their passwords come from
-  `pulumi config set --secret llmstack:redis_password ...` (the gateway's) and
-  `llmstack:redis_ray_password` (Ray's).
+- `external`: a Redis you run, where you created the users; their passwords come from
+  `pulumi config set --secret llmstack:redis_password ...` (the gateway's),
+  `llmstack:redis_ray_password` (Ray's) and, with a saturation-scaled model,
+  `llmstack:redis_autoscaler_password` (the controller's; `autoscaler_password_required` says
+  how to fix its absence).
 
 Every mode ends in the same objects, which the rendered manifests rely on: the Secret
 `llmstack-redis` (the gateway's `url`, `username`, `password`), the Secret `llmstack-redis-ray`
-(Ray's `username`, `password`) and a Service `llmstack-redis` (an ExternalName for managed and
+(Ray's `username`, `password`), with a saturation-scaled model the Secret
+`llmstack-redis-autoscaler` (the controller's `url`), and a Service `llmstack-redis` (an ExternalName for managed and
 external Redis). Passwords and URLs are Pulumi secrets throughout.
 """
 
@@ -37,11 +43,12 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from infra.catalog.versions import ELASTICACHE_ENGINE_VERSION, IN_CLUSTER_REDIS_IMAGE
-from infra.plan.redis_acl import AclUser, access_string, acl_file, gateway_user, ray_user
+from infra.plan.redis_acl import AclUser, access_string, acl_file, autoscaler_user, gateway_user, ray_user
 from infra.render.common import (
     COMPONENT_LABEL,
     NAMESPACE,
     NODE_GROUP_LABEL,
+    REDIS_AUTOSCALER_SECRET,
     REDIS_RAY_SECRET,
     REDIS_SECRET,
     REDIS_SERVICE,
@@ -77,6 +84,22 @@ class RedisArgs:
     storage_class: str | None = None
     external_passwords: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None
     """External Redis: (the gateway user's password, Ray's user's password)."""
+    autoscaler: bool = False
+    """Some model scales on saturation: Serve's controller gets its read-only user and URL."""
+    external_autoscaler_password: pulumi.Input[str] | None = None
+    """External Redis with `autoscaler`: the controller's user's password (required then)."""
+
+
+def autoscaler_password_required(stack: str) -> str:
+    """Why `pulumi up` stops when an external Redis lacks the controller's password, and the fix."""
+    return (
+        f"Pulumi.{stack}.yaml: a model has `autoscaling.policy: saturation` and `redis.mode: external`, "
+        "but the secret config value `llmstack:redis_autoscaler_password` is not set. Serve's controller "
+        "reads the gateway's queue as its own read-only Redis user: create it in your Redis "
+        "(docs/deploying.md gives the ACL SETUSER line), then "
+        f"`pulumi config set --secret --stack {stack} llmstack:redis_autoscaler_password <password>`; "
+        "or set the model's `autoscaling.policy: ongoing`."
+    )
 
 
 class Redis(pulumi.ComponentResource):
@@ -90,23 +113,33 @@ class Redis(pulumi.ComponentResource):
         self._name, self._args = name, args
         self._k8s = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider, depends_on=[args.namespace])
         spec = args.redis
+        users: dict[AclUser, pulumi.Output[str]] = {}
         if isinstance(spec, ExternalRedis):
             gateway, ray = gateway_user(spec.gateway_user), ray_user(spec.ray_user)
+            autoscaler = autoscaler_user(spec.autoscaler_user)
             assert args.external_passwords is not None
             gateway_password, ray_password = (_secret(p) for p in args.external_passwords)
+            if args.autoscaler:
+                # The program refuses the stack before anything is declared (autoscaler_password_required).
+                assert args.external_autoscaler_password is not None
+                users[autoscaler] = _secret(args.external_autoscaler_password)
             host = pulumi.Output.from_input(spec.host)
             scheme, port = ("rediss" if spec.tls else "redis"), spec.port
         else:
-            gateway, ray = gateway_user(), ray_user()
+            gateway, ray, autoscaler = gateway_user(), ray_user(), autoscaler_user()
             gateway_password, ray_password = (self._password(f"{name}-{user.name}") for user in (gateway, ray))
+            users = {gateway: gateway_password, ray: ray_password}
+            if args.autoscaler:
+                users[autoscaler] = self._password(f"{name}-{autoscaler.name}")
             if isinstance(spec, ManagedRedis):
-                users = {gateway: gateway_password, ray: ray_password}
                 host, scheme, port = self._elasticache(spec, users), "rediss", PORT
             else:
                 host, scheme, port = pulumi.Output.from_input(IN_CLUSTER_HOST), "redis", PORT
-        self.url = _secret(
-            pulumi.Output.concat(scheme, "://", gateway.name, ":", gateway_password, "@", host, f":{port}/0")
-        )
+
+        def url_of(user: AclUser, password: pulumi.Output[str]) -> pulumi.Output[str]:
+            return _secret(pulumi.Output.concat(scheme, "://", user.name, ":", password, "@", host, f":{port}/0"))
+
+        self.url = url_of(gateway, gateway_password)
         self.endpoint = pulumi.Output.concat(host, f":{port}")
         # Ray GCS speaks TLS to ElastiCache only by its real host name (the certificate's).
         self.gcs_address: pulumi.Output[str] | None = (
@@ -124,8 +157,20 @@ class Redis(pulumi.ComponentResource):
             string_data={"username": ray.name, "password": _secret(ray_password)},
             opts=self._k8s,
         )
+        # Only the controller's URL: the head pod's other processes (and the KubeRay cleanup Job,
+        # which copies the head's pod template) see the variable, and it can read queue figures only.
+        self.autoscaler_secret = (
+            k8s.core.v1.Secret(
+                REDIS_AUTOSCALER_SECRET,
+                metadata=self._metadata(REDIS_AUTOSCALER_SECRET),
+                string_data={"url": url_of(autoscaler, users[autoscaler])},
+                opts=self._k8s,
+            )
+            if autoscaler in users
+            else None
+        )
         if isinstance(spec, InClusterRedis):
-            self._in_cluster(spec, {gateway: gateway_password, ray: ray_password})
+            self._in_cluster(spec, users)
         else:
             k8s.core.v1.Service(
                 REDIS_SERVICE,

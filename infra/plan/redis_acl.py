@@ -1,4 +1,5 @@
-"""Redis ACL users: one for the gateway, one for Ray GCS, each limited to its own keys.
+"""Redis ACL users: one for the gateway, one for Ray GCS, one for Serve's autoscaler, each
+limited to its own keys and commands.
 
 Ray pods run tenant-supplied input through vLLM, so a compromised Ray pod must not be able to
 read, mint or un-revoke API keys. The gateway's key records, limiter state and usage all live
@@ -24,6 +25,20 @@ It also publishes and subscribes on the fair queue's wake-up channels (serving.g
 Redis 7 starts users with `resetchannels`, so without `&llmstack:fq:wake:*` the queue's script
 fails on PUBLISH. Ray's user gets no channel.
 
+Serve's controller (on the Ray head) gets a third user when a model scales on saturation
+(serving.autoscaling.gateway_queue): it reads the gateway's fair queue figures for the model, and
+nothing else. Exactly the commands `gateway_queue.read_figures` sends, ZCARD, HGET and GET (in one
+non-transactional pipeline: no MULTI), on the fair queue's keys only. On connect redis-py sends
+AUTH (always allowed: a user must be able to sign in) and, unless told not to, CLIENT SETINFO,
+whose refusal it swallows; `gateway_queue` tells it not to, so nothing it sends is refused (and
+nothing lands in `ACL LOG`). No HELLO: redis-py sends it only for RESP3, which the reader does
+not ask for. The queue's keys share the hash tag `{fq:<model>}` (serving.gateway.queue.fair_queue,
+serving.gateway.capacity.store); in a Redis glob `{` is an ordinary character (only `*`, `?`,
+`[...]` and a backslash are special), so `llmstack:{fq:*` matches them and no API key, limiter, usage or
+spend key (`llmstack:{key:...`, `llmstack:{tenant:...`, ...). Read-only and key-bound: a compromised
+head learns queue sizes and, by HGET with a guessed field, whether a guessed tenant has state in a
+queue; it lists nothing (no ZRANGE, HGETALL, SCAN) and changes nothing.
+
 The same rules go into the in-cluster Redis ACL file and into ElastiCache RBAC access strings,
 which spell the gateway's channels `&*`, the only channel form ElastiCache documents
 (`access_string`).
@@ -38,6 +53,7 @@ from serving.gateway.queue.fair_queue import CHANNEL_PREFIX
 
 GATEWAY_USER = "llmstack-gateway"
 RAY_USER = "llmstack-ray"
+AUTOSCALER_USER = "llmstack-autoscaler"
 GATEWAY_KEY_PATTERNS = ("llmstack:*",)
 GATEWAY_CHANNEL_PATTERNS = (CHANNEL_PREFIX + "*",)
 RAY_KEY_PATTERNS = ("RAY*", "DUMMY")
@@ -56,6 +72,10 @@ RAY_COMMANDS = (
     "del",
     "unlink",
 )
+
+# The fair queue's keys all start with the hash tag `{fq:<model>}` (queue_keys, capacity_key).
+FAIR_QUEUE_KEY_PATTERNS = ("llmstack:{fq:*",)
+AUTOSCALER_COMMANDS = ("zcard", "hget", "get")  # gateway_queue.read_figures, and nothing else
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,11 @@ def gateway_user(name: str = GATEWAY_USER) -> AclUser:
 def ray_user(name: str = RAY_USER) -> AclUser:
     commands = "-@all " + " ".join(f"+{c}" for c in RAY_COMMANDS)
     return AclUser(name=name, key_patterns=RAY_KEY_PATTERNS, commands=commands)
+
+
+def autoscaler_user(name: str = AUTOSCALER_USER) -> AclUser:
+    commands = "-@all " + " ".join(f"+{c}" for c in AUTOSCALER_COMMANDS)
+    return AclUser(name=name, key_patterns=FAIR_QUEUE_KEY_PATTERNS, commands=commands)
 
 
 ELASTICACHE_ALL_CHANNELS = "&*"

@@ -13,6 +13,7 @@ RAYSERVICE_NAME = "llmstack"
 GATEWAY_NAME = "llmstack-gateway"
 REDIS_SECRET = "llmstack-redis"  # the gateway's Redis user; keys: url, username, password (Pulumi program)
 REDIS_RAY_SECRET = "llmstack-redis-ray"  # Ray GCS's Redis user; keys: username, password (Pulumi program)
+REDIS_AUTOSCALER_SECRET = "llmstack-redis-autoscaler"  # Serve controller's read-only Redis user; key: url
 HF_TOKEN_SECRET = "llmstack-hf-token"  # key: token (optional: public models need none)
 REDIS_SERVICE = "llmstack-redis"  # in-cluster Redis, or an ExternalName to ElastiCache
 RAY_SERVICE_ACCOUNT = "llmstack-ray"  # IRSA: read-only access to the stack's model cache (AWS)

@@ -16,6 +16,11 @@ Shape, and why:
   cannot connect and the head never starts (Ray docs, kuberay-gcs-ft.md "Connect to Redis over
   TLS"). KubeRay builds its Redis cleanup Job from the head's pod template, so the Job gets
   the same variables.
+- When a model scales on saturation (`autoscaling.policy: saturation`), the head, and only the
+  head, gets `LLMSTACK_AUTOSCALING_REDIS_URL` from the Secret `llmstack-redis-autoscaler`: Serve's
+  controller runs there and reads the gateway's queue figures with it
+  (serving.autoscaling.gateway_queue), as a Redis user that may only read those
+  (infra.plan.redis_acl.autoscaler_user). Workers run tenant input and never see it.
 - Every Ray container gets the serving path's environment (`serve_config.serving_env`: HAProxy
   as Serve's proxy, direct streaming, LLMRouter replicas per node from the plan), because Ray
   reads it at import time in every process. HAProxy takes the head's Serve port; replicas
@@ -56,6 +61,7 @@ from infra.render.common import (
     RAY_SERVICE_ACCOUNT,
     RAY_WORKER_SERVICE_ACCOUNT,
     RAYSERVICE_NAME,
+    REDIS_AUTOSCALER_SECRET,
     REDIS_RAY_SECRET,
     REDIS_SERVICE,
     labels,
@@ -66,10 +72,12 @@ from infra.render.serve_config import (
     HAPROXY_METRICS_PORT,
     SERVE_PORT,
     node_group_resource,
+    scales_on_saturation,
     serve_config,
     serving_env,
 )
 from infra.spec.schema import CpuNodeGroup, ExternalRedis, GpuNodeGroup, ManagedRedis, StackSpec
+from serving.autoscaling.gateway_queue import REDIS_URL_ENV as AUTOSCALING_REDIS_URL_ENV
 
 # Left to the kubelet, system daemonsets, the NVIDIA device plugin and the DCGM exporter (requests
 # 100m CPU and 128 MiB, infra/render/dcgm.py) on each node.
@@ -242,6 +250,8 @@ def _head_group(spec: StackSpec, env: dict[str, str]) -> dict[str, Any]:
     if "RAY_SERVE_ENABLE_HA_PROXY" in env:
         ports.append({"containerPort": HAPROXY_METRICS_PORT, "name": "haproxy-metrics"})
     container = _container(spec, "ray-head", {"cpu": "2", "memory": "8Gi"}, ports, env)
+    if scales_on_saturation(spec):
+        container["env"].append(secret_env(AUTOSCALING_REDIS_URL_ENV, REDIS_AUTOSCALER_SECRET, "url"))
     return {
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
         "template": _pod(spec, container, {}, [], worker=False),

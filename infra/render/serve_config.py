@@ -259,6 +259,12 @@ def deployment_overrides(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
     }
 
 
+def scales_on_saturation(spec: StackSpec) -> bool:
+    """Some model scales on saturation: Serve's controller then reads the gateway's queue in Redis,
+    as its own read-only user (infra.plan.redis_acl.autoscaler_user)."""
+    return any(model.autoscaling.policy is ScalingPolicy.SATURATION for model in spec.models)
+
+
 def saturation_policy_kwargs(model: ModelSpec, spec: StackSpec) -> dict[str, Any]:
     """`serving.autoscaling.policy.SaturationPolicy`'s arguments: the thresholds, and which
     gateway queue is the model's (none when the gateway queues nothing). No Redis URL: that is

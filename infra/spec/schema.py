@@ -504,13 +504,20 @@ class ExternalRedis(_Spec):
     mode: Literal["external"] = Field(
         description="A Redis you run, with two ACL users (docs/deploying.md: the gateway's and Ray's); their "
         "passwords are the secret config values `llmstack:redis_password` and "
-        "`llmstack:redis_ray_password`."
+        "`llmstack:redis_ray_password`. A model on `autoscaling.policy: saturation` needs a third, "
+        "Serve's controller's read-only user (`llmstack:redis_autoscaler_password`)."
     )
     host: str = Field(description="Host name reachable from the cluster.")
     port: int = Field(default=6379, ge=1, le=65535, description="Port.")
     tls: bool = Field(default=True, description="Connect with TLS.")
     gateway_user: str = Field(default="llmstack-gateway", description="ACL user of the gateway (keys `llmstack:*`).")
     ray_user: str = Field(default="llmstack-ray", description="ACL user of Ray GCS (keys `RAY*`).")
+    autoscaler_user: str = Field(
+        default="llmstack-autoscaler",
+        description="Read-only ACL user of Serve's controller (keys `llmstack:{fq:*`), for models with "
+        "`autoscaling.policy: saturation`; its password is the secret config value "
+        "`llmstack:redis_autoscaler_password`.",
+    )
 
 
 class LocalRedis(_Spec):

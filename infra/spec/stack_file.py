@@ -22,7 +22,7 @@ from infra.spec.schema import SpecError, StackSpec
 NAMESPACE = "llmstack"
 # Secret config values (`pulumi config set --secret llmstack:<key>`), stored encrypted as
 # `{secure: ...}`: only the Pulumi program reads them, through Pulumi's config API.
-SECRET_KEYS = frozenset({"hf_token", "redis_password", "redis_ray_password"})
+SECRET_KEYS = frozenset({"hf_token", "redis_password", "redis_ray_password", "redis_autoscaler_password"})
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -36,6 +36,8 @@ SECRET_NOTES = {
     "hf_token": "Hugging Face token, for gated models (`source:` a hub id that needs one).",
     "redis_password": "Password of the gateway's Redis user, for `redis.mode: external`.",
     "redis_ray_password": "Password of Ray GCS's Redis user, for `redis.mode: external`.",
+    "redis_autoscaler_password": "Password of Serve's controller's read-only Redis user, for `redis.mode: "
+    "external` when a model uses `autoscaling.policy: saturation`.",
 }
 
 

@@ -72,11 +72,29 @@ class _Cache:
     at: float = 0.0
 
 
-def _refresh(cache: _Cache, url: str, source: QueueSource, refresh_s: float) -> None:
+def connect(url: str, timeout_s: float) -> Any:
+    """The controller's Redis client, sending on connect only what its Redis user may run
+    (infra.plan.redis_acl.autoscaler_user: `read_figures`' reads, and AUTH, always allowed).
+    redis-py (>= 5) would also send, unless told otherwise, CLIENT SETINFO (lib_name/lib_version
+    None: not sent) and, since 8 speaks RESP3 by default, HELLO and CLIENT MAINT_NOTIFICATIONS
+    (protocol 2: AUTH alone). It swallows their refusals, but Redis logs each one in ACL LOG on
+    every reconnect, where an operator looks for attacks."""
     import redis
+
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        protocol=2,
+        lib_name=None,
+        lib_version=None,
+    )
+
+
+def _refresh(cache: _Cache, url: str, source: QueueSource, refresh_s: float) -> None:
     from redis.exceptions import RedisError
 
-    client = redis.Redis.from_url(url, socket_timeout=refresh_s, socket_connect_timeout=refresh_s)
+    client = connect(url, refresh_s)
     while not cache.stop.is_set():
         try:
             figures = read_figures(client, source)

@@ -5,11 +5,13 @@ in-cluster one, and Ray GCS signing in as its own user, over TLS with the CA it 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
-from infra.plan.redis_acl import access_string, gateway_user, ray_user
-from tests.support.pulumi_program import ELASTICACHE_HOST, MOCK_PASSWORD, example_run
+from infra.plan.redis_acl import access_string, autoscaler_user, gateway_user, ray_user
+from tests.support.pulumi_program import ELASTICACHE_HOST, MOCK_PASSWORD, REDACTED, example_run, run_program
+from tests.support.stacks import stack_document, write_stack
 
 
 def test_elasticache_has_one_user_per_component_and_the_default_user_off() -> None:
@@ -112,3 +114,93 @@ def test_in_cluster_redis_never_evicts_and_fits_its_memory_limit() -> None:
     maxmemory_mib = int(args[args.index("--maxmemory") + 1].removesuffix("mb"))
     limit_mib = int(container["resources"]["limits"]["memory"].removesuffix("Mi"))
     assert 0.5 * limit_mib <= maxmemory_mib < limit_mib  # below the limit: Redis refuses before the kernel kills it
+
+
+# --- Serve's controller: its own read-only user, only when a model scales on saturation ---
+
+
+SATURATION = {"policy": "saturation"}
+AUTOSCALER_SECRETS = {
+    "llmstack:redis_password": "ext-pass",
+    "llmstack:redis_ray_password": "ext-ray-pass",
+    "llmstack:redis_autoscaler_password": "ext-autoscaler-pass",
+}
+
+
+def saturation_run(tmp_path: Path, redis: dict, config: dict[str, str] | None = None):
+    document = stack_document(redis=redis)
+    [model] = document["config"]["llmstack:models"]
+    model["autoscaling"] = SATURATION
+    write_stack(tmp_path, "sat", document)
+    given = config or {}
+    return run_program("sat", root=tmp_path, config=given, secret_keys=tuple(given))
+
+
+def ray_containers(run) -> tuple[dict, list[dict]]:
+    [rayservice] = run.of_type("kubernetes:ray.io/v1:RayService")
+    cluster = rayservice.inputs["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return head, [g["template"]["spec"]["containers"][0] for g in cluster["workerGroupSpecs"]]
+
+
+URL_ENV = {
+    "name": "LLMSTACK_AUTOSCALING_REDIS_URL",
+    "valueFrom": {"secretKeyRef": {"name": "llmstack-redis-autoscaler", "key": "url"}},
+}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "karpenter"])
+def test_no_saturation_model_no_autoscaler_user_secret_or_variable(stack: str) -> None:
+    run = example_run(stack)
+    assert not [s for s in run.of_type("kubernetes:core/v1:Secret") if s.name == "llmstack-redis-autoscaler"]
+    assert "llmstack-autoscaler" not in {u.inputs["userName"] for u in run.of_type("aws:elasticache/user:User")}
+    head, workers = ray_containers(run)
+    assert all(e["name"] != URL_ENV["name"] for c in (head, *workers) for e in c["env"])
+
+
+def test_managed_redis_gives_the_controller_its_elasticache_user_and_url(tmp_path: Path) -> None:
+    run = saturation_run(tmp_path, {"mode": "managed"})
+    users = {u.inputs["userName"]: u for u in run.of_type("aws:elasticache/user:User")}
+    assert users["llmstack-autoscaler"].inputs["accessString"] == access_string(autoscaler_user())
+    [group] = run.of_type("aws:elasticache/userGroup:UserGroup")
+    assert users["llmstack-autoscaler"].inputs["userId"] in group.inputs["userIds"]
+    secret = run.one("kubernetes:core/v1:Secret", "llmstack-redis-autoscaler")
+    assert secret.inputs["stringData"] == {
+        "url": f"rediss://llmstack-autoscaler:{MOCK_PASSWORD}@{ELASTICACHE_HOST}:6379/0"
+    }
+    assert secret.redacted["stringData"] == REDACTED
+    head, workers = ray_containers(run)
+    assert URL_ENV in head["env"]
+    assert all(e["name"] != URL_ENV["name"] for w in workers for e in w["env"])
+
+
+def test_in_cluster_redis_gives_the_controller_an_acl_line_and_url(tmp_path: Path) -> None:
+    run = saturation_run(tmp_path, {"mode": "in_cluster"})
+    acl = run.one("kubernetes:core/v1:Secret", "llmstack-redis-acl").inputs["stringData"]["users.acl"]
+    digest = hashlib.sha256(MOCK_PASSWORD.encode()).hexdigest()
+    assert f"user llmstack-autoscaler on #{digest} resetkeys resetchannels {autoscaler_user().rules()}" in (
+        acl.splitlines()
+    )
+    url = run.one("kubernetes:core/v1:Secret", "llmstack-redis-autoscaler").inputs["stringData"]["url"]
+    assert url == f"redis://llmstack-autoscaler:{MOCK_PASSWORD}@llmstack-redis.llmstack.svc.cluster.local:6379/0"
+    head, _ = ray_containers(run)
+    assert URL_ENV in head["env"]
+
+
+def test_external_redis_takes_the_controllers_password_from_secret_config(tmp_path: Path) -> None:
+    run = saturation_run(tmp_path, {"mode": "external", "host": "redis.internal.example.com"}, AUTOSCALER_SECRETS)
+    secret = run.one("kubernetes:core/v1:Secret", "llmstack-redis-autoscaler")
+    assert secret.inputs["stringData"] == {
+        "url": "rediss://llmstack-autoscaler:ext-autoscaler-pass@redis.internal.example.com:6379/0"
+    }
+    assert secret.redacted["stringData"] == REDACTED
+
+
+def test_external_redis_without_the_controllers_password_is_refused_naming_file_key_and_fix(tmp_path: Path) -> None:
+    given = {k: v for k, v in AUTOSCALER_SECRETS.items() if k != "llmstack:redis_autoscaler_password"}
+    with pytest.raises(Exception) as refused:
+        saturation_run(tmp_path, {"mode": "external", "host": "redis.internal.example.com"}, given)
+    message = str(refused.value)
+    assert "Pulumi.sat.yaml" in message
+    assert "pulumi config set --secret --stack sat llmstack:redis_autoscaler_password" in message
+    assert "autoscaling.policy: ongoing" in message

@@ -1,16 +1,21 @@
 """The Redis ACL users, enforced by a real redis-server loading the ACL file we generate.
 
 Written as the attack: Ray's user (what a compromised Ray pod holds) tries to read, mint and
-un-revoke API keys and to wipe the store; the gateway's user tries to reach Ray's state. Both
-users then do their real work: the gateway's own key store and limiter code, and every command
-Ray's GCS client and KubeRay's cleanup job issue (infra.plan.redis_acl lists them with their source).
+un-revoke API keys and to wipe the store; the gateway's user tries to reach Ray's state; the
+autoscaler's (what a compromised Ray head holds) tries to write, to read beyond the fair queue's
+figures and to run scripts. All users then do their real work: the gateway's own key store and
+limiter code, every command Ray's GCS client and KubeRay's cleanup job issue (infra.plan.redis_acl
+lists them with their source), and the autoscaler's `read_figures` on its own client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import socket
 import subprocess
+import threading
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -18,11 +23,23 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.plan.redis_acl import GATEWAY_USER, RAY_USER, access_string, acl_file, gateway_user, ray_user
+from infra.plan.redis_acl import (
+    AUTOSCALER_COMMANDS,
+    AUTOSCALER_USER,
+    GATEWAY_USER,
+    RAY_USER,
+    access_string,
+    acl_file,
+    autoscaler_user,
+    gateway_user,
+    ray_user,
+)
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.devstack.local_redis import redis_server_path
 from ops.harness.processes import die_with_parent, free_port
+from serving.autoscaling.gateway_queue import connect, read_figures
 from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
+from serving.gateway.capacity.store import capacity_key
 from serving.gateway.config.gateway_policy import KeyLimits, TenantLimits
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.limits.budgets import month_of, spend_key
@@ -30,11 +47,20 @@ from serving.gateway.limits.limiter import Limiter
 from serving.gateway.limits.ticket import Who
 from serving.gateway.limits.usage_ledger import usage_key
 from serving.gateway.metering.usage_meter import Usage
-from serving.gateway.queue.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused
+from serving.gateway.queue.fair_queue import CHANNEL_PREFIX, FairQueue, QueueRefused, queue_keys
+from tests.serving.autoscaling.test_gateway_queue import source, with_waiters
+from tests.support.fair_queue import POLICY, fresh_model
 
 # ElastiCache's documented access-string grammar (infra.plan.redis_acl.access_string has the source).
 ELASTICACHE_DOCUMENTED = re.compile(r"on|off|~\S+|&\*|[+-]@?[a-z|_-]+")
-PASSWORDS = {GATEWAY_USER: "gateway-secret-0123456789", RAY_USER: "ray-secret-0123456789"}
+PASSWORDS = {
+    GATEWAY_USER: "gateway-secret-0123456789",
+    RAY_USER: "ray-secret-0123456789",
+    AUTOSCALER_USER: "autoscaler-secret-0123456789",
+}
+USERS = [gateway_user(), ray_user(), autoscaler_user()]
+# Only in the test's ACL file: to read ACL LOG (what Redis refused, and to whom).
+ADMIN, ADMIN_PASSWORD = "test-admin", "admin-secret-0123456789"
 NAMESPACE = "864b004c-6305-42e3-ac46-adfa8eb6f752"  # a RayCluster UID, as KubeRay sets it
 TABLE = f"RAY{NAMESPACE}@NODE"
 
@@ -42,7 +68,8 @@ TABLE = f"RAY{NAMESPACE}@NODE"
 @pytest.fixture(scope="module")
 def acl_redis(tmp_path_factory: pytest.TempPathFactory):
     folder: Path = tmp_path_factory.mktemp("redis-acl")
-    (folder / "users.acl").write_text(acl_file(PASSWORDS, [gateway_user(), ray_user()]))
+    admin = f"user {ADMIN} on >{ADMIN_PASSWORD} ~* &* +@all\n"
+    (folder / "users.acl").write_text(acl_file(PASSWORDS, USERS) + admin)
     port = free_port()
     process = subprocess.Popen(
         [
@@ -282,7 +309,8 @@ def test_ray_gcs_and_kuberay_cleanup_commands_work_as_rays_user(acl_redis: int) 
 def test_elasticache_access_strings_are_the_same_rules_in_documented_grammar() -> None:
     assert access_string(gateway_user()) == "on ~llmstack:* &* +@all -@dangerous +info"
     assert access_string(ray_user()).startswith("on ~RAY* ~DUMMY -@all +ping +info ")
-    for user in (gateway_user(), ray_user()):
+    assert access_string(autoscaler_user()) == "on ~llmstack:{fq:* -@all +zcard +hget +get"
+    for user in USERS:
         undocumented = [t for t in access_string(user).split() if not ELASTICACHE_DOCUMENTED.fullmatch(t)]
         assert not undocumented, f"{user.name}: {undocumented} is not in ElastiCache's documented access-string grammar"
 
@@ -318,7 +346,7 @@ def elasticache_rules_redis(tmp_path_factory: pytest.TempPathFactory):
                 break
             except redis.ConnectionError:
                 asyncio.run(asyncio.sleep(0.05))
-        for user in (gateway_user(), ray_user()):
+        for user in USERS:
             admin.execute_command(
                 "ACL", "SETUSER", user.name, "reset", f">{PASSWORDS[user.name]}", *access_string(user).split()
             )
@@ -344,5 +372,184 @@ def test_the_deploying_guide_gives_external_redis_the_same_rules() -> None:
     from infra.spec.stack_file import PROJECT_ROOT
 
     guide = " ".join((PROJECT_ROOT / "docs" / "deploying.md").read_text().split())
-    for user in (gateway_user(), ray_user()):
+    for user in USERS:
         assert f"ACL SETUSER {user.name} on >PASSWORD {user.rules()}" in guide
+
+
+# --- the autoscaler's user: Serve's controller on the Ray head reads the queue's figures ----
+
+
+def admin(port: int) -> redis.Redis:
+    return redis.Redis(port=port, username=ADMIN, password=ADMIN_PASSWORD, decode_responses=True)
+
+
+def test_the_autoscaler_cannot_write_nor_read_beyond_the_queue_nor_run_scripts(acl_redis: int) -> None:
+    """What a compromised Ray head holds. The gateway's keys, limiter, spend, usage and its queue
+    (state, waiters, capacity) all exist; each attack is refused and changes nothing."""
+    gateway_url = url(acl_redis, GATEWAY_USER)
+    create_key_sync(gateway_url, "acme", "victim")
+    gateway = as_user(acl_redis, GATEWAY_USER)
+    [record] = [n for n in gateway.scan_iter(match="llmstack:*") if "by-id" not in n and "{fq:" not in n][:1]
+    model = fresh_model()
+    keys = queue_keys(model, len(POLICY.tiers))
+    gateway.hset(keys.state, "svc_us", 1000)
+    gateway.zadd(keys.queues[0], {"waiter-1": 1})
+    gateway.set(keys.replicas, 1)
+    gateway.hset(capacity_key(model), "slots", 2)
+    today = datetime.now(timezone.utc)
+    gateway.hset(usage_key("acme", today.date()), "k|completion|m", 10)
+    gateway.hset(spend_key("acme", month_of(today)), "tenant", 80000)
+    gateway.set("llmstack:{tenant:acme}:limiter", "5")
+    before = {n: gateway.dump(n) for n in gateway.scan_iter(match="llmstack:*")}
+
+    head = as_user(acl_redis, AUTOSCALER_USER)
+    attacks = {
+        # write the queue: admit past capacity, drop waiters, fake a free replica
+        "set replicas": lambda: head.set(keys.replicas, 100),
+        "hset svc_us": lambda: head.hset(keys.state, "svc_us", 0),
+        "zrem waiter": lambda: head.zrem(keys.queues[0], "waiter-1"),
+        "zadd waiter": lambda: head.zadd(keys.queues[0], {"forged": 0}),
+        "del queue": lambda: head.delete(keys.queues[0]),
+        "hset capacity": lambda: head.hset(capacity_key(model), "slots", 100),
+        "incr": lambda: head.incr(keys.replicas),
+        "expire": lambda: head.expire(keys.state, 1),
+        # read past the three figures: who waits, and anything outside the queue
+        "zrange waiters": lambda: head.zrange(keys.queues[0], 0, -1),
+        "hgetall state": lambda: head.hgetall(keys.state),
+        "get key record": lambda: head.get(record),
+        "hget spend": lambda: head.hget(spend_key("acme", month_of(today)), "tenant"),
+        "hget usage": lambda: head.hget(usage_key("acme", today.date()), "k|completion|m"),
+        "get limiter": lambda: head.get("llmstack:{tenant:acme}:limiter"),
+        "get key prefix": lambda: head.get("llmstack:key:abc"),
+        "scan": lambda: head.scan(0, match="llmstack:*"),
+        "keys": lambda: head.keys("*"),
+        "type": lambda: head.type(record),
+        "dump queue": lambda: head.dump(keys.state),
+        # scripts and functions run any command on any key they are given
+        "eval": lambda: head.eval("return redis.call('GET', KEYS[1])", 1, keys.replicas),
+        "eval_ro": lambda: head.eval_ro("return redis.call('GET', KEYS[1])", 1, keys.replicas),
+        "script load": lambda: head.script_load("return 1"),
+        "fcall": lambda: head.fcall("f", 0),
+        # pub/sub: a forged wake-up admits a waiter past capacity
+        "publish": lambda: head.publish(CHANNEL_PREFIX + "gw-1", "token|A|1"),
+        # the server itself
+        "flushall": lambda: head.flushall(),
+        "config": lambda: head.config_set("appendonly", "no"),
+        "acl setuser": lambda: head.acl_setuser(AUTOSCALER_USER, commands=["+@all"]),
+        "multi/exec": lambda: head.pipeline(transaction=True).get(keys.replicas).execute(),
+    }
+    allowed = []
+    for name, attack in attacks.items():
+        try:
+            attack()
+            allowed.append(name)
+        except redis.exceptions.NoPermissionError:
+            pass
+        except redis.exceptions.ExecAbortError:  # MULTI refused inside the transaction
+            pass
+    assert allowed == []
+    assert {n: gateway.dump(n) for n in gateway.scan_iter(match="llmstack:*")} == before
+
+
+def test_the_autoscaler_reads_the_queue_figures_and_nothing_it_sends_is_refused(acl_redis: int) -> None:
+    """`read_figures` on the controller's own client (`gateway_queue.connect`), while the gateway's
+    fair queue holds real waiters: the figures match what the gateway's user reads, and ACL LOG,
+    where Redis records every refused command (CLIENT SETINFO on connect included), stays empty."""
+    admin(acl_redis).acl_log_reset()
+    model = fresh_model()
+    seen = {}
+
+    def check() -> None:
+        head = connect(url(acl_redis, AUTOSCALER_USER), timeout_s=5)
+        seen["head"] = read_figures(head, source(model))
+        head.close()
+        gateway = redis.Redis.from_url(url(acl_redis, GATEWAY_USER))
+        seen["gateway"] = read_figures(gateway, source(model))
+        gateway.close()
+
+    asyncio.run(with_waiters(url(acl_redis, GATEWAY_USER), model, 2, check))
+    assert seen["head"].depth == 2 and seen["head"].expected_wait_s is not None
+    assert seen["head"] == seen["gateway"]
+    refused = [(e["username"], e["object"]) for e in admin(acl_redis).acl_log() if e["username"] == AUTOSCALER_USER]
+    assert refused == []
+
+
+class RecordingProxy:
+    """A TCP proxy in front of redis-server that keeps what clients send: the commands on the wire,
+    whatever the server does with them (a refused or unknown command reaches neither MONITOR nor,
+    before Redis 7.2 knew CLIENT SETINFO, ACL LOG)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port, self.sent = upstream_port, bytearray()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+                threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, record: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if record:
+                    self.sent += data
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def commands(self) -> list[str]:
+        """The command name of each RESP array sent (with its subcommand for CLIENT)."""
+        words = [w.decode() for w in bytes(self.sent).split(b"\r\n")]
+        names = []
+        for i, word in enumerate(words):
+            if word.startswith("*") and i + 2 < len(words):
+                name = words[i + 2].upper()
+                names.append(f"{name} {words[i + 4].upper()}" if name == "CLIENT" else name)
+        return names
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_on_the_wire_the_autoscaler_sends_auth_and_its_three_reads_only(acl_redis: int) -> None:
+    """What `read_figures` on `gateway_queue.connect`'s client sends, connection set-up included,
+    is what `autoscaler_user` grants (AUTH is always allowed)."""
+    model = fresh_model()
+    keys = queue_keys(model, len(POLICY.tiers))
+    as_user(acl_redis, GATEWAY_USER).zadd(keys.queues[0], {"w1": 1})
+    proxy = RecordingProxy(acl_redis)
+    try:
+        head = connect(f"redis://{AUTOSCALER_USER}:{PASSWORDS[AUTOSCALER_USER]}@127.0.0.1:{proxy.port}/0", 5)
+        assert read_figures(head, source(model)).depth == 1
+        head.close()
+    finally:
+        proxy.close()
+    granted = {c.upper() for c in AUTOSCALER_COMMANDS}
+    assert set(proxy.commands()) == {"AUTH"} | granted
+
+
+def test_elasticache_rules_let_the_autoscaler_read_its_figures_only(elasticache_rules_redis) -> None:
+    model = fresh_model()
+    gateway = as_user(elasticache_rules_redis, GATEWAY_USER)
+    keys = queue_keys(model, len(POLICY.tiers))
+    gateway.zadd(keys.queues[1], {"w1": 1, "w2": 2})
+    gateway.hset(keys.state, "svc_us", 500_000)
+    gateway.set("llmstack:key:abc", "1")
+    head = connect(url(elasticache_rules_redis, AUTOSCALER_USER), timeout_s=5)
+    figures = read_figures(head, source(model))
+    assert figures.depth == 2 and figures.expected_wait_s == pytest.approx(2 * 0.5 / 1)
+    reader = as_user(elasticache_rules_redis, AUTOSCALER_USER)
+    for attack in (
+        lambda: reader.get("llmstack:key:abc"),
+        lambda: reader.set(keys.replicas, 5),
+        lambda: reader.zrange(keys.queues[1], 0, -1),
+        lambda: reader.eval("return 1", 0),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attack()
+    head.close()

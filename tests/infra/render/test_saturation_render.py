@@ -59,6 +59,23 @@ def test_the_policy_and_its_thresholds_are_in_the_deployment_override():
     assert "policy" not in plain  # ongoing: Serve's default policy, config unchanged
 
 
+def test_only_the_ray_head_gets_the_controllers_redis_url_and_only_with_a_saturation_model():
+    """Serve's controller runs on the head; workers run tenant input and never see the URL."""
+    from infra.plan.planner import plan_stack
+    from infra.render.rayservice import rayservice
+
+    def env_names(spec) -> tuple[set[str], set[str]]:
+        cluster = rayservice(spec, plan_stack(spec))["spec"]["rayClusterConfig"]
+        head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+        workers = [g["template"]["spec"]["containers"][0]["env"] for g in cluster["workerGroupSpecs"]]
+        return {e["name"] for e in head}, {e["name"] for w in workers for e in w}
+
+    head, workers = env_names(two_models())
+    assert "LLMSTACK_AUTOSCALING_REDIS_URL" in head and "LLMSTACK_AUTOSCALING_REDIS_URL" not in workers
+    ongoing = spec_from_document(stack_document(gateway={"allow_plaintext": True}), name="o", file_label="o")
+    assert "LLMSTACK_AUTOSCALING_REDIS_URL" not in set.union(*env_names(ongoing))
+
+
 def test_no_gateway_queue_means_no_queue_to_watch():
     spec = two_models(queue={"enabled": False})
     kwargs = model_app(serve_config(spec), "hot")["deployments"][0]["autoscaling_config"]["policy"]["policy_kwargs"]
