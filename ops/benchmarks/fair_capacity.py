@@ -71,10 +71,12 @@ JAIN_STREAMS = 32  # per tenant: 4 x 32 is twice the ceiling (64), so every tena
 
 
 def stack_text(local_text: str, *, engine_priority: bool) -> str:
-    """Pulumi.local.yaml with its second model replaced by a copy of the first that does not adapt."""
+    """Pulumi.local.yaml with its second model replaced by a copy of the first that does not adapt,
+    both without LoRA adapters (ids are unique per stack, and fairness is measured on the base)."""
     document = yaml.safe_load(local_text)
     config = document["config"]
-    adaptive = next(m for m in config["llmstack:models"] if m["id"] == ADAPTIVE)
+    served = next(m for m in config["llmstack:models"] if m["id"] == ADAPTIVE)
+    adaptive = {key: value for key, value in served.items() if key != "lora"}
     fixed = {**adaptive, "id": FIXED, "latency_target": {**adaptive["latency_target"], "adaptive": False}}
     config["llmstack:models"] = [adaptive, fixed]
     # Scheduling tokens, not cores: room for both models' replicas and their routers at once,
