@@ -11,7 +11,9 @@ which part of it. A request steers it with a directive in its first prompt text:
 - tokens: output tokens of the whole answer (never more than the body's limit);
 - cut_after: the replica dies after sending this many content chunks (its connection is
   aborted: no end of the chunked body, no [DONE]); `cuts`: how many streams of this answer die
-  so (default 1: the first only); interval: seconds between tokens.
+  so (default 1: the first only); interval: seconds between tokens;
+- in_prefill: a dying stream's replica dies before its response headers, as Ray Serve LLM's
+  ingress sends them only with the first chunk: HAProxy's 502 where the stream would have been.
 
 A continuation (/v1/completions whose prompt is token ids: the prompt's, then the generated
 ones) is answered deterministically from where those ids stop: the original request is known by
@@ -52,6 +54,7 @@ class _Answer:
     cut_after: int | None
     cuts: int
     interval: float
+    in_prefill: bool = False
     streams: int = 0
 
 
@@ -97,7 +100,7 @@ class ResumableUpstream:
         answer.streams += 1
         dies = answer.cut_after is not None and answer.streams <= answer.cuts
         chat = path == "/v1/chat/completions"
-        if not document.get("stream"):
+        if not document.get("stream") or (dies and answer.in_prefill):
             await self._whole(send, answer, chat, dies, done, end, len(prompt_ids))
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
@@ -203,6 +206,7 @@ class ResumableUpstream:
             cut_after=steer.get("cut_after"),
             cuts=int(steer.get("cuts", 1)),
             interval=float(steer.get("interval", 0.0)),
+            in_prefill=bool(steer.get("in_prefill", False)),
         )
         self._answers.append(answer)
         number = len(self._answers) - 1

@@ -42,7 +42,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -81,6 +81,11 @@ def client_usage_wishes(document: dict[str, Any]) -> tuple[bool, bool]:
 class Usage:
     prompt: int
     completion: int
+    # A resumed stream's re-done work (serving.gateway.upstream.resuming_relay): the prompt and answer
+    # so far prefilled again, and tokens generated again at the seam. The platform's cost, recorded
+    # in the usage ledger as overhead, never billed: `total` leaves it out.
+    overhead_prompt: int = 0
+    overhead_completion: int = 0
 
     @property
     def total(self) -> int:
@@ -180,6 +185,7 @@ class UsageMeter:
         self.strip_final, self.strip_continuous = not client_final_usage, not client_continuous_usage
         self.status = 200
         self.usage: Usage | None = None  # the upstream's final count
+        self._overhead = (0, 0)  # a resumed stream's re-done (prompt, completion) tokens: not billed
         self.finished = False
         self._worked_unanswered = False
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
@@ -232,7 +238,17 @@ class UsageMeter:
     def billed(self) -> int:
         return self.billed_usage().total
 
+    def add_overhead(self, prompt: int, completion: int) -> None:
+        """Count a continuation's re-done work (`Usage.overhead_*`): settled with the bill, never in it."""
+        self._overhead = (self._overhead[0] + prompt, self._overhead[1] + completion)
+
     def billed_usage(self) -> Usage:
+        billed = self._billed_usage()
+        if self._overhead == (0, 0):
+            return billed
+        return replace(billed, overhead_prompt=self._overhead[0], overhead_completion=self._overhead[1])
+
+    def _billed_usage(self) -> Usage:
         if self._worked_unanswered:
             return self._reserved()
         if self.status >= 400:

@@ -282,7 +282,7 @@ class UpstreamProxy:
                         allow_redirects=False,
                         **timeout,
                     ),
-                    again=self._retries_answer(route, meter),
+                    again=self._retries_answer(route),
                     on_retry=self._count_retry(model),
                 )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
@@ -325,10 +325,11 @@ class UpstreamProxy:
             resume=resuming,
         )
 
-    def _retries_answer(self, route: ApiRoute, meter: UsageMeter) -> bool:
-        """A non-streamed completion is sent once more if its replica dies before answering
-        (serving.gateway.upstream.answer_retry); streams are resumed instead."""
-        return self._settings.stream_resume.active and route.path in COMPLETION_PATHS and not meter.stream
+    def _retries_answer(self, route: ApiRoute) -> bool:
+        """A completion is sent once more if its replica dies before the response headers
+        (serving.gateway.upstream.answer_retry): a non-streamed answer, or a stream still in its
+        prefill; a stream that broke after its headers is resumed instead."""
+        return self._settings.stream_resume.active and route.path in COMPLETION_PATHS
 
     def _count_retry(self, model: str | None) -> Callable[[str], None]:
         label = self._metrics.model_label(model)

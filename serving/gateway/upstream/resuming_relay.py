@@ -241,3 +241,5 @@ class ResumingRelay:
         overhead = self._metrics.stream_resume_overhead_tokens
         overhead.labels(model=self._model, kind="prompt").inc(splice.overhead_prompt_tokens)
         overhead.labels(model=self._model, kind="completion").inc(splice.overhead_output_tokens)
+        # ... and in the usage ledger with the settlement, as the platform's (llmctl cost's overhead line)
+        self._meter.add_overhead(splice.overhead_prompt_tokens, splice.overhead_output_tokens)
