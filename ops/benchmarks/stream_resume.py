@@ -78,17 +78,19 @@ class StreamResult:
         return after[0] - (before[-1] if before else moment)
 
 
-def prompt(index: int) -> str:
-    return f"Stream {index}: tell the story of the number {index * 7919 % 1000} and all its neighbours."
+def prompt(index: int, padding: int = 0) -> str:
+    """Stream `index`'s question; `padding` more words make its prefill longer (a kill during it)."""
+    pad = " ".join(f"n{(index * 31 + j) % 97}" for j in range(padding))
+    return f"Stream {index}: tell the story of the number {index * 7919 % 1000} and all its neighbours. {pad}".strip()
 
 
-def one_stream(client: openai.OpenAI, model: str, max_tokens: int, result: StreamResult) -> None:
+def one_stream(client: openai.OpenAI, model: str, max_tokens: int, result: StreamResult, padding: int = 0) -> None:
     """Stream one greedy chat answer of exactly `max_tokens` tokens into `result` as the chunks
     come (a watcher sees the progress); an error is recorded, never raised."""
     try:
         stream = client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": prompt(result.index)}],
+            messages=[{"role": "user", "content": prompt(result.index, padding)}],
             max_tokens=max_tokens,
             temperature=0,
             stream=True,
@@ -118,6 +120,7 @@ def run_streams(
     streams: int,
     max_tokens: int,
     *,
+    padding: int = 0,
     when: Callable[[list[StreamResult]], bool] | None = None,
     then: Callable[[], None] | None = None,
 ) -> list[StreamResult]:
@@ -126,7 +129,7 @@ def run_streams(
     client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
     results = [StreamResult(i) for i in range(streams)]
     threads = [
-        threading.Thread(target=one_stream, args=(client, model, max_tokens, result), daemon=True) for result in results
+        threading.Thread(target=one_stream, args=(client, model, max_tokens, r, padding), daemon=True) for r in results
     ]
     for thread in threads:
         thread.start()
@@ -174,6 +177,10 @@ class ReplicaKiller:
         self._start = {p.pid: established(p) for p in self.replicas}
         self.killed: dict = {}
 
+    def serving(self) -> bool:
+        """Some replica holds a connection more than at the start: a request reached it."""
+        return any(established(p) > self._start[p.pid] for p in self.replicas)
+
     def __call__(self) -> None:
         added = {p.pid: established(p) - self._start[p.pid] for p in self.replicas}
         victim = max(self.replicas, key=lambda p: added[p.pid])
@@ -185,6 +192,24 @@ class ReplicaKiller:
             "engine_pids": engines,
             "connections_added": {str(pid): n for pid, n in added.items()},
         }
+
+
+class ScaleDown:
+    """Instead of a kill: `llmctl scale` the model back to one replica while the streams run, in a
+    thread of its own (it returns once Serve applied it). Serve stops one replica gracefully: its
+    HAProxy drain (RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S), then up to
+    graceful_shutdown_timeout_s for its requests, then the kill; streams longer than that are cut
+    by the kill and resumed by the gateway."""
+
+    def __init__(self, stack: Path, model: str) -> None:
+        self._stack, self._model = stack, model
+        self.killed: dict = {}
+        self.thread: threading.Thread | None = None
+
+    def __call__(self) -> None:
+        self.killed = {"at": time.monotonic(), "scale_down": "2 -> 1"}
+        self.thread = threading.Thread(target=llmctl_scale, args=(self._stack, self._model, 1, 1), daemon=True)
+        self.thread.start()
 
 
 def resume_counters(metrics_url: str) -> dict[str, float]:
@@ -255,7 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny-chat")
     parser.add_argument("--streams", type=int, default=50)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--kill-after", type=int, default=20, help="content chunks every stream has at the kill")
+    parser.add_argument(
+        "--kill-after",
+        type=int,
+        default=20,
+        help="content chunks every stream has at the kill; 0: while requests have reached a replica and no "
+        "stream has a chunk yet (a kill during prefill)",
+    )
+    parser.add_argument("--padding", type=int, default=0, help="words added to each prompt (a longer prefill)")
+    parser.add_argument(
+        "--scale-down", action="store_true", help="scale the model from two replicas to one instead of a SIGKILL"
+    )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "build/bench/stream_resume.json")
     args = parser.parse_args(argv)
 
@@ -274,13 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     key = create_key_sync(dev.redis_url, "bench-resume", "stream-resume", limits=limits)
     llmctl_scale(args.stack, args.model, 2, 2)
     try:
-        reference = run_streams(dev.base_url, key, args.model, args.streams, args.max_tokens)
+        reference = run_streams(dev.base_url, key, args.model, args.streams, args.max_tokens, padding=args.padding)
         before = resume_counters(dev.metrics_url)
-        killer = ReplicaKiller(dev.pid, args.model)
+        killer: ReplicaKiller | ScaleDown = (
+            ScaleDown(args.stack, args.model) if args.scale_down else ReplicaKiller(dev.pid, args.model)
+        )
 
         def ready(results: list[StreamResult]) -> bool:
             if args.kill_after == 0:
-                return True
+                return not any(r.chunk_times for r in results) and (isinstance(killer, ScaleDown) or killer.serving())
             return all(len(r.chunk_times) >= args.kill_after for r in results)
 
         killed = run_streams(
@@ -289,16 +326,20 @@ def main(argv: list[str] | None = None) -> int:
             args.model,
             args.streams,
             args.max_tokens,
+            padding=args.padding,
             when=ready,
             then=killer,
         )
         after = resume_counters(dev.metrics_url)
+        if isinstance(killer, ScaleDown) and killer.thread is not None:
+            killer.thread.join()
     finally:
         llmctl_scale(args.stack, args.model, scaling.min_replicas, scaling.max_replicas)
     report = {
         "streams": args.streams,
         "max_tokens": args.max_tokens,
         "kill_after_chunks": args.kill_after,
+        "padding_words": args.padding,
         "reference_whole": sum(r.whole for r in reference),
         "kill": killer.killed,
         "findings": compare(reference, killed, killer.killed.get("at")),

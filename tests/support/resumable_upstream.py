@@ -12,6 +12,10 @@ which part of it. A request steers it with a directive in its first prompt text:
 - cut_after: the replica dies after sending this many content chunks (its connection is
   aborted: no end of the chunked body, no [DONE]); `cuts`: how many streams of this answer die
   so (default 1: the first only); interval: seconds between tokens;
+- engine_error: a dying stream ends instead with vLLM's error event for an engine stopped under
+  it (500 `InternalServerError`, then `[DONE]`: a replica whose graceful shutdown ran out, an
+  engine process killed while its replica lived); `error_code` sets the event's code (400: an
+  error of the request, which is the answer and never resumed);
 - in_prefill: a dying stream's replica dies before its response headers, as Ray Serve LLM's
   ingress sends them only with the first chunk: HAProxy's 502 where the stream would have been.
 
@@ -55,6 +59,8 @@ class _Answer:
     cuts: int
     interval: float
     in_prefill: bool = False
+    engine_error: bool = False
+    error_code: int = 500
     streams: int = 0
 
 
@@ -135,7 +141,13 @@ class ResumableUpstream:
             )
         for sent, i in enumerate(range(done, end)):
             if dies and sent == answer.cut_after:
-                raise ReplicaDied(answer.rid)
+                if not answer.engine_error:
+                    raise ReplicaDied(answer.rid)
+                kind = "InternalServerError" if answer.error_code >= 500 else "BadRequestError"
+                message = "EngineCore encountered an issue" if answer.error_code >= 500 else "bad request"
+                await event({"error": {"message": message, "type": kind, "param": None, "code": answer.error_code}})
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                return
             await asyncio.sleep(answer.interval)
             with self._lock:
                 self.generated[answer.rid]["completion"] += 1
@@ -207,6 +219,8 @@ class ResumableUpstream:
             cuts=int(steer.get("cuts", 1)),
             interval=float(steer.get("interval", 0.0)),
             in_prefill=bool(steer.get("in_prefill", False)),
+            engine_error=bool(steer.get("engine_error", False)),
+            error_code=int(steer.get("error_code", 500)),
         )
         self._answers.append(answer)
         number = len(self._answers) - 1

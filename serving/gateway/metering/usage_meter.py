@@ -175,7 +175,7 @@ class UsageMeter:
         reservation: Reservation,
         client_final_usage: bool = True,
         client_continuous_usage: bool = True,
-        client_chunk: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        client_chunk: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         self.stream, self.reservation = stream, reservation
         # A resumable stream's hook (serving.gateway.resume.request): every event is parsed and
@@ -304,12 +304,13 @@ class UsageMeter:
         chunk, dumps = _parse_event(data[len(b"data: ") :])
         if not isinstance(chunk, dict):
             return event + end
-        if upstream_errors.is_error_event(chunk):  # its text may name internal addresses and exceptions
-            if self._client_chunk is not None:
-                self._client_chunk(chunk)
-            return upstream_errors.stream_error_event(chunk, data) + end
+        if upstream_errors.is_error_event(chunk):
+            return self._error_event(chunk, data, end)
         if self._client_chunk is not None:
-            chunk = self._client_chunk(chunk)
+            viewed = self._client_chunk(chunk)
+            if viewed is None:
+                return b""
+            chunk = viewed
             event = b"data: " + dumps(chunk)
         choices = chunk.get("choices")
         choices = choices if isinstance(choices, list) else []
@@ -329,6 +330,14 @@ class UsageMeter:
             return event + end
         del chunk["usage"]
         return b"data: " + dumps(chunk) + end
+
+    def _error_event(self, chunk: dict[str, Any], data: bytes, end: bytes) -> bytes:
+        """The gateway's own error event in place of the upstream's (whose text may name internal
+        addresses and exceptions); nothing when a resumable stream holds it back to resume instead
+        (serving.gateway.resume.request)."""
+        if self._client_chunk is not None and self._client_chunk(chunk) is None:
+            return b""
+        return upstream_errors.stream_error_event(chunk, data) + end
 
     def _learn_shape(self, event: bytes, chunk: dict[str, Any], sequence: tuple[int, bool]) -> None:
         learned = event_shape.learn(event, chunk, *sequence)

@@ -180,7 +180,8 @@ class UpstreamStream(Response):
                     if self._client_gone:  # that send went nowhere: relay nothing more
                         return
             upstream.release()  # fully read: its connection goes back to the pool
-            if self._resuming is not None and not meter.done_seen:  # ended without its end marker
+            # Ended without its end marker, or with a server-side error event held back from the client.
+            if self._resuming is not None and (not meter.done_seen or self._resuming.interrupted):
                 await self._resuming.carry_on(None, send)
                 return
             held_back = meter.finish()

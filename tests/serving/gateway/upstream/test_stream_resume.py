@@ -135,6 +135,41 @@ def test_a_stream_cut_by_its_replica_reads_as_one_whole_answer_billed_once(
     assert (row.overhead_prompt_tokens, row.overhead_completion_tokens) == (PROMPT_TOKENS + cut_after, 0)
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_stream_whose_engine_stops_under_it_is_resumed_not_ended_with_an_error(
+    gateway, upstream, redis_server, tenant_key, route
+):
+    """A replica whose graceful shutdown ran out stops its engine under the streams it still has:
+    vLLM ends each with a 500 error event and [DONE]. That is a lost replica, not the answer."""
+    tenant, key = tenant_key
+    tokens, rid = 8, uuid.uuid4().hex
+    prompt = directive(id=rid, tokens=tokens, cut_after=3, engine_error=True) + "\nWhat is a KV cache?"
+    api = client(gateway, key)
+    options = {"max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
+    if route == "chat":
+        messages = [{"role": "user", "content": prompt}]
+        chunks = list(api.chat.completions.create(model="tiny", messages=messages, **options))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        chunks = list(api.completions.create(model="tiny", prompt=prompt, **options))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == answer_text(tokens) and len({c.id for c in chunks}) == 1
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (PROMPT_TOKENS, tokens)
+    continuations = [body for body in upstream.continuations() if body["prompt"][0] == upstream.requests_of(rid)]
+    assert len(continuations) == 1 and continuations[0]["max_tokens"] == tokens - 3
+    expected = PROMPT_TOKENS + tokens
+    assert billed(redis_server.url, tenant, key) == (expected, expected)
+
+
+def test_an_error_event_of_the_request_itself_is_its_answer_never_resumed(gateway, upstream, tenant_key):
+    _, key = tenant_key
+    rid = uuid.uuid4().hex
+    prompt = directive(id=rid, tokens=8, cut_after=2, engine_error=True, error_code=400) + "\nWhat is a KV cache?"
+    with pytest.raises(openai.APIError):
+        list(client(gateway, key).completions.create(model="tiny", prompt=prompt, max_tokens=8, stream=True))
+    assert [body for body in upstream.continuations() if body["prompt"][0] == upstream.requests_of(rid)] == []
+
+
 def test_a_client_that_leaves_mid_stream_never_gets_a_continuation(gateway, upstream, redis_server, tenant_key):
     tenant, key = tenant_key
     rid = uuid.uuid4().hex
