@@ -165,32 +165,53 @@ def established(process: psutil.Process) -> int:
         return 0
 
 
+def tree_cpu_s(process: psutil.Process) -> float:
+    """CPU seconds of `process` and its descendants (its engine); 0 for one gone."""
+    total = 0.0
+    try:
+        for member in (process, *process.children(recursive=True)):
+            times = member.cpu_times()
+            total += times.user + times.system
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+# CPU seconds a replica's tree spends beyond its idle rate once requests reach it (a prefill)
+BUSY_CPU_S = 0.5
+
+
 class ReplicaKiller:
     """SIGKILLs the replica of `model` that serves the most streams in flight: the one whose
-    established connections grew the most since `__init__` (Serve's router need not spread a
-    run's streams evenly). Replicas are found among `root_pid`'s descendants by their title."""
+    established connections grew the most since `__init__` (HAProxy opens one per request unless
+    it reuses an idle one, so the CPU its process tree used breaks ties); Serve's router need not
+    spread a run's streams evenly. Replicas are found among `root_pid`'s descendants by title."""
 
     def __init__(self, root_pid: int, model: str) -> None:
         self.replicas = replica_processes(root_pid, f"LLMServer:{model}")
         if len(self.replicas) < 2:
             raise RuntimeError(f"{len(self.replicas)} replica(s) of {model}: the kill needs a second to resume on")
-        self._start = {p.pid: established(p) for p in self.replicas}
+        self._connections = {p.pid: established(p) for p in self.replicas}
+        self._cpu = {p.pid: tree_cpu_s(p) for p in self.replicas}
         self.killed: dict = {}
 
+    def _load(self, process: psutil.Process) -> tuple[int, float]:
+        return established(process) - self._connections[process.pid], tree_cpu_s(process) - self._cpu[process.pid]
+
     def serving(self) -> bool:
-        """Some replica holds a connection more than at the start: a request reached it."""
-        return any(established(p) > self._start[p.pid] for p in self.replicas)
+        """Requests reached some replica: a connection more than at the start, or its engine busy."""
+        return any(added > 0 or cpu > BUSY_CPU_S for added, cpu in map(self._load, self.replicas))
 
     def __call__(self) -> None:
-        added = {p.pid: established(p) - self._start[p.pid] for p in self.replicas}
-        victim = max(self.replicas, key=lambda p: added[p.pid])
+        load = {p.pid: self._load(p) for p in self.replicas}
+        victim = max(self.replicas, key=lambda p: load[p.pid])
         engines = [p.pid for p in victim.children(recursive=True)]
         os.kill(victim.pid, signal.SIGKILL)
         self.killed = {
             "at": time.monotonic(),
             "pid": victim.pid,
             "engine_pids": engines,
-            "connections_added": {str(pid): n for pid, n in added.items()},
+            "connections_and_cpu_s_since_start": {str(pid): [n, round(c, 2)] for pid, (n, c) in load.items()},
         }
 
 
