@@ -39,8 +39,7 @@ LIMITS = {"requests_per_minute": 10_000, "tokens_per_minute": 10_000_000, "max_c
 
 
 def running_replicas(dev: DevStack, stack_file: Path) -> int:
-    result = dev.llmctl("status", "--stack", str(stack_file), "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = dev.llmctl("status", "--stack", str(stack_file), "--json")  # exits 1 while a replica is down
     report = json.loads(result.stdout)
     tiny = next(d for d in report["deployments"] if d["deployment"] == DEPLOYMENT)
     return int(tiny["replicas"].get("RUNNING", 0))
@@ -94,8 +93,8 @@ def fresh_key(dev: DevStack) -> tuple[str, str]:
 @pytest.mark.parametrize(
     ("kill_after", "max_tokens", "padding", "counter"),
     [
-        (15, 300, 0, "llmstack_gateway_stream_resumes_total"),  # mid-answer: resumed on the other replica
-        (0, 60, 120, "llmstack_gateway_answer_retries_total"),  # in prefill: sent once more
+        (5, 440, 0, "llmstack_gateway_stream_resumes_total"),  # mid-answer: resumed on the other replica
+        (0, 60, 80, "llmstack_gateway_answer_retries_total"),  # in prefill: sent once more
     ],
     ids=["mid-answer", "in-prefill"],
 )
