@@ -7,10 +7,12 @@ Every stream must end whole (finish reason, usage, no error), byte-identical to 
 run without a kill (the tiny model is deterministic under greedy decoding on CPU: the reference
 run is taken first), in one stream id with one role chunk; the tenant's usage ledger must hold
 each prompt once and every output token once, and the gateway must have resumed at least one
-stream (a kill that hit nothing proves nothing). Once in the middle of the answers, once while
-the requests are still in their prefill (before Serve's ingress sends any header: the gateway
-sends such a request once more). The replica bounds are put back afterwards, once Serve has
-replaced the killed replica.
+stream (a kill that hit nothing proves nothing). The kill lands in the middle of the answers. A
+kill during the prefill is not here: the tiny model's prefill on CPU ends before a watcher can
+see the requests on a replica (tried: the kill point never came), so that case (Serve's ingress
+sends no header before the first chunk: a 502, sent once more) is tested against the stub in
+tests/serving/gateway/upstream/test_stream_resume.py. The replica bounds are put back
+afterwards, once Serve has replaced the killed replica.
 """
 
 from __future__ import annotations
@@ -90,17 +92,11 @@ def fresh_key(dev: DevStack) -> tuple[str, str]:
     return tenant, create_key_sync(dev.ready["redis_url"], tenant, "resume-e2e", limits=LIMITS)
 
 
-@pytest.mark.parametrize(
-    ("kill_after", "max_tokens", "padding", "counter"),
-    [
-        (5, 440, 0, "llmstack_gateway_stream_resumes_total"),  # mid-answer: resumed on the other replica
-        (0, 60, 80, "llmstack_gateway_answer_retries_total"),  # in prefill: sent once more
-    ],
-    ids=["mid-answer", "in-prefill"],
-)
 def test_greedy_streams_survive_a_killed_replica_byte_identical_and_billed_once(
-    dev_stack, e2e_stack_file, two_replicas, kill_after, max_tokens, padding, counter
+    dev_stack, e2e_stack_file, two_replicas
 ):
+    kill_after, max_tokens, padding = 5, 440, 0  # the answers' 5th chunk; 440 of max_model_len 512
+    counter = "llmstack_gateway_stream_resumes_total"
     base_url = dev_stack.ready["base_url"]
     _, reference_key = fresh_key(dev_stack)
     reference = run_streams(base_url, reference_key, MODEL, STREAMS, max_tokens, padding=padding)
@@ -112,8 +108,6 @@ def test_greedy_streams_survive_a_killed_replica_byte_identical_and_billed_once(
     killer = ReplicaKiller(dev_stack.process.pid, MODEL)
 
     def at_kill_point(results: list[StreamResult]) -> bool:
-        if kill_after == 0:  # requests reached a replica, none has its first chunk
-            return not any(r.chunk_times for r in results) and killer.serving()
         return all(len(r.chunk_times) >= kill_after for r in results)
 
     before = gateway_count(dev_stack, counter)
@@ -125,8 +119,7 @@ def test_greedy_streams_survive_a_killed_replica_byte_identical_and_billed_once(
     assert findings["byte_identical"] == STREAMS, findings
     assert findings["one_id_one_role"] == STREAMS, findings
     assert findings["usage_equal_to_reference"] == STREAMS, findings
-    if kill_after:
-        assert findings["in_flight_at_kill"] == STREAMS, findings
+    assert findings["in_flight_at_kill"] == STREAMS, findings
     assert gateway_count(dev_stack, counter) - before >= 1, "the kill hit no stream"
     # Billed once: each prompt once and every output token once, one request per stream.
     prompt = sum(r.usage[0] for r in reference if r.usage)
