@@ -5,10 +5,14 @@ use ($/token from `infra.plan.cost`), and the tokens each tenant's keys were bil
 gateway's usage ledger). Per model:
 
     cost        = its share of its node group's cost (by the GPU/CPU slots of its min replicas)
-    attributed  = min(cost, tokens x rate)        split over (tenant, key) rows by token share
-    idle        = cost - attributed               its own row: never spread over the tenants
+    attributed  = min(cost, (tokens + overhead) x rate)   split over (tenant, key) rows and the
+                                                      overhead row by token share
+    idle        = cost - attributed                   its own row: never spread over the tenants
 
 So a tenant pays its tokens at the rate card, and capacity nobody used stays visible as idle.
+`overhead` is the work the gateway had done again to resume streams whose replica died (the
+ledger's overhead fields: the prompt and answer so far prefilled again, tokens generated again
+at the seam): the platform's cost, one `overhead` row per model, never a tenant's.
 A model without a throughput figure has no rate: its whole cost is one `unpriced` row.
 
 Exact arithmetic (fractions) until the end; then every total is cut into cents with the
@@ -44,10 +48,21 @@ class Usage(BaseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     requests: int = Field(ge=0, default=0)
+    overhead_prompt_tokens: int = Field(
+        ge=0, default=0, description="Prefilled again to resume this key's streams: the platform's, not billed."
+    )
+    overhead_completion_tokens: int = Field(
+        ge=0, default=0, description="Generated again at a resumed stream's seam: the platform's, not billed."
+    )
 
     @property
     def total_tokens(self) -> int:
+        """The tokens billed (the overhead is not)."""
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def overhead_tokens(self) -> int:
+        return self.overhead_prompt_tokens + self.overhead_completion_tokens
 
 
 class GroupCost(BaseModel):
@@ -78,13 +93,14 @@ class ModelRate(BaseModel):
     usd_per_token: Decimal | None = Field(description="USD per total token at full use; None: unknown.")
 
 
-RowKind = Literal["usage", "idle", "unpriced", "unserved"]
+RowKind = Literal["usage", "overhead", "idle", "unpriced", "unserved"]
 
 
 class CostRow(BaseModel):
     kind: RowKind = Field(
-        description="usage: a key's tokens; idle: capacity nobody used; unpriced: a model "
-        "with no rate; unserved: tokens of a model this stack does not price."
+        description="usage: a key's tokens; overhead: the model's work done again to resume streams (the "
+        "platform's, in the token columns); idle: capacity nobody used; unpriced: a model with no rate; "
+        "unserved: tokens of a model this stack does not price."
     )
     tenant: str | None
     key_id: str | None
@@ -100,7 +116,8 @@ class ModelTotal(BaseModel):
     model: str
     node_group: str
     usd: Decimal
-    attributed_usd: Decimal
+    attributed_usd: Decimal = Field(description="The tenants' rows and the overhead row.")
+    overhead_usd: Decimal = Field(default=Decimal("0.00"), description="Its overhead row: resumed streams.")
     idle_usd: Decimal
     utilisation: Decimal | None = Field(description="tokens x rate / cost; above 1 the inputs disagree.")
 
@@ -119,6 +136,7 @@ class Showback(BaseModel):
     groups: list[GroupCost]
     total_usd: Decimal
     idle_usd: Decimal
+    overhead_usd: Decimal = Field(default=Decimal("0.00"), description="The overhead rows: the platform's.")
     notes: list[str]
 
 
@@ -233,8 +251,16 @@ def showback(usage: Iterable[Usage], groups: Iterable[GroupCost], models: Iterab
     ]
     total = sum((g.usd for g in groups), Decimal(0)).quantize(CENT)
     idle = sum((r.usd for r in rows if r.kind in ("idle", "unpriced")), Decimal(0)).quantize(CENT)
+    overhead = sum((r.usd for r in rows if r.kind == "overhead"), Decimal(0)).quantize(CENT)
     return Showback(
-        rows=rows, models=totals, tenants=tenant_totals, groups=groups, total_usd=total, idle_usd=idle, notes=notes
+        rows=rows,
+        models=totals,
+        tenants=tenant_totals,
+        groups=groups,
+        total_usd=total,
+        idle_usd=idle,
+        overhead_usd=overhead,
+        notes=notes,
     )
 
 
@@ -252,15 +278,36 @@ def _usage_row(u: Usage, kind: RowKind, node_group: str | None, cents: int) -> C
     )
 
 
+def _overhead_row(model: ModelRate, used: list[Usage], cents: int) -> list[CostRow]:
+    """The model's overhead row (none without overhead): the resumed streams' work done again."""
+    prompt, completion = sum(u.overhead_prompt_tokens for u in used), sum(u.overhead_completion_tokens for u in used)
+    if not prompt and not completion:
+        return []
+    return [
+        CostRow(
+            kind="overhead",
+            tenant=None,
+            key_id=None,
+            model=model.model,
+            node_group=model.node_group,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            usd=_usd(cents),
+        )
+    ]
+
+
 def _split_model(model: ModelRate, cents: int, used: list[Usage], notes: list[str]) -> tuple[list[CostRow], ModelTotal]:
     used = sorted(used, key=lambda u: (u.tenant, u.key_id))
-    tokens = sum(u.total_tokens for u in used)
+    billed = sum(u.total_tokens for u in used)
+    overhead = sum(u.overhead_tokens for u in used)
+    tokens = billed + overhead
     if model.usd_per_token is None:
         notes.append(
             f"model {model.model!r} has no throughput figure, so no rate: its whole cost is one "
             "`unpriced` row (pass --bench)"
         )
-        rows = [_usage_row(u, "usage", model.node_group, 0) for u in used]
+        rows = [_usage_row(u, "usage", model.node_group, 0) for u in used] + _overhead_row(model, used, 0)
         rows.append(
             CostRow(
                 kind="unpriced",
@@ -289,8 +336,10 @@ def _split_model(model: ModelRate, cents: int, used: list[Usage], notes: list[st
             "the throughput figure or the node-hours are too low; its whole cost is split by token share"
         )
     shares = [attributed * u.total_tokens / tokens for u in used] if tokens else []
-    split = apportion(cents, [*shares, cost - attributed])
+    overhead_share = attributed * overhead / tokens if tokens else Fraction(0)
+    split = apportion(cents, [*shares, overhead_share, cost - attributed])
     rows = [_usage_row(u, "usage", model.node_group, c) for u, c in zip(used, split)]
+    rows += _overhead_row(model, used, split[-2])
     rows.append(
         CostRow(
             kind="idle", tenant=None, key_id=None, model=model.model, node_group=model.node_group, usd=_usd(split[-1])
@@ -301,6 +350,7 @@ def _split_model(model: ModelRate, cents: int, used: list[Usage], notes: list[st
         node_group=model.node_group,
         usd=_usd(cents),
         attributed_usd=_usd(cents - split[-1]),
+        overhead_usd=_usd(split[-2]),
         idle_usd=_usd(split[-1]),
         utilisation=None if utilisation is None else _decimal(utilisation),
     )

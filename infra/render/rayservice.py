@@ -31,6 +31,10 @@ Shape, and why:
   unless the pod names one (ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/pod.go,
   utils/constant.go DefaultMetricsPort). The scrape target's `pod` label is what joins a model's
   vLLM series to the GPUs the DCGM exporter reports for that pod.
+- A worker pod asked to stop (a node drain, Karpenter's spot interruption handling, a scale-down)
+  gets `terminationGracePeriodSeconds` and a Ray drain that fit EC2's two-minute spot notice and
+  hold Serve's graceful stop of its replicas (`infra.plan.drain_budget`); streams still running
+  when it dies are resumed by the gateway on another replica.
 - The head and the workers run as different service accounts. KubeRay binds its in-tree
   autoscaler's Role (get/list/watch/patch pods, patch pods/resize, get/patch the RayCluster:
   ray-project/kuberay v1.7.0, ray-operator/controllers/ray/common/rbac.go) to the head's
@@ -53,6 +57,7 @@ from typing import Any
 import yaml
 
 from infra.catalog.versions import RAY_VERSION
+from infra.plan.drain_budget import WORKER_GRACE_S, worker_drain_env
 from infra.plan.planner import StackPlan
 from infra.render.common import (
     HF_TOKEN_SECRET,
@@ -274,7 +279,9 @@ def _worker_group(
     if gpus:
         resources["nvidia.com/gpu"] = str(gpus)
     custom = {node_group_resource(group.name): gpus or pod_cpus}
-    container = _container(spec, "ray-worker", resources, [], env)
+    container = _container(spec, "ray-worker", resources, [], env | worker_drain_env())
+    template = _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations, worker=True)
+    template["spec"]["terminationGracePeriodSeconds"] = WORKER_GRACE_S
     return {
         "groupName": group.name,
         "replicas": min_nodes,
@@ -282,5 +289,5 @@ def _worker_group(
         "maxReplicas": max(max_nodes, min_nodes),
         # `ray start --resources` takes JSON; KubeRay passes the value through a shell.
         "rayStartParams": {"resources": '"' + json.dumps(custom).replace('"', '\\"') + '"'},
-        "template": _pod(spec, container, {NODE_GROUP_LABEL: group.name}, tolerations, worker=True),
+        "template": template,
     }

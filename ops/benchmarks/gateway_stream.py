@@ -2,7 +2,8 @@
 as Ray Serve's direct streaming does, and the gateway relays (and meters) every event.
 
     python -m ops.benchmarks.gateway_stream [--tokens 64] [--connections 32] [--duration 10]
-        [--rounds 2] [--interval-ms 0] [--gateway-src DIR ...] [--out build/bench/gateway_stream.json]
+        [--rounds 2] [--interval-ms 0] [--gateway-src DIR ...] [--stream-resume-ab]
+        [--out build/bench/gateway_stream.json]
 
 One run starts redis-server and the stub (`ops.harness.stub_upstream`, which with the
 `continuous_usage_stats` the gateway asks for sends the usage so far in every event, as vLLM
@@ -15,7 +16,10 @@ one read of the upstream often holds many events; with a pause between events (a
 as vLLM's direct streaming sends them) the gateway reads, meters and sends each event on its
 own. Figure: CPU milliseconds of the gateway process (user + system, /proc) per output token
 served. Everything shares this machine's cores: compare the checkouts within one run, not
-across runs.
+across runs. `--stream-resume-ab` runs each checkout's gateway twice, with `gateway.stream_resume`
+off and on (labels `<dir>` and `<dir> +stream_resume`): the resumable relay records every event
+it relays (serving.gateway.resume.state) and asks the upstream for token ids, which the stub
+ignores, so the difference is the gateway's own per-token cost of being able to resume.
 """
 
 from __future__ import annotations
@@ -92,7 +96,15 @@ def measure(url: str, pid: int, script: Path, *, connections: int, duration_s: i
 
 
 def run(
-    sources: list[Path], *, tokens: int, connections: int, duration_s: int, rounds: int, out: Path, interval_ms: int = 0
+    sources: list[Path],
+    *,
+    tokens: int,
+    connections: int,
+    duration_s: int,
+    rounds: int,
+    out: Path,
+    interval_ms: int = 0,
+    stream_resume_ab: bool = False,
 ) -> dict:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
@@ -103,6 +115,7 @@ def run(
         "duration_s": duration_s,
         "interval_ms": interval_ms,
         "sources": [str(s) for s in sources],
+        "stream_resume_ab": stream_resume_ab,
         "rounds": [],
     }
     with ExitStack() as stack:
@@ -120,20 +133,24 @@ def run(
         script = folder / "stream.lua"
         script.write_text(wrk_script(key, tokens, interval_ms))
         gateways = []
-        for i, source in enumerate(sources):
+        variants = [(False, ""), (True, " +stream_resume")] if stream_resume_ab else [(False, "")]
+        for i, (source, (resume, suffix)) in enumerate((s, v) for s in sources for v in variants):
             port = free_port()
+            settings: dict = {"models": ["tiny"]}
+            if resume:
+                settings["stream_resume"] = {"enabled": True}
             env = {
                 "LLMSTACK_UPSTREAM_URL": stub,
                 "LLMSTACK_REDIS_URL": own_redis.url,
                 "LLMSTACK_GATEWAY_PORT": str(port),
                 "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-                "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
+                "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
             }
             process = stack.enter_context(
                 background([sys.executable, "-m", "serving.gateway"], folder / f"gateway-{i}.log", env, cwd=source)
             )
             wait_for_http(f"http://127.0.0.1:{port}/healthz", process)
-            gateways.append((str(source), f"http://127.0.0.1:{port}", process.pid))
+            gateways.append((str(source) + suffix, f"http://127.0.0.1:{port}", process.pid))
         for _, url, pid in gateways:  # warm pools and caches
             measure(url, pid, script, connections=connections, duration_s=2, tokens=tokens)
         for number in range(rounds):
@@ -174,6 +191,11 @@ def main() -> None:
         action="append",
         help="a checkout whose gateway to measure (repeatable; default: this checkout)",
     )
+    parser.add_argument(
+        "--stream-resume-ab",
+        action="store_true",
+        help="run each checkout's gateway with gateway.stream_resume off and on",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/bench/gateway_stream.json"))
     args = parser.parse_args()
     run(
@@ -184,6 +206,7 @@ def main() -> None:
         rounds=args.rounds,
         out=args.out,
         interval_ms=args.interval_ms,
+        stream_resume_ab=args.stream_resume_ab,
     )
 
 

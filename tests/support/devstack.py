@@ -39,13 +39,17 @@ SCALE_TO_ZERO_AUTOSCALING = {
 
 def e2e_stack_text(local_stack_text: str) -> str:
     """The end-to-end tests' shared stack: Pulumi.local.yaml with 8 logical CPUs instead of 6, so a
-    second tiny-chat replica fits beside the others for the live scale-up; and
-    SCALE_TO_ZERO_AUTOSCALING on tiny-chat-ngram, still at one replica until a test scales it."""
+    second tiny-chat replica fits beside the others for the live scale-up; the gateway resuming
+    streams whose replica dies (`gateway.stream_resume`, for tests/e2e/test_stream_resume_live.py);
+    and SCALE_TO_ZERO_AUTOSCALING on tiny-chat-ngram, still at one replica until a test scales it."""
     from ops.llmctl.scale.stack_edit import set_model_autoscaling
 
-    assert "cpus_per_node: 6" in local_stack_text
+    assert "cpus_per_node: 6" in local_stack_text and "  llmstack:gateway:\n" in local_stack_text
+    text = local_stack_text.replace("cpus_per_node: 6", "cpus_per_node: 8")
+    if "stream_resume:" not in text:
+        text = text.replace("  llmstack:gateway:\n", "  llmstack:gateway:\n    stream_resume: {enabled: true}\n", 1)
     return set_model_autoscaling(
-        local_stack_text.replace("cpus_per_node: 6", "cpus_per_node: 8"),
+        text,
         file_label="Pulumi.local.yaml",
         model_id=SCALE_TO_ZERO_MODEL,
         changes=SCALE_TO_ZERO_AUTOSCALING,

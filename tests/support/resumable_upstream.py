@@ -12,7 +12,13 @@ which part of it. A request steers it with a directive in its first prompt text:
 - cut_after: the replica dies after sending this many content chunks (its connection is
   aborted: no end of the chunked body, no [DONE]); `cuts`: how many streams of this answer die
   so (default 1: the first only); interval: seconds between tokens; resume_delay: seconds a
-  continuation waits before its first token (the new replica's prefill of prompt and answer).
+  continuation waits before its first token (the new replica's prefill of prompt and answer);
+- engine_error: a dying stream ends instead with vLLM's error event for an engine stopped under
+  it (500 `InternalServerError`, then `[DONE]`: a replica whose graceful shutdown ran out, an
+  engine process killed while its replica lived); `error_code` sets the event's code (400: an
+  error of the request, which is the answer and never resumed);
+- in_prefill: a dying stream's replica dies before its response headers, as Ray Serve LLM's
+  ingress sends them only with the first chunk: HAProxy's 502 where the stream would have been.
 
 A continuation (/v1/completions whose prompt is token ids: the prompt's, then the generated
 ones) is answered deterministically from where those ids stop: the original request is known by
@@ -54,6 +60,9 @@ class _Answer:
     cuts: int
     interval: float
     resume_delay: float = 0.0
+    in_prefill: bool = False
+    engine_error: bool = False
+    error_code: int = 500
     streams: int = 0
 
 
@@ -99,7 +108,7 @@ class ResumableUpstream:
         answer.streams += 1
         dies = answer.cut_after is not None and answer.streams <= answer.cuts
         chat = path == "/v1/chat/completions"
-        if not document.get("stream"):
+        if not document.get("stream") or (dies and answer.in_prefill):
             await self._whole(send, answer, chat, dies, done, end, len(prompt_ids))
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
@@ -136,7 +145,13 @@ class ResumableUpstream:
             await asyncio.sleep(answer.resume_delay)
         for sent, i in enumerate(range(done, end)):
             if dies and sent == answer.cut_after:
-                raise ReplicaDied(answer.rid)
+                if not answer.engine_error:
+                    raise ReplicaDied(answer.rid)
+                kind = "InternalServerError" if answer.error_code >= 500 else "BadRequestError"
+                message = "EngineCore encountered an issue" if answer.error_code >= 500 else "bad request"
+                await event({"error": {"message": message, "type": kind, "param": None, "code": answer.error_code}})
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                return
             await asyncio.sleep(answer.interval)
             with self._lock:
                 self.generated[answer.rid]["completion"] += 1
@@ -208,6 +223,9 @@ class ResumableUpstream:
             cuts=int(steer.get("cuts", 1)),
             interval=float(steer.get("interval", 0.0)),
             resume_delay=float(steer.get("resume_delay", 0.0)),
+            in_prefill=bool(steer.get("in_prefill", False)),
+            engine_error=bool(steer.get("engine_error", False)),
+            error_code=int(steer.get("error_code", 500)),
         )
         self._answers.append(answer)
         number = len(self._answers) - 1

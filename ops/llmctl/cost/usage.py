@@ -38,13 +38,24 @@ def read_usage(redis_url: str, days: list[date]) -> list[DailyUsage]:
 
 def total_usage(rows: Iterable[DailyUsage]) -> list[Usage]:
     """Daily rows summed per tenant, key and model over the period."""
-    sums: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    sums: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for row in rows:
         total = sums[(row.tenant, row.key_id, row.model)]
         total[0] += row.prompt_tokens
         total[1] += row.completion_tokens
         total[2] += row.requests
+        total[3] += row.overhead_prompt_tokens
+        total[4] += row.overhead_completion_tokens
     return [
-        Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c, requests=r)
-        for (t, k, m), (p, c, r) in sorted(sums.items())
+        Usage(
+            tenant=t,
+            key_id=k,
+            model=m,
+            prompt_tokens=p,
+            completion_tokens=c,
+            requests=r,
+            overhead_prompt_tokens=op,
+            overhead_completion_tokens=oc,
+        )
+        for (t, k, m), (p, c, r, op, oc) in sorted(sums.items())
     ]

@@ -118,13 +118,24 @@ def report_tables(stack: str, report: Showback, start: datetime, end: datetime) 
             f"{row.requests:,}",
             usd(row.usd),
         )
-    rows.caption = f"total {usd(report.total_usd)}, of which idle or unpriced {usd(report.idle_usd)}"
+    rows.caption = (
+        f"total {usd(report.total_usd)}, of which idle or unpriced {usd(report.idle_usd)}, "
+        f"overhead (resumed streams, the platform's) {usd(report.overhead_usd)}"
+    )
     tenants = Table(title="by tenant", title_justify="left")
     for column in ("tenant", "prompt tokens", "completion tokens", "USD", "share of total"):
         tenants.add_column(column, justify="left" if column == "tenant" else "right")
     for t in report.tenants:
         share = "-" if not report.total_usd else f"{t.usd / report.total_usd:.1%}"
         tenants.add_row(t.tenant, f"{t.prompt_tokens:,}", f"{t.completion_tokens:,}", usd(t.usd), share)
+    if report.overhead_usd:
+        tenants.add_row(
+            "(overhead: resumed streams)",
+            "",
+            "",
+            usd(report.overhead_usd),
+            "-" if not report.total_usd else f"{report.overhead_usd / report.total_usd:.1%}",
+        )
     tenants.add_row(
         "(idle or unpriced)",
         "",
@@ -133,7 +144,7 @@ def report_tables(stack: str, report: Showback, start: datetime, end: datetime) 
         "-" if not report.total_usd else f"{report.idle_usd / report.total_usd:.1%}",
     )
     models = Table(title="by model", title_justify="left")
-    for column in ("model", "node group", "cost", "attributed", "idle", "utilisation"):
+    for column in ("model", "node group", "cost", "attributed", "of it overhead", "idle", "utilisation"):
         models.add_column(column, justify="left" if column in ("model", "node group") else "right")
     for m in report.models:
         models.add_row(
@@ -141,6 +152,7 @@ def report_tables(stack: str, report: Showback, start: datetime, end: datetime) 
             m.node_group,
             usd(m.usd),
             usd(m.attributed_usd),
+            usd(m.overhead_usd),
             usd(m.idle_usd),
             "-" if m.utilisation is None else f"{m.utilisation:.1%}",
         )

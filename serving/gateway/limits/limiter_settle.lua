@@ -26,7 +26,8 @@ local function integer(x) return type(x) == 'string' and string.match(x, '^%-?%d
 if integer(ARGV[13]) and integer(ARGV[14]) and ARGV[13] ~= '0' then
   pcall(budget_charge, KEYS[10], ARGV[12], ARGV[13], ARGV[14])
 end
-if integer(ARGV[16]) and integer(ARGV[17]) and integer(ARGV[18]) then
-  pcall(ledger_record, KEYS[11], ARGV[12], ARGV[15], ARGV[16], ARGV[17], ARGV[18])
+local ledger_numbers = integer(ARGV[16]) and integer(ARGV[17]) and integer(ARGV[18])
+if ledger_numbers and integer(ARGV[19]) and integer(ARGV[20]) then
+  pcall(ledger_record, KEYS[11], ARGV[12], ARGV[15], ARGV[16], ARGV[17], ARGV[18], ARGV[19], ARGV[20])
 end
 return 1

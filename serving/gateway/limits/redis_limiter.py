@@ -53,8 +53,8 @@ ADMIT_LUA = "#!lua\n" + _PRELUDE + lua("serving.gateway.limits", "limiter_admit.
 # key rpm; tenant rpm (0: none); key request charged (1/0); then the cost side: key id, spend delta
 # in nano-USD (billed cost - reserved cost; KEYS[10] is the spend hash of the month the request
 # was charged to), the spend hash's expiry, and the ledger entry (KEYS[11], the day's usage hash):
-# model label, prompt and completion tokens billed, the hash's expiry. Empty strings: nothing to
-# record.
+# model label, prompt and completion tokens billed, the hash's expiry, the resumed stream's re-done
+# prompt and completion tokens (the platform's overhead). Empty strings: nothing to record.
 SETTLE_LUA = _PRELUDE + lua("serving.gateway.limits", "limiter_settle.lua")
 
 
@@ -214,10 +214,16 @@ class RedisLimiter:
             int(ticket.key_request_charged),
         ]
         ledger_keys, ledger_args = record_call(
-            who.tenant, who.key_id, ticket.model, billed.prompt, billed.completion, datetime.now(UTC)
+            who.tenant,
+            who.key_id,
+            ticket.model,
+            billed.prompt,
+            billed.completion,
+            datetime.now(UTC),
+            overhead=(billed.overhead_prompt, billed.overhead_completion),
         )
         if not ticket.tokens_phase_done:  # released after the slot phase: nothing charged, nothing used
-            ledger_args, delta = ["", "", "", "", ""], 0
+            ledger_args, delta = [""] * len(ledger_args), 0
         else:
             delta = ticket.cost_of(billed.total) - ticket.reserved_nano_usd
         args += [who.key_id, str(delta), str(spend_expire_at(ticket.month)), *ledger_args[1:]]

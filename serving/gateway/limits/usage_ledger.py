@@ -7,6 +7,12 @@ a request's limits (so the ledger and the limits can never disagree about a requ
         <key_id>|prompt|<model>       prompt tokens billed
         <key_id>|completion|<model>   completion tokens billed
         <key_id>|requests|<model>     requests billed (with at least one token)
+        <key_id>|overhead_prompt|<model>      tokens prefilled again to resume this key's streams
+        <key_id>|overhead_completion|<model>  tokens generated again at a resumed stream's seam
+
+The overhead fields are the platform's cost, never the tenant's bill (serving.gateway.resume:
+a continuation re-reads the prompt and the answer so far on another replica): `llmctl cost`
+lists them per model as one `overhead` line, apart from the tenants' rows.
 
 The `{tenant:...}` hash tag is the one the limiter's tenant and key counters carry, so the
 settle script touches a single Redis Cluster slot. `<model>` is the metrics label (a served
@@ -32,7 +38,7 @@ from urllib.parse import quote, unquote
 from serving.gateway.redis.scripts import lua
 
 RETENTION_DAYS = 100
-KINDS = ("prompt", "completion", "requests")
+KINDS = ("prompt", "completion", "requests", "overhead_prompt", "overhead_completion")
 _TAG_PREFIX = "llmstack:{tenant:"
 _USAGE = ":usage:"
 
@@ -69,12 +75,21 @@ def utc_day(moment: datetime) -> date:
 
 
 def record_call(
-    tenant: str, key_id: str, model: str, prompt: int, completion: int, moment: datetime
+    tenant: str,
+    key_id: str,
+    model: str,
+    prompt: int,
+    completion: int,
+    moment: datetime,
+    *,
+    overhead: tuple[int, int] = (0, 0),
 ) -> tuple[list[str], list[str]]:
     """(KEYS, ARGV) for `ledger_record` of one settled request: the settle script appends the
-    key to its KEYS and the values to its ARGV, and calls ledger_record with them."""
+    key to its KEYS and the values to its ARGV, and calls ledger_record with them. `overhead`:
+    the (prompt, completion) tokens a resumed stream had done again, the platform's."""
     day = utc_day(moment)
-    return [usage_key(tenant, day)], [key_id, model, str(int(prompt)), str(int(completion)), str(expire_at(day))]
+    values = [key_id, model, str(int(prompt)), str(int(completion)), str(expire_at(day))]
+    return [usage_key(tenant, day)], [*values, str(int(overhead[0])), str(int(overhead[1]))]
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,8 @@ class DailyUsage:
     prompt_tokens: int
     completion_tokens: int
     requests: int
+    overhead_prompt_tokens: int = 0  # the platform's: re-done work of this key's resumed streams
+    overhead_completion_tokens: int = 0
 
 
 def parse_usage_key(name: str) -> tuple[str, date] | None:
@@ -123,6 +140,8 @@ def parse_usage_hash(tenant: str, day: date, fields: Mapping[str | bytes, str | 
             prompt_tokens=c["prompt"],
             completion_tokens=c["completion"],
             requests=c["requests"],
+            overhead_prompt_tokens=c["overhead_prompt"],
+            overhead_completion_tokens=c["overhead_completion"],
         )
         for (key_id, model), c in sorted(counts.items())
     ]

@@ -42,7 +42,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -81,6 +81,11 @@ def client_usage_wishes(document: dict[str, Any]) -> tuple[bool, bool]:
 class Usage:
     prompt: int
     completion: int
+    # A resumed stream's re-done work (serving.gateway.upstream.resuming_relay): the prompt and answer
+    # so far prefilled again, and tokens generated again at the seam. The platform's cost, recorded
+    # in the usage ledger as overhead, never billed: `total` leaves it out.
+    overhead_prompt: int = 0
+    overhead_completion: int = 0
 
     @property
     def total(self) -> int:
@@ -170,7 +175,7 @@ class UsageMeter:
         reservation: Reservation,
         client_final_usage: bool = True,
         client_continuous_usage: bool = True,
-        client_chunk: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        client_chunk: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         self.stream, self.reservation = stream, reservation
         # A resumable stream's hook (serving.gateway.resume.request): every event is parsed and
@@ -180,6 +185,7 @@ class UsageMeter:
         self.strip_final, self.strip_continuous = not client_final_usage, not client_continuous_usage
         self.status = 200
         self.usage: Usage | None = None  # the upstream's final count
+        self._overhead = (0, 0)  # a resumed stream's re-done (prompt, completion) tokens: not billed
         self.finished = False
         self._worked_unanswered = False
         self.first_token_at: float | None = None  # time.perf_counter() of the first generated text
@@ -232,7 +238,17 @@ class UsageMeter:
     def billed(self) -> int:
         return self.billed_usage().total
 
+    def add_overhead(self, prompt: int, completion: int) -> None:
+        """Count a continuation's re-done work (`Usage.overhead_*`): settled with the bill, never in it."""
+        self._overhead = (self._overhead[0] + prompt, self._overhead[1] + completion)
+
     def billed_usage(self) -> Usage:
+        billed = self._billed_usage()
+        if self._overhead == (0, 0):
+            return billed
+        return replace(billed, overhead_prompt=self._overhead[0], overhead_completion=self._overhead[1])
+
+    def _billed_usage(self) -> Usage:
         if self._worked_unanswered:
             return self._reserved()
         if self.status >= 400:
@@ -288,12 +304,13 @@ class UsageMeter:
         chunk, dumps = _parse_event(data[len(b"data: ") :])
         if not isinstance(chunk, dict):
             return event + end
-        if upstream_errors.is_error_event(chunk):  # its text may name internal addresses and exceptions
-            if self._client_chunk is not None:
-                self._client_chunk(chunk)
-            return upstream_errors.stream_error_event(chunk, data) + end
+        if upstream_errors.is_error_event(chunk):
+            return self._error_event(chunk, data, end)
         if self._client_chunk is not None:
-            chunk = self._client_chunk(chunk)
+            viewed = self._client_chunk(chunk)
+            if viewed is None:
+                return b""
+            chunk = viewed
             event = b"data: " + dumps(chunk)
         choices = chunk.get("choices")
         choices = choices if isinstance(choices, list) else []
@@ -313,6 +330,14 @@ class UsageMeter:
             return event + end
         del chunk["usage"]
         return b"data: " + dumps(chunk) + end
+
+    def _error_event(self, chunk: dict[str, Any], data: bytes, end: bytes) -> bytes:
+        """The gateway's own error event in place of the upstream's (whose text may name internal
+        addresses and exceptions); nothing when a resumable stream holds it back to resume instead
+        (serving.gateway.resume.request)."""
+        if self._client_chunk is not None and self._client_chunk(chunk) is None:
+            return b""
+        return upstream_errors.stream_error_event(chunk, data) + end
 
     def _learn_shape(self, event: bytes, chunk: dict[str, Any], sequence: tuple[int, bool]) -> None:
         learned = event_shape.learn(event, chunk, *sequence)

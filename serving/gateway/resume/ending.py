@@ -2,7 +2,11 @@
 
 Only an end that is neither the answer's nor the client's is resumed: the replica or the path to
 it failed while the answer was still being generated. A clean end marker (`data: [DONE]`) or a
-clean error event is the upstream's answer and is relayed as is. A client that goes away is never
+clean error event is the upstream's answer and is relayed as is, except a server-side error
+event (`is_engine_error_event`: vLLM's 5xx `InternalServerError`/`ServiceUnavailableError`, what a
+stream gets when its engine stops under it: the replica's graceful shutdown ran out and stopped
+the engine, or the engine process died while the replica lived), which the relay holds back from
+the client and resumes like a cut. A client that goes away is never
 a reason to resume, whatever else happened: resuming it would generate tokens nobody reads, and
 let a caller that cuts its own streams have them continued (and the cut part re-prefilled) at
 the platform's cost. The request's own total deadline running out is not resumed either: a
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import aiohttp
 
@@ -35,6 +40,7 @@ class EndReason(Enum):
 
     DONE = "done"
     ERROR_EVENT = "error_event"
+    ENGINE_ERROR = "engine_error"  # a 5xx error event: the engine failed or stopped under the stream
     CLIENT_GONE = "client_gone"
     TOTAL_TIMEOUT = "total_timeout"
     ALL_FINISHED = "all_finished"  # no end marker, but every choice had finished: nothing to continue
@@ -46,8 +52,18 @@ class EndReason(Enum):
 
 
 RESUMABLE = frozenset(
-    {EndReason.CONNECTION_RESET, EndReason.EOF_WITHOUT_DONE, EndReason.IDLE_TIMEOUT, EndReason.UPSTREAM_UNAVAILABLE}
+    {
+        EndReason.CONNECTION_RESET,
+        EndReason.EOF_WITHOUT_DONE,
+        EndReason.IDLE_TIMEOUT,
+        EndReason.UPSTREAM_UNAVAILABLE,
+        EndReason.ENGINE_ERROR,
+    }
 )
+# vLLM's error types for a failure of the server, not of the request
+# (vllm/entrypoints/serve/exception_handling/error_response.py): GenerationError, EngineDeadError
+# and EngineGenerateError are InternalServerError (500), RetryableRequestError ServiceUnavailableError (503).
+ENGINE_ERROR_TYPES = frozenset({"InternalServerError", "ServiceUnavailableError"})
 # HAProxy answers 502 when a server drops a request it had taken, 503 when no server is up (yet).
 UNAVAILABLE_STATUSES = frozenset({502, 503})
 
@@ -63,6 +79,17 @@ class StreamEnd:
     all_finished: bool = False
     cut: Cut = Cut.NONE
     status: int = 200
+    engine_error: bool = False  # a server-side error event came (held back from the client)
+
+
+def is_engine_error_event(chunk: dict[str, Any]) -> bool:
+    """An SSE error event that reports a failure of the server rather than of the request: a
+    5xx `code`, or one of vLLM's server-side error types."""
+    error = chunk.get("error")
+    if not isinstance(error, dict):
+        return False
+    code = error.get("code")
+    return (isinstance(code, int) and 500 <= code < 600) or error.get("type") in ENGINE_ERROR_TYPES
 
 
 def classify(end: StreamEnd) -> EndReason:
@@ -70,6 +97,8 @@ def classify(end: StreamEnd) -> EndReason:
     own clean ends, then the deadline, then the failures that can be resumed."""
     if end.client_gone:
         return EndReason.CLIENT_GONE
+    if end.engine_error and end.cut is not Cut.TOTAL_TIMEOUT:  # its [DONE] ends a failure, not an answer
+        return EndReason.ENGINE_ERROR
     if end.saw_done:
         return EndReason.DONE
     if end.saw_error_event:

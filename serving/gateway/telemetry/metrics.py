@@ -90,7 +90,7 @@ class GatewayMetrics:
         self.stream_resumes = Counter(
             "llmstack_gateway_stream_resumes",
             "Streams continued on another replica, by model and why the upstream stream ended (connection_reset|"
-            "eof_without_done|idle_timeout|upstream_unavailable).",
+            "eof_without_done|idle_timeout|upstream_unavailable|engine_error).",
             ["model", "reason"],
             registry=r,
         )

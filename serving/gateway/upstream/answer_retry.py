@@ -1,13 +1,18 @@
-"""A non-streamed completion whose replica died before answering is sent once more.
+"""A completion whose replica died before answering is sent once more.
 
-vLLM generates a non-streamed answer whole before sending a byte, so a replica lost while it
-worked (its connection dropped, or HAProxy's 502/503 in front of Serve) leaves the client with
-nothing: the request is sent again, the same way, once, within the request's own deadline
-(the caller's `fail_after`), and Serve routes it to a live replica. Only with
-`gateway.stream_resume` on, which is the stack saying its models may be asked twice. The
-tenant is billed the answer it gets (the meter reads only the second response); what the
-first attempt generated is the platform's. Failed connects are not this module's: the proxy's
-session already retries those, since such a request never reached the upstream.
+Before answering means before the response headers. vLLM generates a non-streamed answer whole
+before sending a byte, and Ray Serve LLM's ingress sends a stream's headers only with its first
+chunk (it peeks at the generator to turn an engine error into an error status:
+ray.llm._internal.serve.core.ingress.ingress, `_peek_at_generator`), so a replica lost while it
+worked on either (a stream still in its prefill) leaves the client with nothing yet: no
+connection reset, HAProxy's 502/503 in front of Serve. The request is sent again, the same way,
+once, within the request's own deadline (the caller's `fail_after`), and Serve routes it to a
+live replica. A stream that breaks after its headers is resumed instead
+(serving.gateway.upstream.resuming_relay). Only with `gateway.stream_resume` on, which is the
+stack saying its models may be asked twice. The tenant is billed the answer it gets (the meter
+reads only the second response); what the first attempt generated is the platform's. Failed
+connects are not this module's: the proxy's session already retries those, since such a request
+never reached the upstream.
 """
 
 from __future__ import annotations

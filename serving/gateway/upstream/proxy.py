@@ -217,7 +217,8 @@ class UpstreamStream(Response):
                     if self._client_gone:  # that send went nowhere: relay nothing more
                         return
             upstream.release()  # fully read: its connection goes back to the pool
-            if self._resuming is not None and not meter.done_seen:  # ended without its end marker
+            # Ended without its end marker, or with a server-side error event held back from the client.
+            if self._resuming is not None and (not meter.done_seen or self._resuming.interrupted):
                 await self._resuming.carry_on(None, send)
                 return
             held_back = meter.finish()
@@ -320,7 +321,7 @@ class UpstreamProxy:
                         allow_redirects=False,
                         **timeout,
                     ),
-                    again=self._retries_answer(route, meter),
+                    again=self._retries_answer(route),
                     on_retry=self._count_retry(model),
                 )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
@@ -365,10 +366,11 @@ class UpstreamProxy:
             resume=resuming,
         )
 
-    def _retries_answer(self, route: ApiRoute, meter: UsageMeter) -> bool:
-        """A non-streamed completion is sent once more if its replica dies before answering
-        (serving.gateway.upstream.answer_retry); streams are resumed instead."""
-        return self._settings.stream_resume.active and route.path in COMPLETION_PATHS and not meter.stream
+    def _retries_answer(self, route: ApiRoute) -> bool:
+        """A completion is sent once more if its replica dies before the response headers
+        (serving.gateway.upstream.answer_retry): a non-streamed answer, or a stream still in its
+        prefill; a stream that broke after its headers is resumed instead."""
+        return self._settings.stream_resume.active and route.path in COMPLETION_PATHS
 
     def _count_retry(self, model: str | None) -> Callable[[str], None]:
         label = self._metrics.model_label(model)

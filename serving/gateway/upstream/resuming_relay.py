@@ -3,7 +3,8 @@ without its end marker (docs/gateway.md, "Resuming a stream").
 
 `UpstreamStream` relays the first upstream stream as any other; when that stream breaks (a reset,
 a body cut short, the idle timeout) or ends without `data: [DONE]`, it hands over to
-`ResumingRelay.carry_on`, which asks serving.gateway.resume.plan what follows and does it: sends
+`ResumingRelay.carry_on` (also when it ended with a server-side error event, held back from the
+client: the engine stopped under it), which asks serving.gateway.resume.plan what follows and does it: sends
 each continuation to the model's application (Ray Serve routes it to a live replica), splices its
 events into the client's stream through the same meter, and ends the stream with the whole
 answer's usage and `[DONE]`, or with an OpenAI error event and `[DONE]`: never a silent cut.
@@ -113,6 +114,11 @@ class ResumingRelay:
         self._deadline, self._client_gone = deadline, client_gone
         self._cut_at: float | None = None  # when the stream broke, until the client's next bytes
 
+    @property
+    def interrupted(self) -> bool:
+        """The stream's upstream sent a server-side error event (held back): resume, though [DONE] came."""
+        return self._resume.engine_error_pending
+
     async def carry_on(self, exc: BaseException | None, send: Send) -> None:
         """The first upstream stream stopped: `exc` is what its read raised (None: it ended
         without [DONE]). Resume, finish or give up, then end the response."""
@@ -174,6 +180,7 @@ class ResumingRelay:
             all_finished=finished,
             cut=end.cut,
             status=end.status,
+            engine_error=end.engine_error or self._resume.take_engine_error(),
         )
 
     async def _continue(self, continuation: Continuation, send: Send) -> StreamEnd | None:
@@ -191,11 +198,8 @@ class ResumingRelay:
             if done is None:
                 return self._end(StreamEnd(client_gone=True))
             upstream.release()
-            return (
-                None
-                if done and not self._resume.recorder.snapshot().error_event_seen
-                else self._end(StreamEnd(saw_done=done))
-            )
+            clean = done and not self._resume.recorder.snapshot().error_event_seen and not self.interrupted
+            return None if clean else self._end(StreamEnd(saw_done=done))
         except (aiohttp.ClientError, TimeoutError) as exc:
             return self._end(StreamEnd(cut=cut_of(exc)))
         finally:
@@ -249,3 +253,5 @@ class ResumingRelay:
         overhead = self._metrics.stream_resume_overhead_tokens
         overhead.labels(model=self._model, kind="prompt").inc(splice.overhead_prompt_tokens)
         overhead.labels(model=self._model, kind="completion").inc(splice.overhead_output_tokens)
+        # ... and in the usage ledger with the settlement, as the platform's (llmctl cost's overhead line)
+        self._meter.add_overhead(splice.overhead_prompt_tokens, splice.overhead_output_tokens)

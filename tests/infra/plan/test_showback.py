@@ -66,6 +66,46 @@ def test_tenants_pay_their_tokens_and_idle_is_the_rest():
     )
 
 
+def test_resumed_streams_work_done_again_is_the_platforms_overhead_row_never_a_tenants():
+    # $10 of cost at $1 per 1M tokens. a was billed 3M tokens; resuming its streams made the engine
+    # prefill 1.5M tokens again and generate 0.5M again: $2 of overhead, its own row, not a's.
+    resumed = Usage(
+        tenant="a",
+        key_id="k1",
+        model="m",
+        prompt_tokens=1_000_000,
+        completion_tokens=2_000_000,
+        overhead_prompt_tokens=1_500_000,
+        overhead_completion_tokens=500_000,
+    )
+    report = showback([resumed, usage("b", "k2", 1_000_000)], [group()], [rate()])
+    assert [(r.tenant, r.usd) for r in by_kind(report, "usage")] == [("a", Decimal("3.00")), ("b", Decimal("1.00"))]
+    [overhead] = by_kind(report, "overhead")
+    assert (overhead.tenant, overhead.model, overhead.usd) == (None, "m", Decimal("2.00"))
+    assert (overhead.prompt_tokens, overhead.completion_tokens) == (1_500_000, 500_000)
+    assert [r.usd for r in by_kind(report, "idle")] == [Decimal("4.00")]
+    assert [(t.tenant, t.usd, t.prompt_tokens, t.completion_tokens) for t in report.tenants] == [
+        ("a", Decimal("3.00"), 1_000_000, 2_000_000),
+        ("b", Decimal("1.00"), 0, 1_000_000),
+    ]
+    assert (report.overhead_usd, report.idle_usd, report.total_usd) == (
+        Decimal("2.00"),
+        Decimal("4.00"),
+        Decimal("10.00"),
+    )
+    model = report.models[0]
+    assert (model.attributed_usd, model.overhead_usd, model.idle_usd) == (
+        Decimal("6.00"),
+        Decimal("2.00"),
+        Decimal("4.00"),
+    )
+
+
+def test_no_resumes_no_overhead_row():
+    report = showback([usage("a", "k1", 1_000_000)], [group()], [rate()])
+    assert by_kind(report, "overhead") == [] and report.overhead_usd == Decimal("0.00")
+
+
 def test_thirds_round_to_the_cent_and_still_add_up():
     # $1 of attributed cost over three equal tenants: 33, 33 and 34 cents, never 99 or 101.
     report = showback([usage(t, t, 1) for t in "abc"], [group("1", "1.00")], [rate("1000000")])
@@ -140,7 +180,12 @@ tokens = st.integers(min_value=0, max_value=10**12)
 @given(
     rows=st.lists(
         st.tuples(
-            st.sampled_from("abcd"), st.sampled_from(["k1", "k2"]), st.sampled_from(["m1", "m2"]), tokens, tokens
+            st.sampled_from("abcd"),
+            st.sampled_from(["k1", "k2"]),
+            st.sampled_from(["m1", "m2"]),
+            tokens,
+            tokens,
+            tokens,
         ),
         max_size=12,
     ),
@@ -153,11 +198,12 @@ tokens = st.integers(min_value=0, max_value=10**12)
     weights=st.tuples(st.integers(0, 8), st.integers(0, 8)),
 )
 def test_rows_always_add_up_to_the_bill_to_the_cent(rows, hours, price, rates, weights):
-    merged: dict[tuple[str, str, str], tuple[int, int]] = {}
-    for tenant, key, model, prompt, completion in rows:
-        merged[(tenant, key, model)] = (prompt, completion)
+    merged: dict[tuple[str, str, str], tuple[int, int, int]] = {}
+    for tenant, key, model, prompt, completion, overhead in rows:
+        merged[(tenant, key, model)] = (prompt, completion, overhead)
     use = [
-        Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c) for (t, k, m), (p, c) in merged.items()
+        Usage(tenant=t, key_id=k, model=m, prompt_tokens=p, completion_tokens=c, overhead_prompt_tokens=o)
+        for (t, k, m), (p, c, o) in merged.items()
     ]
     report = showback(
         use,
@@ -167,7 +213,7 @@ def test_rows_always_add_up_to_the_bill_to_the_cent(rows, hours, price, rates, w
     assert report.total_usd == (hours * price).quantize(Decimal("0.01"), rounding="ROUND_HALF_UP")
     assert sum(r.usd for r in report.rows) == report.total_usd
     assert all(r.usd >= 0 and r.usd == r.usd.quantize(Decimal("0.01")) for r in report.rows)
-    assert sum(t.usd for t in report.tenants) + report.idle_usd == report.total_usd
+    assert sum(t.usd for t in report.tenants) + report.overhead_usd + report.idle_usd == report.total_usd
     for model in report.models:
         rows_of_model = [r for r in report.rows if r.model == model.model]
         assert sum(r.usd for r in rows_of_model) == model.usd

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jsonschema
 import yaml
 
+from infra.plan.drain_budget import SERVE_GRACEFUL_STOP_S, SPOT_NOTICE_S
 from infra.render import render_stack, to_yaml
 from infra.render.rayservice import RAY_CA_BUNDLE, with_gcs_redis_address
 from infra.spec.stack_file import spec_from_document
@@ -85,3 +86,19 @@ def test_every_ray_container_pins_vllms_ray_executor_v2_with_shared_memory_for_i
         assert env["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] == "1"
         assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_a_stopping_worker_drains_within_the_spot_notice_and_holds_serves_graceful_stop() -> None:
+    """A worker pod asked to stop (Karpenter's spot interruption handling drains at once) must be
+    gone before EC2 reclaims the instance, stop its Ray processes itself before the kubelet's
+    SIGKILL, and give Serve's graceful stop of its replicas its whole time."""
+    cluster = rayservice_of({"mode": "in_cluster"})["spec"]["rayClusterConfig"]
+    assert cluster["workerGroupSpecs"]
+    for group in cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        grace = pod["terminationGracePeriodSeconds"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        ray_drain = float(env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"])
+        assert SERVE_GRACEFUL_STOP_S < ray_drain < grace < SPOT_NOTICE_S
+    head_env = {e["name"] for e in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S" not in head_env

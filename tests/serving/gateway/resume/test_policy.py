@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.gateway.resume.ending import Cut, EndReason, StreamEnd, classify, cut_of
+from serving.gateway.resume.ending import Cut, EndReason, StreamEnd, classify, cut_of, is_engine_error_event
 from serving.gateway.resume.policy import Action, ResumeSettings, decide, error_event
 from tests.support.hypothesis import examples
 
@@ -24,6 +24,7 @@ ends = st.builds(
     all_finished=st.booleans(),
     cut=st.sampled_from(Cut),
     status=st.sampled_from([200, 500, 502, 503, 504]),
+    engine_error=st.booleans(),
 )
 
 
@@ -42,6 +43,9 @@ ends = st.builds(
         (StreamEnd(cut=Cut.OTHER), EndReason.UPSTREAM_FAILED),
         (StreamEnd(all_finished=True), EndReason.ALL_FINISHED),
         (StreamEnd(client_gone=True, cut=Cut.CONNECTION_RESET), EndReason.CLIENT_GONE),
+        (StreamEnd(engine_error=True, saw_done=True), EndReason.ENGINE_ERROR),
+        (StreamEnd(engine_error=True, client_gone=True), EndReason.CLIENT_GONE),
+        (StreamEnd(engine_error=True, cut=Cut.TOTAL_TIMEOUT), EndReason.TOTAL_TIMEOUT),
     ],
 )
 def test_each_end_has_its_reason(end, reason):
@@ -59,6 +63,7 @@ def test_each_end_has_its_reason(end, reason):
         (StreamEnd(cut=Cut.TOTAL_TIMEOUT), Action.GIVE_UP),
         (StreamEnd(status=500), Action.GIVE_UP),
         (StreamEnd(client_gone=True), Action.STOP),
+        (StreamEnd(engine_error=True, saw_done=True), Action.RESUME),
     ],
 )
 def test_each_end_has_its_action(end, action):
@@ -83,12 +88,14 @@ def test_a_client_cut_is_never_resumed_whatever_else_the_relay_saw(end, resumes,
 def test_a_resume_stays_within_the_count_and_the_deadline(end, resumes, now, max_resumes):
     decision = decide(end, resumes=resumes, now=now, deadline=10.0, settings=ResumeSettings(max_resumes=max_resumes))
     if decision.action is Action.RESUME:
-        assert resumes < max_resumes and now < 10.0 and not end.client_gone and not end.saw_done
+        # [DONE] ends the answer, unless a server-side error event came before it (the engine stopped)
+        assert resumes < max_resumes and now < 10.0 and not end.client_gone and (end.engine_error or not end.saw_done)
     resumable = classify(end) in (
         EndReason.CONNECTION_RESET,
         EndReason.EOF_WITHOUT_DONE,
         EndReason.IDLE_TIMEOUT,
         EndReason.UPSTREAM_UNAVAILABLE,
+        EndReason.ENGINE_ERROR,
     )
     if resumable and resumes < max_resumes and now < 10.0:
         assert decision.action is Action.RESUME  # the other side: a lost replica within limits is resumed
@@ -125,6 +132,21 @@ def test_the_official_client_raises_on_the_error_event_instead_of_taking_the_ans
         for part in stream:
             seen.append(part.choices[0].delta.content)
     assert seen == ["Hel"]
+
+
+@pytest.mark.parametrize(
+    ("event", "engine"),
+    [
+        ({"error": {"message": "EngineCore encountered an issue", "type": "InternalServerError", "code": 500}}, True),
+        ({"error": {"message": "Request failed; please retry", "type": "ServiceUnavailableError", "code": 503}}, True),
+        ({"error": {"message": "x", "type": "InternalServerError"}}, True),
+        ({"error": {"message": "bad", "type": "BadRequestError", "code": 400}}, False),
+        ({"error": "not an object"}, False),
+        ({"choices": []}, False),
+    ],
+)
+def test_only_a_server_side_error_event_is_an_engine_error(event, engine):
+    assert is_engine_error_event(event) is engine
 
 
 def test_what_aiohttp_raises_maps_to_a_cut():

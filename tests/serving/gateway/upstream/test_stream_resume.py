@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime
 
 import httpx
 import openai
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.limits.tenants import key_daily_key, tenant_daily_key
+from serving.gateway.limits.usage_ledger import DailyUsage, parse_usage_hash, usage_key
 from tests.support.resumable_upstream import PROMPT_TOKENS, ResumableUpstream, answer_text
 from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import daily_used, directive, key_id_of, running_gateway
@@ -59,6 +62,13 @@ def tenant_key(redis_server):
         limits={"requests_per_minute": 10_000, "tokens_per_minute": 10_000_000, "max_concurrent_requests": 10},
     )
     return tenant, key
+
+
+def ledger(redis_url: str, tenant: str) -> list[DailyUsage]:
+    """The tenant's usage ledger rows of today (UTC)."""
+    today = datetime.now(UTC).date()
+    with redis.Redis.from_url(redis_url, decode_responses=True) as connection:
+        return parse_usage_hash(tenant, today, connection.hgetall(usage_key(tenant, today)))
 
 
 def client(gateway: str, key: str) -> openai.OpenAI:
@@ -118,6 +128,46 @@ def test_a_stream_cut_by_its_replica_reads_as_one_whole_answer_billed_once(
     expected = PROMPT_TOKENS + tokens
     assert upstream.generated[rid]["completion"] == tokens  # the engine generated each token once, too
     assert billed(redis_server.url, tenant, key) == (expected, expected)
+    # The ledger bills the tenant the answer; the continuation's re-read prompt and answer so far
+    # is recorded beside it as the platform's overhead (llmctl cost's overhead line).
+    [row] = ledger(redis_server.url, tenant)
+    assert (row.prompt_tokens, row.completion_tokens, row.requests) == (PROMPT_TOKENS, tokens, 1)
+    assert (row.overhead_prompt_tokens, row.overhead_completion_tokens) == (PROMPT_TOKENS + cut_after, 0)
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_stream_whose_engine_stops_under_it_is_resumed_not_ended_with_an_error(
+    gateway, upstream, redis_server, tenant_key, route
+):
+    """A replica whose graceful shutdown ran out stops its engine under the streams it still has:
+    vLLM ends each with a 500 error event and [DONE]. That is a lost replica, not the answer."""
+    tenant, key = tenant_key
+    tokens, rid = 8, uuid.uuid4().hex
+    prompt = directive(id=rid, tokens=tokens, cut_after=3, engine_error=True) + "\nWhat is a KV cache?"
+    api = client(gateway, key)
+    options = {"max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
+    if route == "chat":
+        messages = [{"role": "user", "content": prompt}]
+        chunks = list(api.chat.completions.create(model="tiny", messages=messages, **options))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        chunks = list(api.completions.create(model="tiny", prompt=prompt, **options))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == answer_text(tokens) and len({c.id for c in chunks}) == 1
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (PROMPT_TOKENS, tokens)
+    continuations = [body for body in upstream.continuations() if body["prompt"][0] == upstream.requests_of(rid)]
+    assert len(continuations) == 1 and continuations[0]["max_tokens"] == tokens - 3
+    expected = PROMPT_TOKENS + tokens
+    assert billed(redis_server.url, tenant, key) == (expected, expected)
+
+
+def test_an_error_event_of_the_request_itself_is_its_answer_never_resumed(gateway, upstream, tenant_key):
+    _, key = tenant_key
+    rid = uuid.uuid4().hex
+    prompt = directive(id=rid, tokens=8, cut_after=2, engine_error=True, error_code=400) + "\nWhat is a KV cache?"
+    with pytest.raises(openai.APIError):
+        list(client(gateway, key).completions.create(model="tiny", prompt=prompt, max_tokens=8, stream=True))
+    assert [body for body in upstream.continuations() if body["prompt"][0] == upstream.requests_of(rid)] == []
 
 
 def test_a_client_that_leaves_mid_stream_never_gets_a_continuation(gateway, upstream, redis_server, tenant_key):
@@ -215,6 +265,31 @@ def test_a_whole_answer_lost_with_its_replica_is_asked_once_more_and_billed_once
     assert len([p for p, body in upstream.requests if rid in str(body)]) == 2  # the lost one, then once more
     expected = PROMPT_TOKENS + tokens
     assert billed(redis_server.url, tenant, key) == (expected, expected)  # the answer it got, once
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_stream_whose_replica_dies_in_its_prefill_is_asked_once_more_and_billed_once(
+    gateway, upstream, redis_server, tenant_key, route
+):
+    """Before its first chunk a stream has no response headers yet (Ray Serve LLM's ingress peeks
+    at the first chunk), so a replica lost in the prefill is HAProxy's 502, not a broken stream."""
+    tenant, key = tenant_key
+    rid, tokens = uuid.uuid4().hex, 6
+    prompt = directive(id=rid, tokens=tokens, cut_after=0, in_prefill=True) + "\nWhat is a KV cache?"
+    api = client(gateway, key)
+    options = {"max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
+    if route == "chat":
+        messages = [{"role": "user", "content": prompt}]
+        chunks = list(api.chat.completions.create(model="tiny", messages=messages, **options))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        chunks = list(api.completions.create(model="tiny", prompt=prompt, **options))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == answer_text(tokens)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == tokens
+    assert len([p for p, body in upstream.requests if rid in str(body)]) == 2  # the lost one, then once more
+    expected = PROMPT_TOKENS + tokens
+    assert billed(redis_server.url, tenant, key) == (expected, expected)
 
 
 def test_a_whole_answer_is_asked_once_more_only_once(gateway, upstream, redis_server, tenant_key):
