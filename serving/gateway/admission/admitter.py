@@ -122,6 +122,14 @@ def first_byte_timeout(settings: GatewaySettings, slot: QueueTicket | None) -> f
     return max(settings.upstream_idle_timeout_s, settings.model_queues[slot.model].cold_start_timeout_s)
 
 
+def route_path(request: Request) -> str:
+    """The path of the request's route. Admission runs only on a path `resolve` matched exactly,
+    which holds only unreserved characters and `/`: the path as the server decoded it is the
+    canonical path, with no need to build (and parse) Starlette's `request.url` for it."""
+    path: str = request.scope["path"]
+    return path
+
+
 def requested_model(document: dict[str, Any] | None) -> str | None:
     """The `model` field of a request's JSON object; None when it names no model as a string."""
     model = document.get("model") if document is not None else None
@@ -321,9 +329,8 @@ class Admitter:
             return refusal
         base = base_of(model, self.settings.models) if model is not None else None
         with tracing.stage(tracing.RESERVE):
-            reservation, added_max_tokens = reservation_for(
-                read.document, len(read.body), request.url.path, self.settings
-            )
+            path = route_path(request)
+            reservation, added_max_tokens = reservation_for(read.document, len(read.body), path, self.settings)
         with tracing.stage(tracing.LIMIT):
             charged = await self._charge(caller, model, base, reservation, ticket, held)
         if isinstance(charged, Refusal):
@@ -338,7 +345,7 @@ class Admitter:
         body = await read_body_within(request, settings.max_body_bytes)
         if body is None:
             return errors.body_too_large(settings.max_body_bytes)
-        document = request_document(body, request.url.path, settings)
+        document = request_document(body, route_path(request), settings)
         if isinstance(document, BodyError):
             return errors.invalid_request(document.param, document.message, document.code)
         return _Read(body, document)
@@ -357,7 +364,7 @@ class Admitter:
         settings = self.settings
         if not model_allowed(record, model, has_body=document is not None, bases=settings.models):
             return errors.model_not_allowed(model)
-        violation = check_request(document, request.url.path, settings)
+        violation = check_request(document, route_path(request), settings)
         if violation is None and document is not None:
             if unknown_to_caller(model, settings, grants):
                 assert model is not None
@@ -428,7 +435,7 @@ class Admitter:
     ) -> Admission | Refusal | ClientLeft:
         """The queue stage, then the admission: the body to send upstream, the headers to answer
         with, the meter that bills it."""
-        ticket, document, path = charged.ticket, read.document, request.url.path
+        ticket, document, path = charged.ticket, read.document, route_path(request)
         assert ticket.decision is not None
         headers = rate_limit_headers(ticket.decision)
         if ticket.decision.refused is not None:  # allowed: a shadow key's would-be refusal
