@@ -74,6 +74,9 @@ FORWARDED_UP = frozenset({"content-type", "accept"})
 FORWARDED_DOWN = frozenset({"content-type", "cache-control"})
 ERROR_BODY_LIMIT = 64 * 1024  # enough for an error message; the rest is never read
 MODEL_LIST_LIMIT = 1024 * 1024
+# An answer whose whole body came with its headers is relayed in one message when it is at most
+# this long: below the transport's write buffer limit, so sending it never waits on the client.
+WHOLE_ANSWER_BYTES = 64 * 1024
 
 
 def forwardable(headers: Iterable[tuple[str, str]], allowed: frozenset[str]) -> list[tuple[str, str]]:
@@ -180,6 +183,8 @@ class UpstreamStream(Response):
 
     async def _relay(self, receive: Receive, send: Send) -> None:
         try:
+            if await self._relay_whole(send):
+                return
             with anyio.move_on_after(self._deadline - time.monotonic()) as timer:
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._watch_client, receive, group.cancel_scope)
@@ -194,6 +199,31 @@ class UpstreamStream(Response):
                 self._upstream.close()  # a no-op after a full read (the connection went back to the pool)
                 # A stream cut short is billed what the meter says of it; a no-op if the relay settled.
                 await self._settle(self._meter.billed_usage())
+
+    async def _relay_whole(self, send: Send) -> bool:
+        """Relay an answer that arrived whole with its headers (a non-streamed answer usually
+        does), and say whether it did. Nothing is left to wait for, so neither the client
+        watcher nor the deadline has anything to cut: the answer is metered, settled, and sent
+        in one message after the headers (two writes to the client instead of three). At most
+        `WHOLE_ANSWER_BYTES`, so no send can wait on a client that does not read."""
+        content = self._upstream.content
+        if (
+            self._resuming is not None
+            or not content.is_eof()
+            or content.exception() is not None
+            or content.total_bytes > WHOLE_ANSWER_BYTES
+        ):
+            return False
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        meter, chunk = self._meter, content.read_nowait()
+        out = meter.feed(chunk) if chunk else b""
+        if out and meter.stream and meter.usage is None:  # as the relay's loop times a read
+            self._timer.chunk(time.monotonic())
+        self._upstream.release()
+        held_back = meter.finish()
+        await self._settle(meter.billed_usage())  # before the client has the answer, as below
+        await send({"type": "http.response.body", "body": out + held_back, "more_body": False})
+        return True
 
     async def _watch_client(self, receive: Receive, relay: anyio.CancelScope) -> None:
         while (await receive())["type"] != "http.disconnect":
