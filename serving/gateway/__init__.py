@@ -4,7 +4,7 @@ It authenticates API keys (stored hashed in Redis), admits requests, and proxies
 streams included - to Ray Serve's OpenAI-compatible ingress. One package per concern, in the
 order a request meets them (pyproject's import contracts keep each above only what it uses):
 
-    http/       the ASGI shell: the app factory that wires the rest, probes, the server
+    http/       the ASGI shell: the app factory that wires the rest, the public app, probes, the server
     pipeline/   the request path: Gateway.handle, stage after stage
     batch/      OpenAI's Batch API (/v1/files, /v1/batches), its lines run through admission
     upstream/   the proxy to the model servers, and the stream a queued request waits in

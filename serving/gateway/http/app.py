@@ -4,7 +4,8 @@ Public port (the Service publishes it):
     GET  /healthz       liveness: the process answers (never checks dependencies, so a Redis
                         outage does not make Kubernetes restart every gateway pod)
     the OpenAI routes   the request path, stage after stage: serving.gateway.pipeline.gateway
-                        (route, admission, proxy, meter, settle)
+                        (route, admission, proxy, meter, settle), reached through the access
+                        log and the body deadline alone (serving.gateway.http.public_app)
     /v1/files, /v1/batches  the Batch API, answered here (serving.gateway.batch); its workers run
                         each line through this same app, in process, at the lowest queue tier
 
@@ -34,11 +35,11 @@ from serving.gateway.batch.api import batches_unavailable
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.http import services
 from serving.gateway.http.probes import Probes, healthz
+from serving.gateway.http.public_app import PublicApp
 from serving.gateway.pipeline.gateway import Gateway
 from serving.gateway.protocol import errors
 from serving.gateway.protocol.routes import ApiRoute, resolve
 from serving.gateway.telemetry.access_log import MAX_MODEL_CHARS, REQUEST_ID_HEADER, AccessLogMiddleware, caller_of
-from serving.gateway.telemetry.tracing import RequestTracing
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,11 @@ class GatewayApps:
     """`api` for the public port, `admin` for the metrics port. `api` owns the shared state
     (key store, limiter, upstream pool) through its lifespan; `admin` has none of its own."""
 
-    api: Starlette
+    api: PublicApp
     admin: Starlette
 
 
-def create_app(settings: GatewaySettings, key_store: KeyStore) -> Starlette:
+def create_app(settings: GatewaySettings, key_store: KeyStore) -> PublicApp:
     """The public app alone, for callers that serve no metrics port."""
     return create_apps(settings, key_store).api
 
@@ -69,13 +70,22 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     probes = Probes(settings, key_store, running.metrics)
     access_log = Middleware(AccessLogMiddleware, metrics=running.metrics)
     not_found_handlers = {404: _not_found, 405: _method_not_allowed}
-    # The trace's root span outermost, so the access line (inside it) can carry the trace id.
-    traced = [Middleware(RequestTracing, attributes=trace_attributes(settings))] if settings.tracing.enabled else []
-    api = Starlette(
+    # The public app's lifespan hands the batch workers the public app itself (`api`, bound by
+    # the time the server starts the lifespan): their lines take the request path a client's take.
+    tracing_on = settings.tracing.enabled
+    api: PublicApp
+    starlette = Starlette(
         routes=[Route("/healthz", healthz, methods=["GET"])],
-        middleware=[*traced, access_log, Middleware(BodyDeadline, timeout_s=settings.body_timeout_s)],
+        middleware=[access_log, Middleware(BodyDeadline, timeout_s=settings.body_timeout_s)],
         exception_handlers=not_found_handlers,
-        lifespan=running.lifespan,
+        lifespan=lambda _: running.lifespan(api),
+    )
+    api = PublicApp(
+        starlette,
+        gateway,
+        running.metrics,
+        settings.body_timeout_s,
+        trace_attributes=trace_attributes(settings) if tracing_on else None,
     )
     admin = Starlette(
         routes=[
@@ -89,8 +99,8 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
     # Every other request, whatever its path and method, goes to the gateway's request path,
     # where `resolve` decides (Starlette's own matching would redirect trailing slashes and know
     # nothing of encodings). No redirects on the metrics port either.
-    api.router.default = request_response(gateway.handle)
-    for app in (api, admin):
+    starlette.router.default = request_response(gateway.handle)
+    for app in (starlette, admin):
         app.router.redirect_slashes = False
     return GatewayApps(api=api, admin=admin)
 

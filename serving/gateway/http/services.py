@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from serving.gateway.admission.admitter import Admitter
 from serving.gateway.auth.adapter_access import served_adapters
@@ -70,7 +70,7 @@ class Services:
     batch_redis: Any  # redis.asyncio.Redis of the Batch API's own pool, when it runs
 
     @asynccontextmanager
-    async def lifespan(self, api: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, api: ASGIApp) -> AsyncIterator[None]:
         """Start what runs beside the requests; at shutdown close everything the apps own."""
         settings = self.settings
         if not self.key_store.shared_across_processes:
