@@ -44,6 +44,11 @@ class RunningDev(BaseModel):
     serve_port: int | None = Field(default=None, description="Ray Serve's HTTP port.")
     dashboard_url: str | None = Field(default=None, description="Its Ray dashboard (REST API), on loopback.")
     serving_path: str | None = Field(default=None, description="Serving path it deployed; None: the default.")
+    trace_endpoint: str | None = Field(
+        default=None,
+        description="The local trace receiver `make dev TRACE=1` sends to (not in the stack file): a live "
+        "`llmctl scale` renders with it, or the engines would restart without their tracing.",
+    )
 
     @property
     def gateway_root(self) -> str:

@@ -237,7 +237,9 @@ def run(
             claims = PortClaims()
             cleanup.callback(claims.release)
             _claim_gateway_port(claims, port)
+            stack_traced = spec.observability.tracing.enabled
             spec = _traced_locally(spec, cleanup, say, trace=trace)
+            local_traces = spec.observability.tracing.otlp_endpoint if not stack_traced else None
             redis: LocalRedis | None = None
             if redis_server_path():
                 redis = start_redis()
@@ -297,7 +299,14 @@ def run(
             first_token(base_url, api_key, models[0])
             say(f"first token through the gateway {time.monotonic() - started:.0f} s after start")
             # `llmctl keys|status|scale --stack local` read it
-            lock.record(base_url=base_url, metrics_url=metrics_url, redis_url=redis_url, stack=spec.name, **ray_info)
+            lock.record(
+                base_url=base_url,
+                metrics_url=metrics_url,
+                redis_url=redis_url,
+                stack=spec.name,
+                trace_endpoint=local_traces,
+                **ray_info,
+            )
             print(banner(base_url, api_key, models, "redis-server" if redis else "in-memory", metrics_url), flush=True)
             if ready_json:
                 serve_root = f"http://127.0.0.1:{serve_port}"

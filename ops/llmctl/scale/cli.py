@@ -190,6 +190,10 @@ def _apply_local(spec: StackSpec, model_id: str, *, err: Console, out: Console) 
     if dev.stack != spec.name:
         out.print(f"the running make dev serves stack {dev.stack!r}, not {spec.name!r}: not applied", highlight=False)
         return
+    if dev.trace_endpoint is not None and not spec.observability.tracing.enabled:
+        from ops.devstack.runner import traced
+
+        spec = traced(spec, dev.trace_endpoint)  # as it runs, or Serve would restart every engine
     want = spec.model(model_id)
     deployment = llm_deployment_name(want)
     path = ServingPath(dev.serving_path) if dev.serving_path else SERVING_PATH
