@@ -108,7 +108,11 @@ def test_greedy_streams_survive_a_killed_replica_byte_identical_and_billed_once(
     killer = ReplicaKiller(dev_stack.process.pid, MODEL)
 
     def at_kill_point(results: list[StreamResult]) -> bool:
-        return all(len(r.chunk_times) >= kill_after for r in results)
+        # Mid-answer and before any answer ends. Not "every stream at its 5th chunk": the
+        # gateway's adaptive capacity may hold some streams in its queue until others finish,
+        # and then the kill came after every answer had ended (seen in two CI runs).
+        started = [r for r in results if r.chunk_times]
+        return any(len(r.chunk_times) >= kill_after for r in started) and not any(r.finish_reason for r in results)
 
     before = gateway_count(dev_stack, counter)
     killed = run_streams(base_url, key, MODEL, STREAMS, max_tokens, padding=padding, when=at_kill_point, then=killer)
@@ -119,7 +123,7 @@ def test_greedy_streams_survive_a_killed_replica_byte_identical_and_billed_once(
     assert findings["byte_identical"] == STREAMS, findings
     assert findings["one_id_one_role"] == STREAMS, findings
     assert findings["usage_equal_to_reference"] == STREAMS, findings
-    assert findings["in_flight_at_kill"] == STREAMS, findings
+    assert 1 <= findings["in_flight_at_kill"] <= STREAMS, findings
     assert gateway_count(dev_stack, counter) - before >= 1, "the kill hit no stream"
     # Billed once: each prompt once and every output token once, one request per stream.
     prompt = sum(r.usage[0] for r in reference if r.usage)
