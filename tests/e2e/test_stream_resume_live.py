@@ -18,6 +18,7 @@ afterwards, once Serve has replaced the killed replica.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from datetime import UTC, datetime
@@ -33,7 +34,18 @@ from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.limits.usage_ledger import parse_usage_hash, usage_key
 from tests.support.devstack import DevStack
 
-pytestmark = pytest.mark.slow
+# Opt-in until the kill point stops depending on the machine's timing: in three CI runs on
+# 2026-12-04 the kill came after every answer had ended (twice "0 streams in flight at the kill",
+# once "the kill point never came") while it passed for its author; the adaptive capacity queues
+# some of the 12 streams in the gateway, so which ones run at once changes with the load.
+# Run it on a quiet machine: LLMSTACK_E2E_LIVE_KILL=1 pytest tests/e2e/test_stream_resume_live.py
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("LLMSTACK_E2E_LIVE_KILL") != "1",
+        reason="the live replica kill is opt-in (LLMSTACK_E2E_LIVE_KILL=1): its kill point depends on timing",
+    ),
+]
 MODEL = "tiny-chat"
 DEPLOYMENT = f"LLMServer:{MODEL}"
 STREAMS = 12  # what two CPU replicas on this 2-core machine serve at once without starving
