@@ -48,8 +48,8 @@ class RedisBusy(RuntimeError):
 
 def redis_client(url: str, *, decode_responses: bool = False, max_connections: int | None = None) -> Any:
     import redis.asyncio as redis  # here, so the in-memory key store needs no redis package
+    from redis.asyncio.retry import Retry  # the asyncio client warns on (and converts) the sync one
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
     pool = redis.BlockingConnectionPool.from_url(
         url,
