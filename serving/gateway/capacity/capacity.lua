@@ -6,8 +6,10 @@
 --            (the last window the law ran for)
 --   2 lease  string: the gateway process running the law for the window just closed
 --   3..      the window ring: RING hashes; window w lives in KEYS[3 + w % RING] with fields
---            w (its index), peak (sum of the reporters' most requests in flight), t<bucket> and
---            i<bucket> (TTFT and ITL histogram counts, serving/gateway/capacity/histogram.py)
+--            w (its index), p:<owner> (each reporting process's most requests in flight in the
+--            window: a process reports twice per window, so its reports are maxed, and the
+--            processes' maxima summed when read), t<bucket> and i<bucket> (TTFT and ITL
+--            histogram counts, serving/gateway/capacity/histogram.py)
 -- ARGV: op, window length (us), then per op.
 --
 -- Windows are numbered by Redis TIME, so every replica agrees on them. Every key has a TTL and
@@ -28,14 +30,16 @@ local function state()
   return {tonumber(s[1]) or -1, s[2] or '', s[3] or '', tonumber(s[4]) or -1}
 end
 
--- `peak`: the reporter's most requests in flight; ARGV[first..]: pairs of histogram field, count.
-local function report(peak, first)
+-- `peak`: the reporter's most requests in flight since its last report; ARGV[first..]: pairs of
+-- histogram field, count.
+local function report(peak, owner, first)
   local key = ring_key(current)
   if redis.call('HGET', key, 'w') ~= tostring(current) then
     redis.call('DEL', key)  -- the window RING windows ago: long decided
     redis.call('HSET', key, 'w', current)
   end
-  redis.call('HINCRBYFLOAT', key, 'peak', peak)
+  local mine = 'p:' .. owner
+  if tonumber(peak) > (tonumber(redis.call('HGET', key, mine)) or 0) then redis.call('HSET', key, mine, peak) end
   for i = first, #ARGV - 1, 2 do redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1]) end
   redis.call('PEXPIRE', key, math.ceil(window_us * RING * 2 / 1000))
 end
@@ -47,11 +51,13 @@ local function windows(closed, count)
     local key = ring_key(w)
     if redis.call('HGET', key, 'w') == tostring(w) then
       local fields = redis.call('HGETALL', key)
-      local row = {w, '0'}
+      local row, peak = {w, '0'}, 0
       for i = 1, #fields, 2 do
-        if fields[i] == 'peak' then row[2] = fields[i + 1]
-        elseif fields[i] ~= 'w' then row[#row + 1] = fields[i]; row[#row + 1] = fields[i + 1] end
+        local name = fields[i]
+        if string.sub(name, 1, 2) == 'p:' then peak = peak + tonumber(fields[i + 1])
+        elseif name ~= 'w' then row[#row + 1] = name; row[#row + 1] = fields[i + 1] end
       end
+      row[2] = tostring(peak)
       out[#out + 1] = row
     end
   end
@@ -64,7 +70,7 @@ if op == 'tick' then
   -- ran it yet and nobody holds the lease: {1, state..., closed, windows} to the claimant,
   -- {0, state..., current} to everyone else.
   local owner, lease_ms, count = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-  report(ARGV[3], 7)
+  report(ARGV[3], owner, 7)
   local s = state()
   local closed = current - 1
   if s[4] >= closed then return {0, s[1], s[2], s[3], s[4], current} end

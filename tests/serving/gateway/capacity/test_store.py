@@ -94,6 +94,25 @@ def test_the_in_flight_peak_is_read_per_replica_of_the_model(redis_server):
     asyncio.run(scenario())
 
 
+def test_a_gateway_reporting_twice_in_a_window_counts_its_peak_once(redis_server):
+    """A process reports twice per window (its loop ticks every half window): the window's peak is
+    each process's largest report, summed over processes, not the sum of every report."""
+
+    async def scenario() -> None:
+        model = fresh_model()
+        a, b = two_gateways(redis_server.url, model)
+        try:
+            await a.tick(model, slow(5, peak=20), replicas=1)
+            await a.tick(model, slow(5, peak=20), replicas=1)  # the same 20 streams, half a window later
+            await ticking([a, b], model, lambda: decided(a, model, Move.DOWN), "the cut")
+            assert await a.slots(model) == 10  # 20 in flight, halved (not 40 halved)
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_one_gateway_runs_the_law_per_window_and_only_the_lease_holder_stores(redis_server):
     async def scenario() -> None:
         model = fresh_model()
