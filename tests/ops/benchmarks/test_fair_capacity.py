@@ -4,7 +4,16 @@ without adaptation), and the summaries it reports."""
 from __future__ import annotations
 
 from infra.spec.stack_file import PROJECT_ROOT, load_stack
-from ops.benchmarks.fair_capacity import ADAPTIVE, FIXED, growth_summary, jain_index, stack_text, summarize
+from ops.benchmarks.fair_capacity import (
+    ADAPTIVE,
+    FIXED,
+    JAIN_STREAMS,
+    gateway_ttfts,
+    growth_summary,
+    jain_index,
+    stack_text,
+    summarize,
+)
 
 
 def test_the_stack_serves_the_same_model_with_and_without_adaptation(tmp_path):
@@ -38,3 +47,22 @@ def test_summaries_count_failures_and_split_the_growth_trace():
     ]
     assert grown["prompt_tokens_p50"] == {"short": 40, "long": 400}
     assert jain_index([1.0, 1.0]) == 1.0 and jain_index([1.0, 0.0]) == 0.5
+
+
+def test_the_gateway_ttft_is_read_from_its_access_log_by_request_id():
+    lines = [
+        '{"event": "access", "request_id": "r1", "status": 200, "ttft_ms": 40.5}\n',
+        "2026-12-05 INFO uvicorn.error: Started server process\n",
+        '{"event": "access", "request_id": "r2", "status": 429, "ttft_ms": null}\n',
+    ]
+    at_gateway = gateway_ttfts(lines)
+    assert at_gateway == {"r1": 40.5}
+    ok = {"phase": "p", "tenant": "b", "status": 200, "ttft": 0.3, "request_id": "r1"}
+    summary = summarize([ok], "p", "b", seconds=1, gateway_ttft=at_gateway)
+    assert (summary["ttft_p99_ms"], summary["gateway_ttft_p99_ms"]) == (300, 40)
+
+
+def test_one_address_may_open_every_connection_the_load_needs(tmp_path):
+    path = tmp_path / "Pulumi.faircap.yaml"
+    path.write_text(stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=True))
+    assert load_stack(str(path)).gateway.edge.max_connections_per_client >= 4 * JAIN_STREAMS
