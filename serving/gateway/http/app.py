@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route, request_response
+from starlette.routing import Route
 from starlette.types import Scope
 
 from serving.gateway.admission.body import BodyDeadline
@@ -96,10 +96,9 @@ def create_apps(settings: GatewaySettings, key_store: KeyStore) -> GatewayApps:
         middleware=[access_log],
         exception_handlers=not_found_handlers,
     )
-    # Every other request, whatever its path and method, goes to the gateway's request path,
-    # where `resolve` decides (Starlette's own matching would redirect trailing slashes and know
-    # nothing of encodings). No redirects on the metrics port either.
-    starlette.router.default = request_response(gateway.handle)
+    # PublicApp sends every HTTP request but /healthz to the gateway's request path, where
+    # `resolve` decides (Starlette's own matching would redirect trailing slashes and know nothing
+    # of encodings); Starlette here answers /healthz and the lifespan. No redirects on either port.
     for app in (starlette, admin):
         app.router.redirect_slashes = False
     return GatewayApps(api=api, admin=admin)

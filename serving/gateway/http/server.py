@@ -53,6 +53,10 @@ def api_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
         access_log=False,  # ours (JSON, with key_id and tenant) replaces uvicorn's
         log_config=None,  # keep the logging configured by the caller
         server_header=False,
+        # HTTP only: with a WebSocket library installed (Ray brings one) uvicorn would hand an
+        # Upgrade request to the app as a websocket scope, which nothing here serves (it was a 500).
+        # Off, the upgrade is an ordinary HTTP request and gets the path's own answer.
+        ws="none",
     )
 
 
@@ -66,6 +70,7 @@ def metrics_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Conf
         access_log=False,
         log_config=None,
         server_header=False,
+        ws="none",
     )
 
 

@@ -92,3 +92,29 @@ def test_an_existing_dev_key_file_becomes_owner_only(recording_upstream, tmp_pat
         wait_answering(f"http://127.0.0.1:{port}/healthz", process)
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # the old gateway kept 0644
         assert key_file.read_text().startswith("sk-llm-")
+
+
+def test_a_websocket_upgrade_is_answered_as_plain_http(recorded, redis_server, key, tmp_path):
+    """The gateway speaks HTTP only. An Upgrade: websocket request, with a valid key or without,
+    gets the path's ordinary HTTP answer: no handshake, no server error, nothing upstream."""
+    import websockets.sync.client
+    from websockets.exceptions import InvalidStatus
+
+    port, metrics_port = free_port(), free_port()
+    env = env_for(recorded.url, redis_server.url, port, metrics_port)
+    log = tmp_path / "gw.log"
+    with gateway_process(env, log) as process:
+        wait_answering(f"http://127.0.0.1:{port}/healthz", process)
+        for path, headers, plain_http_status in (
+            ("/v1/chat/completions", {"Authorization": f"Bearer {key}"}, 405),  # a GET there
+            ("/v1/models", {}, 401),
+            ("/nowhere", {"Authorization": f"Bearer {key}"}, 404),
+            ("/healthz", {}, 200),
+        ):
+            with pytest.raises(InvalidStatus) as refused:  # any answer but 101 Switching Protocols
+                websockets.sync.client.connect(
+                    f"ws://127.0.0.1:{port}{path}", additional_headers=headers, open_timeout=HANG_BOUND_S
+                )
+            assert refused.value.response.status_code == plain_http_status, path
+    assert "Traceback" not in log.read_text()
+    assert recorded.seen == []
