@@ -288,7 +288,8 @@ def summarize(
     mine = [r for r in records if r["phase"] == phase and r["tenant"] == tenant]
     ok = [r for r in mine if r.get("status") == 200 and "error" not in r]
     ttfts = [r["ttft"] for r in ok if "ttft" in r]
-    at_gateway = [gateway_ttft[r["request_id"]] for r in ok if r.get("request_id") in (gateway_ttft or {})]
+    known = gateway_ttft or {}
+    at_gateway = [known[r["request_id"]] for r in ok if r.get("request_id") in known]
     return {
         "requests": len(mine),
         "failed": len(mine) - len(ok),
