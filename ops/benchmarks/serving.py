@@ -23,9 +23,10 @@ The CPU of every process this benchmark started is sampled around each run and s
 layer (`ops.llmctl.bench.cpu_layers`). The machine's load average is recorded at each start.
 
 `--client llmctl` runs the same loads with `llmctl bench` instead (the official `openai`
-client, streaming `/v1/completions` with usage; prompts of 64 words rather than 64 random
-token ids). It is what operators run against their own endpoints; comparing the two
-clients' figures in one machine's runs shows what the Python client itself costs here.
+client, streaming `/v1/completions` with usage, from its default client processes: one per 8
+streams, at most one per core; prompts of 64 words rather than 64 random token ids). It is
+what operators run against their own endpoints; comparing the two clients' figures in one
+machine's runs shows what the Python client itself costs here.
 """
 
 from __future__ import annotations

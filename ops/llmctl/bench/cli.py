@@ -8,6 +8,7 @@ Thin shell: options -> `LoadSpec`, `ops.llmctl.bench.loadgen` measures, `ops.llm
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import sys
 import time
@@ -26,6 +27,7 @@ from ops.llmctl.console import ExitCode, err, out
 if TYPE_CHECKING:  # openai and numpy load only when bench runs: `llmctl plan` needs neither
     from ops.llmctl.bench.loadgen import LoadSpec
     from ops.llmctl.bench.stats import BenchReport, LengthDistribution, LevelSummary
+    from ops.llmctl.bench.workers import WorkerPool
 
 
 class Api(str, Enum):
@@ -122,8 +124,6 @@ def _hint(kind: str) -> str:
 def cpu_roots(explicit: list[int] | None) -> list[int]:
     """Processes whose CPU `--cpu-layers` counts (with their descendants): the ones given, else
     the running `make dev` of this checkout; this process (the client) always."""
-    import os
-
     from ops.devstack.lock import NOT_RUNNING, find_running_dev, lock_path
 
     if explicit:
@@ -140,13 +140,30 @@ async def _measure(
     levels: list[float],
     warm_up: bool,
     roots: list[int] | None = None,
+    processes: int = 1,
+) -> list[LevelSummary]:
+    from ops.llmctl.bench.workers import WorkerPool
+
+    if warm_up:
+        await _warm_up(spec)
+    if processes == 1:
+        return await _levels(spec, mode, levels, roots, None)
+    # Started once and kept for every level, so --cpu-layers counts them while they send.
+    async with WorkerPool(processes) as pool:
+        return await _levels(spec, mode, levels, roots, pool)
+
+
+async def _levels(
+    spec: LoadSpec,
+    mode: Literal["concurrency", "rate"],
+    levels: list[float],
+    roots: list[int] | None,
+    pool: WorkerPool | None,
 ) -> list[LevelSummary]:
     from ops.llmctl.bench.cpu_layers import CpuSampler, cpu_ms_per_token
     from ops.llmctl.bench.loadgen import run_level
     from ops.llmctl.bench.stats import default_requests, summarise
 
-    if warm_up:
-        await _warm_up(spec)
     summaries = []
     with Progress(
         TextColumn("{task.description}"),
@@ -183,7 +200,11 @@ async def _measure(
             sampler = CpuSampler(roots, include_self=True) if roots else None
             if sampler:
                 sampler.start()
-            results = await run_level(level_spec, mode, level, on_result=done)
+            results = await (
+                pool.run_level(level_spec, mode, level, on_result=done)
+                if pool is not None
+                else run_level(level_spec, mode, level, on_result=done)
+            )
             cpu = sampler.stop() if sampler else None
             if ticker:
                 ticker.cancel()
@@ -367,6 +388,17 @@ def bench(
             help="--cpu-layers: a process whose descendants serve the endpoint (repeatable). Default: make dev's.",
         ),
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            "--processes",
+            "-P",
+            min=1,
+            help="Client processes sharing each level, each with its own AsyncOpenAI: one process "
+            "streaming many requests queues them in itself. Default: one per 8 streams (or 8 "
+            "requests/s) of the highest level, at most one per core.",
+        ),
+    ] = None,
     ignore_eos: Annotated[
         bool,
         typer.Option(
@@ -401,7 +433,9 @@ def bench(
       llmctl bench --url http://127.0.0.1:8080/v1 --workload multiturn -c 8 --turns 4 --cpu-layers
     """
     from ops.llmctl.bench.loadgen import LoadSpec
+    from ops.llmctl.bench.split import default_processes
     from ops.llmctl.bench.stats import BenchReport
+    from ops.llmctl.bench.workers import WorkerDied
 
     command = "llmctl bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     try:
@@ -411,6 +445,7 @@ def bench(
         if workload is Workload.multiturn and (api is not Api.chat or mode != "concurrency"):
             raise BenchError("--workload multiturn holds conversations: use it with --api chat and --concurrency")
         roots = cpu_roots(cpu_root) if cpu_layers else None
+        clients = processes or default_processes(mode, levels, os.cpu_count() or 1)
         spec = LoadSpec(
             base_url=normalise_base_url(url),
             api_key=api_key,
@@ -433,12 +468,15 @@ def bench(
             nonlocal spec
             if model is None:
                 spec = spec.model_copy(update={"model": await _pick_model(spec)})
-            return await _measure(spec, mode, levels, warm_up, roots)
+            return await _measure(spec, mode, levels, warm_up, roots, clients)
 
         summaries = asyncio.run(main())
     except BenchError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
+    except WorkerDied as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(ExitCode.FAILED) from None
     except Exception as exc:  # noqa: BLE001 - e.g. connection refused while listing models
         err.print(
             f"[red]error:[/red] {url}: {type(exc).__name__}: {exc}; is the server running there?",
@@ -460,6 +498,7 @@ def bench(
         duration_s_per_level=duration,
         ignore_eos=ignore_eos,
         seed=seed,
+        client_processes=clients,
         levels=summaries,
     )
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,9 @@ Two ways to load a server:
   concurrency  closed loop: N requests in flight, each worker sends the next when one ends
   rate         open loop: Poisson arrivals at R requests/s, however slowly the server answers
 Each level stops after a request count or a duration (in-flight requests still finish).
+An open loop's arrivals are one seeded schedule (`schedule`), each sent at its own instant.
+`run_level` runs a level, or one process's part of it (`ops.llmctl.bench.split`,
+`ops.llmctl.bench.workers`: `llmctl bench` spreads a level over several processes).
 Two workloads:
   single       every request is a new prompt
   multiturn    conversations: a system prompt shared by all of them, then `turns` user turns,
@@ -19,8 +22,10 @@ Numbers are summarised by `ops.llmctl.bench.stats`; this module only measures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
@@ -165,30 +170,89 @@ def make_client(spec: LoadSpec) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=spec.base_url, api_key=spec.api_key, max_retries=0, timeout=spec.timeout_s)
 
 
+class Arrival(BaseModel):
+    """One open-loop request: when it is due, from the level's start, and what it asks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at_s: float = Field(ge=0, description="Seconds after the level's start.")
+    prompt: str
+    max_tokens: int = Field(ge=1)
+
+
+class LevelPart(BaseModel):
+    """What one process sends of a level (`ops.llmctl.bench.split` cuts a level into parts for
+    worker processes); `whole_level` is all of it in one process."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(default=0, ge=0, description="Seeds the part's own prompts; 0 is the level's own stream.")
+    concurrency: int = Field(default=0, ge=0, description="Closed loop: requests (or conversations) in flight.")
+    requests: int | None = Field(
+        default=None, ge=1, description="Closed loop: this part's requests; None: until the duration or stop()."
+    )
+    arrivals: list[Arrival] | None = Field(
+        default=None, description="Open loop: this part's arrivals; None: the level's whole schedule, drawn as it goes."
+    )
+
+
+def whole_level(spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float) -> LevelPart:
+    return LevelPart(concurrency=int(level) if mode == "concurrency" else 0, requests=spec.requests)
+
+
+def level_rng(spec: LoadSpec, level: float, part: int = 0) -> np.random.Generator:
+    """Seeded per level (level 4 sends the same prompts every run) and per part."""
+    return np.random.default_rng([spec.seed, int(level * 1000), *([part] if part else [])])
+
+
+def schedule(spec: LoadSpec, rate: float) -> Iterator[Arrival]:
+    """The open loop's arrivals at `rate` requests/s: Poisson (exponential gaps), seeded, cut at
+    the spec's request count or duration (endless without either). Pure: the same spec gives
+    the same arrivals, however many processes then send them."""
+    rng = level_rng(spec, rate)
+    plan = request_plan(spec, rng)
+    at_s = 0.0
+    for sent in itertools.count():
+        if spec.requests is not None and sent >= spec.requests:
+            return
+        if spec.duration_s is not None and at_s >= spec.duration_s:
+            return
+        prompt, max_tokens = next(plan)
+        yield Arrival(at_s=at_s, prompt=prompt, max_tokens=max_tokens)
+        at_s += float(rng.exponential(1.0 / rate))
+
+
 # Complex on purpose: both load modes (concurrency, rate) share one pacing loop.
 async def run_level(  # noqa: C901
     spec: LoadSpec,
     mode: Literal["concurrency", "rate"],
     level: float,
-    *,  # noqa: C901
+    *,
+    part: LevelPart | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     stop: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    client: openai.AsyncOpenAI | None = None,
+    start_at: float | None = None,
 ) -> list[RequestResult]:
-    """Run one level to its request count or duration (or until `stop()` says so); returns
-    every request's result. Seeded per level, so level 4 sends the same prompts every run."""
-    rng = np.random.default_rng([spec.seed, int(level * 1000)])
-    plan = request_plan(spec, rng)
+    """Run a level (or `part` of it) to its request count or duration, or until `stop()` says
+    so; returns every request's result. `client`: an open client to send with (else one of
+    its own); `start_at`: the `clock()` instant the level starts at, which its arrivals and
+    duration count from (the parts of a level, in several processes, start together)."""
+    part = part or whole_level(spec, mode, level)
+    plan = request_plan(spec, level_rng(spec, level, part.index))
     results: list[RequestResult] = []
-    started = clock()
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - clock()))
+    origin = clock() if start_at is None else start_at
     sent = 0
 
     def may_send() -> bool:
         if stop is not None and stop():
             return False
-        if spec.requests is not None and sent >= spec.requests:
+        if part.requests is not None and sent >= part.requests:
             return False
-        return spec.duration_s is None or clock() - started < spec.duration_s
+        return spec.duration_s is None or clock() - origin < spec.duration_s
 
     async def send(
         client: openai.AsyncOpenAI,
@@ -218,14 +282,16 @@ async def run_level(  # noqa: C901
                 return  # a conversation whose turn failed is over: its history is incomplete
             messages.append({"role": "assistant", "content": "".join(answer)})
 
-    async with make_client(spec) as client:
+    async with contextlib.AsyncExitStack() as owned:
+        if client is None:
+            client = await owned.enter_async_context(make_client(spec))
         if mode == "concurrency" and spec.workload == "multiturn":
 
             async def talker() -> None:
                 while may_send():
                     await conversation(client)
 
-            await asyncio.gather(*(talker() for _ in range(int(level))))
+            await asyncio.gather(*(talker() for _ in range(part.concurrency)))
         elif mode == "concurrency":
 
             async def worker() -> None:
@@ -234,12 +300,15 @@ async def run_level(  # noqa: C901
                     sent += 1  # counted before the await: workers share one event loop
                     await send(client, *next(plan))
 
-            await asyncio.gather(*(worker() for _ in range(int(level))))
+            await asyncio.gather(*(worker() for _ in range(part.concurrency)))
         else:
             tasks = []
-            while may_send():
-                sent += 1
-                tasks.append(asyncio.create_task(send(client, *next(plan))))
-                await asyncio.sleep(float(rng.exponential(1.0 / level)))
+            for arrival in part.arrivals if part.arrivals is not None else schedule(spec, level):
+                # Each arrival waits for its own instant on the schedule, not a gap after the
+                # previous send: a late wake-up then delays one request, not all that follow.
+                await asyncio.sleep(max(0.0, origin + arrival.at_s - clock()))
+                if stop is not None and stop():
+                    break
+                tasks.append(asyncio.create_task(send(client, arrival.prompt, arrival.max_tokens)))
             await asyncio.gather(*tasks)
     return results

@@ -217,6 +217,9 @@ class BenchReport(BaseModel):
     duration_s_per_level: float | None = Field(description="Sending time per level, if set.")
     ignore_eos: bool = Field(description="Whether exactly max_tokens were asked for (vLLM extension).")
     seed: int = Field(description="Seed of prompts, lengths and arrivals.")
+    client_processes: int = Field(
+        default=1, description="Processes the load was sent from, each with its own client (--processes)."
+    )
     levels: list[LevelSummary] = Field(description="One summary per load level, in the order run.")
 
 

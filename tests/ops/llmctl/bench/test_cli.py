@@ -1,11 +1,13 @@
-"""`llmctl bench` without a server: the PNG from a report, and the one-line failure when
-nothing answers at --url."""
+"""`llmctl bench` without a model: the PNG from a report, the one-line failure when nothing
+answers at --url, and levels sent from several client processes to the stub upstream."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+
+import pytest
 
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.harness.processes import free_port
@@ -108,3 +110,25 @@ def test_bad_distribution_is_one_line_exit_2(tmp_path):
         timeout=120,
     )
     assert run.returncode == 2 and "--prompt-tokens" in run.stderr and "uniform:32-128" in run.stderr
+
+
+@pytest.mark.parametrize("mode", [["-c", "1,4"], ["--rate", "20"]])
+def test_levels_are_sent_from_the_client_processes_asked_for(tmp_path, mode):
+    """`--processes 2` against the stub upstream: every level's requests come back as one level."""
+    from ops.harness.stub_upstream import app
+    from tests.support.servers import serving
+
+    out = tmp_path / "x.json"
+    with serving(app()) as url:
+        run = subprocess.run(
+            [sys.executable, "-m", "ops.llmctl.main", "bench", "--url", url, "-m", "tiny", *mode]
+            + ["-n", "8", "--processes", "2", "--no-plot", "--out", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = BenchReport.model_validate_json(out.read_text())
+    assert report.client_processes == 2
+    assert [(s.requests, s.ok, s.errors) for s in report.levels] == [(8, 8, {})] * len(report.levels)
