@@ -18,8 +18,8 @@ first, then, within a tier, a tenant under its share of the model ahead of one o
 so the worst band of a tier still goes before the best of the next tier. A tenant's share is
 the model's capacity split among the tenants holding slots in proportion to their weights (a
 key's `weight`, as the fair queue's order uses it), and never more than half of it (as the fair
-queue's reserve rule: a tenant alone is not "under its share" with the whole model). With equal
-weights that is the reserve's own rule (fair_queue.lua `over_share`). A request whose share is
+queue's reserve rule: a tenant alone is not "under its share" with the whole model): the
+reserve's own rule (fair_queue.lua `over_share`). A request whose share is
 unknown (its admission was learned from a lease renewal, not the wake-up) gets its tier's last
 band: an unknown share never goes first.
 """

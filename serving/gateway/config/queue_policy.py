@@ -73,8 +73,9 @@ class QueuePolicy(StrictModel):
         ge=0,
         lt=1,
         description="Fraction of each model's capacity (rounded down to whole slots) kept for tenants holding "
-        "less than their share of it (the capacity split among the tenants holding slots, never more than "
-        "half of it), so that on a saturated model a light tenant's request finds a slot free at once "
+        "less than their share of it (the capacity split among the tenants holding slots in proportion to "
+        "their keys' weights, never more than half of it), so that on a saturated model a light tenant's "
+        "request finds a slot free at once "
         "instead of waiting for a flooding tenant's request to end. The price: a tenant flooding "
         "alone is served with the reserve idle. 0: no reserve.",
     )

@@ -59,9 +59,12 @@ local function tier_cap(cap, rank) return math.max(1, math.floor(cap * shares[ra
 -- The reserve: the last slots of the capacity go only to tenants holding less than their share,
 -- so that a light tenant's request finds a slot free at once on a saturated model instead of
 -- waiting for a flooding tenant's request to end (nothing preempts a running request).
--- A tenant's share is the capacity split among the tenants holding slots, and never more than
--- half of it: so a tenant flooding alone stops short of the reserve too, and it is there when
--- another tenant's first request comes.
+-- A tenant's share is the capacity split among the tenants holding slots in proportion to their
+-- weights, and never more than half of it: so a tenant flooding alone stops short of the reserve
+-- too, and it is there when another tenant's first request comes. On a saturated model every slot
+-- that frees is one of the last (in flight is capacity - 1), so this share, not the start tags,
+-- decides who gets it: it must be the weighted share, or the weights count for nothing there.
+-- (serving/gateway/capacity/engine_priority.py `share_band` reads the same share.)
 local function reserved(cap) return math.floor(cap * reserve_share + 1e-9) end
 
 -- Only the reserve is free: `count` in flight leaves no slot for a tenant holding its share.
@@ -70,14 +73,27 @@ local function only_reserve_left(count, cap)
   return reserve > 0 and count >= cap - reserve
 end
 
-local function over_share(tenant, cap)
-  local held = tonumber(redis.call('HGET', HOLDERS, tenant) or '0')
-  return held > 0 and held * math.max(2, redis.call('HLEN', HOLDERS)) >= cap
+-- The sum of the weights of the tenants holding slots, each read from WEIGHTS (1 when absent), so
+-- an entry a previous version's script left behind is never counted.
+local function holders_weight(holding)
+  local total = 0
+  if #holding > 0 then
+    for _, w in ipairs(redis.call('HMGET', WEIGHTS, unpack(holding))) do total = total + (tonumber(w) or 1) end
+  end
+  return total
 end
 
-local function has_room(count, cap, rank, tenant)
+-- Whether `tenant`, of `weight`, holds its share: cap x weight / max(total, 2 x weight), where
+-- `total` is holders_weight (a tenant holding nothing is under it whatever the others hold).
+local function over_share(tenant, weight, cap, total)
+  local held = tonumber(redis.call('HGET', HOLDERS, tenant) or '0')
+  return held > 0 and held * math.max(total, 2 * weight) >= cap * weight
+end
+
+local function has_room(count, cap, rank, tenant, weight)
   if count >= tier_cap(cap, rank) then return false end
-  return not only_reserve_left(count, cap) or not over_share(tenant, cap)
+  if not only_reserve_left(count, cap) then return true end
+  return not over_share(tenant, weight, cap, holders_weight(redis.call('HKEYS', HOLDERS)))
 end
 
 local function hold(id, tenant, weight)
@@ -89,15 +105,10 @@ end
 
 -- What the engine priority reads of a tenant that just took a slot: the slots it holds (this one
 -- included), how many tenants hold slots, and the sum of their weights (a string: Redis would cut
--- a Lua float to an integer). Summed over HOLDERS, each tenant's weight read from WEIGHTS (1 when
--- absent), so an entry a previous version's script left behind is never counted.
+-- a Lua float to an integer).
 local function share_of(tenant)
   local holding = redis.call('HKEYS', HOLDERS)
-  local total = 0
-  if #holding > 0 then
-    for _, w in ipairs(redis.call('HMGET', WEIGHTS, unpack(holding))) do total = total + (tonumber(w) or 1) end
-  end
-  return tonumber(redis.call('HGET', HOLDERS, tenant) or '0'), #holding, tag(total)
+  return tonumber(redis.call('HGET', HOLDERS, tenant) or '0'), #holding, tag(holders_weight(holding))
 end
 
 -- After `id` left INFLIGHT (released or its lease expired).
@@ -196,11 +207,12 @@ local function next_waiter(rank, count, cap)
   if not only_reserve_left(count, cap) then
     return redis.call('ZRANGE', queue_key(rank), 0, 0)[1]
   end
+  local total = holders_weight(redis.call('HKEYS', HOLDERS))
   for _, id in ipairs(redis.call('ZRANGE', queue_key(rank), 0, SCAN - 1)) do
     local rec = redis.call('HGET', WAITERS, id)
     if not rec then return id end
-    local _, _, _, _, _, tenant = parse(rec)
-    if not over_share(tenant, cap) then return id end
+    local _, _, _, _, _, tenant, weight = parse(rec)
+    if not over_share(tenant, weight, cap, total) then return id end
   end
   return nil
 end
@@ -252,7 +264,7 @@ local function service_us() return tonumber(redis.call('HGET', STATE, 'svc_us') 
 local function take_free(token, rank, tenant, weight, cap, live)
   local count = promote(cap, live)
   if not redis.call('ZSCORE', INFLIGHT, token) then
-    if not has_room(count, cap, rank, tenant) then return nil end
+    if not has_room(count, cap, rank, tenant, weight) then return nil end
     hold(token, tenant, weight)
   end
   local held, holders, weights = share_of(tenant)

@@ -20,10 +20,11 @@ request gives its slot straight back (`QueueTicket.discard`), and a busy try is 
 At capacity the request waits in the model's queue, ordered by tier and, within a tier, by
 start-time fair queuing across tenants (fair_share). Each release admits the next waiter inside
 the same script, and no interleaving of gateway replicas admits more than capacity. The last
-`reserve_share` of the capacity goes only to tenants holding less than their share of it: those
-slots may sit idle while only heavier tenants wait, so that a light tenant's request finds one
-free rather than waiting for a running request to end (nothing preempts one). All of it is
-fair_queue.lua.
+`reserve_share` of the capacity goes only to tenants holding less than their share of it (by
+their weights, as the order): those slots may sit idle while only heavier tenants wait, so that
+a light tenant's request finds one free rather than waiting for a running request to end
+(nothing preempts one). On a saturated model every slot that frees is one of those, so the
+weighted share is what keeps the weights there. All of it is fair_queue.lua.
 
 Waking: the script that admits a waiter PUBLISHes to the channel of the gateway process that
 owns it (one subscription per process, so no process sees other processes' wake-ups). Polling

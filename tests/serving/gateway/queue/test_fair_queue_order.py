@@ -215,3 +215,41 @@ def test_without_a_reserve_a_flooding_tenant_fills_every_slot(redis_server):
             await queue.aclose()
 
     asyncio.run(scenario())
+
+
+def test_on_a_saturated_model_a_freed_slot_goes_to_the_tenant_under_its_weighted_share(redis_server):
+    """Every slot that frees on a saturated model is inside the reserve (capacity - 1 in flight), so
+    the reserve's share decides it: by weight. Capacity 10 with the default reserve (1 slot); "a"
+    and "b" weigh 1 and hold 3 each, "heavy" weighs 4 and holds 4. Shares of 10 by weight (6 in
+    all): heavy 5 (its 4/6 held to half), a and b 1.67 each. Split equally (3.33 each), a would
+    be under its share with 2 and take the slot, ahead of heavy; by weight it is over."""
+
+    async def scenario() -> None:
+        model = fresh_model()
+        policy = QueuePolicy(tiers=POLICY.tiers, keepalive_s=0.05)  # reserve_share: the default 0.1
+        queue = await opened(redis_server.url, {model: one_slot(max_ongoing_requests=10)}, policy)
+        weights = {"a": 1.0, "b": 1.0, "heavy": 4.0}
+        try:
+            held = {
+                tenant: [await queue.acquire(model, tenant, weight=weights[tenant]) for _ in range(n)]
+                for tenant, n in {"a": 3, "b": 3, "heavy": 4}.items()
+            }
+            assert all(t.wait_s == 0 for tickets in held.values() for t in tickets)
+            a_waiter = asyncio.create_task(queue.acquire(model, "a", weight=1.0))  # first in the queue
+            await eventually_async(lambda: queued_at_least(queue, model, 1), "a waits")
+            heavy_waiter = asyncio.create_task(queue.acquire(model, "heavy", weight=4.0))
+            await eventually_async(lambda: queued_at_least(queue, model, 2), "heavy waits behind it")
+            await held["a"].pop().release()  # a holds 2: still over its weighted share
+            held["heavy"].append(await asyncio.wait_for(heavy_waiter, HANG_BOUND_S))
+            assert not a_waiter.done()
+            await held["heavy"].pop().release()  # heavy back under its share, a still over: nobody
+            assert (await queue.status(model))["in_flight"] == 9  # the reserve slot stays free
+            await held["b"].pop().release()  # now 8 in flight, below the reserve: the head goes
+            held["a"].append(await asyncio.wait_for(a_waiter, HANG_BOUND_S))
+            for tickets in held.values():
+                for ticket in tickets:
+                    await ticket.release()
+        finally:
+            await queue.aclose()
+
+    asyncio.run(scenario())
