@@ -53,6 +53,11 @@ from ops.llmctl.status.report import (
 )
 
 HTTP_TIMEOUT_S = 5
+# What a pod proxy's refusal usually means when llmctl status reads a Ray pod's metrics port.
+PROXY_REFUSALS = {
+    403: "needs get on pods/proxy in the llmstack namespace",
+    503: "the API server cannot reach the pod's metrics port (pod not ready, or a NetworkPolicy)",
+}
 
 
 class Unreachable(Exception):
@@ -314,13 +319,17 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
             )
             return MetricsScrape(node=pod, text=response.data.decode())
         except ApiException as exc:
-            why = {403: "needs get on pods/proxy", 503: "the API server cannot reach the pod's port"}
-            why = why.get(exc.status, "")
+            why = PROXY_REFUSALS.get(exc.status)
             return MetricsScrape(node=pod, error=f"HTTP {exc.status} {exc.reason}" + (f": {why}" if why else ""))
         except (HTTPError, OSError) as exc:
             return MetricsScrape(node=pod, error=type(exc).__name__)
 
-    ray_metrics = [scrape(pod) for pod in ray_pods_to_scrape(pods, active)] if _lora_models(spec) else []
+    ray_metrics: list[MetricsScrape] = []
+    if _lora_models(spec):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:  # a pod that does not answer costs its timeout once
+            ray_metrics = list(pool.map(scrape, ray_pods_to_scrape(pods, active)))
     return interpret_cloud(
         spec,
         where=f"context {context or 'current'}, {host}",
