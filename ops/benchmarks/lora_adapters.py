@@ -32,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +39,7 @@ import yaml
 
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.devstack.tiny_adapter import numbered_adapter
-from ops.llmctl.bench.adapters import (
-    AdapterBenchReport,
-    adapter_tables,
-    failed_requests,
-    load_percentiles,
-    measure_adapters,
-)
+from ops.llmctl.bench.adapters import AdapterBenchReport, adapter_tables, bench_adapters
 from ops.llmctl.bench.loadgen import LoadSpec, make_client, one_request
 from ops.llmctl.bench.stats import LengthDistribution
 
@@ -96,30 +89,13 @@ async def measure(spec: LoadSpec, adapters: list[str], args: argparse.Namespace)
         warm = await one_request(client, spec, "hello", 1)
     if warm.error is not None:
         raise RuntimeError(f"the base model does not answer at {spec.base_url}: {warm.error}: {warm.error_message}")
-    cold, mixes = await measure_adapters(
+    return await bench_adapters(
         spec,
         adapters,
         concurrency=args.concurrency,
         requests=args.requests,
-        on_phase=lambda phase: print(f"[lora_adapters] {phase}", file=sys.stderr, flush=True),
-    )
-    p50, p95 = load_percentiles(cold)
-    return AdapterBenchReport(
         command=" ".join(["python -m ops.benchmarks.lora_adapters", *sys.argv[1:]]),
-        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        base_url=spec.base_url,
-        model=spec.model,
-        adapters=adapters,
-        concurrency=args.concurrency,
-        requests_per_mix=args.requests,
-        prompt_tokens=str(spec.prompt_tokens),
-        output_tokens=str(spec.output_tokens),
-        seed=spec.seed,
-        cold_loads=cold,
-        cold_load_p50_ms=p50,
-        cold_load_p95_ms=p95,
-        mixes=mixes,
-        failed=failed_requests(cold, mixes),
+        on_phase=lambda phase: print(f"[lora_adapters] {phase}", file=sys.stderr, flush=True),
     )
 
 

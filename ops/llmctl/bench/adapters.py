@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 import numpy as np
 import openai
@@ -201,6 +202,38 @@ async def measure_adapters(
             )
             mixes[label] = (models, summary)
     return cold, with_ratios(mixes)
+
+
+async def bench_adapters(
+    spec: LoadSpec,
+    adapters: Sequence[str],
+    *,
+    concurrency: int,
+    requests: int,
+    command: str,
+    on_phase: Callable[[str], None] = lambda _: None,
+) -> AdapterBenchReport:
+    """`measure_adapters`, summarised as the report `llmctl bench --adapters` writes."""
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    cold, mixes = await measure_adapters(spec, adapters, concurrency=concurrency, requests=requests, on_phase=on_phase)
+    p50, p95 = load_percentiles(cold)
+    return AdapterBenchReport(
+        command=command,
+        started_at=started_at,
+        base_url=spec.base_url,
+        model=spec.model,
+        adapters=list(adapters),
+        concurrency=concurrency,
+        requests_per_mix=requests,
+        prompt_tokens=str(spec.prompt_tokens),
+        output_tokens=str(spec.output_tokens),
+        seed=spec.seed,
+        cold_loads=cold,
+        cold_load_p50_ms=p50,
+        cold_load_p95_ms=p95,
+        mixes=mixes,
+        failed=failed_requests(cold, mixes),
+    )
 
 
 # --- view ---------------------------------------------------------------------------------------

@@ -272,6 +272,7 @@ def cpu_table(report: BenchReport) -> Table | None:
 
 def _bench_adapters(
     spec: LoadSpec,
+    command: str,
     adapters: str,
     concurrency: str | None,
     rate: str | None,
@@ -281,13 +282,7 @@ def _bench_adapters(
     cpu_layers: bool,
 ) -> AdapterBenchReport:
     """`--adapters`: check the options that apply, warm the base, measure (`ops.llmctl.bench.adapters`)."""
-    from ops.llmctl.bench.adapters import (
-        AdapterBenchReport,
-        failed_requests,
-        load_percentiles,
-        measure_adapters,
-        parse_adapters,
-    )
+    from ops.llmctl.bench.adapters import bench_adapters, parse_adapters
 
     if spec.model == "?":
         raise BenchError("--adapters needs --model: the base model's served name, e.g. -m tiny-chat")
@@ -303,30 +298,17 @@ def _bench_adapters(
     _, levels = load_levels(concurrency or "8", None)
     if len(levels) != 1:
         raise BenchError(f"--adapters measures at one concurrency: give one -c value, not {concurrency!r}")
-    level, per_mix = int(levels[0]), requests or 64
+    level = int(levels[0])
 
     async def main() -> AdapterBenchReport:
         await _warm_up(spec)  # the base loaded before anything is timed; a wrong URL or key is one line
-        cold, mixes = await measure_adapters(
-            spec, ids, concurrency=level, requests=per_mix, on_phase=lambda p: err.print(f"  {p} ...", highlight=False)
-        )
-        p50, p95 = load_percentiles(cold)
-        return AdapterBenchReport(
-            command="",
-            started_at="",
-            base_url=spec.base_url,
-            model=spec.model,
-            adapters=ids,
+        return await bench_adapters(
+            spec,
+            ids,
             concurrency=level,
-            requests_per_mix=per_mix,
-            prompt_tokens=str(spec.prompt_tokens),
-            output_tokens=str(spec.output_tokens),
-            seed=spec.seed,
-            cold_loads=cold,
-            cold_load_p50_ms=p50,
-            cold_load_p95_ms=p95,
-            mixes=mixes,
-            failed=failed_requests(cold, mixes),
+            requests=requests or 64,
+            command=command,
+            on_phase=lambda phase: err.print(f"  {phase} ...", highlight=False),
         )
 
     try:
@@ -504,7 +486,6 @@ def bench(
 
     command = "llmctl bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     if adapters is not None:
-        started_at = datetime.now(UTC).isoformat(timespec="seconds")
         try:
             spec = LoadSpec(
                 base_url=normalise_base_url(url),
@@ -517,14 +498,13 @@ def bench(
                 seed=seed,
                 timeout_s=timeout,
             )
-            report = _bench_adapters(spec, adapters, concurrency, rate, requests, duration, workload, cpu_layers)
+            report = _bench_adapters(
+                spec, command, adapters, concurrency, rate, requests, duration, workload, cpu_layers
+            )
         except BenchError as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
-        _write_adapter_report(
-            report.model_copy(update={"command": command, "started_at": started_at}),
-            out_path or Path("build/bench/adapters.json"),
-        )
+        _write_adapter_report(report, out_path or Path("build/bench/adapters.json"))
         return
     out_path = out_path or Path("build/bench/bench.json")
     try:
