@@ -1,12 +1,12 @@
 """LoRA adapters: cold-load time, and the throughput cost of mixing adapters (issue 28, "Evidence").
 
     # a running model, as `llmctl bench --adapters` measures it (the same code: ops.llmctl.bench.adapters)
-    python -m ops.benchmarks.lora_adapters --url <model_urls[tiny-chat] of make dev --ready-json> \\
+    python -m ops.benchmarks.lora_adapters --url <model_urls[tiny-chat] of python -m ops.devstack --ready-json> \\
         --model tiny-chat --adapters sql,pirate [--requests 64 --concurrency 8 --max-tokens 32]
     # twenty adapters over two replicas that hold fewer: a stack of its own
     python -m ops.benchmarks.lora_adapters --many 20 [--replicas 2 --max-loras 4 --per-replica 8] \\
-        [--requests 200 --concurrency 8 --max-tokens 32] [--out build/bench/lora_adapters.json]
-    python -m ops.benchmarks.lora_adapters --many 20 --requests 40 --concurrency 4   # a short check
+        [--requests 64 --concurrency 8 --max-tokens 32] [--out build/bench/lora_adapters.json]
+    python -m ops.benchmarks.lora_adapters --many 20 --requests 24 --concurrency 4 --max-tokens 8   # a short check
 
 `--many N` writes a stack file from Pulumi.local.yaml (`stack_text`): tiny-chat alone, at
 `--replicas` replicas (min = max), serving N numbered tiny adapters made from fixed seeds
