@@ -498,13 +498,13 @@ def bench(
                 seed=seed,
                 timeout_s=timeout,
             )
-            report = _bench_adapters(
+            adapter_report = _bench_adapters(
                 spec, command, adapters, concurrency, rate, requests, duration, workload, cpu_layers
             )
         except BenchError as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
-        _write_adapter_report(report, out_path or Path("build/bench/adapters.json"))
+        _write_adapter_report(adapter_report, out_path or Path("build/bench/adapters.json"))
         return
     out_path = out_path or Path("build/bench/bench.json")
     try:
