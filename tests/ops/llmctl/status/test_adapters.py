@@ -15,8 +15,9 @@ from ops.llmctl.status.report import (
 )
 
 DATA = Path(__file__).parent / "data"
-# One node's export while its tiny-chat replica holds `sql` and has dropped `pirate` (0), beside
-# another model's adapter and an unrelated Serve gauge; a second node's replica holds both.
+# node_b.prom: an excerpt of a live Ray 2.60 node's export (make dev's tiny-chat replica after a
+# request to each adapter), verbatim. node_a.prom: the same series and labels for a replica that
+# holds `sql` and has dropped `pirate` (0, as Serve sets it on unload), beside another model's.
 NODE_EXPORT = (DATA / "node_a.prom").read_text()
 SECOND_NODE = (DATA / "node_b.prom").read_text()
 
@@ -36,9 +37,9 @@ def test_rows_per_replica_across_nodes_and_a_model_with_none_loaded():
     )
     assert [(r.model, r.adapter, r.replica, r.node) for r in rows] == [
         ("idle-chat", None, None, None),
-        ("tiny-chat", "pirate", "r2def", "10.0.0.2"),
+        ("tiny-chat", "pirate", "8redenjb", "10.0.0.2"),
         ("tiny-chat", "sql", "r1abc", "10.0.0.1"),
-        ("tiny-chat", "sql", "r2def", "10.0.0.2"),
+        ("tiny-chat", "sql", "8redenjb", "10.0.0.2"),
     ]
     assert note is None  # every node read; `other` is not a model of this stack with lora
 
