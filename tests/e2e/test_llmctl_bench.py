@@ -137,7 +137,7 @@ def test_adapters_cold_loads_and_mixes_on_the_real_engine(dev_ready, tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["failed"] == 0
+    assert report["failed"] == 0, (report["cold_loads"], [m["summary"]["errors"] for m in report["mixes"]])
     assert [c["adapter"] for c in report["cold_loads"]] == ["tiny-chat:sql", "tiny-chat:pirate"]
     assert all(c["first_ms"] > 0 and c["warm_ms"] > 0 for c in report["cold_loads"])
     assert [m["mix"] for m in report["mixes"]] == ["base", "adapters", "base+adapters"]

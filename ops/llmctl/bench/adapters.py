@@ -98,13 +98,20 @@ def parse_adapters(text: str) -> list[str]:
     return adapters
 
 
+def served(result: RequestResult) -> bool:
+    """A cold-load request was answered: no error, or a one-token answer whose token decoded to no
+    text (a byte piece of a character: `NoOutput` to the load generator) with its usage chunk."""
+    return result.error is None or (result.error == "NoOutput" and result.output_tokens > 0)
+
+
 def cold_load(adapter: str, first: RequestResult, warm: RequestResult) -> ColdLoad:
     def ms(result: RequestResult) -> float | None:
-        return None if result.error is not None else round((result.end - result.start) * 1000, 3)
+        return round((result.end - result.start) * 1000, 3) if served(result) else None
 
     first_ms, warm_ms = ms(first), ms(warm)
     load = None if first_ms is None or warm_ms is None else round(first_ms - warm_ms, 3)
-    return ColdLoad(adapter=adapter, first_ms=first_ms, warm_ms=warm_ms, load_ms=load, error=first.error or warm.error)
+    error = next((r.error for r in (first, warm) if not served(r)), None)
+    return ColdLoad(adapter=adapter, first_ms=first_ms, warm_ms=warm_ms, load_ms=load, error=error)
 
 
 def load_percentiles(loads: Sequence[ColdLoad]) -> tuple[float | None, float | None]:

@@ -50,6 +50,10 @@ def test_cold_load_is_the_first_request_less_the_next_and_failures_have_none():
     first = RequestResult(start=10.0, end=10.5)
     warm = RequestResult(start=11.0, end=11.1)
     assert cold_load("m:a", first, warm) == ColdLoad(adapter="m:a", first_ms=500.0, warm_ms=100.0, load_ms=400.0)
+    # A one-token answer may decode to no text (a byte piece of a character): served all the same.
+    silent = RequestResult(start=11.0, end=11.1, output_tokens=1, error="NoOutput")
+    assert cold_load("m:a", first, silent).load_ms == 400.0
+    assert cold_load("m:a", first, silent.model_copy(update={"output_tokens": 0})).load_ms is None
     refused = RequestResult(start=0, end=0.01, error="NotFoundError (404)")
     failed = cold_load("m:x", refused, refused)
     assert (failed.first_ms, failed.load_ms, failed.error) == (None, None, "NotFoundError (404)")
