@@ -42,6 +42,6 @@ def ensure_local_models(spec: StackSpec) -> list[Path]:
             built.append(ensure_tiny_model(folder.parent, name=folder.name))
     for source in local_adapter_sources(spec):
         folder = local_folder(source)
-        if not folder.exists() and folder.name in tiny_adapter.RECIPES:
+        if not folder.exists() and tiny_adapter.recipe_for(folder.name) is not None:
             built.append(tiny_adapter.ensure_tiny_adapter(folder.parent, name=folder.name))
     return built

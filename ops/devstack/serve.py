@@ -120,6 +120,13 @@ def details() -> dict[str, Any]:
     )
 
 
+def ray_nodes() -> list[dict[str, Any]]:
+    """Ray's node table (`ray.nodes()`): each node's address, liveness and metrics export port."""
+    import ray
+
+    return list(ray.nodes())
+
+
 def wait_running(
     app: str,
     *,

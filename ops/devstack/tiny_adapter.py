@@ -8,6 +8,10 @@ PEFT saves one: `adapter_config.json` plus `adapter_model.safetensors` with
 weights are random from a fixed seed, large enough that the adapter changes what the model
 answers (an e2e test compares greedy outputs with the base's); peft itself is not needed.
 
+Besides the two named ones `make dev` serves, any number of numbered adapters can be made
+(`tiny-llama-a01`, `tiny-llama-a02`, ...: `numbered_adapter`), each from its own fixed seed: the
+many-adapter benchmark (`ops.benchmarks.lora_adapters --many`) serves twenty.
+
 Torch and safetensors are imported inside functions, as in `tiny_model`.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -50,6 +55,28 @@ RECIPES: dict[str, TinyAdapterRecipe] = {
 }
 
 
+# Numbered adapters: rank 8 on every linear layer like `sql`, seeds from 1001 on (apart from the named ones').
+NUMBERED = re.compile(r"tiny-llama-a(\d{2,})")
+NUMBERED_SEED_BASE = 1000
+
+
+def numbered_adapter(index: int) -> str:
+    """The name of the `index`-th numbered tiny adapter (1 -> `tiny-llama-a01`)."""
+    if index < 1:
+        raise ValueError(f"numbered tiny adapters start at 1, not {index}")
+    return f"tiny-llama-a{index:02d}"
+
+
+def recipe_for(name: str) -> TinyAdapterRecipe | None:
+    """The recipe of a tiny adapter by folder name: a named one, or a numbered one; None otherwise."""
+    if name in RECIPES:
+        return RECIPES[name]
+    numbered = NUMBERED.fullmatch(name)
+    if numbered is None or int(numbered.group(1)) < 1:
+        return None
+    return TinyAdapterRecipe(seed=NUMBERED_SEED_BASE + int(numbered.group(1)))
+
+
 def tiny_adapters_dir() -> Path:
     """Default folder of the tiny adapters: `.cache/llmstack/adapters`."""
     return CACHE_DIR / "adapters"
@@ -65,9 +92,9 @@ def recipe_hash(recipe: TinyAdapterRecipe) -> str:
 def ensure_tiny_adapter(cache_dir: Path | None = None, *, name: str) -> Path:
     """Return `<cache_dir>/<name>`, building it first unless its marker matches the recipe; built in
     a temp folder beside it and renamed into place, like `tiny_model.ensure_tiny_model`."""
-    if name not in RECIPES:
-        raise ValueError(f"unknown tiny adapter {name!r}; known: {sorted(RECIPES)}")
-    recipe = RECIPES[name]
+    recipe = recipe_for(name)
+    if recipe is None:
+        raise ValueError(f"unknown tiny adapter {name!r}; known: {sorted(RECIPES)} and tiny-llama-a01, -a02, ...")
     cache_dir = Path(cache_dir) if cache_dir is not None else tiny_adapters_dir()
     target = cache_dir / name
     expected = recipe_hash(recipe)

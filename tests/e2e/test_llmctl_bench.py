@@ -125,3 +125,23 @@ def test_open_loop_rate_against_ray_serve_completions(dev_ready, tmp_path):
     assert report["base_url"] == model_url
     level = report["levels"][0]
     assert (level["mode"], level["requests"], level["ok"]) == ("rate", 6, 6)
+
+
+def test_adapters_cold_loads_and_mixes_on_the_real_engine(dev_ready, tmp_path):
+    """`--adapters` against tiny-chat's own Serve application: both adapters answer their first and
+    next request, and every request of the three mixes is served with exactly its tokens."""
+    out = tmp_path / "adapters.json"
+    run = llmctl_bench(
+        "--url", dev_ready["model_urls"]["tiny-chat"], "-m", "tiny-chat", "--adapters", "sql,pirate",
+        "-c", "2", "-n", "6", "--output-tokens", "fixed:4", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["failed"] == 0, (report["cold_loads"], [m["summary"]["errors"] for m in report["mixes"]])
+    assert [c["adapter"] for c in report["cold_loads"]] == ["tiny-chat:sql", "tiny-chat:pirate"]
+    assert all(c["first_ms"] > 0 and c["warm_ms"] > 0 for c in report["cold_loads"])
+    assert [m["mix"] for m in report["mixes"]] == ["base", "adapters", "base+adapters"]
+    for mix in report["mixes"]:
+        assert (mix["summary"]["ok"], mix["summary"]["output_tokens"]) == (6, 6 * 4)
+        assert mix["vs_base"] > 0
+    assert "LoRA cold loads on tiny-chat" in run.stdout

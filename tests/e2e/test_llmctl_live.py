@@ -85,3 +85,22 @@ def test_scale_up_then_down_live_in_place(dev_stack, e2e_stack_file, restore_aut
     assert result.returncode == 0, result.stdout + result.stderr
     tiny = deployment(status(dev_stack, e2e_stack_file), TINY)
     assert tiny["replicas"].get("RUNNING") == 1 and (tiny["min_replicas"], tiny["max_replicas"]) == (1, 1)
+
+
+def test_status_shows_which_replica_holds_an_adapter(dev_stack, e2e_stack_file):
+    import openai
+
+    from tests.support.waiting import eventually
+
+    serve = openai.OpenAI(base_url=dev_stack.ready["model_urls"]["tiny-chat"], api_key="unused", max_retries=0)
+    serve.chat.completions.create(
+        model="tiny-chat:pirate", messages=[{"role": "user", "content": "hello"}], max_tokens=2
+    )
+
+    def pirate_rows() -> list[dict]:  # Ray exports the replica's gauge on its next metrics report
+        return [a for a in status(dev_stack, e2e_stack_file)["adapters"] if a["adapter"] == "pirate"]
+
+    [row] = eventually(pirate_rows, "llmctl status lists tiny-chat:pirate as loaded", poll_s=2)
+    assert row["model"] == "tiny-chat" and row["node"]  # the node's address, as ray.nodes() gives it
+    assert row["replica"] in replica_ids(dev_stack), "the adapter's replica is not one Serve runs"
+    assert status(dev_stack, e2e_stack_file)["adapters_note"] is None  # every Ray node's metrics read

@@ -1,8 +1,10 @@
 """`llmctl bench`: load any OpenAI-compatible endpoint and report what its users would see.
 
 Thin shell: options -> `LoadSpec`, `ops.llmctl.bench.loadgen` measures, `ops.llmctl.bench.stats` summarises,
-`ops.llmctl.bench.plot` draws. Exit codes: 0 measured (failed requests are reported, not fatal),
-1 no request of the run succeeded, 2 unusable options or an endpoint that cannot be used.
+`ops.llmctl.bench.plot` draws. With `--adapters`, `ops.llmctl.bench.adapters` measures LoRA adapters'
+cold loads and the throughput of adapter mixes instead. Exit codes: 0 measured (failed requests
+are reported, not fatal), 1 no request of the run succeeded, 2 unusable options or an endpoint
+that cannot be used.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.table import Table
 from ops.llmctl.console import ExitCode, err, out
 
 if TYPE_CHECKING:  # openai and numpy load only when bench runs: `llmctl plan` needs neither
+    from ops.llmctl.bench.adapters import AdapterBenchReport
     from ops.llmctl.bench.loadgen import LoadSpec
     from ops.llmctl.bench.stats import BenchReport, LengthDistribution, LevelSummary
     from ops.llmctl.bench.workers import WorkerPool
@@ -288,6 +291,68 @@ def cpu_table(report: BenchReport) -> Table | None:
     return table
 
 
+def _bench_adapters(
+    spec: LoadSpec,
+    command: str,
+    adapters: str,
+    concurrency: str | None,
+    rate: str | None,
+    requests: int | None,
+    duration: float | None,
+    workload: Workload,
+    cpu_layers: bool,
+) -> AdapterBenchReport:
+    """`--adapters`: check the options that apply, warm the base, measure (`ops.llmctl.bench.adapters`)."""
+    from ops.llmctl.bench.adapters import bench_adapters, parse_adapters
+
+    if spec.model == "?":
+        raise BenchError("--adapters needs --model: the base model's served name, e.g. -m tiny-chat")
+    if rate or duration or workload is not Workload.single or cpu_layers:
+        raise BenchError(
+            "--adapters runs a closed loop of a request count: not with --rate, --duration, "
+            "--workload multiturn or --cpu-layers"
+        )
+    try:
+        ids = parse_adapters(adapters)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+    _, levels = load_levels(concurrency or "8", None)
+    if len(levels) != 1:
+        raise BenchError(f"--adapters measures at one concurrency: give one -c value, not {concurrency!r}")
+    level = int(levels[0])
+
+    async def main() -> AdapterBenchReport:
+        await _warm_up(spec)  # the base loaded before anything is timed; a wrong URL or key is one line
+        return await bench_adapters(
+            spec,
+            ids,
+            concurrency=level,
+            requests=requests or 64,
+            command=command,
+            on_phase=lambda phase: err.print(f"  {phase} ...", highlight=False),
+        )
+
+    try:
+        return asyncio.run(main())
+    except BenchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. connection refused during the warm-up
+        raise BenchError(f"{spec.base_url}: {type(exc).__name__}: {exc}; is the server running there?") from None
+
+
+def _write_adapter_report(report: AdapterBenchReport, out_path: Path) -> None:
+    from ops.llmctl.bench.adapters import adapter_tables
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(report.model_dump_json(indent=2))
+    for table in adapter_tables(report):
+        out.print(table)
+    out.print(f"wrote {out_path}; {report.failed} requests failed", highlight=False)
+    if not any(m.summary.ok for m in report.mixes):
+        err.print("[red]no request succeeded[/red]; see the errors column", highlight=False)
+        raise typer.Exit(ExitCode.FAILED)
+
+
 def bench(
     url: Annotated[
         str,
@@ -415,7 +480,22 @@ def bench(
             help="One short request before measuring (fails fast on a wrong URL, key or model).",
         ),
     ] = True,
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="JSON report.")] = Path("build/bench/bench.json"),
+    adapters: Annotated[
+        str | None,
+        typer.Option(
+            "--adapters",
+            help="LoRA adapter ids of --model, comma-separated: instead of load levels, each adapter's cold "
+            "load (its first request against its next) and the warm throughput of the base alone, the "
+            "adapters round-robin, and both mixed, at one --concurrency (default 8), --requests per mix "
+            "(default 64).",
+        ),
+    ] = None,
+    out_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="JSON report. Default: build/bench/bench.json (--adapters: build/bench/adapters.json)."
+        ),
+    ] = None,
     plot: Annotated[
         Path | None,
         typer.Option("--plot", help="PNG: latency and throughput vs level. Default: the --out path with .png."),
@@ -431,6 +511,7 @@ def bench(
       llmctl bench --url http://127.0.0.1:8080/v1 --api-key sk-llm-... -c 1,4,16
       llmctl bench --url http://127.0.0.1:8000 --rate 2,5 --duration 60 --output-tokens uniform:32-256
       llmctl bench --url http://127.0.0.1:8080/v1 --workload multiturn -c 8 --turns 4 --cpu-layers
+      llmctl bench --url http://127.0.0.1:8000/tiny-chat/v1 -m tiny-chat --adapters sql,pirate -c 8 -n 64
     """
     from ops.llmctl.bench.loadgen import LoadSpec
     from ops.llmctl.bench.split import default_processes
@@ -438,6 +519,28 @@ def bench(
     from ops.llmctl.bench.workers import WorkerDied
 
     command = "llmctl bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    if adapters is not None:
+        try:
+            spec = LoadSpec(
+                base_url=normalise_base_url(url),
+                api_key=api_key,
+                model=model or "?",
+                api=api.value,
+                prompt_tokens=_distribution("--prompt-tokens", prompt_tokens),
+                output_tokens=_distribution("--output-tokens", output_tokens),
+                ignore_eos=ignore_eos,
+                seed=seed,
+                timeout_s=timeout,
+            )
+            adapter_report = _bench_adapters(
+                spec, command, adapters, concurrency, rate, requests, duration, workload, cpu_layers
+            )
+        except BenchError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
+        _write_adapter_report(adapter_report, out_path or Path("build/bench/adapters.json"))
+        return
+    out_path = out_path or Path("build/bench/bench.json")
     try:
         mode, levels = load_levels(concurrency, rate)
         if requests and duration:

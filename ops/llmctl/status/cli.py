@@ -8,6 +8,9 @@ Reads only; decisions live in `ops.llmctl.status.report`.
 - cloud stack: the Kubernetes API through the official client and your kubeconfig (as
   kubectl uses it): the RayService and its conditions, Ray pods per worker group, GPU nodes,
   pending pods with the scheduler's reason, the gateway Deployment.
+- both, for models with `lora:`: which adapters each replica holds, from Serve's multiplexing
+  gauge on every Ray node's metrics export (local: the ports `ray.nodes()` lists; cloud: each
+  Ray pod's metrics port through the API server's pod proxy, which needs `get pods/proxy`).
 
 Exit codes: 0 healthy, 1 degraded or down, 2 stack file unusable, 3 cluster unreachable.
 """
@@ -21,13 +24,16 @@ import typer
 from rich.table import Table
 
 from infra.render.common import GATEWAY_NAME, NAMESPACE, NODE_GROUP_LABEL, RAYSERVICE_NAME
+from infra.render.rayservice import RAY_METRICS_PORT
 from infra.spec.schema import GpuNodeGroup, StackSpec
 from ops.llmctl.console import ExitCode, err, load_spec, out
 from ops.llmctl.status.report import (
     Check,
     Health,
+    MetricsScrape,
     ModelQueueRow,
     StatusReport,
+    adapter_rows,
     crash_loop_checks,
     deployment_check,
     model_queue_row,
@@ -35,6 +41,8 @@ from ops.llmctl.status.report import (
     node_rows,
     pending_pods,
     queue_wait_means,
+    ray_metrics_targets,
+    ray_pods_to_scrape,
     rayservice_checks,
     rayservice_rows,
     runbook,
@@ -45,6 +53,11 @@ from ops.llmctl.status.report import (
 )
 
 HTTP_TIMEOUT_S = 5
+# What a pod proxy's refusal usually means when llmctl status reads a Ray pod's metrics port.
+PROXY_REFUSALS = {
+    403: "needs get on pods/proxy in the llmstack namespace",
+    503: "the API server cannot reach the pod's metrics port (pod not ready, or a NetworkPolicy)",
+}
 
 
 class Unreachable(Exception):
@@ -60,8 +73,9 @@ def status(
     context: Annotated[str | None, typer.Option(help="kubeconfig context (cloud stacks); default: current.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Is the stack serving? Serve deployments and replicas, Redis, gateway, and on a cloud stack
-    RayService conditions, worker groups, GPU nodes and pending pods with their reason."""
+    """Is the stack serving? Serve deployments and replicas, Redis, gateway, the LoRA adapters each
+    replica holds, and on a cloud stack RayService conditions, worker groups, GPU nodes and pending
+    pods with their reason."""
 
     spec = load_spec(stack)
     try:
@@ -103,7 +117,26 @@ def local_report(spec: StackSpec) -> StatusReport:
         raise Unreachable(f"{exc}; make dev (pid {dev.pid}) may be stopping") from None
     report.checks += serve_checks(details.get("applications", {}), where="local Ray")
     report.deployments = serve_rows(details)
+    lora_models = _lora_models(spec)
+    if lora_models:
+        scrapes = [_scrape(node, url) for node, url in ray_metrics_targets(local_serve.ray_nodes())]
+        report.adapters, report.adapters_note = adapter_rows(lora_models, scrapes)
     return report
+
+
+def _lora_models(spec: StackSpec) -> list[str]:
+    return [m.model_name for m in spec.models if m.lora is not None]
+
+
+def _scrape(node: str, url: str) -> MetricsScrape:
+    import httpx
+
+    try:
+        response = httpx.get(url, timeout=HTTP_TIMEOUT_S)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return MetricsScrape(node=node, error=f"{url}: {type(exc).__name__}")
+    return MetricsScrape(node=node, text=response.text)
 
 
 def _gateway_check(root: str) -> Check:
@@ -277,6 +310,26 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
     nodes = plain(read(core.list_node, label_selector=NODE_GROUP_LABEL).items)
     events = plain(read(core.list_namespaced_event, NAMESPACE, field_selector="reason=NotTriggerScaleUp").items)
     gateway = read(apps.read_namespaced_deployment, GATEWAY_NAME, NAMESPACE)
+
+    def scrape(pod: str) -> MetricsScrape:
+        """A Ray pod's metrics export through the API server's pod proxy (as `kubectl get --raw`)."""
+        try:
+            response = core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod}:{RAY_METRICS_PORT}", NAMESPACE, "metrics", _request_timeout=10, _preload_content=False
+            )
+            return MetricsScrape(node=pod, text=response.data.decode())
+        except ApiException as exc:
+            why = PROXY_REFUSALS.get(exc.status)
+            return MetricsScrape(node=pod, error=f"HTTP {exc.status} {exc.reason}" + (f": {why}" if why else ""))
+        except (HTTPError, OSError) as exc:
+            return MetricsScrape(node=pod, error=type(exc).__name__)
+
+    ray_metrics: list[MetricsScrape] = []
+    if _lora_models(spec):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:  # a pod that does not answer costs its timeout once
+            ray_metrics = list(pool.map(scrape, ray_pods_to_scrape(pods, active)))
     return interpret_cloud(
         spec,
         where=f"context {context or 'current'}, {host}",
@@ -286,6 +339,7 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
         events=events,
         gateway=plain(gateway) if gateway is not None else None,
         raycluster=raycluster,
+        ray_metrics=ray_metrics,
     )
 
 
@@ -299,8 +353,10 @@ def interpret_cloud(
     events: list[dict[str, Any]],
     gateway: dict[str, Any] | None,
     raycluster: dict[str, Any] | None = None,
+    ray_metrics: list[MetricsScrape] | None = None,
 ) -> StatusReport:
-    """The cloud report from plain objects (what the API returned). Pure."""
+    """The cloud report from plain objects (what the API returned) and the Ray pods' metrics
+    exports (`ray_metrics`, read for models with `lora:`). Pure."""
     report = StatusReport(stack=spec.name, where=where)
     if rayservice is None:
         report.checks.append(
@@ -330,6 +386,7 @@ def interpret_cloud(
         )
     report.checks += crash_loop_checks(pods)
     report.checks.append(deployment_check(gateway, f"gateway {GATEWAY_NAME}"))
+    report.adapters, report.adapters_note = adapter_rows(_lora_models(spec), ray_metrics or [])
     return report
 
 
@@ -373,32 +430,55 @@ def tables(report: StatusReport) -> list[Table]:
             nodes.add_row(n.name, n.group, n.instance_type, str(n.gpus), "yes" if n.ready else "no")
         result.append(nodes)
     if report.models:
-        models = Table(
-            "model",
-            "capacity / replica",
-            "last move",
-            "in flight",
-            "queued",
-            "mean queue wait",
-            title="models: the gateway's capacity and queue",
-            title_justify="left",
-            caption="capacity follows each model's latency target (llmctl plan); runbook: "
-            + runbook("ttft-over-target"),
-        )
-        for m in report.models:
-            wait = "-" if m.queue_wait_s is None else f"{m.queue_wait_s * 1000:.0f} ms"
-            models.add_row(
-                m.model,
-                f"{m.capacity_per_replica} of {m.max_per_replica}",
-                m.move,
-                str(m.in_flight),
-                str(m.queued),
-                wait,
-            )
-        result.append(models)
+        result.append(models_table(report))
+    if report.adapters:
+        result.append(adapters_table(report))
     if report.pending_pods:
         pending = Table("pod", "group", "reason", "what to check", title="pending pods", title_justify="left")
         for p in report.pending_pods:
             pending.add_row(p.name, p.group or "-", p.reason, p.hint)
         result.append(pending)
     return result
+
+
+def adapters_table(report: StatusReport) -> Table:
+    table = Table(
+        "model",
+        "adapter",
+        "replica",
+        "node",
+        title="LoRA adapters loaded",
+        title_justify="left",
+        caption=report.adapters_note,
+    )
+    for a in report.adapters:
+        if a.adapter is None:
+            table.add_row(a.model, "none loaded yet", "-", "-")
+        else:
+            table.add_row(a.model, a.adapter, a.replica or "-", a.node or "-")
+    return table
+
+
+def models_table(report: StatusReport) -> Table:
+    table = Table(
+        "model",
+        "capacity / replica",
+        "last move",
+        "in flight",
+        "queued",
+        "mean queue wait",
+        title="models: the gateway's capacity and queue",
+        title_justify="left",
+        caption="capacity follows each model's latency target (llmctl plan); runbook: " + runbook("ttft-over-target"),
+    )
+    for m in report.models:
+        wait = "-" if m.queue_wait_s is None else f"{m.queue_wait_s * 1000:.0f} ms"
+        table.add_row(
+            m.model,
+            f"{m.capacity_per_replica} of {m.max_per_replica}",
+            m.move,
+            str(m.in_flight),
+            str(m.queued),
+            wait,
+        )
+    return table

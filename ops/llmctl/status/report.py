@@ -93,6 +93,28 @@ class ModelQueueRow(BaseModel):
     )
 
 
+class AdapterRow(BaseModel):
+    """A LoRA adapter loaded on a Serve replica, or a model with LoRA that has none loaded yet."""
+
+    model: str = Field(description="The base model's served name.")
+    adapter: str | None = Field(
+        description="The adapter's id (clients ask for `<model>:<adapter>`); None: no replica holds an adapter of "
+        "this model yet (each is fetched on the first request that names it)."
+    )
+    replica: str | None = Field(default=None, description="The Serve replica holding it (Ray Serve's replica tag).")
+    node: str | None = Field(
+        default=None, description="Where that replica runs: the Ray node's address (local) or the Ray pod (cloud)."
+    )
+
+
+class MetricsScrape(BaseModel):
+    """One Ray node's Prometheus export as read (or not) by the I/O shell."""
+
+    node: str = Field(description="The Ray node's address (local) or pod name (cloud).")
+    text: str | None = Field(default=None, description="The exposition text; None when it could not be read.")
+    error: str | None = Field(default=None, description="Why it could not be read, in one line.")
+
+
 class StatusReport(BaseModel):
     stack: str
     where: str = Field(description="`make dev (pid N)` or the kube context.")
@@ -102,6 +124,12 @@ class StatusReport(BaseModel):
     gpu_nodes: list[NodeRow] = Field(default_factory=list)
     pending_pods: list[PendingPod] = Field(default_factory=list)
     models: list[ModelQueueRow] = Field(default_factory=list)
+    adapters: list[AdapterRow] = Field(
+        default_factory=list, description="LoRA adapters loaded per replica (models with `lora:` only)."
+    )
+    adapters_note: str | None = Field(
+        default=None, description="Why the adapter table may be incomplete: Ray nodes whose metrics were not read."
+    )
 
     @property
     def health(self) -> Health:
@@ -162,6 +190,83 @@ def model_queue_row(
         in_flight=in_flight,
         queued=queued,
         queue_wait_s=queue_wait_s,
+    )
+
+
+# --- LoRA adapters loaded per replica (Ray's metrics export on every node) -------------------------
+
+# Ray Serve LLM loads adapters through Serve's model multiplexing, which sets this gauge per replica
+# and adapter: 1 while loaded, 0 once unloaded (ray/serve/multiplex.py). Ray exports it on every
+# node's metrics port with the `ray_` prefix and Serve's `replica`, `deployment`, `application`
+# tags (ray/serve/metrics.py); the value lags a load by Ray's metrics report interval (seconds).
+LOADED_ADAPTER_METRIC = "ray_serve_registered_multiplexed_model_id"
+
+
+def loaded_adapters(metrics_text: str, node: str) -> list[AdapterRow]:
+    """The adapters a node's replicas hold, from one Ray metrics export. The multiplexed model id is
+    `<base>:<adapter>`, split at the first colon as Ray Serve LLM does (lora_utils.get_base_model_id)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows = []
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != LOADED_ADAPTER_METRIC:
+            continue
+        for sample in family.samples:
+            model_id = sample.labels.get("model_id", "")
+            if sample.value != 1 or ":" not in model_id:
+                continue
+            base, adapter = model_id.split(":", 1)
+            rows.append(AdapterRow(model=base, adapter=adapter, replica=sample.labels.get("replica"), node=node))
+    return rows
+
+
+def adapter_rows(lora_models: Sequence[str], scrapes: Sequence[MetricsScrape]) -> tuple[list[AdapterRow], str | None]:
+    """Every loaded adapter of `lora_models` (served names of the models with `lora:`), one row per
+    replica holding it, and a row without adapter for a model none of whose adapters is loaded
+    anywhere; plus a note naming the nodes whose metrics were not read (the table may miss theirs)."""
+    if not lora_models:
+        return [], None
+    rows = [
+        row
+        for scrape in scrapes
+        if scrape.text is not None
+        for row in loaded_adapters(scrape.text, scrape.node)
+        if row.model in lora_models
+    ]
+    loaded = {r.model for r in rows}
+    rows += [AdapterRow(model=m, adapter=None) for m in lora_models if m not in loaded]
+    rows.sort(key=lambda r: (r.model, r.adapter is None, r.adapter or "", r.node or "", r.replica or ""))
+    if not scrapes:
+        return rows, "no Ray node to read the loaded adapters from"
+    unread = [f"{s.node} ({s.error})" for s in scrapes if s.text is None]
+    return rows, ("Ray metrics not read from " + "; ".join(unread)) if unread else None
+
+
+def ray_metrics_targets(nodes: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(node address, metrics URL) of each live Ray node, from `ray.nodes()`: its NodeManagerAddress
+    and MetricsExportPort, the targets Ray's own Prometheus service discovery writes
+    (ray/_private/metrics_agent.py)."""
+    targets = []
+    for node in nodes:
+        port = node.get("MetricsExportPort")
+        alive = node.get("Alive", node.get("alive"))  # ray.nodes() carries both spellings
+        if alive is True and node.get("NodeManagerAddress") and isinstance(port, int) and port > 0:
+            address = node["NodeManagerAddress"]
+            host = f"[{address}]" if ":" in address else address
+            targets.append((address, f"http://{host}:{port}/metrics"))
+    return sorted(targets)
+
+
+def ray_pods_to_scrape(pods: Sequence[dict[str, Any]], cluster: str | None) -> list[str]:
+    """Running pods of the active RayCluster (KubeRay's `ray.io/cluster` label), whose metrics
+    port holds their replicas' adapters; a pending cluster's pods serve no traffic yet."""
+    if cluster is None:
+        return []
+    return sorted(
+        p["metadata"]["name"]
+        for p in pods
+        if (p["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster
+        and (p.get("status") or {}).get("phase") == "Running"
     )
 
 

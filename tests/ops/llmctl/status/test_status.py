@@ -13,7 +13,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -312,18 +312,21 @@ def test_lock_file_of_a_gone_make_dev_is_not_a_running_stack():
 
 
 class FakeApiServer:
-    """Answers the five GETs `llmctl status` makes, with Kubernetes-shaped JSON."""
+    """Answers the GETs `llmctl status` makes, with Kubernetes-shaped JSON (a str route: the text
+    a pod proxy passes through, e.g. a Ray pod's Prometheus export)."""
 
-    def __init__(self, routes: dict[str, dict]) -> None:
+    def __init__(self, routes: dict[str, dict | str]) -> None:
         routes_ = routes
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                body = routes_.get(urlsplit(self.path).path)
+                body = routes_.get(unquote(urlsplit(self.path).path))
                 self.send_response(200 if body else 404)
-                self.send_header("Content-Type", "application/json")
+                text = isinstance(body, str)
+                self.send_header("Content-Type", "text/plain; version=0.0.4" if text else "application/json")
                 self.end_headers()
-                self.wfile.write(json.dumps(body or {"kind": "Status", "code": 404}).encode())
+                data = body if isinstance(body, str) else json.dumps(body or {"kind": "Status", "code": 404})
+                self.wfile.write(data.encode())
 
             def log_message(self, *args) -> None:
                 pass
@@ -402,6 +405,52 @@ def test_cloud_status_through_the_kubernetes_client(tmp_path):
     [drift] = [c for c in report["checks"] if c["component"] == "worker group l4"]
     assert "allows 1-1 pods, the RayService asks 1-2" in drift["detail"]
     server.server.shutdown()
+
+
+def test_cloud_status_shows_the_adapters_each_ray_pod_holds_through_the_pod_proxy(tmp_path):
+    import yaml
+
+    document = yaml.safe_load((PROJECT_ROOT / "Pulumi.dev.yaml").read_text())
+    [model] = document["config"]["llmstack:models"]
+    model["lora"] = {
+        "max_loras": 2,
+        "adapters": [
+            {"id": "sql", "source": "s3://adapters/sql", "base_model": model["source"]},
+            {"id": "legal", "source": "s3://adapters/legal", "base_model": model["source"]},
+        ],
+    }
+    stack_file = tmp_path / "Pulumi.dev.yaml"
+    stack_file.write_text(yaml.safe_dump(document))
+    rs = ready_rayservice()
+    running, other = worker_pod(rs, "l4", "Running"), worker_pod(rs, "l4", "Running")
+    other["metadata"]["name"] = "llmstack-abcde-l4-worker-other"
+    served = model["served_name"]
+    export = (
+        "# HELP ray_serve_registered_multiplexed_model_id The model id registered on the current replica.\n"
+        "# TYPE ray_serve_registered_multiplexed_model_id gauge\n"
+        f'ray_serve_registered_multiplexed_model_id{{application="{served}",deployment="LLMServer:{served}",'
+        f'model_id="{served}:sql",replica="abc123"}} 1.0\n'
+    )
+    pods = "/api/v1/namespaces/llmstack/pods"
+    server = FakeApiServer(
+        {
+            "/apis/ray.io/v1/namespaces/llmstack/rayservices/llmstack": rs,
+            pods: {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [running, other]},
+            f"{pods}/{running['metadata']['name']}:8080/proxy/metrics": export,  # `other` answers 404
+            "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []},
+            "/api/v1/namespaces/llmstack/events": {"kind": "EventList", "metadata": {}, "items": []},
+            "/apis/apps/v1/namespaces/llmstack/deployments/llmstack-gateway": gateway(1),
+        }
+    )
+    try:
+        result = llmctl_status(str(stack_file), kubeconfig(tmp_path, server.url))
+    finally:
+        server.server.shutdown()
+    report = json.loads(result.stdout)
+    assert report["adapters"] == [
+        {"model": served, "adapter": "sql", "replica": "abc123", "node": running["metadata"]["name"]}
+    ]
+    assert report["adapters_note"] == "Ray metrics not read from llmstack-abcde-l4-worker-other (HTTP 404 Not Found)"
 
 
 def test_unreachable_cluster_is_one_clear_line(tmp_path):
