@@ -353,6 +353,31 @@ def _write_adapter_report(report: AdapterBenchReport, out_path: Path) -> None:
         raise typer.Exit(ExitCode.FAILED)
 
 
+def _run_adapters(
+    spec_fields: dict[str, object],
+    lengths: tuple[str, str],
+    command: str,
+    adapters: str,
+    options: tuple[str | None, str | None, int | None, float | None, Workload, bool],
+    out_path: Path | None,
+) -> None:
+    """`llmctl bench --adapters`: measure, print and write the adapter report; a bad option exits 2.
+    `lengths`: --prompt-tokens and --output-tokens as given; `options`: concurrency, rate,
+    requests, duration, workload and cpu_layers as given."""
+    from ops.llmctl.bench.loadgen import LoadSpec
+
+    try:
+        prompt, output = (
+            _distribution(flag, text) for flag, text in zip(("--prompt-tokens", "--output-tokens"), lengths)
+        )
+        spec = LoadSpec.model_validate({**spec_fields, "prompt_tokens": prompt, "output_tokens": output})
+        report = _bench_adapters(spec, command, adapters, *options)
+    except BenchError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
+    _write_adapter_report(report, out_path or Path("build/bench/adapters.json"))
+
+
 def bench(
     url: Annotated[
         str,
@@ -520,25 +545,11 @@ def bench(
 
     command = "llmctl bench " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     if adapters is not None:
-        try:
-            spec = LoadSpec(
-                base_url=normalise_base_url(url),
-                api_key=api_key,
-                model=model or "?",
-                api=api.value,
-                prompt_tokens=_distribution("--prompt-tokens", prompt_tokens),
-                output_tokens=_distribution("--output-tokens", output_tokens),
-                ignore_eos=ignore_eos,
-                seed=seed,
-                timeout_s=timeout,
-            )
-            adapter_report = _bench_adapters(
-                spec, command, adapters, concurrency, rate, requests, duration, workload, cpu_layers
-            )
-        except BenchError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(ExitCode.UNUSABLE_INPUT) from None
-        _write_adapter_report(adapter_report, out_path or Path("build/bench/adapters.json"))
+        base = {"base_url": normalise_base_url(url), "api_key": api_key, "model": model or "?", "api": api.value}
+        run = {"ignore_eos": ignore_eos, "seed": seed, "timeout_s": timeout}
+        lengths = (prompt_tokens, output_tokens)
+        options = (concurrency, rate, requests, duration, workload, cpu_layers)
+        _run_adapters({**base, **run}, lengths, command, adapters, options, out_path)
         return
     out_path = out_path or Path("build/bench/bench.json")
     try:
