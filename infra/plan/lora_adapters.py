@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,7 +60,25 @@ class UnreadableAdapter(ValueError):
     """A weights file that safetensors cannot read."""
 
 
-def module_shapes(arch: Architecture) -> dict[str, tuple[int, int]]:
+class LinearShapes(Protocol):
+    """What fixes a Llama-family decoder's linear layers: a spec's Architecture, or the recipe of
+    make dev's tiny model (ops.devstack.tiny_model), whose adapters are made with the same shapes."""
+
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def module_shapes(arch: LinearShapes) -> dict[str, tuple[int, int]]:
     """(in, out) features of each linear layer of a Llama-family decoder, unsharded."""
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
     h, i = arch.hidden_size, arch.intermediate_size

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.plan.lora_adapters import module_shapes as plan_module_shapes
 from ops.devstack.tiny_model import RECIPES as MODEL_RECIPES
 from ops.paths import CACHE_DIR
 
@@ -125,19 +126,10 @@ def _is_complete(folder: Path, expected_hash: str) -> bool:
 
 
 def module_shapes(base: str) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each Llama linear layer of a tiny model."""
-    m = MODEL_RECIPES[base]
-    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
-    h, i = m.hidden_size, m.intermediate_size
-    return {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, i),
-        "up_proj": (h, i),
-        "down_proj": (i, h),
-    }
+    """(in, out) features of each Llama linear layer of a tiny model an adapter may target: the
+    planner's shapes (which the adapter checks compare against), without the output head."""
+    shapes = plan_module_shapes(MODEL_RECIPES[base])
+    return {module: shape for module, shape in shapes.items() if module != "lm_head"}
 
 
 def adapter_config(recipe: TinyAdapterRecipe) -> dict[str, object]:
