@@ -14,7 +14,6 @@ the law decides once per 2 s window.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
 from tests.support.loaded_upstream import LoadedUpstream
 from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.stream_load import StreamingClients
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow  # starts gateway processes and waits for the law's windows
@@ -70,44 +70,6 @@ def adaptive_gateway(
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
 
 
-class Load:
-    """CLIENTS threads streaming chat completions in a loop, spread over the gateways; each answer's
-    status and x-queue-wait-ms are kept."""
-
-    def __init__(self, apis: list[str], key: str, model: str) -> None:
-        self.apis, self.key, self.model = apis, key, model
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.waits_ms: list[int] = []
-        self.threads = [
-            threading.Thread(target=self._client, args=(apis[i % len(apis)],), daemon=True) for i in range(CLIENTS)
-        ]
-
-    def _client(self, api: str) -> None:
-        with httpx.Client(timeout=HANG_BOUND_S * 4) as client:
-            while not self.stop.is_set():
-                with client.stream(
-                    "POST",
-                    f"{api}/v1/chat/completions",
-                    headers={"authorization": f"Bearer {self.key}"},
-                    json={"model": self.model, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-                ) as response:
-                    for _ in response.iter_bytes():
-                        pass
-                    self.statuses.append(response.status_code)
-                    self.waits_ms.append(int(response.headers.get("x-queue-wait-ms", "-1")))
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(HANG_BOUND_S * 4)
-
-
 def adapted_slots(redis_url: str, model: str) -> int | None:
     with redis.Redis.from_url(redis_url) as client:
         value = client.hget(capacity_key(model), "slots")
@@ -125,7 +87,7 @@ def gauge(metrics_url: str, model: str) -> float:
 
 def run_and_watch(
     redis_url: str, engine: LoadedUpstream, model: str, gateways: int, tmp_path: Path
-) -> tuple[Load, int, list[int], list[float]]:
+) -> tuple[StreamingClients, int, list[int], list[float]]:
     """Saturate the model through `gateways` gateway processes until its capacity has fallen, then
     watch the engine's peak for PHASE_S. Returns the load, the peak, every capacity Redis held
     meanwhile, and each gateway's capacity gauge at the end."""
@@ -136,7 +98,9 @@ def run_and_watch(
             stack.enter_context(adaptive_gateway(upstream, redis_url, model, tmp_path / f"gw{i}.log"))
             for i in range(gateways)
         ]
-        load = stack.enter_context(Load([api for api, _ in urls], key, model))
+        apis = [api for api, _ in urls]
+        clients = [(api, api, key) for api in (apis[i % len(apis)] for i in range(CLIENTS))]
+        load = stack.enter_context(StreamingClients(clients, model))
         eventually(
             lambda: (adapted_slots(redis_url, model) or CEILING) <= CEILING // 2,
             "the capacity falls while the engine is over its TTFT target",
@@ -160,12 +124,13 @@ def run_and_watch(
     return load, peak, seen, gauges
 
 
-def check(load: Load, peak: int, seen: list[int], gauges: list[float]) -> None:
+def check(load: StreamingClients, peak: int, seen: list[int], gauges: list[float]) -> None:
+    answers = load.answers()
     assert FLOOR <= min(seen) and max(seen) < CEILING, seen  # it fell, and never below the floor
     assert all(FLOOR <= value < CEILING for value in gauges), gauges  # what Prometheus sees of it
     assert min(seen) <= peak <= max(seen), (peak, seen)  # saturated at the adapted capacity, never over
-    assert load.statuses and set(load.statuses) == {200}  # nobody's request failed: the excess waited
-    assert max(load.waits_ms) > 0  # ... in the gateway's queue, and the caller was told how long
+    assert answers and {a.status for a in answers} == {200}  # nobody's request failed: the excess waited
+    assert max(a.queue_wait_ms for a in answers) > 0  # ... in the gateway's queue, and the caller was told how long
 
 
 def test_capacity_falls_when_ttft_is_over_target_and_the_excess_waits_in_the_gateway(redis_server, tmp_path):
@@ -189,11 +154,11 @@ def test_with_adaptive_off_the_model_keeps_max_ongoing_requests(redis_server, tm
     with (
         serving(engine.app()) as upstream,
         adaptive_gateway(upstream, redis_server.url, model, tmp_path / "gw.log", adaptive=False) as (api, metrics),
-        Load([api], key, model) as load,
+        StreamingClients([(api, api, key)] * CLIENTS, model) as load,
     ):
         eventually(lambda: engine.peak == CEILING, "the engine runs max_ongoing_requests at once")
         time.sleep(PHASE_S)  # windows in which an adaptive capacity would have fallen
         assert "llmstack_gateway_model_capacity{" not in httpx.get(metrics, timeout=HANG_BOUND_S).text
     assert engine.peak == CEILING
-    assert load.statuses and set(load.statuses) == {200}
+    assert load.answers() and {a.status for a in load.answers()} == {200}
     assert adapted_slots(redis_server.url, model) == FLOOR  # untouched: nobody adapts it

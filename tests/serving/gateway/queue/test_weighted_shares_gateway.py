@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from ops.harness.processes import free_port, wait_for_http
@@ -33,6 +31,7 @@ from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
 from tests.support.loaded_upstream import LoadedUpstream
 from tests.support.servers import HANG_BOUND_S, serving
+from tests.support.stream_load import StreamingClients
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow  # starts a gateway process and saturates it for a few hundred requests
@@ -82,53 +81,6 @@ def weighted_key(redis_url: str, tenant: str, weight: float) -> str:
     return key
 
 
-class ClosedLoop:
-    """STREAMS threads per tenant, each streaming chat completions one after another; the
-    completions (200s) are counted per tenant in the order they end, every status by its code."""
-
-    def __init__(self, api: str, keys: dict[str, str], model: str) -> None:
-        self.api, self.keys, self.model = api, keys, model
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.completed: list[str] = []  # tenant of each completed request, in order
-        self.statuses: Counter[int] = Counter()
-        self.threads = [
-            threading.Thread(target=self._client, args=(tenant,), daemon=True)
-            for tenant in keys
-            for _ in range(STREAMS)
-        ]
-
-    def _client(self, tenant: str) -> None:
-        with httpx.Client(timeout=HANG_BOUND_S * 4) as client:
-            while not self.stop.is_set():
-                with client.stream(
-                    "POST",
-                    f"{self.api}/v1/chat/completions",
-                    headers={"authorization": f"Bearer {self.keys[tenant]}"},
-                    json={"model": self.model, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-                ) as response:
-                    for _ in response.iter_bytes():
-                        pass
-                with self.lock:
-                    self.statuses[response.status_code] += 1
-                    if response.status_code == 200:
-                        self.completed.append(tenant)
-
-    def done(self) -> int:
-        with self.lock:
-            return len(self.completed)
-
-    def __enter__(self) -> ClosedLoop:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(HANG_BOUND_S * 4)
-
-
 def test_key_weights_give_weighted_shares_of_a_saturated_model(redis_server, tmp_path):
     model = f"m-{uuid.uuid4().hex[:8]}"
     keys = {tenant: weighted_key(redis_server.url, tenant, weight) for tenant, weight in WEIGHTS.items()}
@@ -137,15 +89,20 @@ def test_key_weights_give_weighted_shares_of_a_saturated_model(redis_server, tmp
     with (
         serving(engine.app()) as upstream,
         queue_gateway(upstream, redis_server.url, model, tmp_path / "gw.log") as api,
-        ClosedLoop(api, keys, model) as load,
+        StreamingClients([(tenant, api, key) for tenant, key in keys.items() for _ in range(STREAMS)], model) as load,
     ):
-        eventually(lambda: load.done() >= WARM_UP + COUNTED, "the tenants' requests complete", bound_s=HANG_BOUND_S * 4)
-        with load.lock:
-            counted = Counter(load.completed[WARM_UP : WARM_UP + COUNTED])
+
+        def completed() -> list[str]:  # the tenant of each completed request, in the order they ended
+            return [answer.client for answer in load.answers() if answer.status == 200]
+
+        enough = WARM_UP + COUNTED
+        eventually(lambda: len(completed()) >= enough, "the tenants' requests complete", bound_s=HANG_BOUND_S * 4)
+        counted = Counter(completed()[WARM_UP : WARM_UP + COUNTED])
     # Before the fix (the reserve's share split equally): w1a 0.2, w1b 0.2, w2 0.3, w4 0.3.
     share = {tenant: counted[tenant] / COUNTED for tenant in WEIGHTS}
     total = sum(WEIGHTS.values())
-    seen = (share, dict(load.statuses))  # statuses: under a starved machine, Redis timeouts answer 503
+    statuses = Counter(answer.status for answer in load.answers())
+    seen = (share, dict(statuses))  # statuses: under a starved machine, Redis timeouts answer 503
     assert 0.4 <= share["w4"] <= 0.6, seen  # its ideal: 4/8
     for tenant, weight in WEIGHTS.items():
         ideal = weight / total  # w2: 0.25, w1a and w1b: 0.125
