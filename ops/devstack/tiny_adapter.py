@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.plan.lora_adapters import module_shapes as plan_module_shapes
+from ops.devstack.cached_build import ensure_built
 from ops.devstack.tiny_model import RECIPES as MODEL_RECIPES
 from ops.paths import CACHE_DIR
 
-MARKER_NAME = ".complete"
 BUILD_VERSION = "1"
 # Llama's linear layers, as PEFT names them, and (in, out) in terms of the model's shape.
 LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -97,32 +94,7 @@ def ensure_tiny_adapter(cache_dir: Path | None = None, *, name: str) -> Path:
     if recipe is None:
         raise ValueError(f"unknown tiny adapter {name!r}; known: {sorted(RECIPES)} and tiny-llama-a01, -a02, ...")
     cache_dir = Path(cache_dir) if cache_dir is not None else tiny_adapters_dir()
-    target = cache_dir / name
-    expected = recipe_hash(recipe)
-    if _is_complete(target, expected):
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=cache_dir))
-    try:
-        write_adapter(tmp, recipe)
-        (tmp / MARKER_NAME).write_text(expected + "\n")
-        if _is_complete(target, expected):
-            return target
-        if target.exists():
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not _is_complete(target, expected):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _is_complete(folder: Path, expected_hash: str) -> bool:
-    marker = folder / MARKER_NAME
-    return marker.is_file() and marker.read_text().strip() == expected_hash
+    return ensure_built(cache_dir / name, recipe_hash(recipe), lambda folder: write_adapter(folder, recipe))
 
 
 def module_shapes(base: str) -> dict[str, tuple[int, int]]:

@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ops.devstack.cached_build import ensure_built
 from ops.paths import tiny_models_dir
 
 CORPUS_PATH = Path(__file__).parent / "data" / "tiny_corpus.txt"
-MARKER_NAME = ".complete"
 # Bump when the build code changes in a way the recipe hash cannot see.
 BUILD_VERSION = "1"
 
@@ -111,35 +108,7 @@ def ensure_tiny_model(
             )
         recipe = RECIPES[name]
     cache_dir = Path(cache_dir) if cache_dir is not None else tiny_models_dir()
-    target = cache_dir / name
-    expected = recipe_hash(recipe)
-    if _is_complete(target, expected):
-        return target
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=cache_dir))
-    try:
-        _build(tmp, recipe)
-        (tmp / MARKER_NAME).write_text(expected + "\n")
-        if _is_complete(target, expected):  # a concurrent build finished first
-            return target
-        if target.exists():  # built from another recipe or by an older version
-            stale = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".stale", dir=cache_dir))
-            os.replace(target, stale / name)
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not _is_complete(target, expected):  # not just a lost race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _is_complete(folder: Path, expected_hash: str) -> bool:
-    marker = folder / MARKER_NAME
-    return marker.is_file() and marker.read_text().strip() == expected_hash
+    return ensure_built(cache_dir / name, recipe_hash(recipe), lambda folder: _build(folder, recipe))
 
 
 def _build(out: Path, recipe: TinyModelRecipe) -> None:

@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from infra.spec.stack_file import PROJECT_ROOT
+from ops.devstack.cached_build import MARKER_NAME
 from ops.devstack.tiny_model import (
-    MARKER_NAME,
     RECIPES,
     TinyModelRecipe,
     ensure_tiny_model,
