@@ -14,33 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from typing import Any
+
+from ops.benchmarks.offline_engine import child_result, start_engine
 
 RESULT_PREFIX = "KV_CACHE_TOKENS="
 
 
 def _measure_one(stack: str, model_id: str) -> None:
     """Child process: start vLLM with the rendered engine settings, print its KV capacity."""
-    from infra.render.serve_config import llm_config
-    from infra.spec.stack_file import load_stack
-
-    spec = load_stack(stack)
-    config = llm_config(spec.model(model_id), spec)
-    os.environ.update(config.get("runtime_env", {}).get("env_vars", {}))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import dataclasses
-
-    from vllm import LLM
-    from vllm.engine.arg_utils import EngineArgs
-
-    # Ray Serve LLM's engine_kwargs also carry vLLM's OpenAI-server options (e.g.
-    # enable_prompt_tokens_details), which the offline engine does not take; none sizes the cache.
-    engine_fields = {f.name for f in dataclasses.fields(EngineArgs)}
-    engine_kwargs = {k: v for k, v in config["engine_kwargs"].items() if k in engine_fields}
-    llm = LLM(model=config["model_loading_config"]["model_source"], **engine_kwargs)
+    llm = start_engine(stack, model_id)
     print(f"{RESULT_PREFIX}{llm.llm_engine.vllm_config.cache_config.kv_cache_size_tokens}", flush=True)
 
 
@@ -57,18 +41,7 @@ def measure(stack: str) -> list[dict[str, Any]]:
             results.append({"model": model.id, "skipped": "GPU model: needs a GPU to measure"})
             continue
         print(f"starting CPU vLLM for {model.id} ...", file=sys.stderr, flush=True)
-        child = subprocess.run(
-            [sys.executable, "-m", "ops.benchmarks.kv_capacity", "--stack", stack, "--one", model.id],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        found = [line for line in child.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-        if child.returncode != 0 or not found:
-            raise RuntimeError(
-                f"vLLM failed to start for {model.id} (exit {child.returncode}):\n" + child.stderr[-3000:]
-            )
-        measured = int(found[-1].removeprefix(RESULT_PREFIX))
+        measured = int(child_result("ops.benchmarks.kv_capacity", stack, model.id, RESULT_PREFIX))
         planned = plans[model.id].kv_tokens_per_replica
         results.append(
             {

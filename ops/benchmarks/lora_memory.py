@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from typing import Any
+
+from ops.benchmarks.offline_engine import child_result, start_engine
 
 RESULT_PREFIX = "LORA_SLOT_BYTES="
 
@@ -38,23 +38,8 @@ def slot_bytes_of_worker(worker: Any) -> dict[str, int]:
 
 
 def _measure_one(stack: str, model_id: str) -> None:
-    from infra.render.serve_config import llm_config
-    from infra.spec.stack_file import load_stack
-
-    spec = load_stack(stack)
-    config = llm_config(spec.model(model_id), spec)
-    os.environ.update(config.get("runtime_env", {}).get("env_vars", {}))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # The engine in this process, so the worker's buffers are read directly, not through a pickle.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import dataclasses
-
-    from vllm import LLM
-    from vllm.engine.arg_utils import EngineArgs
-
-    engine_fields = {f.name for f in dataclasses.fields(EngineArgs)}
-    engine_kwargs = {k: v for k, v in config["engine_kwargs"].items() if k in engine_fields}
-    llm = LLM(model=config["model_loading_config"]["model_source"], **engine_kwargs)
+    llm = start_engine(stack, model_id, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     [by_kind] = llm.collective_rpc(slot_bytes_of_worker)
     print(f"{RESULT_PREFIX}{json.dumps(by_kind)}", flush=True)
 
@@ -74,16 +59,16 @@ def measure(stack: str) -> list[dict[str, Any]]:
             results.append({"model": model.id, "skipped": "GPU model: needs a GPU to measure"})
             continue
         print(f"starting CPU vLLM with LoRA for {model.id} ...", file=sys.stderr, flush=True)
-        child = subprocess.run(
-            [sys.executable, "-m", "ops.benchmarks.lora_memory", "--stack", stack, "--one", model.id],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+        reported = child_result(
+            "ops.benchmarks.lora_memory",
+            stack,
+            model.id,
+            RESULT_PREFIX,
+            env={"VLLM_LOGGING_LEVEL": "WARNING"},
+            timeout_s=None,
+            check_exit=False,
         )
-        line = next((ln for ln in child.stdout.splitlines() if ln.startswith(RESULT_PREFIX)), None)
-        if line is None:
-            raise RuntimeError(f"vLLM did not report its LoRA buffers for {model.id}:\n{child.stderr[-3000:]}")
-        by_kind = json.loads(line.removeprefix(RESULT_PREFIX))
+        by_kind = json.loads(reported)
         measured = sum(by_kind.values())
         lora = plans[model.id].lora
         assert lora is not None
