@@ -4,6 +4,7 @@ the real gateway and its Redis), the adaptive capacity on and off in one run.
     python -m ops.benchmarks.fair_capacity [--phase-s 60] [--rounds 2] [--flood 48] \
         [--out build/bench/fair_capacity.json]
     python -m ops.benchmarks.fair_capacity --phase-s 15 --rounds 1 --flood 16   # a short check
+    python -m ops.benchmarks.fair_capacity --ttft-ms 60   # a target near 2x B's TTFT alone
 
 It writes a stack file beside Pulumi.local.yaml's: the same tiny chat model twice, `tiny-chat`
 with its latency target's adaptation on and `tiny-chat-fixed` with `adaptive: false` (capacity
@@ -16,8 +17,8 @@ tenant in its Redis (standard tier; the weights below), and runs, each phase `--
   streamed request at a time) then `noisy` (tenant A keeps `--flood` streams in flight beside B).
   Reported: B's TTFT p50/p99 in each, the ratio noisy / alone, A's output tokens/s, and every
   request that failed (a status other than 200, an error event, a broken stream).
-- `jain` (adaptive model): four tenants of weights 1, 1, 2, 4, each keeping 32 streams in
-  flight (together twice the ceiling, so the fair queue decides): Jain's index of output
+- `jain` (adaptive model): four tenants of weights 1, 1, 2, 4, each keeping `--jain-streams` (48)
+  in flight (together three times the ceiling, so the fair queue decides): Jain's index of output
   tokens/s per unit of weight (1: each got its weight's share).
 - `growth` (adaptive model): 16 streams in flight on /v1/completions whose prompts grow tenfold
   halfway (about 40 to 400 tokens, within max_model_len 512 with the output): every
@@ -75,16 +76,22 @@ OUTPUT_TOKENS = 32
 # about 40 and 400 tokens, 400 + 32 output within max_model_len 512.
 SHORT_WORDS, LONG_WORDS = 10, 100
 CHAT_WORDS = 30
-JAIN_STREAMS = 32  # per tenant: 4 x 32 is twice the ceiling (64), so every tenant stays backlogged
+# Per tenant in the Jain phase. Above every tenant's weighted share of the ceiling (64: w4's share
+# is 64 x 4/8 = 32), so each tenant always has a request waiting when a slot frees; at exactly its
+# share, w4's own client turnarounds hand its slots to the others. 4 x 48 = 192 connections stay
+# under the gateway's max_connections (256), past which uvicorn answers a plain-text 503.
+JAIN_STREAMS = 48
 
 
-def stack_text(local_text: str, *, engine_priority: bool) -> str:
+def stack_text(local_text: str, *, engine_priority: bool, ttft_ms: float | None = None) -> str:
     """Pulumi.local.yaml with its second model replaced by a copy of the first that does not adapt,
     both without LoRA adapters (ids are unique per stack, and fairness is measured on the base)."""
     document = yaml.safe_load(local_text)
     config = document["config"]
     served = next(m for m in config["llmstack:models"] if m["id"] == ADAPTIVE)
     adaptive = {key: value for key, value in served.items() if key != "lora"}
+    if ttft_ms is not None:
+        adaptive["latency_target"] = {**adaptive["latency_target"], "ttft_ms": ttft_ms}
     fixed = {**adaptive, "id": FIXED, "latency_target": {**adaptive["latency_target"], "adaptive": False}}
     config["llmstack:models"] = [adaptive, fixed]
     # Scheduling tokens, not cores: room for both models' replicas and their routers at once,
@@ -361,7 +368,7 @@ async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 print(json.dumps(results["noisy"][-1]), flush=True)
         until = loop.time() + phase_s
-        await asyncio.gather(*(load.closed(t, ADAPTIVE, "jain", JAIN_STREAMS, until, started) for t in WEIGHTS))
+        await asyncio.gather(*(load.closed(t, ADAPTIVE, "jain", args.jain_streams, until, started) for t in WEIGHTS))
         per_weight = {
             t: summarize(load.records, "jain", t, phase_s)["output_tokens_per_s"] / w for t, w in WEIGHTS.items()
         }
@@ -439,6 +446,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--flood", type=int, default=48, help="tenant A's streams in flight")
     parser.add_argument("--no-engine-priority", action="store_true")
+    parser.add_argument("--jain-streams", type=int, default=JAIN_STREAMS, help="streams per tenant, Jain phase")
+    parser.add_argument(
+        "--ttft-ms", type=float, help="both models' latency_target.ttft_ms (default: Pulumi.local.yaml's, 300)"
+    )
     parser.add_argument("--out", default="build/bench/fair_capacity.json")
     args = parser.parse_args()
     # SIGTERM (a stopped job, a CI timeout) unwinds like Ctrl-C, so the `finally` stops the stack.
@@ -446,7 +457,11 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="llmstack-faircap-stack-"))
     stack_file = folder / "Pulumi.faircap.yaml"
     stack_file.write_text(
-        stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=not args.no_engine_priority)
+        stack_text(
+            (PROJECT_ROOT / "Pulumi.local.yaml").read_text(),
+            engine_priority=not args.no_engine_priority,
+            ttft_ms=args.ttft_ms,
+        )
     )
     load_average = os.getloadavg()[0]
     stack = Stack(stack_file)

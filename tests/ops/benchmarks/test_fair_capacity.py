@@ -65,4 +65,20 @@ def test_the_gateway_ttft_is_read_from_its_access_log_by_request_id():
 def test_one_address_may_open_every_connection_the_load_needs(tmp_path):
     path = tmp_path / "Pulumi.faircap.yaml"
     path.write_text(stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=True))
-    assert load_stack(str(path)).gateway.edge.max_connections_per_client >= 4 * JAIN_STREAMS
+    gateway = load_stack(str(path)).gateway
+    assert gateway.edge.max_connections_per_client >= 4 * JAIN_STREAMS
+    # Past max_connections uvicorn answers a plain-text 503: the load (plus tenant B and the
+    # capacity trace's client) must stay under it.
+    assert 4 * JAIN_STREAMS + 8 <= gateway.max_connections
+
+
+def test_the_jain_load_keeps_every_tenant_above_its_share():
+    ceiling, weights = 64, [1, 1, 2, 4]
+    assert all(JAIN_STREAMS > ceiling * w / sum(weights) for w in weights)
+
+
+def test_a_tighter_ttft_target_reaches_both_models(tmp_path):
+    path = tmp_path / "Pulumi.faircap.yaml"
+    path.write_text(stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=True, ttft_ms=60))
+    spec = load_stack(str(path))
+    assert {m.id: m.latency_target.ttft_ms for m in spec.models} == {ADAPTIVE: 60, FIXED: 60}
