@@ -604,6 +604,14 @@ class Observability(_Spec):
         description="OpenTelemetry traces: the gateway's request and stage spans, Ray Serve's replica span and "
         "vLLM's engine span (queue, prefill, decode times) in one trace per request. Off unless otlp_endpoint is set.",
     )
+    prometheus_service: str = Field(
+        default="prometheus-server:80",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(:[a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+        description="The Service (`name:port`, in gateway.metrics_namespace) of the Prometheus that scrapes the "
+        "stack; `llmctl status` asks it which LoRA adapters each replica holds, through the Kubernetes API "
+        "server's service proxy (needs get on services/proxy there). The default is the Prometheus community "
+        "chart's server installed as release `prometheus`.",
+    )
 
 
 class Versions(_Spec):

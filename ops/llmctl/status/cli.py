@@ -9,8 +9,11 @@ Reads only; decisions live in `ops.llmctl.status.report`.
   kubectl uses it): the RayService and its conditions, Ray pods per worker group, GPU nodes,
   pending pods with the scheduler's reason, the gateway Deployment.
 - both, for models with `lora:`: which adapters each replica holds, from Serve's multiplexing
-  gauge on every Ray node's metrics export (local: the ports `ray.nodes()` lists; cloud: each
-  Ray pod's metrics port through the API server's pod proxy, which needs `get pods/proxy`).
+  gauge (local: every Ray node's metrics export, at the ports `ray.nodes()` lists; cloud: the
+  Prometheus that scrapes the Ray pods, through the API server's service proxy, or `--prometheus`).
+  Not the Ray pods' metrics port directly: the stack's NetworkPolicy admits only the Prometheus
+  namespace there, and admitting the API server's proxy would mean admitting its source
+  addresses, which on EKS are ENIs in the cluster's own subnets, where every pod's address is too.
 
 Exit codes: 0 healthy, 1 degraded or down, 2 stack file unusable, 3 cluster unreachable.
 """
@@ -24,16 +27,19 @@ import typer
 from rich.table import Table
 
 from infra.render.common import GATEWAY_NAME, NAMESPACE, NODE_GROUP_LABEL, RAYSERVICE_NAME
-from infra.render.rayservice import RAY_METRICS_PORT
 from infra.spec.schema import GpuNodeGroup, StackSpec
 from ops.llmctl.console import ExitCode, err, load_spec, out
 from ops.llmctl.status.report import (
+    LOADED_ADAPTERS_QUERY,
     Check,
     Health,
     MetricsScrape,
     ModelQueueRow,
+    PrometheusRead,
     StatusReport,
     adapter_rows,
+    adapter_table,
+    adapters_from_query,
     crash_loop_checks,
     deployment_check,
     model_queue_row,
@@ -42,7 +48,6 @@ from ops.llmctl.status.report import (
     pending_pods,
     queue_wait_means,
     ray_metrics_targets,
-    ray_pods_to_scrape,
     rayservice_checks,
     rayservice_rows,
     runbook,
@@ -53,10 +58,12 @@ from ops.llmctl.status.report import (
 )
 
 HTTP_TIMEOUT_S = 5
-# What a pod proxy's refusal usually means when llmctl status reads a Ray pod's metrics port.
+# What the service proxy's refusal usually means when llmctl status asks the stack's Prometheus.
 PROXY_REFUSALS = {
-    403: "needs get on pods/proxy in the llmstack namespace",
-    503: "the API server cannot reach the pod's metrics port (pod not ready, or a NetworkPolicy)",
+    403: "needs get on services/proxy in {namespace}",
+    404: "no Service {service} in {namespace}: set observability.prometheus_service in {stack_file}, "
+    "or pass --prometheus URL",
+    503: "the Service has no ready Prometheus pod",
 }
 
 
@@ -71,6 +78,14 @@ class Unreachable(Exception):
 def status(
     stack: Annotated[str, typer.Option("--stack", "-s", help="Stack name (Pulumi.<name>.yaml) or path.")],
     context: Annotated[str | None, typer.Option(help="kubeconfig context (cloud stacks); default: current.")] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option(
+            help="Prometheus base URL to read the loaded LoRA adapters from (cloud stacks), e.g. "
+            "http://localhost:9090 after `kubectl port-forward`; default: the stack's "
+            "observability.prometheus_service through the Kubernetes API server."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Is the stack serving? Serve deployments and replicas, Redis, gateway, the LoRA adapters each
@@ -79,7 +94,7 @@ def status(
 
     spec = load_spec(stack)
     try:
-        report = local_report(spec) if spec.cloud.provider == "local" else cloud_report(spec, context)
+        report = local_report(spec) if spec.cloud.provider == "local" else cloud_report(spec, context, prometheus)
     except Unreachable as exc:
         err.print(f"[red]{exc.label}[/red]: {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(ExitCode.UNREACHABLE) from None
@@ -255,7 +270,7 @@ def _redact(url: str) -> str:
 # --- cloud ----------------------------------------------------------------------------------------
 
 
-def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
+def cloud_report(spec: StackSpec, context: str | None, prometheus_url: str | None = None) -> StatusReport:
     """Read the stack's objects with the official Kubernetes client and interpret them."""
     try:
         from kubernetes import client, config
@@ -311,25 +326,13 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
     events = plain(read(core.list_namespaced_event, NAMESPACE, field_selector="reason=NotTriggerScaleUp").items)
     gateway = read(apps.read_namespaced_deployment, GATEWAY_NAME, NAMESPACE)
 
-    def scrape(pod: str) -> MetricsScrape:
-        """A Ray pod's metrics export through the API server's pod proxy (as `kubectl get --raw`)."""
-        try:
-            response = core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod}:{RAY_METRICS_PORT}", NAMESPACE, "metrics", _request_timeout=10, _preload_content=False
-            )
-            return MetricsScrape(node=pod, text=response.data.decode())
-        except ApiException as exc:
-            why = PROXY_REFUSALS.get(exc.status)
-            return MetricsScrape(node=pod, error=f"HTTP {exc.status} {exc.reason}" + (f": {why}" if why else ""))
-        except (HTTPError, OSError) as exc:
-            return MetricsScrape(node=pod, error=type(exc).__name__)
-
-    ray_metrics: list[MetricsScrape] = []
+    loaded_adapters: PrometheusRead | None = None
     if _lora_models(spec):
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=8) as pool:  # a pod that does not answer costs its timeout once
-            ray_metrics = list(pool.map(scrape, ray_pods_to_scrape(pods, active)))
+        loaded_adapters = (
+            _query_prometheus_url(prometheus_url, LOADED_ADAPTERS_QUERY)
+            if prometheus_url
+            else _query_prometheus_service(api, spec, LOADED_ADAPTERS_QUERY)
+        )
     return interpret_cloud(
         spec,
         where=f"context {context or 'current'}, {host}",
@@ -339,8 +342,52 @@ def cloud_report(spec: StackSpec, context: str | None) -> StatusReport:
         events=events,
         gateway=plain(gateway) if gateway is not None else None,
         raycluster=raycluster,
-        ray_metrics=ray_metrics,
+        loaded_adapters=loaded_adapters,
     )
+
+
+def _query_prometheus_service(api: Any, spec: StackSpec, query: str) -> PrometheusRead:
+    """An instant query to the stack's Prometheus through the API server's service proxy (what
+    `kubectl get --raw /api/v1/namespaces/NS/services/NAME:PORT/proxy/api/v1/query?query=...` does),
+    with the kubeconfig's credentials."""
+    from kubernetes.client.rest import ApiException
+    from urllib3.exceptions import HTTPError
+
+    namespace, service = spec.gateway.metrics_namespace, spec.observability.prometheus_service
+    source = f"Prometheus {namespace}/{service}"
+    try:
+        response = api.call_api(
+            f"/api/v1/namespaces/{namespace}/services/{service}/proxy/api/v1/query",
+            "GET",
+            query_params=[("query", query)],
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=10,
+        )
+        return PrometheusRead(source=source, answer=json.loads(response.data))
+    except ApiException as exc:
+        why = PROXY_REFUSALS.get(exc.status, "").format(
+            namespace=namespace, service=service, stack_file=f"Pulumi.{spec.name}.yaml"
+        )
+        return PrometheusRead(source=source, error=f"HTTP {exc.status} {exc.reason}" + (f": {why}" if why else ""))
+    except (HTTPError, OSError, ValueError) as exc:
+        return PrometheusRead(source=source, error=type(exc).__name__)
+
+
+def _query_prometheus_url(base_url: str, query: str) -> PrometheusRead:
+    """An instant query to a Prometheus the caller reaches directly (a port-forward, a VPN)."""
+    import httpx
+
+    source = f"Prometheus {base_url}"
+    try:
+        response = httpx.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": query}, timeout=HTTP_TIMEOUT_S)
+        response.raise_for_status()
+        return PrometheusRead(source=source, answer=response.json())
+    except httpx.HTTPStatusError as exc:
+        return PrometheusRead(source=source, error=f"HTTP {exc.response.status_code}")
+    except (httpx.HTTPError, ValueError) as exc:
+        return PrometheusRead(source=source, error=type(exc).__name__)
 
 
 def interpret_cloud(
@@ -353,10 +400,10 @@ def interpret_cloud(
     events: list[dict[str, Any]],
     gateway: dict[str, Any] | None,
     raycluster: dict[str, Any] | None = None,
-    ray_metrics: list[MetricsScrape] | None = None,
+    loaded_adapters: PrometheusRead | None = None,
 ) -> StatusReport:
-    """The cloud report from plain objects (what the API returned) and the Ray pods' metrics
-    exports (`ray_metrics`, read for models with `lora:`). Pure."""
+    """The cloud report from plain objects (what the API returned) and the Prometheus answer on
+    the loaded adapters (asked for models with `lora:`). Pure."""
     report = StatusReport(stack=spec.name, where=where)
     if rayservice is None:
         report.checks.append(
@@ -386,7 +433,14 @@ def interpret_cloud(
         )
     report.checks += crash_loop_checks(pods)
     report.checks.append(deployment_check(gateway, f"gateway {GATEWAY_NAME}"))
-    report.adapters, report.adapters_note = adapter_rows(_lora_models(spec), ray_metrics or [])
+    if loaded_adapters is None or loaded_adapters.answer is None:
+        why = loaded_adapters.error if loaded_adapters else "not asked"
+        note = f"{loaded_adapters.source if loaded_adapters else 'Prometheus'} not read ({why})"
+        report.adapters, report.adapters_note = adapter_table(_lora_models(spec), [], note)
+    else:
+        report.adapters, report.adapters_note = adapter_table(
+            _lora_models(spec), adapters_from_query(loaded_adapters.answer), None
+        )
     return report
 
 

@@ -115,6 +115,14 @@ class MetricsScrape(BaseModel):
     error: str | None = Field(default=None, description="Why it could not be read, in one line.")
 
 
+class PrometheusRead(BaseModel):
+    """One instant query's answer from a Prometheus (as /api/v1/query returns it), or why not."""
+
+    source: str = Field(description="Which Prometheus, as the report names it.")
+    answer: dict[str, Any] | None = Field(default=None, description="The JSON answer; None when not read.")
+    error: str | None = Field(default=None, description="Why it could not be read, in one line.")
+
+
 class StatusReport(BaseModel):
     stack: str
     where: str = Field(description="`make dev (pid N)` or the kube context.")
@@ -128,7 +136,8 @@ class StatusReport(BaseModel):
         default_factory=list, description="LoRA adapters loaded per replica (models with `lora:` only)."
     )
     adapters_note: str | None = Field(
-        default=None, description="Why the adapter table may be incomplete: Ray nodes whose metrics were not read."
+        default=None,
+        description="Why the adapter table may be incomplete: Ray nodes (local) or the Prometheus (cloud) not read.",
     )
 
     @property
@@ -199,7 +208,10 @@ def model_queue_row(
 # and adapter: 1 while loaded, 0 once unloaded (ray/serve/multiplex.py). Ray exports it on every
 # node's metrics port with the `ray_` prefix and Serve's `replica`, `deployment`, `application`
 # tags (ray/serve/metrics.py); the value lags a load by Ray's metrics report interval (seconds).
+# A local stack's nodes are read directly; a cloud stack's through the Prometheus that scrapes the
+# Ray pods (their metrics port admits only its namespace), with this instant query.
 LOADED_ADAPTER_METRIC = "ray_serve_registered_multiplexed_model_id"
+LOADED_ADAPTERS_QUERY = f"{LOADED_ADAPTER_METRIC} == 1"
 
 
 def loaded_adapters(metrics_text: str, node: str) -> list[AdapterRow]:
@@ -220,26 +232,49 @@ def loaded_adapters(metrics_text: str, node: str) -> list[AdapterRow]:
     return rows
 
 
-def adapter_rows(lora_models: Sequence[str], scrapes: Sequence[MetricsScrape]) -> tuple[list[AdapterRow], str | None]:
-    """Every loaded adapter of `lora_models` (served names of the models with `lora:`), one row per
-    replica holding it, and a row without adapter for a model none of whose adapters is loaded
-    anywhere; plus a note naming the nodes whose metrics were not read (the table may miss theirs)."""
+def adapters_from_query(answer: dict[str, Any]) -> list[AdapterRow]:
+    """The adapters loaded per replica from Prometheus' answer to `LOADED_ADAPTERS_QUERY` (its
+    /api/v1/query JSON: a vector of series with their labels). The node is the series' `pod` label,
+    which the Prometheus community chart's `kubernetes-pods` job sets from the pod's name, else the
+    scrape target (`instance`)."""
+    rows = []
+    for series in (answer.get("data") or {}).get("result") or []:
+        labels = series.get("metric") or {}
+        value = (series.get("value") or [None, "0"])[1]
+        model_id = labels.get("model_id", "")
+        if float(value) != 1 or ":" not in model_id:
+            continue
+        base, adapter = model_id.split(":", 1)
+        node = labels.get("pod") or labels.get("instance")
+        rows.append(AdapterRow(model=base, adapter=adapter, replica=labels.get("replica"), node=node))
+    return rows
+
+
+def adapter_table(
+    lora_models: Sequence[str], loaded: Sequence[AdapterRow], note: str | None
+) -> tuple[list[AdapterRow], str | None]:
+    """The table's rows: every loaded adapter of `lora_models` (served names of the models with
+    `lora:`), one row per replica holding it, and a row without adapter for a model none of whose
+    adapters is loaded anywhere; `note` says why the table may be incomplete."""
     if not lora_models:
         return [], None
-    rows = [
-        row
-        for scrape in scrapes
-        if scrape.text is not None
-        for row in loaded_adapters(scrape.text, scrape.node)
-        if row.model in lora_models
-    ]
-    loaded = {r.model for r in rows}
-    rows += [AdapterRow(model=m, adapter=None) for m in lora_models if m not in loaded]
+    rows = [row for row in loaded if row.model in lora_models]
+    held = {r.model for r in rows}
+    rows += [AdapterRow(model=m, adapter=None) for m in lora_models if m not in held]
     rows.sort(key=lambda r: (r.model, r.adapter is None, r.adapter or "", r.node or "", r.replica or ""))
-    if not scrapes:
-        return rows, "no Ray node to read the loaded adapters from"
+    return rows, note
+
+
+def adapter_rows(lora_models: Sequence[str], scrapes: Sequence[MetricsScrape]) -> tuple[list[AdapterRow], str | None]:
+    """The table from every Ray node's own export (a local stack), with a note naming the nodes whose
+    metrics were not read (the table may miss theirs)."""
+    loaded = [row for scrape in scrapes if scrape.text is not None for row in loaded_adapters(scrape.text, scrape.node)]
     unread = [f"{s.node} ({s.error})" for s in scrapes if s.text is None]
-    return rows, ("Ray metrics not read from " + "; ".join(unread)) if unread else None
+    if not scrapes:
+        note: str | None = "no Ray node to read the loaded adapters from"
+    else:
+        note = ("Ray metrics not read from " + "; ".join(unread)) if unread else None
+    return adapter_table(lora_models, loaded, note)
 
 
 def ray_metrics_targets(nodes: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -255,19 +290,6 @@ def ray_metrics_targets(nodes: Sequence[dict[str, Any]]) -> list[tuple[str, str]
             host = f"[{address}]" if ":" in address else address
             targets.append((address, f"http://{host}:{port}/metrics"))
     return sorted(targets)
-
-
-def ray_pods_to_scrape(pods: Sequence[dict[str, Any]], cluster: str | None) -> list[str]:
-    """Running pods of the active RayCluster (KubeRay's `ray.io/cluster` label), whose metrics
-    port holds their replicas' adapters; a pending cluster's pods serve no traffic yet."""
-    if cluster is None:
-        return []
-    return sorted(
-        p["metadata"]["name"]
-        for p in pods
-        if (p["metadata"].get("labels") or {}).get("ray.io/cluster") == cluster
-        and (p.get("status") or {}).get("phase") == "Running"
-    )
 
 
 # --- Ray Serve (local: ServeInstanceDetails; cloud: the RayService's status) -------------------

@@ -1,5 +1,6 @@
 """`llmctl status`'s LoRA table: which adapters each replica holds, read from Ray's metrics export
-in Prometheus text format (as a node's metrics port serves it), and where Ray says the exports are."""
+in Prometheus text format (as a node's metrics port serves it, local) or through the Prometheus that
+scrapes the Ray pods (cloud), and where Ray says the exports are."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from ops.llmctl.status.report import (
     AdapterRow,
     MetricsScrape,
     adapter_rows,
+    adapters_from_query,
     loaded_adapters,
     ray_metrics_targets,
-    ray_pods_to_scrape,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -67,15 +68,18 @@ def test_metrics_targets_are_the_live_nodes_export_ports():
     ]
 
 
-def test_only_running_pods_of_the_active_cluster_are_scraped():
-    def pod(name: str, cluster: str, phase: str) -> dict:
-        return {"metadata": {"name": name, "labels": {"ray.io/cluster": cluster}}, "status": {"phase": phase}}
-
-    pods = [
-        pod("active-head", "llmstack-abcde", "Running"),
-        pod("active-worker-pending", "llmstack-abcde", "Pending"),
-        pod("pending-cluster-head", "llmstack-fghij", "Running"),
-        {"metadata": {"name": "gateway"}, "status": {"phase": "Running"}},
-    ]
-    assert ray_pods_to_scrape(pods, "llmstack-abcde") == ["active-head"]
-    assert ray_pods_to_scrape(pods, None) == []
+def test_a_prometheus_answer_without_pod_labels_names_the_scrape_target():
+    """(A real Prometheus's answer, with pod labels: tests/ops/llmctl/status/test_status.py.)"""
+    answer = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {"metric": {"model_id": "m:a", "replica": "r", "instance": "10.0.0.7:8080"}, "value": [1.0, "1"]},
+                {"metric": {"model_id": "m:b", "replica": "r", "instance": "10.0.0.7:8080"}, "value": [1.0, "0"]},
+                {"metric": {"model_id": "base-only", "instance": "10.0.0.7:8080"}, "value": [1.0, "1"]},
+            ],
+        },
+    }
+    assert adapters_from_query(answer) == [AdapterRow(model="m", adapter="a", replica="r", node="10.0.0.7:8080")]
+    assert adapters_from_query({"status": "success", "data": {"resultType": "vector", "result": []}}) == []

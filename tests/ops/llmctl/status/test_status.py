@@ -11,10 +11,12 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import httpx
 import pytest
 
 from infra.render import render_stack
@@ -23,6 +25,7 @@ from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.devstack.lock import parse_lock
 from ops.llmctl.status import report as sm
 from ops.llmctl.status.cli import interpret_cloud
+from tests.support.prometheus import exports_served, prometheus_scraping
 
 
 def rendered(kind: str, stack: str = "dev") -> dict:
@@ -312,20 +315,24 @@ def test_lock_file_of_a_gone_make_dev_is_not_a_running_stack():
 
 
 class FakeApiServer:
-    """Answers the GETs `llmctl status` makes, with Kubernetes-shaped JSON (a str route: the text
-    a pod proxy passes through, e.g. a Ray pod's Prometheus export)."""
+    """Answers the GETs `llmctl status` makes, with Kubernetes-shaped JSON. A route may instead be
+    a function of the query string returning JSON text: what a service proxy passes through from
+    the Service behind it (here a real Prometheus). `authorizations` holds each request's
+    Authorization header."""
 
-    def __init__(self, routes: dict[str, dict | str]) -> None:
-        routes_ = routes
+    def __init__(self, routes: dict[str, dict | Callable[[str], str]]) -> None:
+        routes_, authorizations = routes, []
+        self.authorizations: list[str | None] = authorizations
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                body = routes_.get(unquote(urlsplit(self.path).path))
+                authorizations.append(self.headers.get("Authorization"))
+                url = urlsplit(self.path)
+                body = routes_.get(unquote(url.path))
+                data = body(url.query) if callable(body) else json.dumps(body or {"kind": "Status", "code": 404})
                 self.send_response(200 if body else 404)
-                text = isinstance(body, str)
-                self.send_header("Content-Type", "text/plain; version=0.0.4" if text else "application/json")
+                self.send_header("Content-Type", "application/json")
                 self.end_headers()
-                data = body if isinstance(body, str) else json.dumps(body or {"kind": "Status", "code": 404})
                 self.wfile.write(data.encode())
 
             def log_message(self, *args) -> None:
@@ -353,10 +360,10 @@ def kubeconfig(tmp_path: Path, server: str) -> Path:
     return path
 
 
-def llmctl_status(stack: str, kube: Path) -> subprocess.CompletedProcess[str]:
+def llmctl_status(stack: str, kube: Path, *options: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(kube)}
     return subprocess.run(
-        [str(Path(sys.executable).parent / "llmctl"), "status", "--stack", stack, "--json"],
+        [str(Path(sys.executable).parent / "llmctl"), "status", "--stack", stack, "--json", *options],
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
@@ -407,7 +414,8 @@ def test_cloud_status_through_the_kubernetes_client(tmp_path):
     server.server.shutdown()
 
 
-def test_cloud_status_shows_the_adapters_each_ray_pod_holds_through_the_pod_proxy(tmp_path):
+def lora_dev_stack(tmp_path: Path) -> tuple[Path, str]:
+    """Pulumi.dev.yaml with LoRA adapters on its model, written to tmp_path; and the served name."""
     import yaml
 
     document = yaml.safe_load((PROJECT_ROOT / "Pulumi.dev.yaml").read_text())
@@ -416,41 +424,72 @@ def test_cloud_status_shows_the_adapters_each_ray_pod_holds_through_the_pod_prox
         "max_loras": 2,
         "adapters": [
             {"id": "sql", "source": "s3://adapters/sql", "base_model": model["source"]},
-            {"id": "legal", "source": "s3://adapters/legal", "base_model": model["source"]},
+            {"id": "pirate", "source": "s3://adapters/pirate", "base_model": model["source"]},
         ],
     }
     stack_file = tmp_path / "Pulumi.dev.yaml"
     stack_file.write_text(yaml.safe_dump(document))
+    return stack_file, model["served_name"]
+
+
+def cluster_routes(rs: dict, pods: list[dict]) -> dict[str, dict | Callable[[str], str]]:
+    return {
+        "/apis/ray.io/v1/namespaces/llmstack/rayservices/llmstack": rs,
+        "/api/v1/namespaces/llmstack/pods": {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods},
+        "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []},
+        "/api/v1/namespaces/llmstack/events": {"kind": "EventList", "metadata": {}, "items": []},
+        "/apis/apps/v1/namespaces/llmstack/deployments/llmstack-gateway": gateway(1),
+    }
+
+
+PROMETHEUS_QUERY = "/api/v1/namespaces/monitoring/services/prometheus-server:80/proxy/api/v1/query"
+
+
+def test_cloud_status_asks_the_stacks_prometheus_which_adapters_each_ray_pod_holds(tmp_path):
+    """The Ray pods' own metrics port admits only the Prometheus namespace (our NetworkPolicy), so
+    the cloud read goes to that Prometheus, through the API server's service proxy (or straight to
+    a URL given with --prometheus). Real Prometheus, scraping two pods' verbatim Ray exports."""
+    stack_file, served = lora_dev_stack(tmp_path)
+    data = Path(__file__).parent / "data"
+    exports = {
+        pod: (data / f"node_{x}.prom").read_text().replace("tiny-chat", served)
+        for pod, x in (("llmstack-abcde-head", "a"), ("llmstack-abcde-l4-worker-1", "b"))
+    }
     rs = ready_rayservice()
-    running, other = worker_pod(rs, "l4", "Running"), worker_pod(rs, "l4", "Running")
-    other["metadata"]["name"] = "llmstack-abcde-l4-worker-other"
-    served = model["served_name"]
-    export = (
-        "# HELP ray_serve_registered_multiplexed_model_id The model id registered on the current replica.\n"
-        "# TYPE ray_serve_registered_multiplexed_model_id gauge\n"
-        f'ray_serve_registered_multiplexed_model_id{{application="{served}",deployment="LLMServer:{served}",'
-        f'model_id="{served}:sql",replica="abc123"}} 1.0\n'
-    )
-    pods = "/api/v1/namespaces/llmstack/pods"
-    server = FakeApiServer(
-        {
-            "/apis/ray.io/v1/namespaces/llmstack/rayservices/llmstack": rs,
-            pods: {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [running, other]},
-            f"{pods}/{running['metadata']['name']}:8080/proxy/metrics": export,  # `other` answers 404
-            "/api/v1/nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": []},
-            "/api/v1/namespaces/llmstack/events": {"kind": "EventList", "metadata": {}, "items": []},
-            "/apis/apps/v1/namespaces/llmstack/deployments/llmstack-gateway": gateway(1),
-        }
-    )
+    with exports_served(exports) as targets, prometheus_scraping(targets, tmp_path / "prometheus") as prometheus:
+        routes = cluster_routes(rs, [worker_pod(rs, "l4", "Running")])
+        routes[PROMETHEUS_QUERY] = lambda query: httpx.get(f"{prometheus}/api/v1/query?{query}", timeout=5).text
+        server = FakeApiServer(routes)
+        try:
+            through_proxy = llmctl_status(str(stack_file), kubeconfig(tmp_path, server.url))
+            direct = llmctl_status(str(stack_file), kubeconfig(tmp_path, server.url), "--prometheus", prometheus)
+        finally:
+            server.server.shutdown()
+    expected = [
+        {"model": served, "adapter": "pirate", "replica": "8redenjb", "node": "llmstack-abcde-l4-worker-1"},
+        {"model": served, "adapter": "sql", "replica": "r1abc", "node": "llmstack-abcde-head"},
+        {"model": served, "adapter": "sql", "replica": "8redenjb", "node": "llmstack-abcde-l4-worker-1"},
+    ]  # not the head's `pirate`: its replica unloaded it (0)
+    for result in (through_proxy, direct):
+        report = json.loads(result.stdout)
+        assert (report["adapters"], report["adapters_note"]) == (expected, None), result.stderr
+    assert set(server.authorizations) == {"Bearer not-a-real-token"}  # the proxy read used the kubeconfig's
+
+
+def test_cloud_status_says_which_prometheus_it_could_not_read_and_the_key_to_set(tmp_path):
+    stack_file, served = lora_dev_stack(tmp_path)
+    rs = ready_rayservice()
+    server = FakeApiServer(cluster_routes(rs, [worker_pod(rs, "l4", "Running")]))  # no Prometheus Service: 404
     try:
         result = llmctl_status(str(stack_file), kubeconfig(tmp_path, server.url))
     finally:
         server.server.shutdown()
     report = json.loads(result.stdout)
-    assert report["adapters"] == [
-        {"model": served, "adapter": "sql", "replica": "abc123", "node": running["metadata"]["name"]}
-    ]
-    assert report["adapters_note"] == "Ray metrics not read from llmstack-abcde-l4-worker-other (HTTP 404 Not Found)"
+    assert report["adapters"] == [{"model": served, "adapter": None, "replica": None, "node": None}]
+    assert report["adapters_note"] == (
+        "Prometheus monitoring/prometheus-server:80 not read (HTTP 404 Not Found: no Service prometheus-server:80 "
+        "in monitoring: set observability.prometheus_service in Pulumi.dev.yaml, or pass --prometheus URL)"
+    )
 
 
 def test_unreachable_cluster_is_one_clear_line(tmp_path):
