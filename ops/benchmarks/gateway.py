@@ -49,6 +49,7 @@ from ops.devstack.edge import start_edge
 from ops.devstack.local_redis import start_redis
 from ops.devstack.trace_collector import trace_collector
 from ops.harness.processes import background, free_port, terminate, wait_for_http
+from ops.harness.stub_gateway import GatewayProcess, running_gateway, running_stub
 from ops.harness.stub_upstream import CHAT_BODY as BODY
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.config.tracing_policy import DEFAULT_SAMPLING_RATIO
@@ -188,50 +189,24 @@ def run(
     with ExitStack() as stack:
         own_redis = start_redis()
         stack.callback(own_redis.stop)
-        stub_port, gateway_port = free_port(), free_port()
-        stub = f"http://127.0.0.1:{stub_port}"
-        stub_process = stack.enter_context(
-            background(
-                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"
+        stub = stack.enter_context(running_stub(folder / "stub.log")).url
+
+        def gateway_with(log: str, settings: dict) -> GatewayProcess:
+            return stack.enter_context(
+                running_gateway(folder / log, upstream=stub, redis_url=own_redis.url, settings=settings)
             )
-        )
-        gateway_env = {
-            "LLMSTACK_UPSTREAM_URL": stub,
-            "LLMSTACK_REDIS_URL": own_redis.url,
-            "LLMSTACK_GATEWAY_PORT": str(gateway_port),
-            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"]}),
-        }
-        gateway = stack.enter_context(
-            background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log", gateway_env)
-        )
+
+        gateway = gateway_with("gateway.log", {"models": ["tiny"]})
         # The same gateway with the fair queue on for the model, at a capacity no run here reaches:
         # what the queue costs a request that never waits.
-        queue_port = free_port()
-        queue_env = {
-            **gateway_env,
-            "LLMSTACK_GATEWAY_PORT": str(queue_port),
-            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-            "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
-                {"models": ["tiny"], "model_queues": {"tiny": {"max_ongoing_requests": UNSATURATED}}}
-            ),
-        }
-        queued = stack.enter_context(
-            background([sys.executable, "-m", "serving.gateway"], folder / "gateway-queue.log", queue_env)
+        queued = gateway_with(
+            "gateway-queue.log", {"models": ["tiny"], "model_queues": {"tiny": {"max_ongoing_requests": UNSATURATED}}}
         )
         # The first gateway again with tracing on, its spans to a receiver in this process.
         collector = stack.enter_context(trace_collector(folder / "spans.jsonl"))
-        traced_port = free_port()
-        traced_env = {
-            **gateway_env,
-            "LLMSTACK_GATEWAY_PORT": str(traced_port),
-            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-            "LLMSTACK_GATEWAY_SETTINGS": json.dumps(
-                {"models": ["tiny"], "tracing": {"otlp_endpoint": collector, "sampling_ratio": tracing_ratio}}
-            ),
-        }
-        traced = stack.enter_context(
-            background([sys.executable, "-m", "serving.gateway"], folder / "gateway-traced.log", traced_env)
+        traced = gateway_with(
+            "gateway-traced.log",
+            {"models": ["tiny"], "tracing": {"otlp_endpoint": collector, "sampling_ratio": tracing_ratio}},
         )
         # The first gateway behind the edge, as a pod and `make dev` run it (ops.devstack.edge): what
         # the HAProxy hop costs. wrk's connections all come from one address: no per-address cap here.
@@ -240,7 +215,7 @@ def run(
             Edge(max_connections_per_client=10 * CONNECTIONS),
             folder / "edge",
             port=edge_port,
-            gateway_port=gateway_port,
+            gateway_port=gateway.port,
             health_port=free_port(),
             request_timeout_s=600,
             shutdown_grace_s=5,
@@ -250,16 +225,16 @@ def run(
         key = create_key_sync(own_redis.url, "bench", "bench", limits=GENEROUS)
         targets = {
             "direct": (stub, "unused"),
-            "gateway": (f"http://127.0.0.1:{gateway_port}", key),
-            "gateway_queue": (f"http://127.0.0.1:{queue_port}", key),
+            "gateway": (gateway.url, key),
+            "gateway_queue": (queued.url, key),
             "gateway_edge": (f"http://127.0.0.1:{edge_port}", key),
-            "gateway_traced": (f"http://127.0.0.1:{traced_port}", key),
+            "gateway_traced": (traced.url, key),
         }
-        pids = {"gateway": gateway.pid, "gateway_queue": queued.pid, "gateway_traced": traced.pid}
-        wait_for_http(f"{stub}/v1/models", stub_process)
-        wait_for_http(f"http://127.0.0.1:{gateway_port}/healthz", gateway)
-        wait_for_http(f"http://127.0.0.1:{queue_port}/healthz", queued)
-        wait_for_http(f"http://127.0.0.1:{traced_port}/healthz", traced)
+        pids = {
+            "gateway": gateway.process.pid,
+            "gateway_queue": queued.process.pid,
+            "gateway_traced": traced.process.pid,
+        }
         wait_for_http(f"http://127.0.0.1:{edge_port}/healthz", edge)
         results["sequential"] = sequential_breakdown(stack, folder, stub, targets["gateway"], targets["gateway_queue"])
         if litellm:
@@ -324,28 +299,21 @@ def sequential_breakdown(
     fair queue on, and a gateway without Redis (in-memory keys and limits), so the latency the
     gateway adds splits into its proxy hop and its Redis round trips. 1,000 requests each,
     interleaved twice."""
-    port = free_port()
-    env = {
-        "LLMSTACK_UPSTREAM_URL": stub,
-        "LLMSTACK_REDIS_URL": "",
-        "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "default_limits": GENEROUS}),
-    }
     key_file = folder / "memory-gateway.key"
     memory = stack.enter_context(
-        background(
-            [sys.executable, "-m", "serving.gateway", "--dev-key-file", str(key_file)],
+        running_gateway(
             folder / "memory-gateway.log",
-            env,
+            upstream=stub,
+            redis_url="",
+            settings={"models": ["tiny"], "default_limits": GENEROUS},
+            args=("--dev-key-file", str(key_file)),
         )
     )
-    wait_for_http(f"http://127.0.0.1:{port}/healthz", memory)
     targets = {
         "direct": (stub, "unused"),
         "gateway": gateway,
         "gateway_queue": gateway_queue,
-        "gateway_without_redis": (f"http://127.0.0.1:{port}", key_file.read_text().strip()),
+        "gateway_without_redis": (memory.url, key_file.read_text().strip()),
     }
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     for _ in range(2):
@@ -360,13 +328,15 @@ def sequential_breakdown(
     return result
 
 
-def one_at_a_time(url: str, key: str, count: int) -> dict[str, float]:
+def one_at_a_time(url: str, key: str, count: int, model: str = "tiny") -> dict[str, float]:
+    """p50 and p99 (ms) of `count` chat completions for `model`, sent one after another."""
     latencies = []
+    body = {**BODY, "model": model}
     with httpx.Client(timeout=30) as client:
         for _ in range(count):
             started = time.perf_counter()
             client.post(
-                f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
             ).raise_for_status()
             latencies.append((time.perf_counter() - started) * 1000)
     latencies.sort()

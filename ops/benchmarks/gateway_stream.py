@@ -38,7 +38,7 @@ import psutil
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.benchmarks.gateway import GENEROUS, parse_wrk
 from ops.devstack.local_redis import start_redis
-from ops.harness.processes import background, free_port, wait_for_http
+from ops.harness.stub_gateway import running_gateway, running_stub
 from serving.gateway.auth.keys import create_key_sync
 
 
@@ -121,36 +121,26 @@ def run(
     with ExitStack() as stack:
         own_redis = start_redis()
         stack.callback(own_redis.stop)
-        stub_port = free_port()
-        stub = f"http://127.0.0.1:{stub_port}"
-        stub_process = stack.enter_context(
-            background(
-                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"
-            )
-        )
-        wait_for_http(f"{stub}/v1/models", stub_process)
+        stub = stack.enter_context(running_stub(folder / "stub.log"))
         key = create_key_sync(own_redis.url, "bench", "bench-stream", limits=GENEROUS)
         script = folder / "stream.lua"
         script.write_text(wrk_script(key, tokens, interval_ms))
         gateways = []
         variants = [(False, ""), (True, " +stream_resume")] if stream_resume_ab else [(False, "")]
         for i, (source, (resume, suffix)) in enumerate((s, v) for s in sources for v in variants):
-            port = free_port()
             settings: dict = {"models": ["tiny"]}
             if resume:
                 settings["stream_resume"] = {"enabled": True}
-            env = {
-                "LLMSTACK_UPSTREAM_URL": stub,
-                "LLMSTACK_REDIS_URL": own_redis.url,
-                "LLMSTACK_GATEWAY_PORT": str(port),
-                "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-                "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
-            }
-            process = stack.enter_context(
-                background([sys.executable, "-m", "serving.gateway"], folder / f"gateway-{i}.log", env, cwd=source)
+            gateway = stack.enter_context(
+                running_gateway(
+                    folder / f"gateway-{i}.log",
+                    upstream=stub.url,
+                    redis_url=own_redis.url,
+                    settings=settings,
+                    cwd=source,
+                )
             )
-            wait_for_http(f"http://127.0.0.1:{port}/healthz", process)
-            gateways.append((str(source) + suffix, f"http://127.0.0.1:{port}", process.pid))
+            gateways.append((str(source) + suffix, gateway.url, gateway.process.pid))
         for _, url, pid in gateways:  # warm pools and caches
             measure(url, pid, script, connections=connections, duration_s=2, tokens=tokens)
         for number in range(rounds):

@@ -24,15 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
-
-from ops.benchmarks.gateway import GENEROUS, RedisRoundTrips, parse_wrk
+from ops.benchmarks.gateway import GENEROUS, RedisRoundTrips, one_at_a_time, parse_wrk
 from ops.devstack.local_redis import start_redis
-from ops.harness.processes import background, free_port, wait_for_http
+from ops.harness.stub_gateway import running_gateway, running_stub
 from ops.harness.stub_upstream import CHAT_BODY
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.limits.tenants import TenantStore
@@ -55,20 +52,6 @@ def wrk_once(url: str, key: str, model: str, duration_s: int, folder: Path) -> d
     return parse_wrk(output.stdout)
 
 
-def one_at_a_time(url: str, key: str, model: str, count: int) -> dict[str, float]:
-    latencies = []
-    body = {**CHAT_BODY, "model": model}
-    with httpx.Client(timeout=30) as client:
-        for _ in range(count):
-            started = time.perf_counter()
-            client.post(
-                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-            ).raise_for_status()
-            latencies.append((time.perf_counter() - started) * 1000)
-    latencies.sort()
-    return {"p50_ms": round(latencies[count // 2], 3), "p99_ms": round(latencies[int(count * 0.99)], 3)}
-
-
 def grant_tenant(redis_url: str, tenant: str, grants: list[str]) -> None:
     async def write() -> None:
         store = TenantStore(redis_url)
@@ -88,26 +71,15 @@ def run(duration_s: int, sequential: int, out: Path) -> dict:
     with ExitStack() as stack:
         own_redis = start_redis()
         stack.callback(own_redis.stop)
-        stub_port, gateway_port = free_port(), free_port()
-        stub = f"http://127.0.0.1:{stub_port}"
-        stub_process = stack.enter_context(
-            background(
-                [sys.executable, "-m", "ops.harness.stub_upstream", "--port", str(stub_port)], folder / "stub.log"
+        stub = stack.enter_context(running_stub(folder / "stub.log"))
+        url = stack.enter_context(
+            running_gateway(
+                folder / "gateway.log",
+                upstream=stub.url,
+                redis_url=own_redis.url,
+                settings={"models": ["tiny"], "model_adapters": {"tiny": ["sql"]}},
             )
-        )
-        env = {
-            "LLMSTACK_UPSTREAM_URL": stub,
-            "LLMSTACK_REDIS_URL": own_redis.url,
-            "LLMSTACK_GATEWAY_PORT": str(gateway_port),
-            "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-            "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"models": ["tiny"], "model_adapters": {"tiny": ["sql"]}}),
-        }
-        gateway = stack.enter_context(
-            background([sys.executable, "-m", "serving.gateway"], folder / "gateway.log", env)
-        )
-        url = f"http://127.0.0.1:{gateway_port}"
-        wait_for_http(f"{stub}/v1/models", stub_process)
-        wait_for_http(f"{url}/healthz", gateway)
+        ).url
         grant_tenant(own_redis.url, "bench-tenant-grant", [ADAPTER])
         callers = {
             "base": (create_key_sync(own_redis.url, "bench", "base", limits=GENEROUS), "tiny"),
@@ -123,7 +95,7 @@ def run(duration_s: int, sequential: int, out: Path) -> dict:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in callers}
         for _ in range(2):
             for name, (key, model) in callers.items():
-                runs[name].append(one_at_a_time(url, key, model, sequential))
+                runs[name].append(one_at_a_time(url, key, sequential, model=model))
         for name, (key, model) in callers.items():
             print(f"==> {name}: warm-up, saturated, Redis commands", flush=True)
             wrk_once(url, key, model, 3, folder)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from infra.plan.cache_layout import bucket_name
 from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.devstack.tiny_adapter import RECIPES, write_adapter
-from ops.harness.local_s3 import MOTO_ACCOUNT, running_s3
+from ops.harness.local_s3 import MOTO_ACCOUNT
 from ops.llmctl.doctor.adapters import bucket_adapter_problems
 from ops.llmctl.main import app
 from tests.support.stacks import stack_document, write_stack
@@ -23,21 +23,8 @@ from tests.support.stacks import stack_document, write_stack
 TINY = str(PROJECT_ROOT / ".cache" / "llmstack" / "models" / "tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def local_s3():
-    with running_s3() as server:
-        yield server
-
-
 @pytest.fixture
-def stack(tmp_path, local_s3, monkeypatch):
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in local_s3.endpoint_env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+def stack(tmp_path, aws_env):
     adapters = {}
     for adapter_id, recipe in (("sql", "tiny-llama-sql"), ("pirate", "tiny-llama-pirate")):
         adapters[adapter_id] = tmp_path / adapter_id

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from infra.plan.cache_layout import bucket_name, manifest_key, model_prefix
 from infra.render.serve_config import llm_config
 from infra.spec.stack_file import load_stack
-from ops.harness.local_s3 import MOTO_ACCOUNT, running_s3
+from ops.harness.local_s3 import MOTO_ACCOUNT
 from ops.llmctl.main import app
 from ops.llmctl.models.manifest import Manifest
 from ops.llmctl.models.sync import MIB, SyncSettings, sync_model
@@ -28,24 +28,6 @@ from tests.support.stacks import stack_document, write_stack
 
 PART = 5 * MIB  # S3's smallest part: files above it go multipart
 SETTINGS = SyncSettings(part_size=PART, max_concurrency=4)
-
-
-@pytest.fixture(scope="module")
-def local_s3():
-    with running_s3() as server:
-        yield server
-
-
-@pytest.fixture
-def aws_env(local_s3, monkeypatch, tmp_path):
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in local_s3.endpoint_env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    return local_s3
 
 
 @pytest.fixture

@@ -75,6 +75,18 @@ def client(gateway: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
 
 
+def stream_with_usage(api: openai.OpenAI, route: str, prompt: str, tokens: int) -> tuple[list, str]:
+    """`prompt` streamed to the end on `route` ("chat" or "completions") with the usage chunk
+    asked for: every chunk read, and the answer's text."""
+    options = {"max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
+    if route == "chat":
+        messages = [{"role": "user", "content": prompt}]
+        chunks = list(api.chat.completions.create(model="tiny", messages=messages, **options))
+        return chunks, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    chunks = list(api.completions.create(model="tiny", prompt=prompt, **options))
+    return chunks, "".join(c.choices[0].text for c in chunks if c.choices)
+
+
 def billed(redis_url: str, tenant: str, key: str) -> tuple[int, int]:
     return (
         daily_used(redis_url, key_daily_key(tenant, key_id_of(key))),
@@ -90,21 +102,7 @@ def test_a_stream_cut_by_its_replica_reads_as_one_whole_answer_billed_once(
     tenant, key = tenant_key
     tokens, rid = 8, uuid.uuid4().hex
     prompt = directive(id=rid, tokens=tokens, cut_after=cut_after) + "\nWhat is a KV cache?"
-    api = client(gateway, key)
-    options = {"include_usage": True}
-    if route == "chat":
-        stream = api.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=tokens,
-            stream=True,
-            stream_options=options,
-        )
-    else:
-        stream = api.completions.create(
-            model="tiny", prompt=prompt, max_tokens=tokens, stream=True, stream_options=options
-        )
-    chunks = list(stream)
+    chunks, text = stream_with_usage(client(gateway, key), route, prompt, tokens)
     ids, created = {c.id for c in chunks}, {c.created for c in chunks}
     assert len(ids) == 1 and len(created) == 1, "every chunk keeps the original stream's id and created"
     with_choices = [c for c in chunks if c.choices]
@@ -112,9 +110,6 @@ def test_a_stream_cut_by_its_replica_reads_as_one_whole_answer_billed_once(
     if route == "chat":
         roles = [c for c in with_choices if c.choices[0].delta.role is not None]
         assert len(roles) == 1, "no second role chunk"
-        text = "".join(c.choices[0].delta.content or "" for c in with_choices)
-    else:
-        text = "".join(c.choices[0].text for c in with_choices)
     assert text == answer_text(tokens)
     assert [c.choices[0].finish_reason for c in with_choices if c.choices[0].finish_reason] == ["length"]
     usage = chunks[-1].usage
@@ -144,15 +139,7 @@ def test_a_stream_whose_engine_stops_under_it_is_resumed_not_ended_with_an_error
     tenant, key = tenant_key
     tokens, rid = 8, uuid.uuid4().hex
     prompt = directive(id=rid, tokens=tokens, cut_after=3, engine_error=True) + "\nWhat is a KV cache?"
-    api = client(gateway, key)
-    options = {"max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
-    if route == "chat":
-        messages = [{"role": "user", "content": prompt}]
-        chunks = list(api.chat.completions.create(model="tiny", messages=messages, **options))
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    else:
-        chunks = list(api.completions.create(model="tiny", prompt=prompt, **options))
-        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    chunks, text = stream_with_usage(client(gateway, key), route, prompt, tokens)
     assert text == answer_text(tokens) and len({c.id for c in chunks}) == 1
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (PROMPT_TOKENS, tokens)
     continuations = [body for body in upstream.continuations() if body["prompt"][0] == upstream.requests_of(rid)]
@@ -276,15 +263,7 @@ def test_a_stream_whose_replica_dies_in_its_prefill_is_asked_once_more_and_bille
     tenant, key = tenant_key
     rid, tokens = uuid.uuid4().hex, 6
     prompt = directive(id=rid, tokens=tokens, cut_after=0, in_prefill=True) + "\nWhat is a KV cache?"
-    api = client(gateway, key)
-    options = {"max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
-    if route == "chat":
-        messages = [{"role": "user", "content": prompt}]
-        chunks = list(api.chat.completions.create(model="tiny", messages=messages, **options))
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    else:
-        chunks = list(api.completions.create(model="tiny", prompt=prompt, **options))
-        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    chunks, text = stream_with_usage(client(gateway, key), route, prompt, tokens)
     assert text == answer_text(tokens)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == tokens
     assert len([p for p, body in upstream.requests if rid in str(body)]) == 2  # the lost one, then once more
