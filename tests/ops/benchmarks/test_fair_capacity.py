@@ -8,10 +8,13 @@ from ops.benchmarks.fair_capacity import (
     ADAPTIVE,
     FIXED,
     JAIN_STREAMS,
+    backlog_summary,
+    gateway_times,
     gateway_ttfts,
     growth_summary,
     jain_index,
     stack_text,
+    steady_records,
     summarize,
 )
 
@@ -34,18 +37,25 @@ def test_summaries_count_failures_and_split_the_growth_trace():
     summary = summarize([ok, ok, failed, broken], "p", "b", seconds=2)
     assert (summary["requests"], summary["failed"], summary["output_tokens_per_s"]) == (4, 2, 32.0)
     records = [
-        {"phase": "growth", "sent": 100.5, "ttft": 0.05, "status": 200, "prompt_tokens": 40},
-        {"phase": "growth", "sent": 104.5, "ttft": 0.5, "status": 200, "prompt_tokens": 400},
+        {"phase": "growth", "sent": 100.5, "ttft": 0.05, "status": 200, "prompt_tokens": 40, "request_id": "r1"},
+        {"phase": "growth", "sent": 104.5, "ttft": 0.5, "status": 200, "prompt_tokens": 400, "queue_wait_ms": 90},
+        {"phase": "growth", "sent": 108.5, "ttft": 0.06, "status": 200, "prompt_tokens": 40},
     ]
-    trace = [{"t": 100.6, "slots": "64"}, {"t": 104.6, "slots": "32"}]
-    grown = growth_summary(records, trace, start=100.0, phase_s=4)
-    assert [(r["prompt"], r["capacity"], r["ttft_p90_ms"]) for r in grown["trace"]] == [
-        ("short", "64", 50),
-        ("short", None, None),
-        ("long", "32", 500),
-        ("long", None, None),
+    trace = [{"t": 100.6, "slots": "64", "move": "up", "in_flight": 30}, {"t": 104.6, "slots": "32", "move": "down"}]
+    grown = growth_summary(
+        records, trace, start=100.0, phase_s=4, stages=["short", "long", "short"], gateway_ttft={"r1": 20.0}
+    )
+    rows = [(r["prompt"], r["capacity"], r["move"], r["ttft_p90_ms"], r["gateway_ttft_p90_ms"]) for r in grown["trace"]]
+    assert rows == [
+        ("short", "64", "up", 50, 20),
+        ("short", None, None, None, None),
+        ("long", "32", "down", 500, None),
+        ("long", None, None, None, None),
+        ("short", None, None, 60, None),
+        ("short", None, None, None, None),
     ]
-    assert grown["prompt_tokens_p50"] == {"short": 40, "long": 400}
+    assert grown["trace"][0]["in_flight_max"] == 30 and grown["trace"][2]["queue_wait_p90_ms"] == 90
+    assert grown["prompt_tokens_p50"] == [40, 400, 40]
     assert jain_index([1.0, 1.0]) == 1.0 and jain_index([1.0, 0.0]) == 0.5
 
 
@@ -82,3 +92,42 @@ def test_a_tighter_ttft_target_reaches_both_models(tmp_path):
     path.write_text(stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=True, ttft_ms=60))
     spec = load_stack(str(path))
     assert {m.id: m.latency_target.ttft_ms for m in spec.models} == {ADAPTIVE: 60, FIXED: 60}
+
+
+def test_the_jain_figures_leave_out_the_ramp_and_say_who_was_backlogged():
+    records = [
+        {"phase": "jain", "tenant": "w4", "done": 102.0, "status": 200, "output_tokens": 32},  # the ramp
+        {"phase": "jain", "tenant": "w4", "done": 103.0, "status": 200, "output_tokens": 32},
+        {"phase": "jain", "tenant": "w4", "done": 110.0, "status": 200, "output_tokens": 32},
+        {"phase": "jain", "tenant": "w4", "done": 111.0, "status": 200, "output_tokens": 32},  # after the end
+        {"phase": "growth", "tenant": "g", "done": 105.0, "status": 200, "output_tokens": 32},
+    ]
+    steady = steady_records(records, "jain", start=100.0, end=110.0)
+    assert [r["done"] for r in steady] == [103.0, 110.0] and {r["phase"] for r in steady} == {"jain:steady"}
+    samples = [
+        {"held": {"w4": 3, "w1a": 1}, "waiting": {"w1a": 5}},
+        {"held": {"w4": 5}, "waiting": {"w1a": 7, "w4": 2}},
+    ]
+    assert backlog_summary(samples, ["w1a", "w4"]) == {
+        "w1a": {"held_mean": 0.5, "waiting_mean": 6.0, "none_waiting": 0.0},
+        "w4": {"held_mean": 4.0, "waiting_mean": 1.0, "none_waiting": 0.5},
+    }
+
+
+def test_where_a_request_s_time_went_client_gateway_and_queue():
+    lines = ['{"event": "access", "request_id": "r1", "status": 200, "latency_ms": 900.0, "ttft_ms": 40.5}\n']
+    ok = {
+        "phase": "p",
+        "tenant": "b",
+        "status": 200,
+        "request_id": "r1",
+        "sent": 1.0,
+        "done": 2.0,
+        "queue_wait_ms": 300,
+    }
+    summary = summarize([ok], "p", "b", seconds=1, gateway_latency=gateway_times(lines, "latency_ms"))
+    assert (summary["client_latency_mean_ms"], summary["gateway_latency_mean_ms"], summary["queue_wait_mean_ms"]) == (
+        1000,
+        900,
+        300,
+    )
