@@ -22,8 +22,8 @@ tenant in its Redis (standard tier; the weights below), and runs, each phase `--
 - `jain` (adaptive model): four tenants of weights 1, 1, 2, 4, each keeping `--jain-streams` (48)
   in flight (together three times the ceiling, so the fair queue decides), `--jain-tokens` (32)
   output tokens a request: Jain's index of output tokens/s per unit of weight (1: each got its
-  weight's share), from the requests that ended after the phase's first quarter (its ramp, where
-  every stream's first request arrives at once and the slots go first come). Per tenant also
+  weight's share), from the requests sent after the phase's first quarter (its ramp, where every
+  stream's first request arrives at once and the slots go first come). Per tenant also
   where its requests' time went (the client's whole request, the gateway's part, the queue wait)
   and, sampled every 0.5 s from the queue's Redis hashes, the slots it held and its requests
   waiting: a tenant with none waiting cannot take its share, so a low figure for it is its
@@ -84,7 +84,9 @@ GENEROUS = {
 OUTPUT_TOKENS = 32
 # The growth phase's prompts, sent to /v1/completions (no chat template around them): "hello" is
 # 4 tokens of the tiny model's tokenizer (a short run read 160 prompt tokens for 40 words), so
-# about 40 and 400 tokens, 400 + 32 output within max_model_len 512.
+# about 40 and 400 tokens, 400 + 32 output within max_model_len 512. Each starts with its own number:
+# vLLM's prefix cache (on in our serve config) reuses the KV of any prompt's leading blocks seen
+# before, so identical prompts cost one prefill in all, and growing them moved no TTFT (runs 1 and 2).
 SHORT_WORDS, LONG_WORDS = 10, 100
 CHAT_WORDS = 30
 # Per tenant in the Jain phase. Above every tenant's weighted share of the ceiling (64: w4's share
@@ -203,6 +205,13 @@ async def make_keys(redis_url: str, tenants: dict[str, float]) -> dict[str, str]
 # --- load -------------------------------------------------------------------------------------------
 
 
+def prompt_text(words: int, number: int | None = None) -> str:
+    """`words` x "hello", after `number` when given: a prompt of its own, nothing of it in vLLM's
+    prefix cache (a cache hit on its first block would make every later block one too)."""
+    text = " ".join(["hello"] * words)
+    return text if number is None else f"{number} {text}"
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -233,6 +242,7 @@ class Load:
         self.records: list[dict[str, Any]] = []
         self.words = CHAT_WORDS
         self.output_tokens = OUTPUT_TOKENS
+        self.sent = 0
         self.completions = False  # the growth phase: /v1/completions, its prompt `words` long
 
     async def one(self, tenant: str, model: str, phase: str, started: float) -> None:
@@ -241,7 +251,9 @@ class Load:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         record: dict[str, Any] = {"tenant": tenant, "model": model, "phase": phase, "sent": sent - started}
-        text = " ".join(["hello"] * self.words)
+        if self.completions:
+            self.sent += 1
+        text = prompt_text(self.words, self.sent if self.completions else None)
         body: dict[str, Any] = {
             "model": model,
             "stream": True,
@@ -482,11 +494,13 @@ RAMP_FRACTION = 0.25
 
 
 def steady_records(records: list[dict[str, Any]], phase: str, start: float, end: float) -> list[dict[str, Any]]:
-    """The requests of `phase` that ended after its ramp and by `end` (times as `started`-relative
-    as the records'), as phase `<phase>:steady`: so tokens/s per tenant come from the same stretch
-    the queue's samples do, not from the ramp's first-come split."""
+    """The requests of `phase` sent after its ramp and before `end` (times `started`-relative, as the
+    records'), as phase `<phase>:steady`: a closed loop's requests sent in a stretch are what it
+    was served in it, however long each took, and none of them got a slot of the ramp's
+    first-come split (a request ending after the ramp may have been admitted in it: with seconds of
+    latency, most of a short phase's would be)."""
     ramp_end = start + RAMP_FRACTION * (end - start)
-    return [{**r, "phase": f"{phase}:steady"} for r in records if r["phase"] == phase and ramp_end <= r["done"] <= end]
+    return [{**r, "phase": f"{phase}:steady"} for r in records if r["phase"] == phase and ramp_end <= r["sent"] < end]
 
 
 async def jain_phase(stack: Stack, load: Load, args: argparse.Namespace, started: float) -> dict[str, Any]:

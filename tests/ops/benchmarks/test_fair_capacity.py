@@ -13,6 +13,7 @@ from ops.benchmarks.fair_capacity import (
     gateway_ttfts,
     growth_summary,
     jain_index,
+    prompt_text,
     stack_text,
     steady_records,
     summarize,
@@ -96,14 +97,14 @@ def test_a_tighter_ttft_target_reaches_both_models(tmp_path):
 
 def test_the_jain_figures_leave_out_the_ramp_and_say_who_was_backlogged():
     records = [
-        {"phase": "jain", "tenant": "w4", "done": 102.0, "status": 200, "output_tokens": 32},  # the ramp
-        {"phase": "jain", "tenant": "w4", "done": 103.0, "status": 200, "output_tokens": 32},
-        {"phase": "jain", "tenant": "w4", "done": 110.0, "status": 200, "output_tokens": 32},
-        {"phase": "jain", "tenant": "w4", "done": 111.0, "status": 200, "output_tokens": 32},  # after the end
-        {"phase": "growth", "tenant": "g", "done": 105.0, "status": 200, "output_tokens": 32},
+        {"phase": "jain", "tenant": "w4", "sent": 100.0, "done": 104.0, "status": 200},  # admitted in the ramp
+        {"phase": "jain", "tenant": "w4", "sent": 103.0, "done": 104.0, "status": 200},
+        {"phase": "jain", "tenant": "w4", "sent": 109.0, "done": 112.0, "status": 200},  # ends after the phase
+        {"phase": "jain", "tenant": "w4", "sent": 110.0, "done": 111.0, "status": 200},  # the loop had stopped
+        {"phase": "growth", "tenant": "g", "sent": 105.0, "done": 106.0, "status": 200},
     ]
     steady = steady_records(records, "jain", start=100.0, end=110.0)
-    assert [r["done"] for r in steady] == [103.0, 110.0] and {r["phase"] for r in steady} == {"jain:steady"}
+    assert [r["sent"] for r in steady] == [103.0, 109.0] and {r["phase"] for r in steady} == {"jain:steady"}
     samples = [
         {"held": {"w4": 3, "w1a": 1}, "waiting": {"w1a": 5}},
         {"held": {"w4": 5}, "waiting": {"w1a": 7, "w4": 2}},
@@ -131,3 +132,9 @@ def test_where_a_request_s_time_went_client_gateway_and_queue():
         900,
         300,
     )
+
+
+def test_growth_prompts_start_apart_so_the_prefix_cache_cannot_serve_them():
+    first, second = prompt_text(100, 1), prompt_text(100, 2)
+    assert first.split()[0] != second.split()[0] and first.split()[1:] == second.split()[1:] == ["hello"] * 100
+    assert prompt_text(3) == "hello hello hello"
