@@ -90,9 +90,11 @@ OUTPUT_TOKENS = 32
 SHORT_WORDS, LONG_WORDS = 10, 100
 CHAT_WORDS = 30
 # Per tenant in the Jain phase. Above every tenant's weighted share of the ceiling (64: w4's share
-# is 64 x 4/8 = 32), so each tenant always has a request waiting when a slot frees; at exactly its
-# share, w4's own client turnarounds hand its slots to the others. 4 x 48 = 192 connections stay
-# under the gateway's max_connections (256), past which uvicorn answers a plain-text 503.
+# is 64 x 4/8 = 32), meant to keep a request of each tenant waiting when a slot frees. On this
+# 2-core machine it does not for w4: a request spends about 1 s in the client and the edge for
+# 0.5 s in its slot, so 48 streams keep about 16 slots busy (the log's run 3; `backlog` in the
+# output says how often each tenant had nothing waiting). Kept at 48 to compare with runs 1 and 2;
+# `--jain-streams 96` or more (the stack lifts the connection caps) keeps w4 backlogged.
 JAIN_STREAMS = 48
 # The growth phase's streams: the ceiling, so that whatever the capacity (35 per replica after the
 # noisy phases of the quiet runs) it is all in use and the engine's TTFT follows the prompts' length
@@ -122,6 +124,10 @@ def stack_text(local_text: str, *, engine_priority: bool, ttft_ms: float | None 
     # Every tenant's streams come from this one address: the edge's per-address cap (64 by default,
     # what a real client gets) would refuse the Jain phase's 4 x 32 connections at connect.
     gateway["edge"] = {**gateway.get("edge", {}), "max_connections_per_client": 1024}
+    # And the gateway's own cap (256, past which uvicorn answers a plain-text 503) would stop
+    # `--jain-streams` above 60: enough streams for a heavy tenant to stay backlogged while each
+    # request spends about a second in this machine's client and edge needs more (the log's run 3).
+    gateway["max_connections"] = max(gateway.get("max_connections", 0), 1024)
     return yaml.safe_dump(document, sort_keys=False)
 
 

@@ -81,6 +81,8 @@ def test_one_address_may_open_every_connection_the_load_needs(tmp_path):
     # Past max_connections uvicorn answers a plain-text 503: the load (plus tenant B and the
     # capacity trace's client) must stay under it.
     assert 4 * JAIN_STREAMS + 8 <= gateway.max_connections
+    # --jain-streams 192 (each tenant above its share at a second per request outside the gateway)
+    assert 4 * 192 + 8 <= min(gateway.max_connections, gateway.edge.max_connections_per_client)
 
 
 def test_the_jain_load_keeps_every_tenant_above_its_share():
