@@ -121,6 +121,17 @@ def stack_text(local_text: str, *, engine_priority: bool, ttft_ms: float | None 
         group["cpus_per_node"] = max(8, group.get("cpus_per_node", 0))
     gateway = config.setdefault("llmstack:gateway", {})
     gateway["queue"] = {**gateway.get("queue", {}), "engine_priority": engine_priority}
+    # Room to wait for every stream of a long Jain phase (`--jain-streams 96`: 384 streams against a
+    # capacity the law may cut to a few slots): past a tier's max_queue_length (256 for standard)
+    # the tenant furthest ahead of its share is pushed out with a 429, which is the queue's rule
+    # and not what this phase measures.
+    if "tiers" not in gateway["queue"]:
+        from serving.gateway.config.queue_policy import QueuePolicy
+
+        tiers = [tier.model_dump() for tier in QueuePolicy().tiers]
+        gateway["queue"]["tiers"] = [
+            {**tier, "max_queue_length": max(tier["max_queue_length"], 1024)} for tier in tiers
+        ]
     # Every tenant's streams come from this one address: the edge's per-address cap (64 by default,
     # what a real client gets) would refuse the Jain phase's 4 x 32 connections at connect.
     gateway["edge"] = {**gateway.get("edge", {}), "max_connections_per_client": 1024}

@@ -83,6 +83,9 @@ def test_one_address_may_open_every_connection_the_load_needs(tmp_path):
     assert 4 * JAIN_STREAMS + 8 <= gateway.max_connections
     # --jain-streams 192 (each tenant above its share at a second per request outside the gateway)
     assert 4 * 192 + 8 <= min(gateway.max_connections, gateway.edge.max_connections_per_client)
+    # and every one of them may wait in the queue without pushing another tenant's out (a 429)
+    standard = next(tier for tier in gateway.queue.tiers if tier.name == gateway.queue.default_tier)
+    assert standard.max_queue_length >= 4 * 192
 
 
 def test_the_jain_load_keeps_every_tenant_above_its_share():
