@@ -200,21 +200,35 @@ local function reclaim()
 end
 
 -- Which waiter of a tier the next slot goes to: the head (lowest start tag), unless only the
--- reserve is left and the head's tenant holds its share; then the first (of the next few) whose
--- tenant holds less. A stale id (no record) is returned as is, for the caller to drop.
-local SCAN = 32
+-- reserve is left and the head's tenant holds its share; then the first whose tenant holds less,
+-- however deep it waits. A reserve slot handed out of tag order moves the virtual time past the
+-- waiters it skipped, so a tenant under its share queues behind every stale waiter of the tenants
+-- over theirs: looking at only the first few left the slot idle, and the next release, below the
+-- reserve, gave the head (a tenant over its share) a slot (issue 30: a weight-4 tenant got 1.5x a
+-- weight-1 one on make dev). Each tenant's share is read once per call; the walk is bounded by the
+-- tier's max_queue_length and runs only while just the reserve is free. A stale id (no record) is
+-- returned as is, for the caller to drop.
+local PAGE = 64
 local function next_waiter(rank, count, cap)
   if not only_reserve_left(count, cap) then
     return redis.call('ZRANGE', queue_key(rank), 0, 0)[1]
   end
   local total = holders_weight(redis.call('HKEYS', HOLDERS))
-  for _, id in ipairs(redis.call('ZRANGE', queue_key(rank), 0, SCAN - 1)) do
-    local rec = redis.call('HGET', WAITERS, id)
-    if not rec then return id end
-    local _, _, _, _, _, tenant, weight = parse(rec)
-    if not over_share(tenant, weight, cap, total) then return id end
+  local over = {}  -- "<weight>|<tenant>" -> whether it holds its share
+  local from = 0
+  while true do
+    local page = redis.call('ZRANGE', queue_key(rank), from, from + PAGE - 1)
+    for _, id in ipairs(page) do
+      local rec = redis.call('HGET', WAITERS, id)
+      if not rec then return id end
+      local _, _, _, _, _, tenant, weight = parse(rec)
+      local seen = tag(weight) .. '|' .. tenant
+      if over[seen] == nil then over[seen] = over_share(tenant, weight, cap, total) end
+      if not over[seen] then return id end
+    end
+    if #page < PAGE then return nil end
+    from = from + PAGE
   end
-  return nil
 end
 
 -- Admit waiters, highest tier first and lowest start tag first, while capacity lasts.

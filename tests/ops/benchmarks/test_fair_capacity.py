@@ -8,10 +8,14 @@ from ops.benchmarks.fair_capacity import (
     ADAPTIVE,
     FIXED,
     JAIN_STREAMS,
+    backlog_summary,
+    gateway_times,
     gateway_ttfts,
     growth_summary,
     jain_index,
+    prompt_text,
     stack_text,
+    steady_records,
     summarize,
 )
 
@@ -34,18 +38,25 @@ def test_summaries_count_failures_and_split_the_growth_trace():
     summary = summarize([ok, ok, failed, broken], "p", "b", seconds=2)
     assert (summary["requests"], summary["failed"], summary["output_tokens_per_s"]) == (4, 2, 32.0)
     records = [
-        {"phase": "growth", "sent": 100.5, "ttft": 0.05, "status": 200, "prompt_tokens": 40},
-        {"phase": "growth", "sent": 104.5, "ttft": 0.5, "status": 200, "prompt_tokens": 400},
+        {"phase": "growth", "sent": 100.5, "ttft": 0.05, "status": 200, "prompt_tokens": 40, "request_id": "r1"},
+        {"phase": "growth", "sent": 104.5, "ttft": 0.5, "status": 200, "prompt_tokens": 400, "queue_wait_ms": 90},
+        {"phase": "growth", "sent": 108.5, "ttft": 0.06, "status": 200, "prompt_tokens": 40},
     ]
-    trace = [{"t": 100.6, "slots": "64"}, {"t": 104.6, "slots": "32"}]
-    grown = growth_summary(records, trace, start=100.0, phase_s=4)
-    assert [(r["prompt"], r["capacity"], r["ttft_p90_ms"]) for r in grown["trace"]] == [
-        ("short", "64", 50),
-        ("short", None, None),
-        ("long", "32", 500),
-        ("long", None, None),
+    trace = [{"t": 100.6, "slots": "64", "move": "up", "in_flight": 30}, {"t": 104.6, "slots": "32", "move": "down"}]
+    grown = growth_summary(
+        records, trace, start=100.0, phase_s=4, stages=["short", "long", "short"], gateway_ttft={"r1": 20.0}
+    )
+    rows = [(r["prompt"], r["capacity"], r["move"], r["ttft_p90_ms"], r["gateway_ttft_p90_ms"]) for r in grown["trace"]]
+    assert rows == [
+        ("short", "64", "up", 50, 20),
+        ("short", None, None, None, None),
+        ("long", "32", "down", 500, None),
+        ("long", None, None, None, None),
+        ("short", None, None, 60, None),
+        ("short", None, None, None, None),
     ]
-    assert grown["prompt_tokens_p50"] == {"short": 40, "long": 400}
+    assert grown["trace"][0]["in_flight_max"] == 30 and grown["trace"][2]["queue_wait_p90_ms"] == 90
+    assert grown["prompt_tokens_p50"] == [40, 400, 40]
     assert jain_index([1.0, 1.0]) == 1.0 and jain_index([1.0, 0.0]) == 0.5
 
 
@@ -70,6 +81,11 @@ def test_one_address_may_open_every_connection_the_load_needs(tmp_path):
     # Past max_connections uvicorn answers a plain-text 503: the load (plus tenant B and the
     # capacity trace's client) must stay under it.
     assert 4 * JAIN_STREAMS + 8 <= gateway.max_connections
+    # --jain-streams 192 (each tenant above its share at a second per request outside the gateway)
+    assert 4 * 192 + 8 <= min(gateway.max_connections, gateway.edge.max_connections_per_client)
+    # and every one of them may wait in the queue without pushing another tenant's out (a 429)
+    standard = next(tier for tier in gateway.queue.tiers if tier.name == gateway.queue.default_tier)
+    assert standard.max_queue_length >= 4 * 192
 
 
 def test_the_jain_load_keeps_every_tenant_above_its_share():
@@ -82,3 +98,48 @@ def test_a_tighter_ttft_target_reaches_both_models(tmp_path):
     path.write_text(stack_text((PROJECT_ROOT / "Pulumi.local.yaml").read_text(), engine_priority=True, ttft_ms=60))
     spec = load_stack(str(path))
     assert {m.id: m.latency_target.ttft_ms for m in spec.models} == {ADAPTIVE: 60, FIXED: 60}
+
+
+def test_the_jain_figures_leave_out_the_ramp_and_say_who_was_backlogged():
+    records = [
+        {"phase": "jain", "tenant": "w4", "sent": 100.0, "done": 104.0, "status": 200},  # admitted in the ramp
+        {"phase": "jain", "tenant": "w4", "sent": 103.0, "done": 104.0, "status": 200},
+        {"phase": "jain", "tenant": "w4", "sent": 109.0, "done": 112.0, "status": 200},  # ends after the phase
+        {"phase": "jain", "tenant": "w4", "sent": 110.0, "done": 111.0, "status": 200},  # the loop had stopped
+        {"phase": "growth", "tenant": "g", "sent": 105.0, "done": 106.0, "status": 200},
+    ]
+    steady = steady_records(records, "jain", start=100.0, end=110.0)
+    assert [r["sent"] for r in steady] == [103.0, 109.0] and {r["phase"] for r in steady} == {"jain:steady"}
+    samples = [
+        {"held": {"w4": 3, "w1a": 1}, "waiting": {"w1a": 5}},
+        {"held": {"w4": 5}, "waiting": {"w1a": 7, "w4": 2}},
+    ]
+    assert backlog_summary(samples, ["w1a", "w4"]) == {
+        "w1a": {"held_mean": 0.5, "waiting_mean": 6.0, "none_waiting": 0.0},
+        "w4": {"held_mean": 4.0, "waiting_mean": 1.0, "none_waiting": 0.5},
+    }
+
+
+def test_where_a_request_s_time_went_client_gateway_and_queue():
+    lines = ['{"event": "access", "request_id": "r1", "status": 200, "latency_ms": 900.0, "ttft_ms": 40.5}\n']
+    ok = {
+        "phase": "p",
+        "tenant": "b",
+        "status": 200,
+        "request_id": "r1",
+        "sent": 1.0,
+        "done": 2.0,
+        "queue_wait_ms": 300,
+    }
+    summary = summarize([ok], "p", "b", seconds=1, gateway_latency=gateway_times(lines, "latency_ms"))
+    assert (summary["client_latency_mean_ms"], summary["gateway_latency_mean_ms"], summary["queue_wait_mean_ms"]) == (
+        1000,
+        900,
+        300,
+    )
+
+
+def test_growth_prompts_start_apart_so_the_prefix_cache_cannot_serve_them():
+    first, second = prompt_text(100, 1), prompt_text(100, 2)
+    assert first.split()[0] != second.split()[0] and first.split()[1:] == second.split()[1:] == ["hello"] * 100
+    assert prompt_text(3) == "hello hello hello"

@@ -253,3 +253,51 @@ def test_on_a_saturated_model_a_freed_slot_goes_to_the_tenant_under_its_weighted
             await queue.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_tenant_under_its_share_gets_the_reserve_however_deep_in_the_queue_it_waits(redis_server):
+    """The reserve's slot goes to the first waiter whose tenant is under its share, wherever it
+    waits. Capacity 8, reserve 2: "heavy" holds 6 and queues 40 more (start tags 0..39), "light"
+    holds 2 and queues LIGHT more (tags 0.., each after heavy's of the same tag). Both weigh 1: a
+    share of 4 each, so heavy is over it and light under. Each light release hands light's slot
+    to light's next waiter, out of tag order, which moves the virtual time up past heavy's stale
+    waiters: after 31 of them, light's next waiter has 32 of heavy's ahead of it.
+
+    What broke it (issue 30, on `make dev` a weight-4 tenant got 1.5x a weight-1 tenant, not 4x):
+    the script looked for that waiter among the first 32 only, found none, and left the slot idle;
+    the next release then fell below the reserve and gave the head, heavy's, a slot over its share."""
+    light_waiters = 36
+
+    async def scenario() -> None:
+        model = fresh_model()
+        queue = await opened(redis_server.url, {model: one_slot(max_ongoing_requests=8)}, RESERVED)
+        pending: set[asyncio.Task] = set()
+        try:
+            heavy = [await queue.acquire(model, "heavy") for _ in range(6)]  # only the reserve left
+            light = [await queue.acquire(model, "light") for _ in range(2)]  # under its share: the reserve
+            assert all(t.wait_s == 0 for t in heavy + light)
+            for tenant, n in (("heavy", 40), ("light", light_waiters)):
+                for _ in range(n):
+                    pending.add(asyncio.create_task(queue.acquire(model, tenant)))
+                    await eventually_async(lambda: queued_at_least(queue, model, len(pending)), f"{tenant} waits")
+            for handed in range(light_waiters):
+                await light.pop(0).release()
+                status = await queue.status(model)
+                assert status["in_flight"] == 8, (handed, status)  # the slot went on at once, to light
+                done, _ = await asyncio.wait(pending, timeout=HANG_BOUND_S, return_when=asyncio.FIRST_COMPLETED)
+                (ticket,) = (task.result() for task in done)
+                pending -= done
+                assert ticket.tenant == "light", handed
+                light.append(ticket)
+            assert sum((await queue.status(model))["queued"].values()) == 40  # heavy's, all still waiting
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for ticket in heavy + light:
+                await ticket.release()
+        finally:
+            for task in pending:
+                task.cancel()
+            await queue.aclose()
+
+    asyncio.run(scenario())
