@@ -41,6 +41,7 @@ import httpx
 
 from ops.devstack.local_redis import running_redis
 from ops.harness.processes import background, free_port, wait_for_http
+from ops.harness.stub_gateway import gateway_env
 from serving.gateway.auth.keys import create_key_sync
 
 MODEL = "tiny"
@@ -89,13 +90,7 @@ def gateway(
         "model_queues": {MODEL: {"max_ongoing_requests": concurrency, "max_replicas": 1}},
         "max_connections": 1024,
     }
-    env = {
-        "LLMSTACK_UPSTREAM_URL": upstream,
-        "LLMSTACK_REDIS_URL": redis_url,
-        "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
-    }
+    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings)
     with background([sys.executable, "-m", "serving.gateway"], logs / f"gateway-{port}.log", env) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/healthz", proc, 60)

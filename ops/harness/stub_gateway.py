@@ -42,6 +42,18 @@ def running_stub(log: Path) -> Iterator[StubUpstream]:
         yield StubUpstream(url, process)
 
 
+def gateway_env(*, upstream: str, redis_url: str, port: int, settings: dict) -> dict[str, str]:
+    """The environment `python -m serving.gateway` reads: its upstream, Redis, API port (its
+    metrics on another free port) and settings (serving.gateway.config, as JSON)."""
+    return {
+        "LLMSTACK_UPSTREAM_URL": upstream,
+        "LLMSTACK_REDIS_URL": redis_url,
+        "LLMSTACK_GATEWAY_PORT": str(port),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
+    }
+
+
 @contextmanager
 def running_gateway(
     log: Path,
@@ -56,13 +68,7 @@ def running_gateway(
     LLMSTACK_GATEWAY_SETTINGS and `args` on its command line (e.g. `--dev-key-file`), once it
     answers /healthz. `cwd`: another checkout, whose `serving.gateway` then runs."""
     port = free_port()
-    env = {
-        "LLMSTACK_UPSTREAM_URL": upstream,
-        "LLMSTACK_REDIS_URL": redis_url,
-        "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
-    }
+    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings)
     url = f"http://127.0.0.1:{port}"
     with background([sys.executable, "-m", "serving.gateway", *args], log, env, cwd=cwd) as process:
         wait_for_http(f"{url}/healthz", process)

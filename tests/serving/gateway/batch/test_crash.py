@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from ops.harness.processes import background, free_port, wait_for_http
+from ops.harness.stub_gateway import gateway_env
 from serving.gateway.auth.keys import create_key_sync
 from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
@@ -48,13 +49,7 @@ def start_gateway(stack: ExitStack, tmp_path: Path, upstream: str, redis_url: st
         "batch_storage_url": f"file://{tmp_path / 'files'}",
         "batch": {"workers": 4, "lease_s": 1, "sweep_interval_s": 0.1},
     }
-    env = {
-        "LLMSTACK_UPSTREAM_URL": upstream,
-        "LLMSTACK_REDIS_URL": redis_url,
-        "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
-    }
+    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings)
     proc = stack.enter_context(gateway_process(env, tmp_path / f"gateway-{n}.log"))
     url = f"http://127.0.0.1:{port}"
     wait_for_http(f"{url}/healthz", proc, HANG_BOUND_S)

@@ -7,7 +7,6 @@ the survivor fills the model's whole capacity again.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -21,6 +20,7 @@ import pytest
 import redis
 
 from ops.harness.processes import free_port, wait_for_http
+from ops.harness.stub_gateway import gateway_env
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.queue.fair_queue import DEFAULT_LEASE_S, queue_keys
 from tests.support.counting_upstream import CountingUpstream
@@ -42,13 +42,7 @@ def queue_gateway_process(upstream: str, redis_url: str, model: str, capacity: i
         "queue": {"tiers": [{"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120}]},
         "model_queues": {model: {"max_ongoing_requests": capacity}},
     }
-    env = {
-        "LLMSTACK_UPSTREAM_URL": upstream,
-        "LLMSTACK_REDIS_URL": redis_url,
-        "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
-    }
+    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings)
     with gateway_process(env, log) as process:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}", process

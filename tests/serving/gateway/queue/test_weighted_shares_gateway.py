@@ -16,7 +16,6 @@ slots, whatever its key's weight. Capacity 10 keeps one slot of reserve (the def
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from ops.harness.processes import free_port, wait_for_http
+from ops.harness.stub_gateway import gateway_env
 from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from tests.support.gateway import GENEROUS
 from tests.support.gateway_process import gateway_process
@@ -52,13 +52,7 @@ def queue_gateway(upstream: str, redis_url: str, model: str, log: Path) -> Itera
         "queue": {"tiers": [{"name": "standard", "max_queue_length": 64, "queue_timeout_s": 120}], "keepalive_s": 60},
         "model_queues": {model: {"max_ongoing_requests": CAPACITY}},
     }
-    env = {
-        "LLMSTACK_UPSTREAM_URL": upstream,
-        "LLMSTACK_REDIS_URL": redis_url,
-        "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
-    }
+    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings)
     with gateway_process(env, log) as process:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}"
