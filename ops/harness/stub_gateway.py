@@ -30,6 +30,7 @@ class GatewayProcess:
     url: str
     port: int
     process: subprocess.Popen
+    metrics_url: str  # /metrics and /readyz
 
 
 @contextmanager
@@ -55,15 +56,15 @@ def running_gateway(
     """A gateway on free ports of 127.0.0.1 (its API and its metrics), with `settings` as
     LLMSTACK_GATEWAY_SETTINGS and `args` on its command line (e.g. `--dev-key-file`), once it
     answers /healthz. `cwd`: another checkout, whose `serving.gateway` then runs."""
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {
         "LLMSTACK_UPSTREAM_URL": upstream,
         "LLMSTACK_REDIS_URL": redis_url,
         "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port),
         "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
     }
     url = f"http://127.0.0.1:{port}"
     with background([sys.executable, "-m", "serving.gateway", *args], log, env, cwd=cwd) as process:
         wait_for_http(f"{url}/healthz", process)
-        yield GatewayProcess(url, port, process)
+        yield GatewayProcess(url, port, process, f"http://127.0.0.1:{metrics_port}")
