@@ -131,6 +131,8 @@ def test_the_gateway_in_front_of_the_demo_resumes_streams_and_takes_the_loadgens
     assert settings["stream_resume"]["enabled"] is True
     assert "ignore_eos" in settings["allowed_body_extensions"]  # the bench library asks for exact lengths
     assert settings["models"] == ["tiny-chat"] and settings["metrics_host"] == "127.0.0.1"
+    # a fixed capacity: the gateway's queue would otherwise keep the load from the replicas
+    assert settings["model_capacities"]["tiny-chat"]["adaptive"] is False
 
 
 def test_streams_in_flight_are_the_arrivals_due_less_those_ended():
