@@ -236,15 +236,33 @@ def is_replica_title(cmdline: list[str], deployment: str) -> bool:
 
 
 def pick_victim(replicas: list[tuple[int, float, int]], kill: Kill) -> tuple[int, int] | None:
-    """What to kill among the replicas, each (node index, create time, pid): (node index, pid),
-    or None when there is nothing fit. `replica`: the oldest (serving since deploy); `node`: the
-    oldest on a worker node (index > 0): the head holds the cluster itself (GCS, Serve's
-    controller, HAProxy), which the stack runs on a node of its own, not a reclaimable one."""
+    """What to kill among the replicas, each (node index, CPU seconds its process tree just used,
+    pid): (node index, pid), or None when there is nothing fit. `replica`: the busiest (serving the
+    most streams); `node`: the busiest on a worker node (index > 0): the head holds the cluster
+    itself (GCS, Serve's controller, HAProxy), which a stack runs on a node of its own, not a
+    reclaimable one."""
     fit = [r for r in replicas if kill == "replica" or r[0] > 0]
     if not fit:
         return None
-    node, _, pid = min(fit, key=lambda r: r[1])
+    node, _, pid = max(fit, key=lambda r: r[1])
     return node, pid
+
+
+def busy_cpu_s(replicas: list[psutil.Process], window_s: float) -> list[float]:
+    """CPU seconds each replica's process tree (its vLLM engine) uses over `window_s`: the one
+    serving streams burns it, an idle one hardly any."""
+
+    def tree_cpu_s(process: psutil.Process) -> float:
+        total = 0.0
+        with suppress(psutil.NoSuchProcess):
+            for member in (process, *process.children(recursive=True)):
+                times = member.cpu_times()
+                total += times.user + times.system
+        return total
+
+    before = [tree_cpu_s(p) for p in replicas]
+    time.sleep(window_s)
+    return [tree_cpu_s(p) - b for p, b in zip(replicas, before, strict=True)]
 
 
 def kill_node(node: subprocess.Popen) -> list[int]:
@@ -425,16 +443,21 @@ def run_demo(
         time.sleep(hold_s)
 
         victims = replica_processes(nodes, deployment)
-        choice = pick_victim([(i, p.create_time(), p.pid) for i, p in victims], kill)
+        # A kill while no stream is open shows nothing (run 5: 0 in flight at 3/s): wait for some.
+        open_at_kill = wait_for_streams(loader, kill_in_flight, timeout_s=120)
+        # Serve's router need not spread them evenly (run 7 killed an idle replica): the busiest goes.
+        busy = busy_cpu_s([p for _, p in victims], window_s=0.5)
+        choice = pick_victim([(i, cpu, p.pid) for (i, p), cpu in zip(victims, busy, strict=True)], kill)
         if choice is None:
             raise RuntimeError(f"nothing to kill: replicas on nodes {sorted(i + 1 for i, _ in victims)}, --kill {kill}")
         node_index, victim_pid = choice
         victim = psutil.Process(victim_pid)
         engines = [p.pid for p in victim.children(recursive=True)]
-        # A kill while no stream is open shows nothing (run 5: 0 in flight at 3/s): wait for some.
-        open_at_kill = wait_for_streams(loader, kill_in_flight, timeout_s=120)
         record["kill"] = {
             "streams_open": open_at_kill,
+            "replicas_cpu_s_in_half_a_second": [
+                (i + 1, p.pid, round(c, 3)) for (i, p), c in zip(victims, busy, strict=True)
+            ],
             "what": kill,
             "pid": victim.pid,
             "node": node_index + 1,

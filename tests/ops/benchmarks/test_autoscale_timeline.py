@@ -117,12 +117,13 @@ def test_no_kill_no_gap():
     assert f.in_flight_gap_s == {"p50": None, "p99": None, "max": None}
 
 
-def test_the_victim_is_the_oldest_replica_or_the_worker_node_hosting_one():
-    # (node index, create time, pid); node 0 is the head (GCS, Serve's controller, HAProxy)
-    replicas = [(1, 200.0, 22), (0, 100.0, 11)]
+def test_the_victim_is_the_busiest_replica_or_the_worker_node_hosting_one():
+    # (node index, CPU seconds just used, pid); node 0 is the head (GCS, Serve's controller, HAProxy)
+    replicas = [(1, 0.02, 22), (0, 0.4, 11)]
     assert pick_victim(replicas, "replica") == (0, 11)
     assert pick_victim(replicas, "node") == (1, 22)
-    assert pick_victim([(0, 100.0, 11), (0, 200.0, 12)], "node") is None  # no worker node hosts one
+    assert pick_victim([(1, 0.4, 22), (0, 0.02, 11)], "replica") == (1, 22)
+    assert pick_victim([(0, 0.1, 11), (0, 0.2, 12)], "node") is None  # no worker node hosts one
     assert pick_victim([], "replica") is None
 
 
