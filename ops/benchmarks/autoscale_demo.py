@@ -1,49 +1,63 @@
 """Autoscaling, demonstrated: a model with min 1 / max 2 replicas on a two-node Ray cluster
-scales up under `llmctl bench` load, survives a killed replica, and scales back down.
+scales up under `llmctl bench` load, survives a killed replica (or a killed worker node), and
+scales back down.
 
     python -m ops.benchmarks.autoscale_demo [--out build/bench/autoscale.json] \
-        [--stack tests/stacks/Pulumi.autoscale.yaml]
+        [--stack tests/stacks/Pulumi.autoscale.yaml] [--through-gateway] [--kill replica|node]
 
 1. Starts a Ray cluster of `max_size` nodes of the stack's CPU node group (`ray start --head`,
    then `ray start --address`, each on its own free ports and temp dir, with a private
    auth token), and deploys the stack's serve config (Ray Serve LLM, CPU vLLM) on it.
 2. Drives open-loop load (Poisson arrivals, `--rate`) with the bench library (`ops.llmctl.bench.loadgen`,
-   the `llmctl bench` engine) straight at Ray Serve, and samples the model's replicas by
-   state every second. Open loop at a moderate rate, not a saturating closed loop: on 2 cores
-   an engine serving flat out leaves little CPU for the second replica's engine to start.
-3. Once two replicas run, SIGKILLs the process of one of them (its vLLM engine goes with it)
-   while load continues, and waits for Serve to replace it.
+   the `llmctl bench` engine) straight at Ray Serve, or with `--through-gateway` through the
+   real gateway (`python -m serving.gateway`, the stack's settings, its `gateway.stream_resume`,
+   a private redis-server and a key of its own) in front of Serve, and samples the model's
+   replicas by state every second. Open loop at a moderate rate, not a saturating closed loop:
+   on 2 cores an engine serving flat out leaves little CPU for the second replica's engine to start.
+3. Once two replicas run, SIGKILLs the process of the older one (its vLLM engine goes with it)
+   while load continues, or with `--kill node` every process of the Ray worker node hosting a
+   replica at once (as a reclaimed machine dies; a new worker node then joins, as the node
+   autoscaler would bring one), and waits for Serve to replace the replica.
 4. Stops the load and waits for the scale-down to one replica.
-Writes every sample, event and request outcome plus the findings (`ops.benchmarks.autoscale_timeline`)
-to the JSON file, then stops everything it started, by process id. Evidence, not a test:
-it takes a few minutes and its timings depend on the machine's load.
+Writes every sample, event and request outcome plus the findings (`ops.benchmarks.autoscale_timeline`:
+cut streams, the pause the streams in flight at the kill showed their client) and, through the
+gateway, its resume counters over the run (`ops.benchmarks.resume_metrics`) to the JSON file,
+then stops everything it started, by process id. Evidence, not a test: it takes a few minutes
+and its timings depend on the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import itertools
 import json
 import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any, Literal
 
 import psutil
 
+from infra.render.gateway import gateway_settings
 from infra.render.serve_config import SERVING_PATH, app_name, route_prefix
 from infra.spec.schema import CpuNodeGroup, StackSpec
 from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.autoscale_timeline import Sample, findings
+from ops.benchmarks.resume_metrics import counter_deltas, resume_counters
 from ops.devstack import serve as local_serve
+from ops.devstack.local_redis import start_redis
 from ops.devstack.serve import (  # make dev's deploy path
     DEPLOY_TIMEOUT_S,
     haproxy_dir,
@@ -51,8 +65,10 @@ from ops.devstack.serve import (  # make dev's deploy path
     local_serving_env,
 )
 from ops.harness.processes import free_port, stop_tree
-from ops.llmctl.bench.loadgen import LoadSpec, run_level
+from ops.harness.stub_gateway import GatewayProcess, running_gateway
+from ops.llmctl.bench.loadgen import LoadSpec, run_level, schedule
 from ops.llmctl.bench.stats import LengthDistribution, RequestResult, summarise
+from serving.gateway.auth.keys import create_key_sync
 
 DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
 # vLLM CPU pins each engine's worker to core 0 by default (VLLM_CPU_OMP_THREADS_BIND=auto
@@ -61,6 +77,14 @@ DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
 # engine took 8-10 minutes to start beside the first serving on the same core (two runs; taskset
 # showed affinity 0 for both). Unpinned, the OS spreads them over both cores.
 ENGINE_ENV_ON_SHARED_HOST = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# The demo's key: no limit of the gateway's stands between the load and Serve's autoscaler.
+UNLIMITED = {
+    "requests_per_minute": 10_000_000,
+    "tokens_per_minute": 1_000_000_000,
+    "daily_token_budget": 10**12,
+    "max_concurrent_requests": 10_000,
+}
+Kill = Literal["replica", "node"]
 RAY_PORT_FLAGS = (
     "--node-manager-port",
     "--object-manager-port",
@@ -109,15 +133,21 @@ def ray_start_command(head_port: int, cpus: int, temp_dir: Path | None) -> list[
     return [ray, "start", "--address", f"127.0.0.1:{head_port}", *common]
 
 
+def start_node(head_port: int, cpus: int, work: Path, env: dict[str, str], name: str, head: bool) -> subprocess.Popen:
+    """One `ray start --block` in a session of its own (its process group is the node's), logging
+    to `work/ray-<name>.log`."""
+    command = ray_start_command(head_port, cpus, work / "ray" if head else None)
+    say(f"{name}: {' '.join(command[1:4])} ... --num-cpus {cpus}")
+    log = (work / f"ray-{name}.log").open("w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def start_cluster(group: CpuNodeGroup, work: Path, env: dict[str, str]) -> tuple[int, list[subprocess.Popen]]:
     import ray
 
     head_port, nodes = free_port(), []
     for index in range(group.max_size):
-        command = ray_start_command(head_port, group.cpus_per_node, work / "ray" if index == 0 else None)
-        say(f"node {index + 1}/{group.max_size}: {' '.join(command[1:4])} ... --num-cpus {group.cpus_per_node}")
-        log = (work / f"ray-node-{index}.log").open("w")
-        nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        nodes.append(start_node(head_port, group.cpus_per_node, work, env, f"node-{index}", head=index == 0))
         if index == 0:
             _wait(
                 lambda: "Ray runtime started" in (work / "ray-node-0.log").read_text(), 120, "the head node", nodes[0]
@@ -128,9 +158,15 @@ def start_cluster(group: CpuNodeGroup, work: Path, env: dict[str, str]) -> tuple
     # The Ray driver swallowed a SIGINT in one run; ours stop the demo, and tear down, on both.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
-    _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == group.max_size, 120, "every node to join", nodes[-1])
+    _wait(lambda: alive_nodes() == group.max_size, 120, "every node to join", nodes[-1])
     say(f"Ray cluster up: {group.max_size} nodes x {group.cpus_per_node} logical CPUs")
     return head_port, nodes
+
+
+def alive_nodes() -> int:
+    import ray
+
+    return sum(n["Alive"] for n in ray.nodes())
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -199,18 +235,124 @@ def is_replica_title(cmdline: list[str], deployment: str) -> bool:
     return bool(words) and words[0].startswith("ray::") and re.search(pattern, words[0]) is not None
 
 
+def pick_victim(replicas: list[tuple[int, float, int]], kill: Kill) -> tuple[int, int] | None:
+    """What to kill among the replicas, each (node index, CPU seconds its process tree just used,
+    pid): (node index, pid), or None when there is nothing fit. `replica`: the busiest (serving the
+    most streams); `node`: the busiest on a worker node (index > 0): the head holds the cluster
+    itself (GCS, Serve's controller, HAProxy), which a stack runs on a node of its own, not a
+    reclaimable one."""
+    fit = [r for r in replicas if kill == "replica" or r[0] > 0]
+    if not fit:
+        return None
+    node, _, pid = max(fit, key=lambda r: r[1])
+    return node, pid
+
+
+def busy_cpu_s(replicas: list[psutil.Process], window_s: float) -> list[float]:
+    """CPU seconds each replica's process tree (its vLLM engine) uses over `window_s`: the one
+    serving streams burns it, an idle one hardly any."""
+
+    def tree_cpu_s(process: psutil.Process) -> float:
+        total = 0.0
+        with suppress(psutil.NoSuchProcess):
+            for member in (process, *process.children(recursive=True)):
+                times = member.cpu_times()
+                total += times.user + times.system
+        return total
+
+    before = [tree_cpu_s(p) for p in replicas]
+    time.sleep(window_s)
+    return [tree_cpu_s(p) - b for p, b in zip(replicas, before, strict=True)]
+
+
+def kill_node(node: subprocess.Popen) -> list[int]:
+    """SIGKILL every process of a Ray node at once, as a machine that vanishes: its `ray start`,
+    that session's process group (raylet, agents) and every descendant, Ray workers in sessions
+    of their own included. Returns the pids signalled."""
+    members = [psutil.Process(node.pid)]
+    with suppress(psutil.NoSuchProcess):
+        members += members[0].children(recursive=True)
+    with suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
+    for member in members:
+        with suppress(psutil.NoSuchProcess):
+            member.kill()
+    return sorted(m.pid for m in members)
+
+
+def demo_gateway_settings(spec: StackSpec) -> dict[str, Any]:
+    """The gateway's settings as the stack renders them for its Deployment (`gateway.stream_resume`,
+    body extensions, models, routes, queues), every port bound to loopback on this machine."""
+    rendered = json.loads(gateway_settings(spec, path=SERVING_PATH))
+    return rendered | {"host": "127.0.0.1", "metrics_host": "127.0.0.1"}
+
+
+def start_gateway(spec: StackSpec, serve_port: int, work: Path, stack: ExitStack) -> tuple[GatewayProcess, str]:
+    """A private redis-server and the gateway on it in front of Serve, both stopped when `stack`
+    closes; returns the gateway and a key without limits for the load."""
+    settings = demo_gateway_settings(spec)
+    if not settings["stream_resume"]["enabled"]:
+        raise RuntimeError("the stack's gateway.stream_resume.enabled is not true: nothing would resume a stream")
+    redis = start_redis()
+    stack.callback(redis.stop)
+    gateway = stack.enter_context(
+        running_gateway(
+            work / "gateway.log", upstream=f"http://127.0.0.1:{serve_port}", redis_url=redis.url, settings=settings
+        )
+    )
+    say(f"gateway {gateway.url} (pid {gateway.process.pid}) in front of Serve, stream resume on, Redis {redis.url}")
+    return gateway, create_key_sync(redis.url, "autoscale-demo", "autoscale-demo", limits=UNLIMITED)
+
+
+def streams_in_flight(due_s: list[float], elapsed_s: float, ended: int) -> int:
+    """Open loop: the requests due by `elapsed_s` on the schedule (`due_s`, sorted offsets from the
+    level's start) less the `ended` ones: what the client has open."""
+    return bisect.bisect_right(due_s, elapsed_s) - ended
+
+
 class LoadThread(threading.Thread):
-    """Load from `ops.llmctl.bench.loadgen` until `stop` is set; results kept in order of completion."""
+    """Load from `ops.llmctl.bench.loadgen` until `stop` is set; results kept in order of completion.
+    `in_flight()`: the requests open now (the open loop's schedule is known in advance)."""
 
     def __init__(self, spec: LoadSpec, mode: Literal["concurrency", "rate"], level: float) -> None:
         super().__init__(daemon=True)
         self.spec, self.mode, self.level = spec, mode, level
         self.stop, self.results = threading.Event(), list[RequestResult]()
+        # An hour of the schedule: the demo stops its load long before.
+        self.due_s = (
+            [a.at_s for a in itertools.islice(schedule(spec, level), int(level * 3600))] if mode == "rate" else []
+        )
+        self.started = time.monotonic()
+
+    def in_flight(self) -> int:
+        if self.mode == "concurrency":
+            return int(self.level)
+        return streams_in_flight(self.due_s, time.monotonic() - self.started, len(self.results))
 
     def run(self) -> None:
         # Serve's start re-applies Ray's logging setup, which shows every request at INFO.
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        asyncio.run(run_level(self.spec, self.mode, self.level, stop=self.stop.is_set, on_result=self.results.append))
+        self.started = time.monotonic()
+        asyncio.run(
+            run_level(
+                self.spec,
+                self.mode,
+                self.level,
+                stop=self.stop.is_set,
+                on_result=self.results.append,
+                start_at=self.started,
+            )
+        )
+
+
+def wait_for_streams(loader: LoadThread, streams: int, timeout_s: float) -> int:
+    """Wait until the client has `streams` requests open, at most `timeout_s`; returns how many are."""
+    deadline = time.monotonic() + timeout_s
+    while (now_open := loader.in_flight()) < streams and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if now_open < streams:
+        say(f"{now_open} streams open, not {streams}, {timeout_s:.0f} s on: killing anyway")
+    return now_open
 
 
 def run_demo(
@@ -221,6 +363,10 @@ def run_demo(
     hold_s: float,
     work: Path,
     record: dict[str, Any],
+    *,
+    through_gateway: bool = False,
+    kill: Kill = "replica",
+    kill_in_flight: int = 0,
 ) -> None:
     """Runs the demo, filling `record` as it goes (so a failed stage keeps what was measured)."""
     spec = load_stack(stack)
@@ -242,6 +388,9 @@ def run_demo(
         load_mode=mode,
         load_level=level,
         hold_s=hold_s,
+        through_gateway=through_gateway,
+        kill_what=kill,
+        kill_in_flight=kill_in_flight,
         loadavg_at_start=os.getloadavg(),
     )
     nodes: list[subprocess.Popen] = []
@@ -249,14 +398,22 @@ def run_demo(
     sampling = threading.Event()
     loader: LoadThread | None = None
     load_start = time.monotonic()
+    services = ExitStack()  # the gateway and its Redis
     try:
-        _, nodes = start_cluster(group, work, env)
+        head_port, nodes = start_cluster(group, work, env)
         serve_port = free_port()
         t0 = time.monotonic()
         app, deployment = deploy(spec, serve_port)
         record["deploy_s"] = round(time.monotonic() - t0, 1)
+        gateway: GatewayProcess | None = None
+        if through_gateway:
+            gateway, key = start_gateway(spec, serve_port, work, services)
+            base_url = f"{gateway.url}/v1"
+        else:
+            key, base_url = "EMPTY", f"http://127.0.0.1:{serve_port}{route_prefix(model).rstrip('/')}/v1"
         load = LoadSpec(
-            base_url=f"http://127.0.0.1:{serve_port}{route_prefix(model).rstrip('/')}/v1",
+            base_url=base_url,
+            api_key=key,
             model=model.model_name,
             prompt_tokens=LengthDistribution.parse("fixed:64"),
             output_tokens=LengthDistribution.parse(output_tokens),
@@ -273,6 +430,7 @@ def run_demo(
         running = lambda: samples[-1].running if samples else 0  # noqa: E731
         _wait(lambda: running() == 1, 60, "one running replica before load")
 
+        counters_before = resume_counters(gateway.metrics_url) if gateway else {}
         loader = LoadThread(load, mode, level)
         load_start = time.monotonic()
         loader.start()
@@ -285,30 +443,57 @@ def run_demo(
         time.sleep(hold_s)
 
         victims = replica_processes(nodes, deployment)
-        node_index, victim = min(victims, key=lambda v: v[1].create_time())  # the one serving since deploy
+        # A kill while no stream is open shows nothing (run 5: 0 in flight at 3/s): wait for some.
+        open_at_kill = wait_for_streams(loader, kill_in_flight, timeout_s=120)
+        # Serve's router need not spread them evenly (run 7 killed an idle replica): the busiest goes.
+        busy = busy_cpu_s([p for _, p in victims], window_s=0.5)
+        choice = pick_victim([(i, cpu, p.pid) for (i, p), cpu in zip(victims, busy, strict=True)], kill)
+        if choice is None:
+            raise RuntimeError(f"nothing to kill: replicas on nodes {sorted(i + 1 for i, _ in victims)}, --kill {kill}")
+        node_index, victim_pid = choice
+        victim = psutil.Process(victim_pid)
         engines = [p.pid for p in victim.children(recursive=True)]
-        kill_at = time.monotonic()
-        victim.send_signal(signal.SIGKILL)
-        say(f"killed replica pid {victim.pid} on node {node_index + 1} (engine pids {engines}) under load")
         record["kill"] = {
+            "streams_open": open_at_kill,
+            "replicas_cpu_s_in_half_a_second": [
+                (i + 1, p.pid, round(c, 3)) for (i, p), c in zip(victims, busy, strict=True)
+            ],
+            "what": kill,
             "pid": victim.pid,
             "node": node_index + 1,
             "engine_pids": engines,
             "replicas_found": [(i + 1, p.pid) for i, p in victims],
             "node_pids": [n.pid for n in nodes],
         }
+        kill_at = time.monotonic()
+        if kill == "node":
+            killed = kill_node(nodes[node_index])
+            say(
+                f"killed Ray node {node_index + 1} (ray start pid {nodes[node_index].pid}, {len(killed)} processes, "
+                f"replica pid {victim.pid}) under load"
+            )
+            record["kill"]["node_processes_killed"] = killed
+            # As the node autoscaler would bring a new machine: a worker node joins in its place.
+            nodes.append(start_node(head_port, group.cpus_per_node, work, env, f"node-{len(nodes)}", head=False))
+            record["kill"]["replacement_node_pid"] = nodes[-1].pid
+        else:
+            killed = [victim.pid, *engines]
+            victim.send_signal(signal.SIGKILL)
+            say(f"killed replica pid {victim.pid} on node {node_index + 1} (engine pids {engines}) under load")
         try:
             _wait(lambda: any(s.t > kill_at and s.running < 2 for s in samples), 120, "Serve to notice the kill")
         except TimeoutError:  # replaced between two samples: the findings say so (kill_detected_s None)
             say("no sample showed fewer than 2 running replicas after the kill")
         _wait(lambda: running() >= 2 and samples[-1].t > kill_at, 600, "Serve to replace the replica")
         say(f"recovered: 2 replicas running {time.monotonic() - kill_at:.0f} s after the kill")
-        record["kill"]["engines_left"] = [pid for pid in engines if _alive(pid)]
+        record["kill"]["left_alive"] = [pid for pid in killed if _alive(pid)]
         time.sleep(hold_s)
 
         loader.stop.set()
         load_stop = time.monotonic()
         loader.join(timeout=180)
+        if gateway is not None:
+            record["gateway_resumes"] = counter_deltas(counters_before, resume_counters(gateway.metrics_url))
         say("load stopped; waiting for the scale-down to 1 replica")
         _wait(lambda: samples[-1].t > load_stop and running() == 1 and samples[-1].total == 1, 600, "scale-down")
         time.sleep(2)
@@ -332,6 +517,7 @@ def run_demo(
             loader.stop.set()
         record["samples"] = [(round(s.t - load_start, 1), s.states) for s in samples]
         record["loadavg_at_end"] = os.getloadavg()
+        services.close()
         _teardown(nodes)
 
 
@@ -370,6 +556,24 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--concurrency", type=int, help="closed loop instead: this many requests in flight")
     parser.add_argument("--output-tokens", default="fixed:128", help="max_tokens per request (llmctl bench form)")
     parser.add_argument("--hold", type=float, default=20, help="seconds of load kept after each scale event")
+    parser.add_argument(
+        "--through-gateway",
+        action="store_true",
+        help="load through the gateway (the stack's settings, stream resume on) in front of Serve, not straight at it",
+    )
+    parser.add_argument(
+        "--kill",
+        choices=("replica", "node"),
+        default="replica",
+        help="SIGKILL the older replica's process (default), or every process of the worker node hosting a replica",
+    )
+    parser.add_argument(
+        "--kill-in-flight",
+        type=int,
+        default=4,
+        help="kill once the client has this many streams open (at most 120 s after the hold; default 4: with "
+        "two replicas sharing them, one has none 1 time in 16)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     import tempfile
@@ -380,7 +584,23 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {"command": "python -m ops.benchmarks.autoscale_demo " + " ".join(argv or sys.argv[1:])}
     try:
         with tempfile.TemporaryDirectory(prefix="llmas-") as folder:
-            run_demo(args.stack, mode, level, args.output_tokens, args.hold, Path(folder), record)
+            try:
+                run_demo(
+                    args.stack,
+                    mode,
+                    level,
+                    args.output_tokens,
+                    args.hold,
+                    Path(folder),
+                    record,
+                    through_gateway=args.through_gateway,
+                    kill=args.kill,
+                    kill_in_flight=args.kill_in_flight,
+                )
+            finally:  # the gateway's log outlives the run's temp dir, beside the record
+                if (Path(folder) / "gateway.log").exists():
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(Path(folder) / "gateway.log", args.out.with_suffix(".gateway.log"))
     except (RuntimeError, TimeoutError, KeyboardInterrupt) as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
         say(f"error: {record['error']}")
@@ -396,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
         f"({f['failed_after_kill']} requests failed: {f['failed_after_kill_by_type']}), "
         f"scale-down {f['scaled_down_s']} s after load; written to {args.out}"
     )
+    say(
+        f"in flight at the kill: {f['in_flight_at_kill']}, cut {f['in_flight_at_kill_failed']}; "
+        f"their pause around the kill {f['in_flight_gap_s']}"
+    )
+    if "gateway_resumes" in record:
+        say(f"gateway resumes over the run: {record['gateway_resumes']}")
     return 0
 
 

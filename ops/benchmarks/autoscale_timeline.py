@@ -11,6 +11,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
+from ops.benchmarks.resume_metrics import quantile
 from ops.llmctl.bench.stats import RequestResult
 
 
@@ -44,6 +45,10 @@ class Findings(BaseModel):
     in_flight_at_kill: int = Field(description="Requests sent before the kill that had not finished.")
     in_flight_at_kill_failed: int = Field(description="How many of those failed.")
     in_flight_at_kill_max_e2e_s: float | None = Field(description="Slowest of those, end to end.")
+    in_flight_gap_s: dict[str, float | None] = Field(
+        description="The pause those streams showed their client around the kill (`gaps_at`): p50, p99, max "
+        "(nearest rank); what a resume costs the reader, or a replica's slowdown when none was needed."
+    )
     failed_before_kill: int = Field(description="Failures under load before the kill (should be 0).")
     failed_after_recovery: int = Field(description="Failures after recovery, until load stopped.")
     scaled_down_s: float | None = Field(description="Load stop -> one replica left (RUNNING, nothing else).")
@@ -69,9 +74,24 @@ def changes(samples: list[Sample], origin: float) -> list[tuple[float, dict[str,
     return out
 
 
+def gaps_at(results: list[RequestResult], kill_at: float) -> list[float]:
+    """For each request in flight at `kill_at` that got content after it: the pause between its
+    last chunk before the kill (or the kill, for one still in prefill) and its first after it."""
+    gaps = []
+    for r in results:
+        if not r.start <= kill_at <= r.end:
+            continue
+        before = [t for t in r.chunk_times if t <= kill_at]
+        after = [t for t in r.chunk_times if t > kill_at]
+        if after:
+            gaps.append(after[0] - (before[-1] if before else kill_at))
+    return gaps
+
+
 def findings(
     samples: list[Sample], results: list[RequestResult], load_start: float, kill_at: float | None, load_stop: float
 ) -> Findings:
+    killed = kill_at is not None
     up_decided = _first(samples, load_start, lambda s: s.total >= 2)
     scaled_up = _first(samples, load_start, lambda s: s.running >= 2)
     before = max((s.running for s in samples if s.t <= (kill_at or 0)), default=0) if kill_at else 0
@@ -86,6 +106,7 @@ def findings(
     failed = [r for r in in_window if r.error]
     in_flight = [r for r in results if r.start <= kill_at <= r.end]
     down = _first(samples, load_stop, lambda s: s.running == 1 and s.total == 1)
+    gaps = gaps_at(results, kill_at) if killed else []
     return Findings(
         peak_running=max((s.running for s in samples), default=0),
         upscale_decided_s=_since(up_decided, load_start),
@@ -99,6 +120,14 @@ def findings(
         in_flight_at_kill=len(in_flight),
         in_flight_at_kill_failed=sum(1 for r in in_flight if r.error),
         in_flight_at_kill_max_e2e_s=round(max(r.end - r.start for r in in_flight), 1) if in_flight else None,
+        in_flight_gap_s={
+            name: None if value is None else round(value, 3)
+            for name, value in (
+                ("p50", quantile(gaps, 0.5)),
+                ("p99", quantile(gaps, 0.99)),
+                ("max", max(gaps, default=None)),
+            )
+        },
         failed_before_kill=sum(1 for r in results if r.error and r.end < kill_at),
         failed_after_recovery=sum(1 for r in results if r.error and r.start > window_end),
         scaled_down_s=_since(down, load_stop),

@@ -41,16 +41,10 @@ from pathlib import Path
 import httpx
 import openai
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.autoscale_demo import is_replica_title
-
-RESUME_METRICS = (
-    "llmstack_gateway_stream_resumes",
-    "llmstack_gateway_stream_resume_failures",
-    "llmstack_gateway_answer_retries",
-)
+from ops.benchmarks.resume_metrics import counter_deltas, quantile, resume_counters
 
 
 @dataclass
@@ -278,33 +272,6 @@ class ScaleDown:
         self.thread.start()
 
 
-def resume_counters(metrics_url: str) -> dict[str, float]:
-    """The gateway's resume counters (summed over labels, and per reason) and its resume-gap
-    histogram's count and sum."""
-    text = httpx.get(f"{metrics_url}/metrics", timeout=10).text
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if any(sample.name == f"{name}_total" for name in RESUME_METRICS):
-                name = f"{sample.name}{{reason={sample.labels.get('reason', '')}}}"  # which ends, which failures
-                out[name] = out.get(name, 0.0) + sample.value
-                out[sample.name] = out.get(sample.name, 0.0) + sample.value
-            elif sample.name in (
-                "llmstack_gateway_stream_resume_gap_seconds_count",
-                "llmstack_gateway_stream_resume_gap_seconds_sum",
-            ):
-                out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    """The q-quantile (nearest rank) of `values`; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-
 def compare(reference: list[StreamResult], killed: list[StreamResult], kill_at: float | None) -> dict:
     """The findings of a run with a kill against its uninterrupted reference."""
     cut = [r.index for r in killed if not r.whole]
@@ -444,13 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         "kill": killer.killed or "never: the streams ended before the kill point; lower --kill-after or --kill-share",
         "findings": compare(reference, killed, killer.killed.get("at")),
         "control_without_kill": None if control is None else compare(reference, control, None),
-        "gateway": {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after},
+        "gateway": counter_deltas(before, after),
         "load_average": os.getloadavg(),
     }
-    gateway = report["gateway"]
-    gaps, gap_s = (gateway.get(f"llmstack_gateway_stream_resume_gap_seconds_{p}", 0.0) for p in ("count", "sum"))
-    if gaps:
-        gateway["mean_gap_s"] = gap_s / gaps
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, default=str))
     summary = {

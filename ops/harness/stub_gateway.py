@@ -30,6 +30,7 @@ class GatewayProcess:
     url: str
     port: int
     process: subprocess.Popen
+    metrics_url: str  # /metrics and /readyz
 
 
 @contextmanager
@@ -42,14 +43,16 @@ def running_stub(log: Path) -> Iterator[StubUpstream]:
         yield StubUpstream(url, process)
 
 
-def gateway_env(*, upstream: str, redis_url: str, port: int, settings: dict) -> dict[str, str]:
-    """The environment `python -m serving.gateway` reads: its upstream, Redis, API port (its
-    metrics on another free port) and settings (serving.gateway.config, as JSON)."""
+def gateway_env(
+    *, upstream: str, redis_url: str, port: int, settings: dict, metrics_port: int | None = None
+) -> dict[str, str]:
+    """The environment `python -m serving.gateway` reads: its upstream, Redis, API port, metrics
+    port (a free one unless given) and settings (serving.gateway.config, as JSON)."""
     return {
         "LLMSTACK_UPSTREAM_URL": upstream,
         "LLMSTACK_REDIS_URL": redis_url,
         "LLMSTACK_GATEWAY_PORT": str(port),
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
+        "LLMSTACK_GATEWAY_METRICS_PORT": str(metrics_port or free_port()),
         "LLMSTACK_GATEWAY_SETTINGS": json.dumps(settings),
     }
 
@@ -67,9 +70,9 @@ def running_gateway(
     """A gateway on free ports of 127.0.0.1 (its API and its metrics), with `settings` as
     LLMSTACK_GATEWAY_SETTINGS and `args` on its command line (e.g. `--dev-key-file`), once it
     answers /healthz. `cwd`: another checkout, whose `serving.gateway` then runs."""
-    port = free_port()
-    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings)
+    port, metrics_port = free_port(), free_port()
+    env = gateway_env(upstream=upstream, redis_url=redis_url, port=port, settings=settings, metrics_port=metrics_port)
     url = f"http://127.0.0.1:{port}"
     with background([sys.executable, "-m", "serving.gateway", *args], log, env, cwd=cwd) as process:
         wait_for_http(f"{url}/healthz", process)
-        yield GatewayProcess(url, port, process)
+        yield GatewayProcess(url, port, process, f"http://127.0.0.1:{metrics_port}")

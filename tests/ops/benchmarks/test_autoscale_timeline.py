@@ -4,8 +4,15 @@ runs two again at 130 s; load stops at 150 s, one replica stops at 170 s and is 
 
 from __future__ import annotations
 
-from ops.benchmarks.autoscale_demo import is_replica_title, ray_start_command
-from ops.benchmarks.autoscale_timeline import Sample, changes, findings
+from infra.spec.stack_file import load_stack
+from ops.benchmarks.autoscale_demo import (
+    demo_gateway_settings,
+    is_replica_title,
+    pick_victim,
+    ray_start_command,
+    streams_in_flight,
+)
+from ops.benchmarks.autoscale_timeline import Sample, changes, findings, gaps_at
 from ops.llmctl.bench.stats import RequestResult
 
 
@@ -89,3 +96,48 @@ def test_replica_titles():
     assert not is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat-ngram"], deployment)
     assert not is_replica_title(["ray::ServeReplica:llm:OpenAiIngress"], deployment)
     assert not is_replica_title(["VLLM::EngineCore"], deployment) and not is_replica_title([], deployment)
+
+
+def test_the_gap_is_measured_on_the_streams_in_flight_at_the_kill():
+    # kill at 80: a stream reading every 0.1 s pauses from 79.9 to 81.4; one still in prefill
+    # gets its first chunk 2 s after the kill; one that ended before, or got nothing after, has no gap.
+    streaming = RequestResult(start=79, end=83, chunk_times=[79.8, 79.9, 81.4, 81.5])
+    prefill = RequestResult(start=79.9, end=84, chunk_times=[82.0, 82.1])
+    cut = RequestResult(start=79, end=80.5, chunk_times=[79.5], error="IncompleteStream")
+    done = RequestResult(start=70, end=75, chunk_times=[71, 74])
+    gaps = gaps_at([streaming, prefill, cut, done], kill_at=80)
+    assert [round(g, 3) for g in gaps] == [1.5, 2.0]
+    f = findings(SAMPLES, [streaming, prefill, cut, done], load_start=10, kill_at=80, load_stop=150)
+    assert f.in_flight_at_kill == 3 and f.in_flight_at_kill_failed == 1
+    assert f.in_flight_gap_s == {"p50": 1.5, "p99": 2.0, "max": 2.0}
+
+
+def test_no_kill_no_gap():
+    f = findings(SAMPLES, [_request(10, 11)], load_start=5, kill_at=None, load_stop=50)
+    assert f.in_flight_gap_s == {"p50": None, "p99": None, "max": None}
+
+
+def test_the_victim_is_the_busiest_replica_or_the_worker_node_hosting_one():
+    # (node index, CPU seconds just used, pid); node 0 is the head (GCS, Serve's controller, HAProxy)
+    replicas = [(1, 0.02, 22), (0, 0.4, 11)]
+    assert pick_victim(replicas, "replica") == (0, 11)
+    assert pick_victim(replicas, "node") == (1, 22)
+    assert pick_victim([(1, 0.4, 22), (0, 0.02, 11)], "replica") == (1, 22)
+    assert pick_victim([(0, 0.1, 11), (0, 0.2, 12)], "node") is None  # no worker node hosts one
+    assert pick_victim([], "replica") is None
+
+
+def test_the_gateway_in_front_of_the_demo_resumes_streams_and_takes_the_loadgens_body():
+    settings = demo_gateway_settings(load_stack("tests/stacks/Pulumi.autoscale.yaml"))
+    assert settings["stream_resume"]["enabled"] is True
+    assert "ignore_eos" in settings["allowed_body_extensions"]  # the bench library asks for exact lengths
+    assert settings["models"] == ["tiny-chat"] and settings["metrics_host"] == "127.0.0.1"
+    # a fixed capacity: the gateway's queue would otherwise keep the load from the replicas
+    assert settings["model_capacities"]["tiny-chat"]["adaptive"] is False
+
+
+def test_streams_in_flight_are_the_arrivals_due_less_those_ended():
+    due = [0.0, 0.4, 0.9, 1.5, 3.0]
+    assert streams_in_flight(due, elapsed_s=1.0, ended=1) == 2  # 3 sent by 1.0 s, 1 ended
+    assert streams_in_flight(due, elapsed_s=0.0, ended=0) == 1  # the first is sent at once
+    assert streams_in_flight(due, elapsed_s=10.0, ended=5) == 0

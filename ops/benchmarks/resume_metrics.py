@@ -1,0 +1,57 @@
+"""The gateway's stream-resume figures, read from its /metrics before and after a kill: resumes
+and failed resumes (summed over labels, and per reason), and its resume-gap histogram's count
+and sum. Shared by `ops.benchmarks.stream_resume` and `ops.benchmarks.autoscale_demo`; the
+parsing is pure, one function fetches."""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+RESUME_METRICS = (
+    "llmstack_gateway_stream_resumes",
+    "llmstack_gateway_stream_resume_failures",
+    "llmstack_gateway_answer_retries",
+)
+GAP_COUNT = "llmstack_gateway_stream_resume_gap_seconds_count"
+GAP_SUM = "llmstack_gateway_stream_resume_gap_seconds_sum"
+
+
+def parse_resume_counters(text: str) -> dict[str, float]:
+    """From a /metrics page: each resume counter summed over its labels and per `reason` (which
+    ends were resumed, which resumes failed), and the gap histogram's count and sum."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if any(sample.name == f"{name}_total" for name in RESUME_METRICS):
+                by_reason = f"{sample.name}{{reason={sample.labels.get('reason', '')}}}"
+                out[by_reason] = out.get(by_reason, 0.0) + sample.value
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            elif sample.name in (GAP_COUNT, GAP_SUM):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def resume_counters(metrics_url: str) -> dict[str, float]:
+    """`parse_resume_counters` of the gateway's /metrics at `metrics_url`."""
+    return parse_resume_counters(httpx.get(f"{metrics_url}/metrics", timeout=10).text)
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What a run added to each counter, and the mean gap of its resumes when there were some."""
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after.keys() | before.keys()}
+    for name in (f"{metric}_total" for metric in RESUME_METRICS):
+        delta.setdefault(name, 0.0)  # a counter no request touched yet is not exported: 0
+    if delta.get(GAP_COUNT):
+        delta["mean_gap_s"] = delta.get(GAP_SUM, 0.0) / delta[GAP_COUNT]
+    return dict(sorted(delta.items()))
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank: the ceil(q * n)-th smallest) of `values`; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
