@@ -45,12 +45,18 @@ async def decided(store: CapacityStore, model: str, move: Move) -> bool:
     return state is not None and state.move is move
 
 
-async def ticking(stores, model: str, until, what: str, replicas: int = 1):
-    """Every store ticks with no new samples until `until()` holds (the windows keep closing)."""
+def holding(peak: int) -> WindowReport:
+    """No new samples, `peak` requests still in flight: a gateway whose streams have not ended."""
+    return WindowReport({}, {}, peak)
+
+
+async def ticking(stores, model: str, until, what: str, replicas: int = 1, reports=None):
+    """Every store ticks with no new samples (or its entry of `reports`) until `until()` holds
+    (the windows keep closing)."""
 
     async def check():
-        for store in stores:
-            await store.tick(model, NOTHING, replicas=replicas)
+        for store, report in zip(stores, reports or [NOTHING] * len(stores), strict=True):
+            await store.tick(model, report, replicas=replicas)
         return await until()
 
     return await eventually_async(check, what, poll_s=WINDOW_S / 4)
@@ -66,8 +72,12 @@ def test_two_gateways_merge_their_samples_and_read_the_same_capacity(redis_serve
             await ticking([a, b], model, lambda: decided(a, model, Move.UNMEASURED), "a decision without B's samples")
             assert await a.slots(model) == TARGETS.max_slots
             # B's five more make ten in Redis: the law cuts, from the 40 in flight (20 + 20) by half.
+            # A's 20 are still in flight when B reports (A says so each tick): the window holding B's
+            # samples holds both peaks, whichever window A's samples fell in.
             await b.tick(model, slow(5, peak=20), replicas=1)
-            await ticking([a, b], model, lambda: decided(b, model, Move.DOWN), "the cut")
+            await ticking(
+                [a, b], model, lambda: decided(b, model, Move.DOWN), "the cut", reports=[holding(20), holding(20)]
+            )
             assert await a.slots(model) == await b.slots(model) == 20
             assert await a.tick(model, NOTHING, replicas=1) == await b.tick(model, NOTHING, replicas=1) == 20
             assert a.last_slots(model) == b.last_slots(model) == 20
