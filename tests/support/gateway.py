@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ops.harness.processes import free_port
-from serving.gateway.auth.keys import RedisKeyStore
+from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.http.app import create_apps
 from serving.gateway.http.server import GatewayServer
@@ -36,6 +36,25 @@ GENEROUS = {
     "daily_token_budget": 10**12,
     "max_concurrent_requests": 100,
 }
+
+
+def generous_key(redis_url: str, tenant: str, name: str, **record_fields) -> str:
+    """A key with GENEROUS limits (only the queue decides); `record_fields` (tier, weight) set on
+    its record, which key creation does not take."""
+    key = create_key_sync(redis_url, tenant, name, limits=GENEROUS)
+    if record_fields:
+
+        async def update() -> None:
+            store = RedisKeyStore(redis_url)
+            try:
+                record = await store.verify(key)
+                assert record is not None
+                await store.update(record.key_id, **record_fields)
+            finally:
+                await store.aclose()
+
+        asyncio.run(update())
+    return key
 
 
 @dataclass(frozen=True)

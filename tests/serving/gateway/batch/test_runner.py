@@ -18,7 +18,7 @@ from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from serving.gateway.batch.store import batch_key, tenant_work_key, work_key
 from serving.gateway.capacity.engine_priority import SHARE_BANDS
 from tests.support.batches import batch_reaching
-from tests.support.gateway import GENEROUS
+from tests.support.gateway import GENEROUS, generous_key
 from tests.support.servers import HANG_BOUND_S
 from tests.support.waiting import eventually
 
@@ -51,25 +51,9 @@ def samples(metrics_url: str) -> dict[tuple[str, tuple], float]:
     }
 
 
-def interactive_key(redis_url: str, tenant: str) -> str:
-    key = create_key_sync(redis_url, tenant, "batch", limits=GENEROUS)
-
-    async def promote() -> None:
-        store = RedisKeyStore(redis_url)
-        try:
-            record = await store.verify(key)
-            assert record is not None
-            await store.update(record.key_id, tier="interactive")
-        finally:
-            await store.aclose()
-
-    asyncio.run(promote())
-    return key
-
-
 def test_lines_run_at_the_lowest_tier_billed_to_the_tenant(start_gateway, redis_server, recorded) -> None:
     # engine_priority passes the tier's rank to vLLM: the body the upstream gets shows the tier.
-    key = interactive_key(redis_server.url, "metered-co")
+    key = generous_key(redis_server.url, "metered-co", "batch", tier="interactive")
     with start_gateway(queue={"engine_priority": True}) as (api, metrics):
         client = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=HANG_BOUND_S)
         assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])

@@ -9,7 +9,6 @@ The cut stream comes from the vLLM-like upstream (tests/support/vllm_upstream.py
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -20,13 +19,13 @@ import openai
 import pytest
 import redis
 
-from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
+from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.capacity.engine_priority import SHARE_BANDS
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy, QueueTier
 from serving.gateway.limits.tenants import counter_keys, tenant_daily_key
 from serving.gateway.queue.fair_queue import queue_keys
 from tests.support.counting_upstream import USAGE, CountingUpstream
-from tests.support.gateway import GENEROUS, gateway_settings, serving_gateway
+from tests.support.gateway import GENEROUS, gateway_settings, generous_key, serving_gateway
 from tests.support.servers import HANG_BOUND_S, serving
 from tests.support.vllm_upstream import directive
 from tests.support.waiting import eventually
@@ -79,20 +78,7 @@ def queued_gateway(
 
 def key_for(redis_url: str, tenant: str, **fields) -> str:
     """A key with generous limits; `fields` (tier, weight) set on its record."""
-    key = create_key_sync(redis_url, tenant, "queue-test", limits=GENEROUS)
-    if fields:
-
-        async def update() -> None:
-            store = RedisKeyStore(redis_url)
-            try:
-                record = await store.verify(key)
-                assert record is not None
-                await store.update(record.key_id, **fields)
-            finally:
-                await store.aclose()
-
-        asyncio.run(update())
-    return key
+    return generous_key(redis_url, tenant, "queue-test", **fields)
 
 
 def chat(api: str, key: str, model: str, what: str, **extra) -> httpx.Response:

@@ -15,7 +15,6 @@ slots, whatever its key's weight. Capacity 10 keeps one slot of reserve (the def
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -26,8 +25,7 @@ import pytest
 
 from ops.harness.processes import free_port, wait_for_http
 from ops.harness.stub_gateway import gateway_env
-from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
-from tests.support.gateway import GENEROUS
+from tests.support.gateway import generous_key
 from tests.support.gateway_process import gateway_process
 from tests.support.loaded_upstream import LoadedUpstream
 from tests.support.servers import HANG_BOUND_S, serving
@@ -58,26 +56,11 @@ def queue_gateway(upstream: str, redis_url: str, model: str, log: Path) -> Itera
         yield f"http://127.0.0.1:{port}"
 
 
-def weighted_key(redis_url: str, tenant: str, weight: float) -> str:
-    """A key with generous limits (only the queue decides) and `weight` on its record."""
-    key = create_key_sync(redis_url, tenant, "weights", limits=GENEROUS)
-
-    async def update() -> None:
-        store = RedisKeyStore(redis_url)
-        try:
-            record = await store.verify(key)
-            assert record is not None
-            await store.update(record.key_id, weight=weight)
-        finally:
-            await store.aclose()
-
-    asyncio.run(update())
-    return key
-
-
 def test_key_weights_give_weighted_shares_of_a_saturated_model(redis_server, tmp_path):
     model = f"m-{uuid.uuid4().hex[:8]}"
-    keys = {tenant: weighted_key(redis_server.url, tenant, weight) for tenant, weight in WEIGHTS.items()}
+    keys = {
+        tenant: generous_key(redis_server.url, tenant, "weights", weight=weight) for tenant, weight in WEIGHTS.items()
+    }
     # Long enough a request (about 100 ms at capacity) that the gateway, not the clients, is the queue.
     engine = LoadedUpstream(ms_per_stream=10.0, itl_ms=5.0, tokens=4)
     with (
