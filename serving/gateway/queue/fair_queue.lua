@@ -204,10 +204,9 @@ end
 -- however deep it waits. A reserve slot handed out of tag order moves the virtual time past the
 -- waiters it skipped, so a tenant under its share queues behind every stale waiter of the tenants
 -- over theirs: looking at only the first few left the slot idle, and the next release, below the
--- reserve, gave the head (a tenant over its share) a slot (issue 30: a weight-4 tenant got 1.5x a
--- weight-1 one on make dev). Each tenant's share is read once per call; the walk is bounded by the
--- tier's max_queue_length and runs only while just the reserve is free. A stale id (no record) is
--- returned as is, for the caller to drop.
+-- reserve, gave the head (a tenant over its share) a slot. Each tenant's share is read once per
+-- call; the walk is bounded by the tier's max_queue_length and runs only while just the reserve is
+-- free. A stale id (no record) is returned as is, for the caller to drop.
 local PAGE = 64
 local function next_waiter(rank, count, cap)
   if not only_reserve_left(count, cap) then

@@ -263,9 +263,9 @@ def test_a_tenant_under_its_share_gets_the_reserve_however_deep_in_the_queue_it_
     to light's next waiter, out of tag order, which moves the virtual time up past heavy's stale
     waiters: after 31 of them, light's next waiter has 32 of heavy's ahead of it.
 
-    What broke it (issue 30, on `make dev` a weight-4 tenant got 1.5x a weight-1 tenant, not 4x):
-    the script looked for that waiter among the first 32 only, found none, and left the slot idle;
-    the next release then fell below the reserve and gave the head, heavy's, a slot over its share."""
+    What broke it: the script looked for that waiter among the first 32 only, found none, and left
+    the slot idle; the next release then fell below the reserve and gave the head, heavy's, a slot
+    over its share."""
     light_waiters = 36
 
     async def scenario() -> None:

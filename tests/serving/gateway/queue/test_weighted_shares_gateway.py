@@ -7,7 +7,7 @@ do): the fair queue decides who runs. Counted over a stretch of completions afte
 tenant's part of them must follow its weight: the weight-4 tenant about half (its ideal 4/8),
 the weight-2 one about a quarter, each weight-1 one about an eighth.
 
-What broke it (issue 30): on a saturated model every slot that frees leaves capacity - 1 in
+What broke it: on a saturated model every slot that frees leaves capacity - 1 in
 flight, inside the reserve, so the reserve's rule decided every hand-over, and its share was the
 capacity split EQUALLY among the tenants holding slots: every tenant ended up with the same
 slots, whatever its key's weight. Capacity 10 keeps one slot of reserve (the default 0.1).
