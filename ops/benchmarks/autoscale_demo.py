@@ -621,7 +621,13 @@ def main(argv: list[str] | None = None) -> int:
         f"their pause around the kill {f['in_flight_gap_s']}"
     )
     if "gateway_resumes" in record:
-        say(f"gateway resumes over the run: {record['gateway_resumes']}")
+        g = record["gateway_resumes"]
+        say(
+            f"gateway: {g['llmstack_gateway_stream_resumes_total']:g} streams resumed, "
+            f"{g['llmstack_gateway_stream_resume_failures_total']:g} resumes failed, "
+            f"{g['llmstack_gateway_answer_retries_total']:g} answers retried; resume gap p50 {g.get('p50_gap_s')} / "
+            f"p99 {g.get('p99_gap_s')} s (its histogram; every counter in {args.out})"
+        )
     return 0
 
 

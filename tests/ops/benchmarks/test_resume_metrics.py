@@ -46,3 +46,30 @@ def test_nearest_rank_quantile():
     assert quantile([], 0.5) is None
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert quantile([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+def with_gaps(buckets: dict[str, float]) -> dict[str, float]:
+    """A run's deltas holding only the gap histogram's buckets (cumulative, as exported) and count."""
+    delta = {f"llmstack_gateway_stream_resume_gap_seconds_bucket{{le={le}}}": n for le, n in buckets.items()}
+    return delta | {"llmstack_gateway_stream_resume_gap_seconds_count": buckets["+Inf"]}
+
+
+def test_gap_quantiles_interpolate_within_the_bucket_as_histogram_quantile_does():
+    # 4 resumes: one in (0.1, 0.25], three in (0.25, 0.5]. p50 = rank 2: a third into (0.25, 0.5].
+    delta = counter_deltas({}, with_gaps({"0.1": 0, "0.25": 1, "0.5": 4, "1.0": 4, "+Inf": 4}))
+    assert abs(delta["p50_gap_s"] - (0.25 + 0.25 / 3)) < 1e-9
+    assert 0.25 < delta["p99_gap_s"] <= 0.5
+    # Every gap past the last finite bound: the bound, not infinity.
+    assert counter_deltas({}, with_gaps({"1.0": 0, "+Inf": 2}))["p99_gap_s"] == 1.0
+
+
+def test_gap_quantiles_are_taken_over_the_run_only():
+    before = parse_resume_counters(METRICS)  # before the run: 2 gaps within 1 s, 2 longer
+    after = before | {
+        "llmstack_gateway_stream_resume_gap_seconds_bucket{le=0.25}": 3.0,
+        "llmstack_gateway_stream_resume_gap_seconds_bucket{le=1.0}": 5.0,
+        "llmstack_gateway_stream_resume_gap_seconds_bucket{le=+Inf}": 7.0,
+        "llmstack_gateway_stream_resume_gap_seconds_count": 7.0,
+    }
+    delta = counter_deltas(before, after)  # the run: 3 resumes, all within 0.25 s
+    assert 0 < delta["p99_gap_s"] <= 0.25  # over the whole history it would be 1.0
