@@ -53,7 +53,8 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
     if delta.get(GAP_COUNT):
         delta["mean_gap_s"] = delta.get(GAP_SUM, 0.0) / delta[GAP_COUNT]
         for name, q in (("p50_gap_s", 0.5), ("p99_gap_s", 0.99)):
-            delta[name] = gap_quantile(delta, q)
+            if (value := gap_quantile(delta, q)) is not None:
+                delta[name] = value
     return dict(sorted(delta.items()))
 
 
