@@ -31,7 +31,9 @@ CHAT_WORDS = 30
 # when it has read it: a busy client reads it late, so the two timers differ by the client's lag
 # and the client's must end well before the server's, or it sends a request on a connection the
 # server is closing at that moment (an aiohttp ServerDisconnectedError before any byte, which no
-# retry may paper over: a POST sent twice may be generated and billed twice).
+# retry may paper over: a POST sent twice may be generated and billed twice). A client that reads
+# a response's end more than the server's whole idle close after it was sent cannot tell: such a
+# request still fails, is counted as failed, and `client_keeps_up` shows the lag behind it.
 KEEPALIVE_SHARE = 0.5
 
 
