@@ -6,6 +6,7 @@ the real gateway and its Redis), the adaptive capacity on and off in one run.
     python -m ops.benchmarks.fair_capacity --phase-s 15 --rounds 1 --flood 16   # a short check
     python -m ops.benchmarks.fair_capacity --ttft-ms 60   # a target near 2x B's TTFT alone
     python -m ops.benchmarks.fair_capacity --phases jain,growth --phase-s 30   # without the noisy phases
+    python -m ops.benchmarks.fair_capacity --phases jain --jain-streams 96 --jain-tokens 128 --clients 2
 
 It writes a stack file beside Pulumi.local.yaml's: the same tiny chat model twice, `tiny-chat`
 with its latency target's adaptation on and `tiny-chat-fixed` with `adaptive: false` (capacity
@@ -23,11 +24,14 @@ tenant in its Redis (standard tier; the weights below), and runs, each phase `--
   in flight (together three times the ceiling, so the fair queue decides), `--jain-tokens` (32)
   output tokens a request: Jain's index of output tokens/s per unit of weight (1: each got its
   weight's share), from the requests sent after the phase's first quarter (its ramp, where every
-  stream's first request arrives at once and the slots go first come). Per tenant also
-  where its requests' time went (the client's whole request, the gateway's part, the queue wait)
-  and, sampled every 0.5 s from the queue's Redis hashes, the slots it held and its requests
-  waiting: a tenant with none waiting cannot take its share, so a low figure for it is its
-  clients' (and this machine's), not the queue's.
+  stream's first request arrives at once and the slots go first come). The streams are sent from
+  `--clients` processes (`ops.benchmarks.fair_load`; by default one per 8 streams, at most one per
+  core), each with its share of every tenant's, so one process's CPU does not set the tenants'
+  turnaround. Per tenant also where its requests' time went (the client's whole request, the
+  gateway's part, the queue wait; `client_keeps_up` puts the client's mean beside the gateway's:
+  far above 1x, the client is the bottleneck) and, sampled every 0.5 s from the queue's Redis
+  hashes, the slots it held and its requests waiting: a tenant with none waiting cannot take its
+  share, so a low figure for it is its clients' (and this machine's), not the queue's.
 - `growth` (adaptive model): `--growth-streams` (64, the ceiling: all of any capacity in use, so
   the engine's TTFT follows the prompts; the law learns nothing while under half of it is used) on
   /v1/completions, whose prompts grow tenfold after one phase (about 40 to 400 tokens, within
@@ -45,7 +49,9 @@ flood; ~1 ms when idle, and none under SCHED_FIFO), so the client's p99 is mostl
 on both the client and the gateway side, which a cluster (gateway pods off the GPU nodes) does not
 have. The gateway's figure less its queue wait is what its capacity law steers by.
 
-Requests ask for exact output lengths (`ignore_eos`, `max_tokens`). Afterwards it stops the stack
+Requests ask for exact output lengths (`ignore_eos`, `max_tokens`). The client keeps an idle
+connection for half the edge's idle close (`fair_load.client_keepalive_s`) and retries nothing: a
+disconnect is a failed request. Afterwards it stops the stack
 (SIGTERM to its runner, which stops Ray, the engines and Redis) and checks that none of the
 processes it started is left.
 
@@ -71,7 +77,9 @@ from typing import Any
 
 import yaml
 
-from infra.spec.stack_file import PROJECT_ROOT
+from infra.spec.stack_file import PROJECT_ROOT, load_stack
+from ops.benchmarks import fair_load
+from ops.benchmarks.fair_load import CHAT_WORDS, OUTPUT_TOKENS, Load, Share, client_keepalive_s, shares
 
 ADAPTIVE, FIXED = "tiny-chat", "tiny-chat-fixed"
 WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
@@ -81,14 +89,12 @@ GENEROUS = {
     "daily_token_budget": 10**12,
     "max_concurrent_requests": 10_000,
 }
-OUTPUT_TOKENS = 32
 # The growth phase's prompts, sent to /v1/completions (no chat template around them): "hello" is
 # 4 tokens of the tiny model's tokenizer (a short run read 160 prompt tokens for 40 words), so
 # about 40 and 400 tokens, 400 + 32 output within max_model_len 512. Each starts with its own number:
 # vLLM's prefix cache (on in our serve config) reuses the KV of any prompt's leading blocks seen
 # before, so identical prompts cost one prefill in all, and growing them moved no TTFT (runs 1 and 2).
 SHORT_WORDS, LONG_WORDS = 10, 100
-CHAT_WORDS = 30
 # Per tenant in the Jain phase. Above every tenant's weighted share of the ceiling (64: w4's share
 # is 64 x 4/8 = 32), meant to keep a request of each tenant waiting when a slot frees. On this
 # 2-core machine it does not for w4: a request spends about 1 s in the client and the edge for
@@ -149,6 +155,7 @@ class Stack:
     def __init__(self, stack_file: Path) -> None:
         from ops.harness.processes import free_port
 
+        self.stack_file = stack_file
         self.state_dir = tempfile.mkdtemp(prefix="llmstack-faircap-")
         env = {**os.environ, "LLMSTACK_STATE_DIR": self.state_dir}
         self.process = subprocess.Popen(
@@ -219,14 +226,7 @@ async def make_keys(redis_url: str, tenants: dict[str, float]) -> dict[str, str]
     return keys
 
 
-# --- load -------------------------------------------------------------------------------------------
-
-
-def prompt_text(words: int, number: int | None = None) -> str:
-    """`words` x "hello", after `number` when given: a prompt of its own, nothing of it in vLLM's
-    prefix cache (a cache hit on its first block would make every later block one too)."""
-    text = " ".join(["hello"] * words)
-    return text if number is None else f"{number} {text}"
+# --- figures ----------------------------------------------------------------------------------------
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -240,87 +240,6 @@ def jain_index(values: list[float]) -> float:
     """(sum x)^2 / (n sum x^2): 1 when all got the same, 1/n when one got everything."""
     total, squares = sum(values), sum(v * v for v in values)
     return 0.0 if squares == 0 else total * total / (len(values) * squares)
-
-
-class Load:
-    """Closed-loop streamed chat requests against the gateway; every outcome recorded."""
-
-    def __init__(self, base_url: str, keys: dict[str, str]) -> None:
-        import aiohttp
-
-        # aiohttp, not httpx: one httpx AsyncClient relaying 16 streams completed 15 requests/s where
-        # aiohttp completed 40 against the same make dev, and the difference waited in the client
-        # (client TTFT p50 0.9 s vs the gateway's own 0.05 s), so every client-side latency here was
-        # the client's queue, and a flood's requests never reached the gateway to be queued fairly.
-        self.base_url, self.keys = base_url.rstrip("/"), keys
-        self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
-        )
-        self.records: list[dict[str, Any]] = []
-        self.words = CHAT_WORDS
-        self.output_tokens = OUTPUT_TOKENS
-        self.sent = 0
-        self.completions = False  # the growth phase: /v1/completions, its prompt `words` long
-
-    async def one(self, tenant: str, model: str, phase: str, started: float) -> None:
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        record: dict[str, Any] = {"tenant": tenant, "model": model, "phase": phase, "sent": sent - started}
-        if self.completions:
-            self.sent += 1
-        text = prompt_text(self.words, self.sent if self.completions else None)
-        body: dict[str, Any] = {
-            "model": model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": self.output_tokens,
-            "ignore_eos": True,
-        }
-        if self.completions:
-            path, body["prompt"] = "/completions", text
-        else:
-            path, body["messages"] = "/chat/completions", [{"role": "user", "content": text}]
-        try:
-            async with self.client.post(
-                self.base_url + path, json=body, headers={"authorization": f"Bearer {self.keys[tenant]}"}
-            ) as response:
-                record["status"] = response.status
-                record["request_id"] = response.headers.get("x-request-id")
-                record["queue_wait_ms"] = int(response.headers.get("x-queue-wait-ms", "0") or 0)
-                if response.status != 200:  # the error's code says which refusal (queue full, a limit)
-                    error = (await response.json(content_type=None) or {}).get("error") or {}
-                    record["error"] = str(error.get("code") or error.get("type") or "")
-                async for raw in response.content:
-                    line = raw.decode().rstrip("\r\n")
-                    if line.startswith("event: error"):
-                        record["error"] = "error event"
-                    if not line.startswith("data: {"):
-                        continue
-                    event = json.loads(line[len("data: ") :])
-                    if "error" in event:
-                        record["error"] = "error event"
-                    choices = event.get("choices") or []
-                    if any((c.get("delta") or {}).get("content") or c.get("text") for c in choices):
-                        record.setdefault("ttft", loop.time() - sent)
-                    if event.get("usage"):
-                        record["output_tokens"] = event["usage"].get("completion_tokens", 0)
-                        record["prompt_tokens"] = event["usage"].get("prompt_tokens", 0)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # a broken stream, a timeout, a garbled event
-            record.setdefault("status", 0)
-            record["error"] = type(exc).__name__
-        record["done"] = loop.time() - started
-        self.records.append(record)
-
-    async def closed(self, tenant: str, model: str, phase: str, streams: int, until: float, started: float) -> None:
-        loop = asyncio.get_running_loop()
-
-        async def caller() -> None:
-            while loop.time() < until:
-                await self.one(tenant, model, phase, started)
-
-        await asyncio.gather(*(caller() for _ in range(streams)))
 
 
 def gateway_times(log_lines: list[str], field: str = "ttft_ms") -> dict[str, float]:
@@ -447,7 +366,9 @@ def backlog_summary(samples: list[dict[str, Any]], tenants: list[str]) -> dict[s
 
 async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     keys = await make_keys(stack.redis_url, {"a": 1.0, "b": 1.0, **WEIGHTS, "g": 1.0})
-    load = Load(stack.ready["base_url"], keys)
+    # The client talks to the edge (HAProxy), which closes a connection idle past header_timeout_s.
+    edge_idle_s = load_stack(str(stack.stack_file)).gateway.edge.header_timeout_s
+    load = Load(stack.ready["base_url"], keys, keepalive_s=client_keepalive_s(edge_idle_s))
     loop = asyncio.get_running_loop()
     started = loop.time()
     results: dict[str, Any] = {"noisy": [], "jain": None, "growth": None}
@@ -457,9 +378,7 @@ async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         if "noisy" in args.phases:
             await noisy_phases(stack, load, args, started, results)
         if "jain" in args.phases:
-            load.output_tokens = args.jain_tokens
             results["jain"] = await jain_phase(stack, load, args, started)
-            load.output_tokens = OUTPUT_TOKENS
             print(json.dumps(results["jain"]), flush=True)
         if "growth" in args.phases:
             results["growth"] = await growth_phase(stack, load, args, started)
@@ -521,15 +440,34 @@ def steady_records(records: list[dict[str, Any]], phase: str, start: float, end:
 
 
 async def jain_phase(stack: Stack, load: Load, args: argparse.Namespace, started: float) -> dict[str, Any]:
-    """Four weighted tenants on the adaptive model; per tenant also where its requests' time went
-    and whether it had requests waiting in the gateway's queue (queue_trace)."""
-    loop, phase_s = asyncio.get_running_loop(), args.phase_s
-    start, until = loop.time(), loop.time() + phase_s
+    """Four weighted tenants on the adaptive model, their streams sent from `--clients` processes
+    (`fair_load.run_share`) while this one samples the queue; per tenant also where its requests'
+    time went and whether it had requests waiting in the gateway's queue (queue_trace)."""
+    from ops.llmctl.bench.workers import WorkerPool
+
+    phase_s = args.phase_s
+    jobs = [
+        Share(
+            base_url=load.base_url,
+            keys={t: load.keys[t] for t in WEIGHTS},
+            streams=part,
+            model=ADAPTIVE,
+            phase="jain",
+            output_tokens=args.jain_tokens,
+            started=started,
+            seconds=phase_s,
+            keepalive_s=load.keepalive_s,
+        )
+        for part in shares(dict.fromkeys(WEIGHTS, args.jain_streams), args.clients)
+    ]
     samples: list[dict[str, Any]] = []
-    await asyncio.gather(
-        *(load.closed(t, ADAPTIVE, "jain", args.jain_streams, until, started) for t in WEIGHTS),
-        queue_trace(stack.redis_url, ADAPTIVE, until, samples, started),
-    )
+    async with WorkerPool(len(jobs), module=fair_load.__name__) as pool:
+        start = await pool.start(jobs)
+        until = start + phase_s
+        parts, _ = await asyncio.gather(
+            pool.results(dict[str, Any]), queue_trace(stack.redis_url, ADAPTIVE, until, samples, started)
+        )
+    load.records.extend(record for part in parts for record in part)
     at_gateway, latency = gateway_ttfts(stack.stderr), gateway_times(stack.stderr, "latency_ms")
     steady = steady_records(load.records, "jain", start - started, until - started)
     seconds = (1 - RAMP_FRACTION) * phase_s
@@ -538,10 +476,24 @@ async def jain_phase(stack: Stack, load: Load, args: argparse.Namespace, started
     return {
         "tokens_per_s_per_weight": per_weight,
         "jain_index": round(jain_index(list(per_weight.values())), 3),
+        "client_keeps_up": client_keeps_up(tenants),
+        "clients": len(jobs),
         "failed": sum(summarize(load.records, "jain", t, phase_s)["failed"] for t in WEIGHTS),
         "tenants": tenants,
         "backlog": backlog_summary(samples[int(len(samples) * RAMP_FRACTION) :], list(WEIGHTS)),
     }
+
+
+def client_keeps_up(tenants: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Per tenant, "client mean / gateway mean" latency of its requests and their ratio. Near 1 the
+    client reads each response as the gateway sends it; well above 1 the requests waited outside
+    the gateway (the client's processes or the edge, on this machine mostly for a core), and a
+    tenant's tokens/s are then the client's turnaround rather than the queue's share."""
+    out: dict[str, str | None] = {}
+    for tenant, summary in tenants.items():
+        client, gateway = summary.get("client_latency_mean_ms"), summary.get("gateway_latency_mean_ms")
+        out[tenant] = None if not (client and gateway) else f"{client} / {gateway} ms ({client / gateway:.2f}x)"
+    return out
 
 
 GROWTH_STAGES = (("short", SHORT_WORDS), ("long", LONG_WORDS), ("short", SHORT_WORDS))
@@ -633,12 +585,21 @@ def main() -> None:
     parser.add_argument("--phases", type=lambda text: text.split(","), default=list(PHASES), help="e.g. jain,growth")
     parser.add_argument("--jain-streams", type=int, default=JAIN_STREAMS, help="streams per tenant, Jain phase")
     parser.add_argument("--jain-tokens", type=int, default=OUTPUT_TOKENS, help="output tokens a request, Jain phase")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        help="client processes sending the Jain phase's streams (default: one per 8 streams, at most one per core)",
+    )
     parser.add_argument("--growth-streams", type=int, default=GROWTH_STREAMS, help="streams in flight, growth phase")
     parser.add_argument(
         "--ttft-ms", type=float, help="both models' latency_target.ttft_ms (default: Pulumi.local.yaml's, 300)"
     )
     parser.add_argument("--out", default="build/bench/fair_capacity.json")
     args = parser.parse_args()
+    if args.clients is None:
+        from ops.llmctl.bench.split import default_processes
+
+        args.clients = default_processes("concurrency", [len(WEIGHTS) * args.jain_streams], os.cpu_count() or 1)
     # SIGTERM (a stopped job, a CI timeout) unwinds like Ctrl-C, so the `finally` stops the stack.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     folder = Path(tempfile.mkdtemp(prefix="llmstack-faircap-stack-"))

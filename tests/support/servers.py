@@ -16,11 +16,19 @@ HANG_BOUND_S = 30  # only bounds a hang; never an assertion about speed
 
 
 @contextmanager
-def serving(app, port: int | None = None) -> Iterator[str]:
-    """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it."""
+def serving(app, port: int | None = None, keep_alive_s: int = 5) -> Iterator[str]:
+    """Run `app` under uvicorn on 127.0.0.1 in a thread; always stop it. `keep_alive_s`: how long
+    uvicorn keeps an idle connection open (its `timeout_keep_alive`, 5 s by default)."""
     port = port or free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=keep_alive_s,
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -7,6 +7,10 @@ client), alive for the whole run, speaking JSON lines:
           start at (the machine's monotonic clock, which all processes share)
   stdout  `Ready` when its client is built, a `Result` per request as it ends, then `Done`
 It ends when its stdin closes. Anything else the worker prints goes to stderr.
+
+The pool and the protocol do not depend on what a job is: another load generator gives
+`WorkerPool` its own worker module, which calls `serve` with its job type and its work, and
+reads its results with `start` and `results` (`ops.benchmarks.fair_load` does).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import IO, Annotated, Literal
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -32,7 +36,13 @@ LINE_LIMIT = 64 * 1024 * 1024
 EXIT_WAIT_S = 10
 
 
+JobT = TypeVar("JobT", bound=BaseModel)
+ResultT = TypeVar("ResultT")
+
+
 class Job(BaseModel):
+    """`llmctl bench`'s job: its part of one level."""
+
     kind: Literal["job"] = "job"
     spec: LoadSpec
     mode: Literal["concurrency", "rate"]
@@ -51,7 +61,9 @@ class Ready(BaseModel):
 
 class Result(BaseModel):
     kind: Literal["result"] = "result"
-    result: RequestResult
+    # Whatever the worker's work reports (a `RequestResult` for `llmctl bench`); the pool reads
+    # it back as the type its caller asks `results` for.
+    result: Any
 
 
 class Done(BaseModel):
@@ -71,9 +83,11 @@ class WorkerPool:
     """`processes` workers for the length of a run: `async with WorkerPool(4) as pool`, then
     `await pool.run_level(...)` per level."""
 
-    def __init__(self, processes: int) -> None:
-        self.processes = processes
+    def __init__(self, processes: int, module: str = "ops.llmctl.bench.workers") -> None:
+        """`module`: the worker, run as `python -m module`; its main is `serve(...)`."""
+        self.processes, self.module = processes, module
         self._workers: list[asyncio.subprocess.Process] = []
+        self._started: list[asyncio.subprocess.Process] = []
 
     async def __aenter__(self) -> WorkerPool:
         for _ in range(self.processes):
@@ -81,7 +95,7 @@ class WorkerPool:
                 await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "ops.llmctl.bench.workers",
+                    self.module,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     limit=LINE_LIMIT,
@@ -116,15 +130,31 @@ class WorkerPool:
     ) -> list[RequestResult]:
         """The level split over the workers, started together; every request's result."""
         parts = split_level(spec, mode, level, len(self._workers))
-        workers = self._workers[: len(parts)]
-        for worker, part in zip(workers, parts, strict=True):
-            await _send(worker, Job(spec=spec, mode=mode, level=level, part=part))
-        for worker in workers:
+        await self.start([Job(spec=spec, mode=mode, level=level, part=part) for part in parts])
+        return merge_results(await self.results(RequestResult, on_result))
+
+    async def start(self, jobs: Sequence[BaseModel]) -> float:
+        """A job to each of the first `len(jobs)` workers and, once every one of them is ready,
+        the one instant they all start at (`time.monotonic()`'s clock), which this returns."""
+        if len(jobs) > len(self._workers):
+            raise ValueError(f"{len(jobs)} jobs for {len(self._workers)} worker processes")
+        self._started = self._workers[: len(jobs)]
+        for worker, job in zip(self._started, jobs, strict=True):
+            await _send(worker, job)
+        for worker in self._started:
             await _expect_ready(worker)
         go = Go(start_at=time.monotonic() + START_MARGIN_S)
-        for worker in workers:
+        for worker in self._started:
             await _send(worker, go)
-        return merge_results(await asyncio.gather(*(_collect(worker, on_result) for worker in workers)))
+        return go.start_at
+
+    async def results(
+        self, result_type: type[ResultT], on_result: Callable[[ResultT], None] | None = None
+    ) -> list[list[ResultT]]:
+        """The results of the workers `start` gave jobs, each worker's in the order it reported
+        them, once every one of them is done."""
+        adapter, workers, self._started = TypeAdapter(result_type), self._started, []
+        return list(await asyncio.gather(*(_collect(worker, adapter, on_result) for worker in workers)))
 
 
 async def _send(worker: asyncio.subprocess.Process, message: BaseModel) -> None:
@@ -149,35 +179,28 @@ async def _expect_ready(worker: asyncio.subprocess.Process) -> None:
 
 
 async def _collect(
-    worker: asyncio.subprocess.Process, on_result: Callable[[RequestResult], None] | None
-) -> list[RequestResult]:
+    worker: asyncio.subprocess.Process,
+    adapter: TypeAdapter[ResultT],
+    on_result: Callable[[ResultT], None] | None,
+) -> list[ResultT]:
     results = []
     while not isinstance(message := await _read(worker), Done):
         if isinstance(message, Result):
-            results.append(message.result)
+            result = adapter.validate_python(message.result)
+            results.append(result)
             if on_result is not None:
-                on_result(message.result)
+                on_result(result)
     return results
 
 
-async def _work(job: Job, stdin: IO[str], say: Callable[[BaseModel], None]) -> None:
-    async with make_client(job.spec) as client:
-        say(Ready())
-        go = Go.model_validate_json(stdin.readline())  # nothing else runs yet: a blocking read is fine
-        await run_level(
-            job.spec,
-            job.mode,
-            job.level,
-            part=job.part,
-            client=client,
-            start_at=go.start_at,
-            on_result=lambda result: say(Result(result=result)),
-        )
-    say(Done())
-
-
-def main() -> None:
-    """The worker: jobs from stdin until it closes."""
+def serve(
+    job_type: type[JobT],
+    work: Callable[[JobT, Callable[[], float], Callable[[Any], None]], Coroutine[Any, Any, None]],
+) -> None:
+    """A worker process's main: for each job from stdin (until it closes), `await work(job,
+    ready, report)`, then `Done`. The work calls `ready()` once it is set up (a client built):
+    that says `Ready` and returns the instant to start at, when every worker is; and
+    `report(result)` for each result."""
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the channel
 
@@ -185,8 +208,23 @@ def main() -> None:
         channel.write(message.model_dump_json() + "\n")
         channel.flush()
 
+    def ready() -> float:
+        say(Ready())
+        return Go.model_validate_json(sys.stdin.readline()).start_at  # nothing else runs yet: blocking is fine
+
     while line := sys.stdin.readline():
-        asyncio.run(_work(Job.model_validate_json(line), sys.stdin, say))
+        asyncio.run(work(job_type.model_validate_json(line), ready, lambda result: say(Result(result=result))))
+        say(Done())
+
+
+async def _work(job: Job, ready: Callable[[], float], report: Callable[[RequestResult], None]) -> None:
+    async with make_client(job.spec) as client:
+        await run_level(job.spec, job.mode, job.level, part=job.part, client=client, start_at=ready(), on_result=report)
+
+
+def main() -> None:
+    """`llmctl bench`'s worker: jobs from stdin until it closes."""
+    serve(Job, _work)
 
 
 if __name__ == "__main__":

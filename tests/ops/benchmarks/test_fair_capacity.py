@@ -9,11 +9,11 @@ from ops.benchmarks.fair_capacity import (
     FIXED,
     JAIN_STREAMS,
     backlog_summary,
+    client_keeps_up,
     gateway_times,
     gateway_ttfts,
     growth_summary,
     jain_index,
-    prompt_text,
     stack_text,
     steady_records,
     summarize,
@@ -139,7 +139,10 @@ def test_where_a_request_s_time_went_client_gateway_and_queue():
     )
 
 
-def test_growth_prompts_start_apart_so_the_prefix_cache_cannot_serve_them():
-    first, second = prompt_text(100, 1), prompt_text(100, 2)
-    assert first.split()[0] != second.split()[0] and first.split()[1:] == second.split()[1:] == ["hello"] * 100
-    assert prompt_text(3) == "hello hello hello"
+def test_the_client_s_latency_is_put_beside_the_gateway_s():
+    tenants = {
+        "w1a": {"client_latency_mean_ms": 6800, "gateway_latency_mean_ms": 2000},
+        "w4": {"client_latency_mean_ms": 2100, "gateway_latency_mean_ms": 2000},
+        "idle": {"client_latency_mean_ms": None, "gateway_latency_mean_ms": None},  # no request timed
+    }
+    assert client_keeps_up(tenants) == {"w1a": "6800 / 2000 ms (3.40x)", "w4": "2100 / 2000 ms (1.05x)", "idle": None}
