@@ -18,7 +18,8 @@ which part of it. A request steers it with a directive in its first prompt text:
   engine process killed while its replica lived); `error_code` sets the event's code (400: an
   error of the request, which is the answer and never resumed);
 - in_prefill: a dying stream's replica dies before its response headers, as Ray Serve LLM's
-  ingress sends them only with the first chunk: HAProxy's 502 where the stream would have been.
+  ingress sends them only with the first chunk: where the stream would have been, the page Ray's
+  HAProxy serves for its 502 (`RAY_HAPROXY_502`).
 
 A continuation (/v1/completions whose prompt is token ids: the prompt's, then the generated
 ones) is answered deterministically from where those ids stop: the original request is known by
@@ -44,6 +45,11 @@ PROMPT_TOKENS = 5
 
 def answer_text(tokens: int) -> str:
     return "".join(f" t{i}" for i in range(tokens))
+
+
+# What Ray Serve's HAProxy sends when the server it chose drops the request (its 502; 503 and 504
+# alike): the page ray/serve/_private/haproxy.py writes and its config's `errorfile` lines serve.
+RAY_HAPROXY_502 = (500, [(b"content-type", b"text/plain"), (b"content-length", b"21")], b"Internal Server Error")
 
 
 class ReplicaDied(Exception):
@@ -170,34 +176,36 @@ class ResumableUpstream:
     async def _whole(
         self, send: Any, answer: _Answer, chat: bool, dies: bool, done: int, end: int, prompt: int
     ) -> None:
-        """A non-streamed answer; one whose replica dies is HAProxy's 502 instead (the engine had
-        generated it, nobody got it)."""
+        """A non-streamed answer; one whose replica dies is HAProxy's page for a 502 instead (the
+        engine had generated it, nobody got it)."""
         with self._lock:
             self.generated[answer.rid]["completion"] += end - done
         if dies:
-            status, document = 502, {"error": "the server closed the connection"}
-        else:
-            text = "".join(f" t{i}" for i in range(done, end))
-            choice = {
-                "index": 0,
-                "finish_reason": "length",
-                **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
-            }
-            status, document = (
-                200,
-                {
-                    "id": "cmpl-whole",
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": 1,
-                    "model": answer.model,
-                    "choices": [choice],
-                    "usage": {
-                        "prompt_tokens": prompt,
-                        "completion_tokens": end - done,
-                        "total_tokens": prompt + end - done,
-                    },
+            status, headers, page = RAY_HAPROXY_502
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": page})
+            return
+        text = "".join(f" t{i}" for i in range(done, end))
+        choice = {
+            "index": 0,
+            "finish_reason": "length",
+            **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+        }
+        status, document = (
+            200,
+            {
+                "id": "cmpl-whole",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": 1,
+                "model": answer.model,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": end - done,
+                    "total_tokens": prompt + end - done,
                 },
-            )
+            },
+        )
         await send(
             {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
         )

@@ -66,12 +66,26 @@ RESUMABLE = frozenset(
 ENGINE_ERROR_TYPES = frozenset({"InternalServerError", "ServiceUnavailableError"})
 # HAProxy answers 502 when a server drops a request it had taken, 503 when no server is up (yet).
 UNAVAILABLE_STATUSES = frozenset({502, 503})
+# Ray Serve's HAProxy does not send those as they are: its config serves one page for 502, 503
+# and 504 (`errorfile` lines of ray/serve/_private/haproxy_templates.py; the page is written by
+# haproxy.py): status 500, `Content-Type: text/plain`, body "Internal Server Error". A replica
+# lost before answering reaches the gateway as that page. vLLM's own errors are JSON, and a Serve
+# replica's unhandled-exception 500 carries the same text without a content type, so the page is
+# told apart by its header and length, without reading a body the error path still has to relay.
+RAY_HAPROXY_ERROR_PAGE = b"Internal Server Error"
+
+
+def replica_unavailable(status: int, content_type: str | None, content_length: int | None) -> bool:
+    """The upstream answered that no replica took the request: HAProxy's 502/503, or Ray's page for them."""
+    if status in UNAVAILABLE_STATUSES:
+        return True
+    return status == 500 and content_type == "text/plain" and content_length == len(RAY_HAPROXY_ERROR_PAGE)
 
 
 @dataclass(frozen=True)
 class StreamEnd:
     """What the relay saw when the upstream stopped sending: `status` is the upstream response's
-    (a continuation's may be 502/503 while the client's 200 is long gone out)."""
+    (a continuation's may be 502/503, or Ray's page for them, while the client's 200 is long gone out)."""
 
     client_gone: bool = False
     saw_done: bool = False
@@ -80,6 +94,7 @@ class StreamEnd:
     cut: Cut = Cut.NONE
     status: int = 200
     engine_error: bool = False  # a server-side error event came (held back from the client)
+    unavailable: bool = False  # the status is Ray's HAProxy page for a 502/503 (`replica_unavailable`)
 
 
 def is_engine_error_event(chunk: dict[str, Any]) -> bool:
@@ -105,7 +120,7 @@ def classify(end: StreamEnd) -> EndReason:
         return EndReason.ERROR_EVENT
     if end.cut is Cut.TOTAL_TIMEOUT:
         return EndReason.TOTAL_TIMEOUT
-    if end.status in UNAVAILABLE_STATUSES:
+    if end.unavailable or end.status in UNAVAILABLE_STATUSES:
         return EndReason.UPSTREAM_UNAVAILABLE
     if end.status >= 300:
         return EndReason.UPSTREAM_FAILED

@@ -5,7 +5,8 @@ before sending a byte, and Ray Serve LLM's ingress sends a stream's headers only
 chunk (it peeks at the generator to turn an engine error into an error status:
 ray.llm._internal.serve.core.ingress.ingress, `_peek_at_generator`), so a replica lost while it
 worked on either (a stream still in its prefill) leaves the client with nothing yet: no
-connection reset, HAProxy's 502/503 in front of Serve. The request is sent again, the same way,
+connection reset, or HAProxy's 502/503 in front of Serve, which Ray's HAProxy config serves as a
+plain-text 500 (serving.gateway.resume.ending.replica_unavailable). The request is sent again, the same way,
 once, within the request's own deadline (the caller's `fail_after`), and Serve routes it to a
 live replica. A stream that breaks after its headers is resumed instead
 (serving.gateway.upstream.resuming_relay). Only with `gateway.stream_resume` on, which is the
@@ -22,10 +23,9 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-log = logging.getLogger("llmstack.gateway.resume")
+from serving.gateway.resume.ending import replica_unavailable
 
-# HAProxy answers 502 when a server drops a request it had taken, 503 when none is up (yet).
-LOST_REPLICA_STATUSES = frozenset({502, 503})
+log = logging.getLogger("llmstack.gateway.resume")
 
 
 def lost_replica(exc: BaseException) -> bool:
@@ -47,7 +47,7 @@ async def answered(
             raise
         reason = "connection_reset"
     else:
-        if not again or response.status not in LOST_REPLICA_STATUSES:
+        if not again or not replica_unavailable(response.status, response.content_type, response.content_length):
             return response
         response.close()
         reason = "upstream_unavailable"

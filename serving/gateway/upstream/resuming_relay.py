@@ -30,7 +30,7 @@ from yarl import URL
 from serving.gateway.capacity.recorder import StreamTimer
 from serving.gateway.metering.usage_meter import Usage, UsageMeter
 from serving.gateway.resume.continuation import Continuation
-from serving.gateway.resume.ending import StreamEnd, cut_of
+from serving.gateway.resume.ending import StreamEnd, cut_of, replica_unavailable
 from serving.gateway.resume.plan import Finish, GiveUp, Resume, Stop, after_upstream_end
 from serving.gateway.resume.request import ResumableStream
 from serving.gateway.resume.splice import Splice, final_usage_chunk
@@ -193,7 +193,8 @@ class ResumingRelay:
             return self._end(StreamEnd(cut=cut_of(exc)))
         try:
             if upstream.status != 200:
-                return self._end(StreamEnd(status=upstream.status))
+                lost = replica_unavailable(upstream.status, upstream.content_type, upstream.content_length)
+                return self._end(StreamEnd(status=upstream.status, unavailable=lost))
             done = await self._relay(upstream, splice, send)
             if done is None:
                 return self._end(StreamEnd(client_gone=True))

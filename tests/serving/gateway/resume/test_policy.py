@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.gateway.resume.ending import Cut, EndReason, StreamEnd, classify, cut_of, is_engine_error_event
+from serving.gateway.resume.ending import (
+    Cut,
+    EndReason,
+    StreamEnd,
+    classify,
+    cut_of,
+    is_engine_error_event,
+    replica_unavailable,
+)
 from serving.gateway.resume.policy import Action, ResumeSettings, decide, error_event
 from tests.support.hypothesis import examples
 
@@ -36,6 +44,7 @@ ends = st.builds(
         (StreamEnd(cut=Cut.IDLE_TIMEOUT), EndReason.IDLE_TIMEOUT),
         (StreamEnd(status=502), EndReason.UPSTREAM_UNAVAILABLE),
         (StreamEnd(status=503), EndReason.UPSTREAM_UNAVAILABLE),
+        (StreamEnd(status=500, unavailable=True), EndReason.UPSTREAM_UNAVAILABLE),  # Ray's HAProxy page
         (StreamEnd(saw_done=True), EndReason.DONE),
         (StreamEnd(saw_error_event=True, cut=Cut.CONNECTION_RESET), EndReason.ERROR_EVENT),
         (StreamEnd(cut=Cut.TOTAL_TIMEOUT), EndReason.TOTAL_TIMEOUT),
@@ -57,6 +66,7 @@ def test_each_end_has_its_reason(end, reason):
     [
         (StreamEnd(cut=Cut.CONNECTION_RESET), Action.RESUME),
         (StreamEnd(status=503), Action.RESUME),
+        (StreamEnd(status=500, unavailable=True), Action.RESUME),
         (StreamEnd(saw_done=True), Action.FINISH),
         (StreamEnd(saw_error_event=True), Action.FINISH),
         (StreamEnd(all_finished=True), Action.COMPLETE),
@@ -157,3 +167,19 @@ def test_what_aiohttp_raises_maps_to_a_cut():
     assert cut_of(aiohttp.ServerTimeoutError("read")) is Cut.IDLE_TIMEOUT
     assert cut_of(TimeoutError()) is Cut.TOTAL_TIMEOUT
     assert cut_of(ValueError()) is Cut.OTHER
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "length", "lost"),
+    [
+        (502, "text/html", 100, True),
+        (503, None, None, True),
+        (500, "text/plain", 21, True),  # Ray's HAProxy serves its 502/503/504 as this page
+        (500, "application/json", 21, False),  # vLLM's errors are JSON: the request's or the engine's
+        (500, "application/octet-stream", 21, False),  # a Serve replica's own unhandled exception
+        (500, "text/plain", 22, False),
+        (504, "text/plain", 21, False),  # a timeout: the engine may still be working on it
+    ],
+)
+def test_only_a_page_of_a_proxy_that_found_no_replica_counts_as_unavailable(status, content_type, length, lost):
+    assert replica_unavailable(status, content_type, length) is lost

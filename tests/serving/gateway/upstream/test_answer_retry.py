@@ -12,9 +12,15 @@ import pytest
 
 from serving.gateway.upstream.answer_retry import answered
 
+# Ray's HAProxy page for its 502/503/504; vLLM's JSON 500; a Serve replica's unhandled-exception 500.
+RAY_HAPROXY_PAGE = (500, "text/plain", 21)
+VLLM_ERROR = (500, "application/json", 120)
+REPLICA_EXCEPTION = (500, "application/octet-stream", 21)
+
 
 def attempts(*outcomes):
-    """A request function answering each call with the next outcome (a status, or an exception)."""
+    """A request function answering each call with the next outcome: a status, a (status,
+    content type, content length) answer, or an exception."""
     calls = []
 
     async def request():
@@ -22,7 +28,8 @@ def attempts(*outcomes):
         calls.append(outcome)
         if isinstance(outcome, BaseException):
             raise outcome
-        return SimpleNamespace(status=outcome, close=lambda: None)
+        status, content_type, length = outcome if isinstance(outcome, tuple) else (outcome, "application/json", 2)
+        return SimpleNamespace(status=status, content_type=content_type, content_length=length, close=lambda: None)
 
     return request, calls
 
@@ -41,6 +48,7 @@ def run(request, *, again=True):
         (aiohttp.ClientOSError(104, "reset"), "connection_reset"),
         (502, "upstream_unavailable"),
         (503, "upstream_unavailable"),
+        (RAY_HAPROXY_PAGE, "upstream_unavailable"),
     ],
 )
 def test_a_lost_replica_gets_the_request_once_more(first, reason):
@@ -66,6 +74,8 @@ def test_never_more_than_once(second):
         aiohttp.ClientConnectorError(SimpleNamespace(ssl=None, host="h", port=1), OSError(111, "refused")),
         aiohttp.ServerTimeoutError(),
         500,
+        VLLM_ERROR,
+        REPLICA_EXCEPTION,
         400,
         504,
     ],
@@ -76,7 +86,7 @@ def test_other_failures_and_answers_are_not_sent_again(first):
         with pytest.raises(type(first)):
             run(request)
     else:
-        assert run(request) == (first, [])
+        assert run(request) == ((first[0] if isinstance(first, tuple) else first), [])
     assert len(calls) == 1
 
 
