@@ -622,11 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "gateway_resumes" in record:
         g = record["gateway_resumes"]
+        p50, p99 = (round(g[name], 3) if name in g else None for name in ("p50_gap_s", "p99_gap_s"))
         say(
             f"gateway: {g['llmstack_gateway_stream_resumes_total']:g} streams resumed, "
             f"{g['llmstack_gateway_stream_resume_failures_total']:g} resumes failed, "
-            f"{g['llmstack_gateway_answer_retries_total']:g} answers retried; resume gap p50 {g.get('p50_gap_s')} / "
-            f"p99 {g.get('p99_gap_s')} s (its histogram; every counter in {args.out})"
+            f"{g['llmstack_gateway_answer_retries_total']:g} answers retried; resume gap p50 {p50} / p99 {p99} s "
+            f"(its histogram; every counter in {args.out})"
         )
     return 0
 
