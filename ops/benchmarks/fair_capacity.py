@@ -49,9 +49,9 @@ flood; ~1 ms when idle, and none under SCHED_FIFO), so the client's p99 is mostl
 on both the client and the gateway side, which a cluster (gateway pods off the GPU nodes) does not
 have. The gateway's figure less its queue wait is what its capacity law steers by.
 
-Requests ask for exact output lengths (`ignore_eos`, `max_tokens`). The client keeps an idle
-connection for half the edge's idle close (`fair_load.client_keepalive_s`) and retries nothing: a
-disconnect is a failed request. Afterwards it stops the stack
+Requests ask for exact output lengths (`ignore_eos`, `max_tokens`). The client opens one
+connection per request (`fair_load`: a reused keep-alive connection can be closed under it) and
+retries nothing: a disconnect is a failed request. Afterwards it stops the stack
 (SIGTERM to its runner, which stops Ray, the engines and Redis) and checks that none of the
 processes it started is left.
 
@@ -77,9 +77,9 @@ from typing import Any
 
 import yaml
 
-from infra.spec.stack_file import PROJECT_ROOT, load_stack
+from infra.spec.stack_file import PROJECT_ROOT
 from ops.benchmarks import fair_load
-from ops.benchmarks.fair_load import CHAT_WORDS, OUTPUT_TOKENS, Load, Share, client_keepalive_s, shares
+from ops.benchmarks.fair_load import CHAT_WORDS, OUTPUT_TOKENS, Load, Share, shares
 
 ADAPTIVE, FIXED = "tiny-chat", "tiny-chat-fixed"
 WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
@@ -366,9 +366,7 @@ def backlog_summary(samples: list[dict[str, Any]], tenants: list[str]) -> dict[s
 
 async def run_phases(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     keys = await make_keys(stack.redis_url, {"a": 1.0, "b": 1.0, **WEIGHTS, "g": 1.0})
-    # The client talks to the edge (HAProxy), which closes a connection idle past header_timeout_s.
-    edge_idle_s = load_stack(str(stack.stack_file)).gateway.edge.header_timeout_s
-    load = Load(stack.ready["base_url"], keys, keepalive_s=client_keepalive_s(edge_idle_s))
+    load = Load(stack.ready["base_url"], keys)
     loop = asyncio.get_running_loop()
     started = loop.time()
     results: dict[str, Any] = {"noisy": [], "jain": None, "growth": None}
@@ -456,7 +454,6 @@ async def jain_phase(stack: Stack, load: Load, args: argparse.Namespace, started
             output_tokens=args.jain_tokens,
             started=started,
             seconds=phase_s,
-            keepalive_s=load.keepalive_s,
         )
         for part in shares(dict.fromkeys(WEIGHTS, args.jain_streams), args.clients)
     ]

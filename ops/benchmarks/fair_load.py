@@ -26,22 +26,15 @@ from ops.llmctl.bench.workers import serve
 
 OUTPUT_TOKENS = 32
 CHAT_WORDS = 30
-# The share of the server's idle close a pooled connection may sit idle in the client. The server
-# starts its idle timer when it has sent a response's end, the client (aiohttp's keepalive_timeout)
-# when it has read it: a busy client reads it late, so the two timers differ by the client's lag
-# and the client's must end well before the server's, or it sends a request on a connection the
-# server is closing at that moment (an aiohttp ServerDisconnectedError before any byte, which no
-# retry may paper over: a POST sent twice may be generated and billed twice). A client that reads
-# a response's end more than the server's whole idle close after it was sent cannot tell: such a
-# request still fails, is counted as failed, and `client_keeps_up` shows the lag behind it.
-KEEPALIVE_SHARE = 0.5
-
-
-def client_keepalive_s(server_idle_close_s: float) -> float:
-    """How long the client keeps an idle connection: half of what the server it talks to allows.
-    On make dev that server is the edge (HAProxy, `timeout http-keep-alive` = the stack's
-    `gateway.edge.header_timeout_s`, 10 s by default), not the gateway's uvicorn (75 s behind it)."""
-    return KEEPALIVE_SHARE * server_idle_close_s
+# One connection per request (no keep-alive). A pooled connection can be reused just as the server
+# in front (make dev's edge, HAProxy: `timeout http-keep-alive` = gateway.edge.header_timeout_s)
+# closes it: the server starts its idle timer when it has sent a response's end, a busy client
+# reads that end late, and a request sent on the closing connection fails before any byte
+# (aiohttp's ServerDisconnectedError), which no retry may paper over (a POST sent twice may be
+# generated and billed twice). Keeping idle connections for half the edge's timeout still lost
+# 162 of ~1,600 requests in the steady part of a 384-stream Jain phase whose client lagged
+# 1.4-2.3x behind the gateway; one connection per request lost none there (11 at the phase's
+# start and stop, not examined), for a loopback connect per request.
 
 
 class Share(BaseModel):
@@ -55,7 +48,6 @@ class Share(BaseModel):
     output_tokens: int = Field(description="max_tokens of each request (ignore_eos: exactly that many).")
     started: float = Field(description="The parent's clock origin (monotonic): records' times count from it.")
     seconds: float = Field(description="How long the streams send, from the pool's start instant.")
-    keepalive_s: float = Field(description="aiohttp's keepalive_timeout (`client_keepalive_s`).")
 
 
 def shares(streams: dict[str, int], clients: int) -> list[dict[str, int]]:
@@ -79,7 +71,7 @@ def prompt_text(words: int, number: int | None = None) -> str:
 class Load:
     """Closed-loop streamed chat requests against the gateway; every outcome recorded."""
 
-    def __init__(self, base_url: str, keys: dict[str, str], *, keepalive_s: float) -> None:
+    def __init__(self, base_url: str, keys: dict[str, str]) -> None:
         import aiohttp
 
         # aiohttp, not httpx: one httpx AsyncClient relaying 16 streams completed 15 requests/s where
@@ -88,10 +80,9 @@ class Load:
         # the client's queue, and a flood's requests never reached the gateway to be queued fairly.
         self.base_url, self.keys = base_url.rstrip("/"), keys
         self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive_s),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),  # see the note at the top
             timeout=aiohttp.ClientTimeout(total=600),
         )
-        self.keepalive_s = keepalive_s
         self.records: list[dict[str, Any]] = []
         self.words = CHAT_WORDS
         self.output_tokens = OUTPUT_TOKENS
@@ -163,7 +154,7 @@ async def run_share(share: Share, ready: Callable[[], float], report: Callable[[
     """A worker's job: its streams of every tenant from the pool's start instant for `seconds`,
     then its records. Reported at the end, not as each request ends: during the phase the
     process's CPU goes to its streams."""
-    load = Load(share.base_url, share.keys, keepalive_s=share.keepalive_s)
+    load = Load(share.base_url, share.keys)
     load.output_tokens = share.output_tokens
     try:
         start_at = ready()

@@ -13,9 +13,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from infra.spec.schema import Edge
 from ops.benchmarks import fair_load
-from ops.benchmarks.fair_load import Load, Share, client_keepalive_s, prompt_text, shares
+from ops.benchmarks.fair_load import Load, Share, prompt_text, shares
 from ops.harness.stub_upstream import chunk, sse
 from ops.llmctl.bench.workers import WorkerPool
 from tests.support.servers import serving
@@ -51,11 +50,6 @@ def test_each_tenant_s_streams_are_dealt_over_the_processes():
     assert shares({"a": 1}, 3) == [{"a": 1}]  # no process without a stream
 
 
-def test_an_idle_connection_is_dropped_well_before_the_edge_closes_it():
-    edge_idle = Edge().header_timeout_s  # HAProxy's `timeout http-keep-alive` in front of the gateway
-    assert 0 < client_keepalive_s(edge_idle) <= edge_idle / 2
-
-
 def test_a_busy_client_does_not_reuse_a_connection_the_server_has_closed():
     """The client's loop is blocked (as a CPU-bound client's is) past the server's keep-alive: the
     server closes the idle connection, and the client has not yet seen it go. aiohttp's default
@@ -64,7 +58,7 @@ def test_a_busy_client_does_not_reuse_a_connection_the_server_has_closed():
     with serving(tenants.app(), keep_alive_s=1) as url:
 
         async def twice() -> list[dict]:
-            load = Load(f"{url}/v1", {"t": "key-t"}, keepalive_s=client_keepalive_s(1))
+            load = Load(f"{url}/v1", {"t": "key-t"})
             try:
                 loop = asyncio.get_running_loop()
                 await load.one("t", "m", "p", loop.time())
@@ -95,7 +89,6 @@ def test_the_processes_send_every_tenant_s_streams_and_return_their_records():
                     output_tokens=2,
                     started=started,
                     seconds=1.0,
-                    keepalive_s=client_keepalive_s(5),
                 )
                 for part in shares({"a": 3, "b": 1}, 2)
             ]
