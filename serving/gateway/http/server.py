@@ -11,6 +11,11 @@ infra/render/edge.py), which bounds what clients without a key can hold before a
 reaches this server. `max_connections` becomes uvicorn's `limit_concurrency`: past that many connections (or
 requests in progress) a new request is answered 503 without reaching the app, which with
 `max_body_bytes` bounds what request bodies can hold in memory.
+
+`run` is the process's: once the API server has started (the lifespan's services up, the socket
+listening), it freezes the startup heap and raises the GC's generation-0 threshold
+(serving.gateway.http.gc_tuning). A `GatewayServer` served in another process (tests) leaves
+that process's collector alone.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.http.app import GatewayApps
+from serving.gateway.http.gc_tuning import tune_gc
 
 API_KEEP_ALIVE_S = 75
 
@@ -34,6 +40,19 @@ class _MetricsServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _ApiServer(uvicorn.Server):
+    """The API server: `on_started` runs once its startup is done."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
 
 def api_config(apps: GatewayApps, settings: GatewaySettings) -> uvicorn.Config:
@@ -83,10 +102,13 @@ def _bind(config: uvicorn.Config, what: str) -> socket.socket:
 
 class GatewayServer:
     """The two servers of one gateway process. `serve()` runs until the API server stops (a
-    signal, or `stop()`), then stops the metrics server."""
+    signal, or `stop()`), then stops the metrics server. `on_started` runs once the API server
+    has started."""
 
-    def __init__(self, apps: GatewayApps, settings: GatewaySettings) -> None:
-        self.api = uvicorn.Server(api_config(apps, settings))
+    def __init__(
+        self, apps: GatewayApps, settings: GatewaySettings, on_started: Callable[[], None] | None = None
+    ) -> None:
+        self.api = _ApiServer(api_config(apps, settings), on_started)
         self.metrics = _MetricsServer(metrics_config(apps, settings))
 
     @property
@@ -108,7 +130,7 @@ class GatewayServer:
 
 
 def run(apps: GatewayApps, settings: GatewaySettings) -> None:
-    server = GatewayServer(apps, settings)
+    server = GatewayServer(apps, settings, on_started=lambda: tune_gc(settings.gc_gen0_threshold))
     # The event loop uvicorn.run would pick (uvloop when installed, as in the gateway image).
     with asyncio.Runner(loop_factory=server.api.config.get_loop_factory()) as runner:
         runner.run(server.serve())
