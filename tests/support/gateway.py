@@ -26,7 +26,7 @@ from serving.gateway.auth.keys import RedisKeyStore, create_key_sync
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.http.app import create_apps
 from serving.gateway.http.server import GatewayServer
-from tests.support.servers import HANG_BOUND_S
+from tests.support.servers import HANG_BOUND_S, fail_if_running
 
 MODELS = ["tiny", "other"]
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
@@ -154,6 +154,7 @@ def serving_gateway(settings: GatewaySettings) -> Iterator[tuple[str, str]]:
     finally:
         server.stop()
         thread.join(HANG_BOUND_S)
+    fail_if_running(thread, "the gateway")
 
 
 def _wait(ready: Callable[[], bool], thread: threading.Thread, what: str) -> None:

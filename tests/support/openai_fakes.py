@@ -25,7 +25,7 @@ from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.http.app import create_apps
 from serving.gateway.http.server import GatewayServer
-from tests.support.servers import HANG_BOUND_S
+from tests.support.servers import HANG_BOUND_S, fail_if_running
 
 WORDS = ["Paged", " attention", " keeps", " the", " KV", " cache", " tidy", "."]
 
@@ -143,6 +143,7 @@ def serving_gateway(settings: GatewaySettings, key_store) -> Iterator[tuple[str,
     finally:
         server.stop()
         thread.join(HANG_BOUND_S)
+    fail_if_running(thread, "the gateway")
 
 
 def chat(llm: openai.OpenAI, model: str = "tiny", **kwargs):

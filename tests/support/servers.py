@@ -42,3 +42,12 @@ def serving(app, port: int | None = None, keep_alive_s: int = 5) -> Iterator[str
     finally:
         server.should_exit = True
         thread.join(HANG_BOUND_S)
+    fail_if_running(thread, f"uvicorn on port {port}")
+
+
+def fail_if_running(thread: threading.Thread, what: str) -> None:
+    """After a server's thread was asked to stop and joined for HANG_BOUND_S: one still running
+    hangs in its shutdown, and whatever it runs (a gateway's batch loops) would outlive the test
+    and the redis-server it uses. Said here, by the test that started it, not as log lines later."""
+    if thread.is_alive():
+        raise RuntimeError(f"{what} did not stop within {HANG_BOUND_S} s: its shutdown hangs")

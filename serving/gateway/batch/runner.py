@@ -66,6 +66,7 @@ from serving.gateway.batch.store import BatchStore, lines_name, now
 from serving.gateway.config.batch_policy import COPIES_IN_MEMORY
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.budgets import REFUSAL_CODE
+from serving.gateway.redis.client import raise_if_cancel_was_lost
 from serving.gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.batch")
@@ -204,9 +205,10 @@ class BatchRunner:
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if self._tasks:
+            # Not `await task` under suppress(BaseException): that would also swallow a cancel of
+            # the caller's own (a shutdown's deadline), leaving it no way to stop waiting.
+            await asyncio.wait(self._tasks)
         self._tasks = []
 
     async def _forever(self, name: str, step: Callable[[], Awaitable[None]], pause_s: float) -> None:
@@ -217,8 +219,12 @@ class BatchRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis or storage away: log, wait, go on (a crash stops all batches)
+                raise_if_cancel_was_lost()  # the cancel may come back as the library's own error
                 log.warning("batch %s failed: %s: %s", name, type(exc).__name__, exc)
                 wait_s = max(pause_s, 1.0)
+            # A Redis call can return normally with aclose()'s cancel eaten (Python 3.11): a loop
+            # that went on would outlive the gateway's shutdown, and aclose() would wait for it.
+            raise_if_cancel_was_lost()
             if wait_s:
                 await asyncio.sleep(wait_s)
 

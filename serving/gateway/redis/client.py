@@ -42,6 +42,18 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
+def raise_if_cancel_was_lost() -> None:
+    """Raise CancelledError when the running task was asked to stop (`Task.cancel`) but a Redis
+    call ate the request. On Python 3.11 redis-py sends each command under `asyncio.wait_for`,
+    which returns the command's result when the command ends just as the cancel lands
+    (python/cpython#86296, fixed in 3.12); the task still counts the request (`cancelling()`).
+    A loop of Redis calls that does not look would run on, and whoever awaits it to stop
+    (a lifespan shutdown) would wait forever. Call it between the steps of such a loop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class RedisBusy(RuntimeError):
     """Every pooled connection stayed in use for POOL_WAIT_S: the gateway is loaded, Redis is up."""
 
