@@ -217,9 +217,7 @@ async def make_keys(redis_url: str, tenants: dict[str, float]) -> dict[str, str]
     keys = {}
     try:
         for tenant, weight in tenants.items():
-            key, record = await store.create(tenant, "bench", limits=GENEROUS)
-            if weight != 1.0:
-                await store.update(record.key_id, weight=weight)
+            key, _ = await store.create(tenant, "bench", limits=GENEROUS, weight=weight)
             keys[tenant] = key
     finally:
         await store.aclose()

@@ -124,9 +124,7 @@ def make_keys(redis_url: str, tenants: list[str]) -> dict[str, str]:
         keys = {}
         try:
             for tenant in tenants:
-                key, record = await store.create(tenant, "bench", limits=GENEROUS)
-                if tenant in TIERS:
-                    await store.update(record.key_id, tier=TIERS[tenant])
+                key, _ = await store.create(tenant, "bench", limits=GENEROUS, tier=TIERS.get(tenant))
                 keys[tenant] = key
         finally:
             await store.aclose()

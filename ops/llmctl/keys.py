@@ -73,8 +73,6 @@ BudgetOption = Annotated[
         help="Dollars per calendar month (UTC) at the models' rate card (llmctl cost).",
     ),
 ]
-# Where a key's requests queue when a model is saturated (the stack's gateway.queue.tiers).
-QUEUE_FIELDS = ("tier", "weight")
 TierOption = Annotated[str | None, typer.Option(help="Queue tier (gateway.queue.tiers of the stack), e.g. batch.")]
 WeightOption = Annotated[
     float | None, typer.Option(min=0.001, max=1000, help="Share of a saturated model within its tier (default 1).")
@@ -201,17 +199,6 @@ def _queueing(**values: str | float | None) -> dict[str, Any]:
     return given
 
 
-async def _create(
-    store: RedisKeyStore, tenant: str, name: str, *, queueing: dict[str, Any], **options: Any
-) -> tuple[str, KeyRecord]:
-    """A new key, then its tier and weight (the key store's create takes limits only). The key is
-    printed only after both writes, so nobody holds it before its record is complete."""
-    key, record = await store.create(tenant, name, **options)
-    if queueing:
-        record = await store.update(record.key_id, **queueing) or record
-    return key, record
-
-
 def _describe(record: KeyRecord) -> dict[str, Any]:
     return record.model_dump(mode="json")
 
@@ -250,16 +237,15 @@ def create(
     queueing = _queueing(tier=tier, weight=weight)
     key, record = _run(
         _store_url(redis_url, stack, redis_password_file),
-        lambda s: _create(
-            s,
+        lambda s: s.create(
             tenant,
             name,
             expires_at=expires,
             allowed_models=model or None,
             limits=limits,
             shadow=shadow,
-            queueing=queueing,
             allowed_adapters=grants,
+            **queueing,
         ),
     )
     err.print(f"created key {record.key_id} for tenant {tenant} (shown once; store it now)")
@@ -394,17 +380,16 @@ def rotate(
         if old is None:
             return None
         limits = {f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None}
-        queueing = {f: getattr(old, f) for f in QUEUE_FIELDS if getattr(old, f) is not None}
-        made = await _create(
-            store,
+        made = await store.create(
             old.tenant,
             old.name,
             expires_at=old.expires_at,
             allowed_models=old.allowed_models,
             limits=limits,
             shadow=old.shadow,
-            queueing=queueing,
             allowed_adapters=old.allowed_adapters,
+            tier=old.tier,
+            weight=old.weight,
         )
         await store.revoke(key_id)
         return made

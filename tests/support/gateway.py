@@ -38,23 +38,11 @@ GENEROUS = {
 }
 
 
-def generous_key(redis_url: str, tenant: str, name: str, **record_fields) -> str:
-    """A key with GENEROUS limits (only the queue decides); `record_fields` (tier, weight) set on
-    its record, which key creation does not take."""
-    key = create_key_sync(redis_url, tenant, name, limits=GENEROUS)
-    if record_fields:
-
-        async def update() -> None:
-            store = RedisKeyStore(redis_url)
-            try:
-                record = await store.verify(key)
-                assert record is not None
-                await store.update(record.key_id, **record_fields)
-            finally:
-                await store.aclose()
-
-        asyncio.run(update())
-    return key
+def generous_key(
+    redis_url: str, tenant: str, name: str, *, tier: str | None = None, weight: float | None = None
+) -> str:
+    """A key with GENEROUS limits (only the queue decides), in `tier` with `weight`."""
+    return create_key_sync(redis_url, tenant, name, limits=GENEROUS, tier=tier, weight=weight)
 
 
 @dataclass(frozen=True)

@@ -106,9 +106,13 @@ class KeyStore(ABC):
         limits: Mapping[str, int] | None = None,
         shadow: bool = False,
         allowed_adapters: list[str] | None = None,
+        tier: str | None = None,
+        weight: float | None = None,
     ) -> tuple[str, KeyRecord]:
         """Make a key; returns the plaintext (shown once) and its record. `limits` overrides the
-        gateway's default limits for this key (requests_per_minute, tokens_per_minute, ...)."""
+        gateway's default limits for this key (requests_per_minute, tokens_per_minute, ...);
+        `tier` and `weight` place it in the fair queue (None: the tier's default, weight 1).
+        The record is whole at its one write: no request ever sees the key without its tier."""
         while True:
             key, key_id = new_key()
             record = KeyRecord(
@@ -120,6 +124,8 @@ class KeyStore(ABC):
                 allowed_models=allowed_models,
                 allowed_adapters=allowed_adapters,
                 shadow=shadow,
+                tier=tier,
+                weight=weight,
                 **(limits or {}),
             )
             # Claim the key_id first, so two creators can never share one; a clash draws again.
@@ -287,6 +293,8 @@ def create_key_sync(
     allowed_models: list[str] | None = None,
     limits: Mapping[str, int] | None = None,
     allowed_adapters: list[str] | None = None,
+    tier: str | None = None,
+    weight: float | None = None,
 ) -> str:
     """Create a key from a script or CLI; returns the plaintext key (print it once)."""
     if not redis_url:
@@ -305,6 +313,8 @@ def create_key_sync(
                 allowed_models=allowed_models,
                 limits=limits,
                 allowed_adapters=allowed_adapters,
+                tier=tier,
+                weight=weight,
             )
             return key
         finally:
