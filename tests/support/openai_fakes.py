@@ -27,6 +27,20 @@ from serving.gateway.http.app import create_apps
 from serving.gateway.http.server import GatewayServer
 from tests.support.servers import HANG_BOUND_S, fail_if_running
 
+
+def ok_stream(model: str, completion_tokens: int) -> StreamingResponse:
+    """A streamed chat answer "ok": its content chunk, its finish, its usage, [DONE]."""
+    usage = {"prompt_tokens": 3, "completion_tokens": completion_tokens, "total_tokens": 3 + completion_tokens}
+
+    async def events():
+        yield sse(chunk(model, {"role": "assistant", "content": "ok"}))
+        yield sse(chunk(model, {}, finish="stop"))
+        yield sse(chunk(model, usage=usage))
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 WORDS = ["Paged", " attention", " keeps", " the", " KV", " cache", " tidy", "."]
 
 

@@ -15,8 +15,8 @@ from starlette.routing import Route
 
 from ops.benchmarks import fair_load
 from ops.benchmarks.fair_load import Load, Share, prompt_text, shares
-from ops.harness.stub_upstream import chunk, sse
 from ops.llmctl.bench.workers import WorkerPool
+from tests.support.openai_fakes import ok_stream
 from tests.support.servers import serving
 
 
@@ -29,15 +29,7 @@ class Tenants:
     async def chat(self, request: Request) -> StreamingResponse:
         body = await request.json()
         self.requests[request.headers["authorization"].removeprefix("Bearer ")] += 1
-        usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-
-        async def stream():
-            yield sse(chunk(body["model"], {"role": "assistant", "content": "ok"}))
-            yield sse(chunk(body["model"], {}, finish="stop"))
-            yield sse(chunk(body["model"], usage=usage))
-            yield sse("[DONE]")
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return ok_stream(body["model"], completion_tokens=2)
 
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])

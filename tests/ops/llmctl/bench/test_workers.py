@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from ops.harness.stub_upstream import chunk, sse
 from ops.llmctl.bench.loadgen import LoadSpec, schedule
 from ops.llmctl.bench.stats import LengthDistribution, summarise
 from ops.llmctl.bench.workers import WorkerPool
+from tests.support.openai_fakes import ok_stream
 from tests.support.servers import HANG_BOUND_S, serving
 
 
@@ -38,15 +38,7 @@ class Recorder:
         body = await request.json()
         self.prompts.append(body["messages"][-1]["content"])
         self.senders[self.sender(request)] += 1
-        usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-
-        async def stream():
-            yield sse(chunk(body["model"], {"role": "assistant", "content": "ok"}))
-            yield sse(chunk(body["model"], {}, finish="stop"))
-            yield sse(chunk(body["model"], usage=usage))
-            yield sse("[DONE]")
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return ok_stream(body["model"], completion_tokens=1)
 
 
 def load(url: str, **update) -> LoadSpec:
