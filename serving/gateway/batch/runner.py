@@ -297,6 +297,9 @@ class BatchRunner:
                 await asyncio.sleep(ttl_s / 3)
                 with contextlib.suppress(Exception):
                     await self.store.renew(batch_id, owner, ttl_s)
+                # The renewal can return with the step's cancel eaten (Python 3.11): renewing on
+                # would hold the batch's lock for good.
+                raise_if_cancel_was_lost()
 
         renewing = asyncio.create_task(renew())
         try:
@@ -527,6 +530,7 @@ class BatchRunner:
             await asyncio.sleep(self.policy.lease_s / 3)
             with contextlib.suppress(Exception):  # a missed renewal costs at most a redone line
                 await self.store.renew_line(batch_id, self.consumer, entry_id)
+            raise_if_cancel_was_lost()  # as in _locked's renew: a line's lease renewed for good
 
     async def _run_line(self, batch_id: str, custom_id: str, fields: dict[str, str]) -> Later | None:
         """Run the line; a `Later` when it is to be put back."""

@@ -21,7 +21,6 @@ latency the law sees is what each engine does with its load.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from serving.gateway.capacity.law import (
 )
 from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer, WindowReport
 from serving.gateway.config.capacity_policy import ModelCapacity
+from serving.gateway.redis.client import raise_if_cancel_was_lost
 
 log = logging.getLogger("llmstack.gateway.capacity")
 
@@ -194,9 +194,14 @@ class CapacityStore:
                     if on_slots is not None:
                         on_slots(model, slots)
                 except (RedisError, OSError, TimeoutError) as exc:
+                    raise_if_cancel_was_lost()  # the cancel may come back as the library's own error
                     log.warning("capacity of model %s not updated (%s)", model, type(exc).__name__)
                 except Exception:  # a bug must not stop the loop: the capacity would freeze unseen
+                    raise_if_cancel_was_lost()
                     log.exception("capacity of model %s not updated", model)
+                # A tick can return normally with aclose()'s cancel eaten (Python 3.11): a loop that
+                # went on would outlive the gateway's shutdown, and aclose() would wait for it.
+                raise_if_cancel_was_lost()
 
 
 class AdaptiveCapacity:
@@ -233,8 +238,9 @@ class AdaptiveCapacity:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Not `await` under suppress(CancelledError): that would also swallow a cancel of the
+            # caller's own (a shutdown's deadline), leaving it no way to stop waiting.
+            await asyncio.wait([self._task])
         await self.store.aclose()
 
     def timer(self, model: str | None, now: float) -> StreamTimer:

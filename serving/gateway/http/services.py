@@ -7,7 +7,6 @@ workers, Redis's memory watcher.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -99,8 +98,9 @@ class Services:
         finally:
             if watcher is not None:
                 watcher.cancel()
-                with contextlib.suppress(BaseException):
-                    await watcher
+                # Not `await` under suppress(BaseException): that would also swallow a cancel of
+                # the lifespan's own (a shutdown's deadline), leaving it no way to stop waiting.
+                await asyncio.wait([watcher])
             if memory_redis is not None:
                 await memory_redis.aclose()
             await self._close()

@@ -55,7 +55,7 @@ from typing import Any, NamedTuple
 from serving.gateway.capacity.store import capacity_key
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy
 from serving.gateway.queue.fair_share import Reason, Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
-from serving.gateway.redis.client import ScriptCall
+from serving.gateway.redis.client import ScriptCall, raise_if_cancel_was_lost
 from serving.gateway.redis.scripts import lua
 
 log = logging.getLogger("llmstack.gateway.fair_queue")
@@ -285,9 +285,10 @@ class FairQueue:
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # Not `await task` under suppress(CancelledError): that would also swallow a cancel of
+            # the caller's own (a shutdown's deadline), leaving it no way to stop waiting.
+            await asyncio.wait(self._tasks)
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()
         await self._listener_redis.aclose()
@@ -608,11 +609,15 @@ class FairQueue:
         from redis.exceptions import RedisError
 
         while True:
+            # A Redis call of the last round (a subscribe, a close) can return with aclose()'s
+            # cancel eaten (Python 3.11): the listener would run on and aclose() wait for it.
+            raise_if_cancel_was_lost()
             try:
                 if not self._subscribed:
                     await self._subscribe()
                 message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             except (RedisError, OSError, TimeoutError) as exc:  # the heartbeat still learns every outcome
+                raise_if_cancel_was_lost()  # the cancel may come back as the library's own error
                 log.warning("fair queue wake-up channel failed (%s); resubscribing", type(exc).__name__)
                 self._subscribed = False
                 await asyncio.sleep(min(1.0, self.heartbeat_s))
@@ -628,6 +633,7 @@ class FairQueue:
         while True:
             await asyncio.sleep(self.heartbeat_s)
             await self.renew_once()
+            raise_if_cancel_was_lost()  # as in _listen: a renewal may have eaten aclose()'s cancel
 
     async def renew_once(self) -> None:
         """Renew every lease this process holds and learn what became of its waiters (one call per model)."""
@@ -643,6 +649,7 @@ class FairQueue:
             try:
                 states = await self._call(model, "renew", *ids)
             except QueueUnavailable as exc:
+                raise_if_cancel_was_lost()  # the cancel may come back as the library's own error
                 log.warning("%s; leases of model %s not renewed", exc, model)
                 continue
             live = _live(states[-1])

@@ -18,10 +18,11 @@ found in whichever application holds it: one per model on the direct path, one f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from serving.gateway.redis.client import raise_if_cancel_was_lost
 
 log = logging.getLogger("llmstack.gateway.replica_feed")
 
@@ -89,14 +90,18 @@ class ReplicaFeed:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Not `await` under suppress(CancelledError): that would also swallow a cancel of the
+            # caller's own (a shutdown's deadline), leaving it no way to stop waiting.
+            await asyncio.wait([self._task])
         if self._session is not None:
             await self._session.close()
 
     async def _run(self) -> None:
         while True:
             await self.poll_once()
+            # Publishing the counts to Redis can return with aclose()'s cancel eaten (Python 3.11):
+            # the feed would poll on, and aclose() would wait for it.
+            raise_if_cancel_was_lost()
             await asyncio.sleep(self.poll_s)
 
     async def poll_once(self) -> dict[str, int] | None:
@@ -111,6 +116,7 @@ class ReplicaFeed:
                 await self.publish(model, count, self.poll_s * VALID_POLLS)
                 self.on_count(model, count)
         except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError) as exc:
+            raise_if_cancel_was_lost()  # the cancel may come back as the queue's own error
             self.on_error(_kind(exc))
             if not self._failing:  # once per outage: a dashboard down for an hour is one line, plus the metric
                 log.warning(

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from serving.gateway.redis.client import raise_if_cancel_was_lost
 from serving.gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.redis")
@@ -59,4 +60,7 @@ async def watch_redis_memory(redis: Any, metrics: GatewayMetrics, poll_s: float 
                     memory.policy,
                 )
                 warned = True
+        # The INFO call can return (or fail) with the shutdown's cancel eaten (Python 3.11): the
+        # watcher would poll on, and the lifespan that waits for it would never end.
+        raise_if_cancel_was_lost()
         await asyncio.sleep(poll_s)
