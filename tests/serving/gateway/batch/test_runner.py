@@ -273,9 +273,10 @@ def test_shutdown_ends_the_sweeper_and_workers_even_when_a_redis_call_swallows_t
     # command's result when the command ends just as the cancel lands (python/cpython#86296):
     # a sweeper busy in Redis loses a good share of the cancels the lifespan's shutdown sends it.
     # It must end all the same, or the shutdown waits for it forever and it outlives the gateway
-    # (and the redis-server it polls). Many short lives, so some cancels land in that window.
+    # (and the redis-server it polls).
     from serving.gateway.http.app import create_apps
     from tests.support.gateway import gateway_settings
+    from tests.support.lifespan import loops_left_after_shutdowns
 
     settings = gateway_settings(
         "http://127.0.0.1:9",  # no line runs: only the loops' own Redis calls matter
@@ -284,34 +285,5 @@ def test_shutdown_ends_the_sweeper_and_workers_even_when_a_redis_call_swallows_t
         batch={"sweep_interval_s": 0.001, "workers": 2},
     )
 
-    def runner_loops() -> set[asyncio.Task]:
-        return {t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "BatchRunner._forever"}
-
-    async def one_life(lifetime_s: float) -> list[str]:
-        """Start the gateway's lifespan, let the loops run, shut it down: the runner loops left
-        once the shutdown has ended (or, when it hangs, after HANG_BOUND_S)."""
-        api = create_apps(settings, RedisKeyStore(redis_server.url)).api
-        to_app: asyncio.Queue[dict] = asyncio.Queue()
-        from_app: asyncio.Queue[dict] = asyncio.Queue()
-        lifespan = asyncio.create_task(api({"type": "lifespan", "asgi": {"version": "3.0"}}, to_app.get, from_app.put))
-        await to_app.put({"type": "lifespan.startup"})
-        assert (await asyncio.wait_for(from_app.get(), HANG_BOUND_S))["type"] == "lifespan.startup.complete"
-        await asyncio.sleep(lifetime_s)
-        await to_app.put({"type": "lifespan.shutdown"})
-        await asyncio.wait([lifespan], timeout=HANG_BOUND_S)  # only bounds a hang; cancels nothing
-        left = [repr(task) for task in runner_loops()]
-        deadline = time.monotonic() + HANG_BOUND_S
-        while (loops := runner_loops()) and time.monotonic() < deadline:  # this test's own cleanup
-            for task in loops:
-                task.cancel()  # again, until each has ended
-            await asyncio.sleep(0.01)
-        await asyncio.wait([lifespan], timeout=HANG_BOUND_S)
-        return left
-
-    async def lives() -> list[str]:
-        for n in range(30):
-            if left := await one_life(0.01 * (n % 5)):
-                return left
-        return []
-
-    assert asyncio.run(lives()) == []
+    make_api = lambda: create_apps(settings, RedisKeyStore(redis_server.url)).api  # noqa: E731
+    assert loops_left_after_shutdowns(make_api, {"BatchRunner._forever"}) == []

@@ -3,9 +3,7 @@ end with it, against a real redis-server."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import time
 
 from serving.gateway.auth.keys import RedisKeyStore
 from serving.gateway.capacity.store import AdaptiveCapacity
@@ -14,7 +12,7 @@ from serving.gateway.http.app import create_apps
 from serving.gateway.queue.fair_queue import FairQueue
 from serving.gateway.telemetry.redis_memory import watch_redis_memory
 from tests.support.gateway import gateway_settings
-from tests.support.servers import HANG_BOUND_S
+from tests.support.lifespan import loops_left_after_shutdowns
 
 PAUSE_S = 0.001  # each loop's pause between its Redis calls: busy loops, so cancels land mid-call
 # The lifespan's loops of Redis calls, by their coroutine's __qualname__ (the batch runner's have
@@ -27,7 +25,7 @@ def test_shutdown_ends_the_loops_of_redis_calls_even_when_a_call_swallows_the_ca
     # command's result when the command ends just as the cancel lands (python/cpython#86296):
     # a loop busy in Redis loses a good share of the cancels the lifespan's shutdown sends it. It
     # must end all the same, or the shutdown waits for it forever and it outlives the gateway (and
-    # the redis-server it polls). Many short lives, so some cancels land in that window.
+    # the redis-server it polls).
     model = "tiny"
     queues: list[FairQueue] = []
 
@@ -47,36 +45,9 @@ def test_shutdown_ends_the_loops_of_redis_calls_even_when_a_call_swallows_the_ca
         model_capacities={model: {"ttft_ms": 150, "itl_ms": 100, "min_slots": 64, "max_slots": 64}},
     )
 
-    def redis_loops() -> set[asyncio.Task]:
-        return {t for t in asyncio.all_tasks() if t.get_coro().__qualname__ in REDIS_LOOPS}
-
-    async def one_life(lifetime_s: float) -> list[str]:
-        """Start the gateway's lifespan, let the loops run, shut it down: the loops left once the
-        shutdown has ended (or, when it hangs, after HANG_BOUND_S)."""
-        api = create_apps(settings, RedisKeyStore(redis_server.url)).api
-        to_app: asyncio.Queue[dict] = asyncio.Queue()
-        from_app: asyncio.Queue[dict] = asyncio.Queue()
-        lifespan = asyncio.create_task(api({"type": "lifespan", "asgi": {"version": "3.0"}}, to_app.get, from_app.put))
-        await to_app.put({"type": "lifespan.startup"})
-        assert (await asyncio.wait_for(from_app.get(), HANG_BOUND_S))["type"] == "lifespan.startup.complete"
-        assert {t.get_coro().__qualname__ for t in redis_loops()} == REDIS_LOOPS
+    async def started(running: set[str]) -> None:
+        assert running == REDIS_LOOPS
         await queues[-1].acquire(model, "acme")  # a slot held, so the heartbeat renews it in Redis
-        await asyncio.sleep(lifetime_s)
-        await to_app.put({"type": "lifespan.shutdown"})
-        await asyncio.wait([lifespan], timeout=HANG_BOUND_S)  # only bounds a hang; cancels nothing
-        left = [repr(task) for task in redis_loops()]
-        deadline = time.monotonic() + HANG_BOUND_S
-        while (loops := redis_loops()) and time.monotonic() < deadline:  # this test's own cleanup
-            for task in loops:
-                task.cancel()  # again, until each has ended
-            await asyncio.sleep(0.01)
-        await asyncio.wait([lifespan], timeout=HANG_BOUND_S)
-        return left
 
-    async def lives() -> list[str]:
-        for n in range(30):
-            if left := await one_life(0.01 * (n % 5)):
-                return left
-        return []
-
-    assert asyncio.run(lives()) == []
+    make_api = lambda: create_apps(settings, RedisKeyStore(redis_server.url)).api  # noqa: E731
+    assert loops_left_after_shutdowns(make_api, REDIS_LOOPS, on_started=started) == []
