@@ -66,7 +66,7 @@ from serving.gateway.batch.store import BatchStore, lines_name, now
 from serving.gateway.config.batch_policy import COPIES_IN_MEMORY
 from serving.gateway.config.settings import GatewaySettings
 from serving.gateway.limits.budgets import REFUSAL_CODE
-from serving.gateway.redis.client import raise_if_cancel_was_lost
+from serving.gateway.redis.client import raise_if_cancel_was_lost, stop_loops
 from serving.gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llmstack.gateway.batch")
@@ -203,12 +203,7 @@ class BatchRunner:
         ]
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # Not `await task` under suppress(BaseException): that would also swallow a cancel of
-            # the caller's own (a shutdown's deadline), leaving it no way to stop waiting.
-            await asyncio.wait(self._tasks)
+        await stop_loops(self._tasks)
         self._tasks = []
 
     async def _forever(self, name: str, step: Callable[[], Awaitable[None]], pause_s: float) -> None:

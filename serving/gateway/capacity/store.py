@@ -39,7 +39,7 @@ from serving.gateway.capacity.law import (
 )
 from serving.gateway.capacity.recorder import LatencyRecorder, StreamTimer, WindowReport
 from serving.gateway.config.capacity_policy import ModelCapacity
-from serving.gateway.redis.client import raise_if_cancel_was_lost
+from serving.gateway.redis.client import raise_if_cancel_was_lost, stop_loops
 
 log = logging.getLogger("llmstack.gateway.capacity")
 
@@ -237,10 +237,7 @@ class AdaptiveCapacity:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            # Not `await` under suppress(CancelledError): that would also swallow a cancel of the
-            # caller's own (a shutdown's deadline), leaving it no way to stop waiting.
-            await asyncio.wait([self._task])
+            await stop_loops([self._task])
         await self.store.aclose()
 
     def timer(self, model: str | None, now: float) -> StreamTimer:

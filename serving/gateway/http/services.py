@@ -28,7 +28,7 @@ from serving.gateway.limits.limiter import Limiter
 from serving.gateway.limits.tenants import TenantStore
 from serving.gateway.queue.fair_queue import FairQueue
 from serving.gateway.queue.replica_feed import ReplicaFeed
-from serving.gateway.redis.client import redis_client
+from serving.gateway.redis.client import redis_client, stop_loops
 from serving.gateway.telemetry import tracing
 from serving.gateway.telemetry.metrics import GatewayMetrics
 from serving.gateway.telemetry.redis_memory import watch_redis_memory
@@ -97,10 +97,7 @@ class Services:
             yield
         finally:
             if watcher is not None:
-                watcher.cancel()
-                # Not `await` under suppress(BaseException): that would also swallow a cancel of
-                # the lifespan's own (a shutdown's deadline), leaving it no way to stop waiting.
-                await asyncio.wait([watcher])
+                await stop_loops([watcher])
             if memory_redis is not None:
                 await memory_redis.aclose()
             await self._close()

@@ -55,7 +55,7 @@ from typing import Any, NamedTuple
 from serving.gateway.capacity.store import capacity_key
 from serving.gateway.config.queue_policy import ModelQueue, QueuePolicy
 from serving.gateway.queue.fair_share import Reason, Refusal, may_be_cold, refusal, tag_increment, wait_budget_s
-from serving.gateway.redis.client import ScriptCall, raise_if_cancel_was_lost
+from serving.gateway.redis.client import ScriptCall, raise_if_cancel_was_lost, stop_loops
 from serving.gateway.redis.scripts import lua
 
 log = logging.getLogger("llmstack.gateway.fair_queue")
@@ -283,12 +283,7 @@ class FairQueue:
         ]
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # Not `await task` under suppress(CancelledError): that would also swallow a cancel of
-            # the caller's own (a shutdown's deadline), leaving it no way to stop waiting.
-            await asyncio.wait(self._tasks)
+        await stop_loops(self._tasks)
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()
         await self._listener_redis.aclose()

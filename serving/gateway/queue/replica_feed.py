@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from serving.gateway.redis.client import raise_if_cancel_was_lost
+from serving.gateway.redis.client import raise_if_cancel_was_lost, stop_loops
 
 log = logging.getLogger("llmstack.gateway.replica_feed")
 
@@ -89,10 +89,7 @@ class ReplicaFeed:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            # Not `await` under suppress(CancelledError): that would also swallow a cancel of the
-            # caller's own (a shutdown's deadline), leaving it no way to stop waiting.
-            await asyncio.wait([self._task])
+            await stop_loops([self._task])
         if self._session is not None:
             await self._session.close()
 

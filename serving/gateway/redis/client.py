@@ -54,6 +54,20 @@ def raise_if_cancel_was_lost() -> None:
         raise asyncio.CancelledError
 
 
+async def stop_loops(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel background loops and wait until each has ended. Not `await task` under
+    suppress(CancelledError): that would also swallow a cancel of the caller's own (a shutdown's
+    deadline), leaving it no way to stop waiting. A loop that ended on an error has it read here,
+    so it is not reported again as never retrieved."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
+
+
 class RedisBusy(RuntimeError):
     """Every pooled connection stayed in use for POOL_WAIT_S: the gateway is loaded, Redis is up."""
 
