@@ -35,7 +35,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -55,6 +54,7 @@ from infra.render.serve_config import SERVING_PATH, app_name, route_prefix
 from infra.spec.schema import CpuNodeGroup, StackSpec
 from infra.spec.stack_file import PROJECT_ROOT, load_stack
 from ops.benchmarks.autoscale_timeline import Sample, findings
+from ops.benchmarks.replicas import replica_processes, tree_cpu_s
 from ops.benchmarks.resume_metrics import counter_deltas, resume_counters
 from ops.devstack import serve as local_serve
 from ops.devstack.local_redis import start_redis
@@ -212,27 +212,10 @@ def replica_states(app: str, deployment: str) -> dict[str, int]:
     return {getattr(state, "value", str(state)): n for state, n in states.items() if n}
 
 
-def replica_processes(nodes: list[subprocess.Popen], deployment: str) -> list[tuple[int, psutil.Process]]:
+def replicas_by_node(nodes: list[subprocess.Popen], deployment: str) -> list[tuple[int, psutil.Process]]:
     """(node index, process) of each replica actor of `deployment` in OUR cluster: found among
     the descendants of our own `ray start` processes by Ray's process title."""
-    found = []
-    for index, node in enumerate(nodes):
-        for process in psutil.Process(node.pid).children(recursive=True):
-            try:
-                if is_replica_title(process.cmdline(), deployment):
-                    found.append((index, process))
-            except psutil.NoSuchProcess:
-                continue
-    return found
-
-
-def is_replica_title(cmdline: list[str], deployment: str) -> bool:
-    """Ray retitles a replica's worker `ray::ServeReplica:<app>:<deployment>[.<method>]`, or
-    while it is created `ray::SERVE_REPLICA::<app>#<deployment>#<id>:ServeReplica:...`; the
-    title may be padded with blanks, so look at the first word."""
-    words = " ".join(cmdline).split()
-    pattern = rf"ServeReplica:[^:#]+:{re.escape(deployment)}(\.\w+)?$"
-    return bool(words) and words[0].startswith("ray::") and re.search(pattern, words[0]) is not None
+    return [(index, process) for index, node in enumerate(nodes) for process in replica_processes(node.pid, deployment)]
 
 
 def pick_victim(replicas: list[tuple[int, float, int]], kill: Kill) -> tuple[int, int] | None:
@@ -251,15 +234,6 @@ def pick_victim(replicas: list[tuple[int, float, int]], kill: Kill) -> tuple[int
 def busy_cpu_s(replicas: list[psutil.Process], window_s: float) -> list[float]:
     """CPU seconds each replica's process tree (its vLLM engine) uses over `window_s`: the one
     serving streams burns it, an idle one hardly any."""
-
-    def tree_cpu_s(process: psutil.Process) -> float:
-        total = 0.0
-        with suppress(psutil.NoSuchProcess):
-            for member in (process, *process.children(recursive=True)):
-                times = member.cpu_times()
-                total += times.user + times.system
-        return total
-
     before = [tree_cpu_s(p) for p in replicas]
     time.sleep(window_s)
     return [tree_cpu_s(p) - b for p, b in zip(replicas, before, strict=True)]
@@ -442,7 +416,7 @@ def run_demo(
         say(f"scaled up: 2 replicas running {time.monotonic() - load_start:.0f} s after load started")
         time.sleep(hold_s)
 
-        victims = replica_processes(nodes, deployment)
+        victims = replicas_by_node(nodes, deployment)
         # A kill while no stream is open shows nothing (run 5: 0 in flight at 3/s): wait for some.
         open_at_kill = wait_for_streams(loader, kill_in_flight, timeout_s=120)
         # Serve's router need not spread them evenly (run 7 killed an idle replica): the busiest goes.

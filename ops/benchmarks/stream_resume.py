@@ -43,7 +43,7 @@ import openai
 import psutil
 
 from infra.spec.stack_file import PROJECT_ROOT, load_stack
-from ops.benchmarks.autoscale_demo import is_replica_title
+from ops.benchmarks.replicas import established, replica_processes, tree_cpu_s
 from ops.benchmarks.resume_metrics import counter_deltas, quantile, resume_counters
 
 
@@ -181,39 +181,6 @@ def kill_point_reached(results: list[StreamResult], chunks: int, share: float) -
     """At least `share` of the streams are in flight with `chunks` content chunks or more."""
     in_flight = (r for r in results if r.finish_reason is None and r.error is None)
     return sum(len(r.chunk_times) >= chunks for r in in_flight) >= share * len(results)
-
-
-def replica_processes(root_pid: int, deployment: str) -> list[psutil.Process]:
-    """The replica actors of `deployment` (`LLMServer:<model>`) among `root_pid`'s descendants."""
-    found = []
-    for process in psutil.Process(root_pid).children(recursive=True):
-        try:
-            if is_replica_title(process.cmdline(), deployment):
-                found.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def established(process: psutil.Process) -> int:
-    """ESTABLISHED TCP connections of `process` (0 for one gone): HAProxy holds one to the replica
-    per request in flight, beside the replica's own steady connections to Ray."""
-    try:
-        return sum(1 for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED)
-    except psutil.NoSuchProcess:
-        return 0
-
-
-def tree_cpu_s(process: psutil.Process) -> float:
-    """CPU seconds of `process` and its descendants (its engine); 0 for one gone."""
-    total = 0.0
-    try:
-        for member in (process, *process.children(recursive=True)):
-            times = member.cpu_times()
-            total += times.user + times.system
-    except psutil.NoSuchProcess:
-        pass
-    return total
 
 
 # CPU seconds a replica's tree spends beyond its idle rate once requests reach it (a prefill)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from infra.spec.stack_file import load_stack
 from ops.benchmarks.autoscale_demo import (
     demo_gateway_settings,
-    is_replica_title,
     pick_victim,
     ray_start_command,
     streams_in_flight,
@@ -80,22 +79,6 @@ def test_ray_start_commands_use_private_ports_and_temp_dir(tmp_path):
         assert "--block" in command and command[command.index("--num-cpus") + 1] == "4"
         ports = [command[i + 1] for i, arg in enumerate(command) if arg.endswith("-port") and arg != "--port"]
         assert len(ports) == len(set(ports)) >= 6  # nothing on Ray's fixed defaults
-
-
-def test_replica_titles():
-    deployment = "LLMServer:tiny-chat"
-    assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat"], deployment)
-    assert is_replica_title(
-        ["ray::ServeReplica:llm:LLMServer:tiny-chat.handle_request_with_rejection", "", "  "], deployment
-    )
-    assert is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat" + " " * 300], deployment)
-    assert is_replica_title(
-        ["ray::SERVE_REPLICA::llm#LLMServer:tiny-chat#w8kz8qmf:ServeReplica:llm:LLMServer:tiny-chat.__init__"],
-        deployment,
-    )
-    assert not is_replica_title(["ray::ServeReplica:llm:LLMServer:tiny-chat-ngram"], deployment)
-    assert not is_replica_title(["ray::ServeReplica:llm:OpenAiIngress"], deployment)
-    assert not is_replica_title(["VLLM::EngineCore"], deployment) and not is_replica_title([], deployment)
 
 
 def test_the_gap_is_measured_on_the_streams_in_flight_at_the_kill():
