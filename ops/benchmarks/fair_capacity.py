@@ -155,7 +155,6 @@ class Stack:
     def __init__(self, stack_file: Path) -> None:
         from ops.harness.processes import free_port
 
-        self.stack_file = stack_file
         self.state_dir = tempfile.mkdtemp(prefix="llmstack-faircap-")
         env = {**os.environ, "LLMSTACK_STATE_DIR": self.state_dir}
         self.process = subprocess.Popen(
