@@ -65,7 +65,7 @@ from ops.devstack.serve import (  # make dev's deploy path
     local_serving_env,
 )
 from ops.harness.processes import free_port, stop_tree
-from ops.harness.stub_gateway import GatewayProcess, running_gateway
+from ops.harness.stub_gateway import GENEROUS, GatewayProcess, running_gateway
 from ops.llmctl.bench.loadgen import LoadSpec, run_level, schedule
 from ops.llmctl.bench.stats import LengthDistribution, RequestResult, summarise
 from serving.gateway.auth.keys import create_key_sync
@@ -77,13 +77,6 @@ DEFAULT_STACK = "tests/stacks/Pulumi.autoscale.yaml"
 # engine took 8-10 minutes to start beside the first serving on the same core (two runs; taskset
 # showed affinity 0 for both). Unpinned, the OS spreads them over both cores.
 ENGINE_ENV_ON_SHARED_HOST = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-# The demo's key: no limit of the gateway's stands between the load and Serve's autoscaler.
-UNLIMITED = {
-    "requests_per_minute": 10_000_000,
-    "tokens_per_minute": 1_000_000_000,
-    "daily_token_budget": 10**12,
-    "max_concurrent_requests": 10_000,
-}
 Kill = Literal["replica", "node"]
 RAY_PORT_FLAGS = (
     "--node-manager-port",
@@ -275,7 +268,7 @@ def start_gateway(spec: StackSpec, serve_port: int, work: Path, stack: ExitStack
         )
     )
     say(f"gateway {gateway.url} (pid {gateway.process.pid}) in front of Serve, stream resume on, Redis {redis.url}")
-    return gateway, create_key_sync(redis.url, "autoscale-demo", "autoscale-demo", limits=UNLIMITED)
+    return gateway, create_key_sync(redis.url, "autoscale-demo", "autoscale-demo", limits=GENEROUS)
 
 
 def streams_in_flight(due_s: list[float], elapsed_s: float, ended: int) -> int:

@@ -80,15 +80,10 @@ import yaml
 from infra.spec.stack_file import PROJECT_ROOT
 from ops.benchmarks import fair_load
 from ops.benchmarks.fair_load import CHAT_WORDS, OUTPUT_TOKENS, Load, Share, shares
+from ops.harness.stub_gateway import GENEROUS
 
 ADAPTIVE, FIXED = "tiny-chat", "tiny-chat-fixed"
 WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
-GENEROUS = {
-    "requests_per_minute": 10_000_000,
-    "tokens_per_minute": 1_000_000_000,
-    "daily_token_budget": 10**12,
-    "max_concurrent_requests": 10_000,
-}
 # The growth phase's prompts, sent to /v1/completions (no chat template around them): "hello" is
 # 4 tokens of the tiny model's tokenizer (a short run read 160 prompt tokens for 40 words), so
 # about 40 and 400 tokens, 400 + 32 output within max_model_len 512. Each starts with its own number:

@@ -39,14 +39,9 @@ from typing import Any
 
 from ops.benchmarks.fair_queue import jain_index, percentile, served, summary_of
 from ops.benchmarks.fair_queue import scenarios as module_scenarios
+from ops.harness.stub_gateway import GENEROUS
 
 PROCESSES = 2
-GENEROUS = {
-    "requests_per_minute": 10_000_000,
-    "tokens_per_minute": 1_000_000_000,
-    "daily_token_budget": 10**12,
-    "max_concurrent_requests": 10_000,
-}
 TIERS = {"interactive": "interactive", "batch": "batch"}  # tenant -> tier; the rest are standard
 
 

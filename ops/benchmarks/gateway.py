@@ -49,19 +49,13 @@ from ops.devstack.edge import start_edge
 from ops.devstack.local_redis import start_redis
 from ops.devstack.trace_collector import trace_collector
 from ops.harness.processes import background, free_port, terminate, wait_for_http
-from ops.harness.stub_gateway import GatewayProcess, running_gateway, running_stub
+from ops.harness.stub_gateway import GENEROUS, GatewayProcess, running_gateway, running_stub
 from ops.harness.stub_upstream import CHAT_BODY as BODY
 from serving.gateway.auth.keys import create_key_sync
 from serving.gateway.config.tracing_policy import DEFAULT_SAMPLING_RATIO
 
 CONNECTIONS = 100
 UNSATURATED = 1_000_000  # a model capacity no run here reaches
-GENEROUS = {
-    "requests_per_minute": 10_000_000,
-    "tokens_per_minute": 1_000_000_000,
-    "daily_token_budget": 10**12,
-    "max_concurrent_requests": 10_000,
-}
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
 
