@@ -39,13 +39,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.benchmarks.gateway import GENEROUS, wrk_script
+from ops.benchmarks.gateway import CONNECTIONS, parse_wrk, wrk_script
 from ops.devstack.local_redis import start_redis
 from ops.harness.processes import terminate
-from ops.harness.stub_gateway import running_gateway, running_stub
+from ops.harness.stub_gateway import GENEROUS, running_gateway, running_stub
 from serving.gateway.auth.keys import create_key_sync
 
-CONNECTIONS = 100
 ROOT = "_run_module_as_main"  # the outermost frame of `python -m serving.gateway`
 SLOT = "    limit: concurrency slot"
 SYSCALLS = "syscalls (write, read, getpid, ...)"
@@ -388,8 +387,7 @@ def main() -> None:
         folder = Path(tempfile.mkdtemp(prefix="llmstack-profile-gateway-"))
         raw = args.raw or folder / "profile.txt"
         wrk_output = record(args.duration, args.rate, args.native, raw, folder)
-        requests = re.search(r"Requests/sec:\s+([\d.]+)", wrk_output)
-        print(f"wrk: {requests.group(1) if requests else '?'} requests/s over the whole run", flush=True)
+        print(f"wrk: {parse_wrk(wrk_output)['requests_per_s']:.0f} requests/s over the whole run", flush=True)
     else:
         raw = args.from_raw
     print(report(breakdown(parse_collapsed(raw.read_text()), top=args.top)))
