@@ -12,6 +12,7 @@ import time
 import pytest
 
 from ops.harness.processes import background, free_port
+from ops.harness.stub_gateway import gateway_env
 from tests.support.gateway_process import wait_answering
 from tests.support.servers import HANG_BOUND_S
 
@@ -44,13 +45,8 @@ runpy.run_module("serving.gateway", run_name="__main__", alter_sys=True)
 
 def test_started_gateway_has_frozen_its_startup_heap_and_uses_the_gen0_threshold(tmp_path):
     port = free_port()
-    env = {
-        "LLMSTACK_UPSTREAM_URL": "http://127.0.0.1:9",  # never called
-        "LLMSTACK_REDIS_URL": "",
-        "LLMSTACK_GATEWAY_SETTINGS": json.dumps({"port": port, "gc_gen0_threshold": 12_345}),
-        "LLMSTACK_GATEWAY_HOST": "127.0.0.1",
-        "LLMSTACK_GATEWAY_METRICS_PORT": str(free_port()),
-    }
+    # Upstream never called; no Redis.
+    env = gateway_env(upstream="http://127.0.0.1:9", redis_url="", port=port, settings={"gc_gen0_threshold": 12_345})
     healthz = f"http://127.0.0.1:{port}/healthz"
     report = tmp_path / "gc.json"
     args = [sys.executable, "-c", REPORTING_GATEWAY, healthz, str(report)]
