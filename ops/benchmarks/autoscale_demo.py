@@ -14,9 +14,10 @@ scales back down.
    a private redis-server and a key of its own) in front of Serve, and samples the model's
    replicas by state every second. Open loop at a moderate rate, not a saturating closed loop:
    on 2 cores an engine serving flat out leaves little CPU for the second replica's engine to start.
-3. Once two replicas run, SIGKILLs the process of the older one (its vLLM engine goes with it)
-   while load continues, or with `--kill node` every process of the Ray worker node hosting a
-   replica at once (as a reclaimed machine dies; a new worker node then joins, as the node
+3. Once two replicas run and `--kill-in-flight` streams are open, SIGKILLs the process of the
+   busiest replica (its tree's CPU over half a second; its vLLM engine goes with it) while load
+   continues, or with `--kill node` every process of the Ray worker node hosting the busiest
+   replica on a worker node at once (as a reclaimed machine dies; a new worker node then joins, as the node
    autoscaler would bring one), and waits for Serve to replace the replica.
 4. Stops the load and waits for the scale-down to one replica.
 Writes every sample, event and request outcome plus the findings (`ops.benchmarks.autoscale_timeline`:
@@ -532,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         "--kill",
         choices=("replica", "node"),
         default="replica",
-        help="SIGKILL the older replica's process (default), or every process of the worker node hosting a replica",
+        help="SIGKILL the busiest replica's process (default), or every process of the worker node hosting the "
+        "busiest replica on a worker node",
     )
     parser.add_argument(
         "--kill-in-flight",
